@@ -1,0 +1,52 @@
+# SPDX-License-Identifier: Apache-2.0
+# mpipause: make help lists the targets.
+
+SHELL := /bin/bash
+export PATH := $(PATH):/usr/local/go/bin
+GO ?= go
+BIN := $(CURDIR)/bin
+# Privileged tests fail instead of skipping when this is set (internal/testutil).
+PRIV := MPIPAUSE_REQUIRE_PRIV=1
+GENERATED := loader/*_bpfel.go loader/*_bpfel.o
+
+.DEFAULT_GOAL := help
+.PHONY: help deps build generate check-generate test test-unit test-priv test-multinode bench demo clean
+
+help: ## list the targets
+	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
+
+deps: ## install the Debian packages that are missing (root)
+	@bash scripts/deps.sh
+
+build: ## build bin/mpipause, bin/mpid, bin/rig, bin/libmpipause.so and the MPI test apps
+	@mkdir -p $(BIN)
+	$(GO) build -o $(BIN)/ ./cmd/mpipause ./cmd/mpid
+	$(MAKE) -s -C libmpi-shim OUT=$(BIN)
+	$(MAKE) -s -C kernel-tests/apps OUT=$(BIN)/apps
+
+generate: ## regenerate BPF objects and Go bindings from bpf/*.c (needs clang)
+	$(GO) generate ./loader/
+
+check-generate: ## fail if regenerating BPF objects changes anything committed
+	@bash scripts/check-generate.sh
+
+test: deps build check-generate test-unit test-priv test-multinode ## install what is missing and run every test tier
+	@echo "make test: all tiers passed"
+
+test-unit: ## tier 1: unit tests with every capability dropped (must pass unprivileged)
+	env -u CI -u MPIPAUSE_REQUIRE_PRIV setpriv --inh-caps=-all --bounding-set=-all -- $(GO) test -count=1 ./...
+
+test-priv: ## tier 2: privileged kernel tests (BPF, sock_diag, cgroups, netns); fail, not skip, without root
+	$(PRIV) $(GO) test -count=1 -timeout 15m ./loader/... ./internal/... ./cmd/...
+
+test-multinode: build ## tier 3: real Open MPI and MPICH jobs on the netns rig
+	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -count=1 -timeout 25m -v ./kernel-tests/... 2>&1 | tee /tmp/mpipause-multinode.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:'; exit $${PIPESTATUS[0]}
+
+bench: ## benchmarks: snapshot time for 10,000 sockets, BPF beside sock_diag
+	$(PRIV) $(GO) test -run '^$$' -bench . -benchtime 20x ./loader/ ./internal/nl/
+
+demo: deps build ## run an MPI job on a local 3-node rig and show its connections live
+	@bash scripts/demo.sh
+
+clean: ## remove build output
+	rm -rf $(BIN)

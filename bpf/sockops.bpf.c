@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * sockops: attached to a job's cgroup v2, registers every TCP connection a
+ * process of the cgroup (or of a descendant) establishes, and forgets it when
+ * the socket reaches TCP_CLOSE.
+ *
+ * Connections established before the program was attached are never seen
+ * here; tcpiter and sockstat adopt them by cgroup.
+ */
+#include "mpipause.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+static __always_inline void record(struct bpf_sock_ops *ctx)
+{
+	struct bpf_sock *bsk = ctx->sk;
+	struct conn_info *c;
+	struct tcp_sock *tp;
+
+	if (!bsk)
+		return;
+	tp = bpf_skc_to_tcp_sock(bsk);
+	if (!tp)
+		return;
+	/*
+	 * An entry may exist already (tcpiter adopted the socket in SYN_SENT):
+	 * keep its counts, claim it.
+	 */
+	c = bpf_sk_storage_get(&conns, bsk, NULL, BPF_SK_STORAGE_GET_F_CREATE);
+	if (!c)
+		return;
+	c->cookie = bpf_get_socket_cookie(ctx);
+	c->cgroup_id = cgroup_id(sk_cgroup(&tp->inet_conn.icsk_inet.sk));
+	c->established_ns = bpf_ktime_get_boot_ns();
+	c->flags = CONN_F_SOCKOPS;
+}
+
+SEC("sockops")
+int mpipause_sockops(struct bpf_sock_ops *ctx)
+{
+	struct bpf_sock *bsk;
+
+	if (ctx->family != AF_INET && ctx->family != AF_INET6)
+		return 1;
+
+	switch (ctx->op) {
+	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
+	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
+		record(ctx);
+		/* Ask for BPF_SOCK_OPS_STATE_CB on every later state change. */
+		bpf_sock_ops_cb_flags_set(ctx,
+					  ctx->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);
+		break;
+	case BPF_SOCK_OPS_STATE_CB:
+		/* args[0] is the old state, args[1] the new one. */
+		bsk = ctx->sk;
+		if (ctx->args[1] == BPF_TCP_CLOSE && bsk)
+			bpf_sk_storage_delete(&conns, bsk);
+		break;
+	}
+	return 1;
+}

@@ -1,0 +1,62 @@
+// SPDX-License-Identifier: (GPL-2.0-only OR BSD-2-Clause)
+/*
+ * tcpiter: an iter/tcp program that, in one pass over the TCP sockets of the
+ * network namespace of the task that created the iterator, writes one
+ * struct tcp_record per connection of the watched jobs, adopting (giving a
+ * conns entry to) those established before sockops was attached.
+ *
+ * A socket belongs to a job when sockops registered it (it has a conns
+ * entry) or when its cgroup is a watched cgroup or a descendant of one. The
+ * second rule finds what a job had established before mpipause attached.
+ * Once a namespace has had its pass, conniter sees all of its job sockets;
+ * the loader runs this pass once per namespace because it walks the whole
+ * TCP established hash table, however few sockets the namespace has.
+ *
+ * bpf_iter_tcp_seq_show (net/ipv4/tcp_ipv4.c) runs the program with the
+ * socket locked (lock_sock_fast) for full sockets, so the sequence numbers of
+ * one record are consistent with each other.
+ */
+#include "mpipause.h"
+
+char LICENSE[] SEC("license") = "Dual BSD/GPL";
+
+SEC("iter/tcp")
+int mpipause_tcpiter(struct bpf_iter__tcp *ctx)
+{
+	struct sock_common *skc = ctx->sk_common;
+	struct tcp_record rec = {};
+	struct conn_info *c, init;
+	struct tcp_sock *tp;
+	struct cgroup *cgrp;
+	struct sock *sk;
+
+	if (!skc)
+		return 0;
+	/*
+	 * TIME_WAIT and request sockets are not full sockets: they have no
+	 * tcp_sock, no cgroup and no queues, and bpf_skc_to_tcp_sock returns
+	 * NULL for them.
+	 */
+	tp = bpf_skc_to_tcp_sock(skc);
+	if (!tp)
+		return 0;
+	sk = &tp->inet_conn.icsk_inet.sk;
+	if (skc->skc_state == TCP_LISTEN || skc->skc_state == TCP_CLOSE)
+		return 0;
+	if (skc->skc_family != AF_INET && skc->skc_family != AF_INET6)
+		return 0;
+
+	c = bpf_sk_storage_get(&conns, sk, NULL, 0);
+	if (!c) {
+		cgrp = sk_cgroup(sk);
+		if (!in_watched(cgrp))
+			return 0;
+		init = job_conn_init(sk, cgrp);
+		c = bpf_sk_storage_get(&conns, sk, &init, BPF_SK_STORAGE_GET_F_CREATE);
+		if (!c)
+			return 0;
+	}
+	fill_record(&rec, tp, c);
+	bpf_seq_write(ctx->meta->seq, &rec, sizeof(rec));
+	return 0;
+}

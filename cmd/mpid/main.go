@@ -1,0 +1,119 @@
+// Command mpid is mpipause's node daemon. Today it holds the kernel observer
+// of a job's cgroup attached and pinned, so that its counters run from the
+// job's start and survive a restart of the daemon; gating, draining,
+// freezing and the pause protocol arrive with the consistent-pause issue.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"syscall"
+
+	"github.com/mpipause/mpipause/loader"
+)
+
+type config struct {
+	cgroup    string
+	readyFile string
+	unpin     bool
+}
+
+func main() {
+	cfg, err := parseFlags(os.Args[1:], os.Stdout)
+	if errors.Is(err, flag.ErrHelp) {
+		os.Exit(0)
+	}
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "mpid: %v\n", err)
+		os.Exit(2)
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, cfg, log); err != nil {
+		fmt.Fprintf(os.Stderr, "mpid: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func parseFlags(args []string, out io.Writer) (config, error) {
+	var cfg config
+	fs := flag.NewFlagSet("mpid", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.StringVar(&cfg.cgroup, "cgroup", "", "job cgroup v2 `path` to observe (absolute, or relative to the v2 mount)")
+	fs.StringVar(&cfg.readyFile, "ready-file", "", "write this `file` once the observer is attached")
+	fs.BoolVar(&cfg.unpin, "unpin-on-exit", false, "detach and unpin the job's BPF state on exit (default: keep it for the next mpid)")
+	fs.Usage = func() {
+		fmt.Fprintln(out, "usage: mpid --cgroup PATH [--ready-file FILE] [--unpin-on-exit]")
+		fmt.Fprintln(out, "\nmpipause's node daemon (root).\n\noptions:")
+		fs.SetOutput(out)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+	}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return cfg, err // flag has printed the usage
+		}
+		return cfg, fmt.Errorf("%v; see mpid --help", err)
+	}
+	if fs.NArg() > 0 {
+		return cfg, fmt.Errorf("unexpected argument %q; see mpid --help", fs.Arg(0))
+	}
+	if cfg.cgroup == "" {
+		return cfg, errors.New("--cgroup is required: the job cgroup to observe; see mpid --help")
+	}
+	return cfg, nil
+}
+
+// run holds the observer until ctx ends. The BPF state stays pinned after
+// run returns unless cfg.unpin: a restarted mpid picks it up where it was.
+func run(ctx context.Context, cfg config, log *slog.Logger) error {
+	lc := loader.Config{
+		Cgroup:    cfg.cgroup,
+		FollowJob: true,
+		Pin:       true,
+		Require:   loader.KindBPF,
+	}
+	obs, err := loader.Open(ctx, lc)
+	if err != nil {
+		return err
+	}
+	defer obs.Close()
+	conns, err := obs.Snapshot(ctx)
+	if err != nil {
+		return err
+	}
+	log.Info("observing", "cgroup", cfg.cgroup, "observer", obs.Kind(), "connections", len(conns))
+	if cfg.readyFile != "" {
+		if err := writeReady(cfg.readyFile); err != nil {
+			return err
+		}
+		defer os.Remove(cfg.readyFile)
+	}
+	<-ctx.Done()
+	log.Info("stopping", "unpin", cfg.unpin)
+	if cfg.unpin {
+		obs.Close()
+		return loader.Unpin(lc)
+	}
+	return nil
+}
+
+// writeReady creates the ready file atomically, so a waiter never sees it half-written.
+func writeReady(path string) error {
+	tmp := filepath.Join(filepath.Dir(path), "."+filepath.Base(path)+".tmp")
+	if err := os.WriteFile(tmp, []byte(fmt.Sprintf("%d\n", os.Getpid())), 0o644); err != nil {
+		return fmt.Errorf("write ready file: %w", err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		return fmt.Errorf("write ready file: %w", err)
+	}
+	return nil
+}

@@ -1,0 +1,129 @@
+// Command mpipause pauses a running multi-node MPI job at a consistent point
+// and resumes it; today it offers the kernel observer's view of a job's TCP
+// connections (observe).
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// env is everything a subcommand may touch of the outside world, so that the
+// CLI can be run in-process by tests.
+type env struct {
+	stdout, stderr io.Writer
+	// isTTY says stdout is a terminal: live views redraw in place only then.
+	isTTY bool
+}
+
+type cmd struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, e *env, args []string) error
+}
+
+var commands = []cmd{
+	{"observe", "show a job's TCP connections and their queues, read from the kernel", observe},
+}
+
+// usageError is a mistake in how the command was called: exit code 2.
+type usageError struct{ msg string }
+
+func (u usageError) Error() string { return u.msg }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	st, _ := os.Stdout.Stat()
+	e := &env{stdout: os.Stdout, stderr: os.Stderr, isTTY: st != nil && st.Mode()&os.ModeCharDevice != 0}
+	os.Exit(run(ctx, e, os.Args[1:]))
+}
+
+// run executes one command line and returns the process exit code:
+// 0 success, 1 the operation failed, 2 bad usage.
+func run(ctx context.Context, e *env, args []string) int {
+	if len(args) == 0 {
+		usage(e.stderr)
+		return 2
+	}
+	switch args[0] {
+	case "-h", "-help", "--help", "help":
+		usage(e.stdout)
+		return 0
+	}
+	for _, c := range commands {
+		if c.name != args[0] {
+			continue
+		}
+		err := c.run(ctx, e, args[1:])
+		switch {
+		case err == nil:
+			return 0
+		case errors.Is(err, flag.ErrHelp):
+			return 0
+		case errors.As(err, new(usageError)):
+			fmt.Fprintf(e.stderr, "mpipause %s: %v\n", c.name, err)
+			return 2
+		case errors.Is(err, context.Canceled):
+			return 130
+		default:
+			fmt.Fprintf(e.stderr, "mpipause %s: %v\n", c.name, err)
+			return 1
+		}
+	}
+	fmt.Fprintf(e.stderr, "mpipause: unknown command %q; run 'mpipause --help' for the list\n", args[0])
+	return 2
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: mpipause COMMAND [OPTIONS]")
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "commands:")
+	names := make([]cmd, len(commands))
+	copy(names, commands)
+	sort.Slice(names, func(i, j int) bool { return names[i].name < names[j].name })
+	for _, c := range names {
+		fmt.Fprintf(w, "  %-10s %s\n", c.name, c.summary)
+	}
+	fmt.Fprintln(w)
+	fmt.Fprintln(w, "Run 'mpipause COMMAND --help' for a command's options.")
+}
+
+// newFlags makes a flag set whose errors come back as usageError and whose
+// -h prints to stdout and exits 0.
+func newFlags(e *env, name, synopsis string) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {
+		fmt.Fprintf(e.stdout, "usage: mpipause %s %s\n\noptions:\n", name, synopsis)
+		fs.SetOutput(e.stdout)
+		fs.PrintDefaults()
+		fs.SetOutput(io.Discard)
+	}
+	return fs
+}
+
+// parse parses args, mapping flag errors to usageError.
+func parse(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err // flag has printed the usage
+		}
+		return usageError{strings.TrimSpace(err.Error()) + "; see --help"}
+	}
+	return nil
+}
+
+// stringList is a repeatable string flag.
+type stringList []string
+
+func (s *stringList) String() string     { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error { *s = append(*s, v); return nil }

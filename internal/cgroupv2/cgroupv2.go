@@ -1,0 +1,192 @@
+// Package cgroupv2 finds the cgroup v2 hierarchy through /proc/self/mountinfo
+// (it is at /sys/fs/cgroup on unified systems and /sys/fs/cgroup/unified on
+// hybrid ones such as this project's machines) and makes, fills, freezes and
+// removes cgroups in it.
+package cgroupv2
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// ErrNotMounted says no cgroup2 filesystem is mounted in this mount namespace.
+var ErrNotMounted = errors.New("cgroup v2 is not mounted (no cgroup2 entry in /proc/self/mountinfo); mount it with: mount -t cgroup2 none /sys/fs/cgroup/unified")
+
+// Root returns the mount point of the cgroup v2 hierarchy.
+func Root() (string, error) {
+	f, err := os.Open("/proc/self/mountinfo")
+	if err != nil {
+		return "", fmt.Errorf("read mountinfo: %w", err)
+	}
+	defer f.Close()
+	return rootFrom(f)
+}
+
+func rootFrom(r io.Reader) (string, error) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		// mountinfo(5): ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTS
+		pre, post, ok := strings.Cut(sc.Text(), " - ")
+		if !ok {
+			continue
+		}
+		pf, sf := strings.Fields(pre), strings.Fields(post)
+		if len(pf) < 5 || len(sf) < 1 || sf[0] != "cgroup2" || pf[3] != "/" {
+			continue
+		}
+		return unescape(pf[4]), nil
+	}
+	if err := sc.Err(); err != nil {
+		return "", fmt.Errorf("read mountinfo: %w", err)
+	}
+	return "", ErrNotMounted
+}
+
+// unescape undoes mountinfo's octal escapes of space, tab, newline and backslash.
+func unescape(s string) string {
+	if !strings.Contains(s, `\`) {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		if s[i] == '\\' && i+4 <= len(s) {
+			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
+				b.WriteByte(byte(n))
+				i += 3
+				continue
+			}
+		}
+		b.WriteByte(s[i])
+	}
+	return b.String()
+}
+
+// Resolve turns a cgroup given by a user into an absolute directory in the
+// v2 hierarchy: an absolute path inside the mount is taken as is, anything
+// else is relative to the hierarchy's root. It fails with one clear error if
+// the directory does not exist or is not a cgroup v2 directory.
+func Resolve(p string) (string, error) {
+	root, err := Root()
+	if err != nil {
+		return "", err
+	}
+	abs := p
+	if !strings.HasPrefix(p, root+"/") && p != root {
+		abs = filepath.Join(root, p)
+	}
+	if _, err := os.Stat(filepath.Join(abs, "cgroup.procs")); err != nil {
+		return "", fmt.Errorf("cgroup %q: not a cgroup v2 directory under %s", p, root)
+	}
+	return abs, nil
+}
+
+// ID returns the cgroup id of dir: the inode number of the directory in
+// cgroupfs, which is what bpf_get_current_cgroup_id and kernfs ids report.
+func ID(dir string) (uint64, error) {
+	var st unix.Stat_t
+	if err := unix.Stat(dir, &st); err != nil {
+		return 0, fmt.Errorf("stat cgroup %s: %w", dir, err)
+	}
+	return st.Ino, nil
+}
+
+// TreeIDs returns the cgroup ids of dir and of every cgroup below it, dir's
+// first: the set a job's sockets may carry as their cgroup, since a process
+// may move into a child cgroup of the job's. A cgroup removed during the walk
+// is left out; one created after it is not seen, so callers walk again for
+// each snapshot.
+func TreeIDs(dir string) ([]uint64, error) {
+	var ids []uint64
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if p != dir && errors.Is(err, fs.ErrNotExist) {
+				return nil // removed while we walked
+			}
+			return fmt.Errorf("walk cgroup tree %s: %w", dir, err)
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		id, err := ID(p)
+		if err != nil {
+			if p != dir && errors.Is(err, fs.ErrNotExist) {
+				return fs.SkipDir
+			}
+			return err
+		}
+		ids = append(ids, id)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ids, nil
+}
+
+// Create makes the cgroup dir (and its parents) in the v2 hierarchy.
+func Create(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("create cgroup %s: %w", dir, err)
+	}
+	return nil
+}
+
+// AddProc moves pid into the cgroup dir.
+func AddProc(dir string, pid int) error {
+	if err := os.WriteFile(filepath.Join(dir, "cgroup.procs"), []byte(strconv.Itoa(pid)), 0); err != nil {
+		return fmt.Errorf("move pid %d into %s: %w", pid, dir, err)
+	}
+	return nil
+}
+
+// Procs lists the pids in the cgroup dir (not its descendants).
+func Procs(dir string) ([]int, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return nil, fmt.Errorf("read procs of %s: %w", dir, err)
+	}
+	var pids []int
+	for _, f := range strings.Fields(string(b)) {
+		if n, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, n)
+		}
+	}
+	return pids, nil
+}
+
+// Remove deletes the cgroup dir after moving any process still in it to the
+// hierarchy's root. Removing a cgroup that does not exist is not an error.
+func Remove(dir string) error {
+	root, err := Root()
+	if err != nil {
+		return err
+	}
+	pids, err := Procs(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil
+	}
+	for _, pid := range pids {
+		_ = AddProc(root, pid) // the process may have exited meanwhile
+	}
+	// rmdir fails with EBUSY for a moment after the last process leaves.
+	for i := 0; ; i++ {
+		err := unix.Rmdir(dir)
+		if err == nil || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) || i == 100 {
+			return fmt.Errorf("remove cgroup %s: %w", dir, err)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}

@@ -1,0 +1,723 @@
+package nl
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/testutil"
+)
+
+// diagNetns creates a network namespace with loopback up, for the test
+// only, and returns an fd of it (closed at cleanup; the namespace goes away
+// with its last socket).
+func diagNetns(tb testing.TB) int {
+	tb.Helper()
+	type result struct {
+		fd  int
+		err error
+	}
+	ch := make(chan result)
+	go func() {
+		// Never unlocked: the thread ends with this goroutine, and its
+		// namespace with it, instead of going back to the scheduler.
+		runtime.LockOSThread()
+		fd, err := func() (int, error) {
+			if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
+				return -1, fmt.Errorf("unshare network namespace: %w", err)
+			}
+			fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
+			if err != nil {
+				return -1, fmt.Errorf("open new network namespace: %w", err)
+			}
+			if err := diagLoopbackUp(); err != nil {
+				unix.Close(fd)
+				return -1, err
+			}
+			return fd, nil
+		}()
+		ch <- result{fd, err}
+	}()
+	r := <-ch
+	if r.err != nil {
+		tb.Fatal(r.err)
+	}
+	tb.Cleanup(func() { unix.Close(r.fd) })
+	return r.fd
+}
+
+// diagLoopbackUp sets lo up in the calling thread's network namespace.
+func diagLoopbackUp() error {
+	s, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("socket for SIOCSIFFLAGS: %w", err)
+	}
+	defer unix.Close(s)
+	ifr, err := unix.NewIfreq("lo")
+	if err != nil {
+		return err
+	}
+	if err := unix.IoctlIfreq(s, unix.SIOCGIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("get flags of lo: %w", err)
+	}
+	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
+	if err := unix.IoctlIfreq(s, unix.SIOCSIFFLAGS, ifr); err != nil {
+		return fmt.Errorf("set lo up: %w", err)
+	}
+	return nil
+}
+
+// diagInNetns runs fn on a thread in the network namespace netnsFD: the
+// sockets fn creates live there (and stay there wherever they are used).
+func diagInNetns(tb testing.TB, netnsFD int, fn func() error) {
+	tb.Helper()
+	errc := make(chan error)
+	go func() {
+		runtime.LockOSThread() // never unlocked, as in diagNetns
+		if err := unix.Setns(netnsFD, unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("enter network namespace: %w", err)
+			return
+		}
+		errc <- fn()
+	}()
+	if err := <-errc; err != nil {
+		tb.Fatal(err)
+	}
+}
+
+// diagCgroup creates a fresh cgroup for the test and removes it (moving out
+// anything left in it) at cleanup.
+func diagCgroup(tb testing.TB, name string) string {
+	tb.Helper()
+	root, err := cgroupv2.Root()
+	if err != nil {
+		tb.Skipf("cgroup v2: %v", err)
+	}
+	dir := filepath.Join(root, fmt.Sprintf("mpipause-test-nl-%d-%s", os.Getpid(), name))
+	if err := cgroupv2.Create(dir); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := cgroupv2.Remove(dir); err != nil {
+			tb.Error(err)
+		}
+	})
+	return dir
+}
+
+// ownCgroupID is the cgroup v2 id of this process's cgroup.
+func ownCgroupID(tb testing.TB) uint64 {
+	tb.Helper()
+	b, err := os.ReadFile("/proc/self/cgroup")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(l, "0::"); ok {
+			root, err := cgroupv2.Root()
+			if err != nil {
+				tb.Skipf("cgroup v2: %v", err)
+			}
+			id, err := cgroupv2.ID(filepath.Join(root, p))
+			if err != nil {
+				tb.Fatal(err)
+			}
+			return id
+		}
+	}
+	tb.Fatal("no cgroup v2 line in /proc/self/cgroup")
+	return 0
+}
+
+// addrPort is a's address and port as the kernel reports an AF_INET or
+// AF_INET6 socket's (net keeps IPv4 addresses in 16 bytes).
+func addrPort(a net.Addr) netip.AddrPort {
+	ap := a.(*net.TCPAddr).AddrPort()
+	if ap.Addr().Is4In6() {
+		ap = netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+	}
+	return ap
+}
+
+// sockIdentity reads a connection's cookie and inode from its fd.
+func sockIdentity(tb testing.TB, c net.Conn) (cookie uint64, inode uint64) {
+	tb.Helper()
+	rc, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	var serr error
+	err = rc.Control(func(fd uintptr) {
+		cookie, serr = unix.GetsockoptUint64(int(fd), unix.SOL_SOCKET, unix.SO_COOKIE)
+		if serr != nil {
+			return
+		}
+		var st unix.Stat_t
+		serr = unix.Fstat(int(fd), &st)
+		inode = st.Ino
+	})
+	if err = errors.Join(err, serr); err != nil {
+		tb.Fatal(err)
+	}
+	return cookie, inode
+}
+
+// diagPair makes a listener and one connection to it in netns.
+func diagPair(tb testing.TB, netnsFD int, network, addr string) (ln net.Listener, client, server net.Conn) {
+	tb.Helper()
+	diagInNetns(tb, netnsFD, func() error {
+		var err error
+		if ln, err = net.Listen(network, addr); err != nil {
+			return err
+		}
+		client, err = net.Dial(network, ln.Addr().String())
+		return err
+	})
+	server, err := ln.Accept()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { ln.Close(); client.Close(); server.Close() })
+	return ln, client, server
+}
+
+// pollDump dumps until ok accepts the result or 10 s pass: the kernel's
+// answer is what the test waits for, never a fixed sleep.
+func pollDump(t *testing.T, netnsFD int, f Filter, ok func([]TCPSocket) error) []TCPSocket {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	d, err := DialDiag(netnsFD)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	for {
+		got, err := d.DumpTCP(ctx, f)
+		if err != nil {
+			t.Fatalf("DumpTCP: %v", err)
+		}
+		cerr := ok(got)
+		if cerr == nil {
+			return got
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("kernel never showed it: %v; last dump: %+v", cerr, got)
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+}
+
+func byCookie(s []TCPSocket, cookie uint64) (TCPSocket, bool) {
+	for _, x := range s {
+		if x.Cookie == cookie {
+			return x, true
+		}
+	}
+	return TCPSocket{}, false
+}
+
+func TestDumpTCPQueues(t *testing.T) {
+	testutil.RequirePrivileged(t)
+	for _, tt := range []struct {
+		name, network, addr string
+		family              uint8
+	}{
+		{"ipv4", "tcp4", "127.0.0.1:0", unix.AF_INET},
+		{"ipv6", "tcp6", "[::1]:0", unix.AF_INET6},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			ns := diagNetns(t)
+			ln, client, server := diagPair(t, ns, tt.network, tt.addr)
+			const n, k = 20000, 7000 // well inside loopback's buffers: no blocking
+			if _, err := client.Write(bytes.Repeat([]byte{'x'}, n)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(server, make([]byte, k)); err != nil {
+				t.Fatal(err)
+			}
+			cCookie, cInode := sockIdentity(t, client)
+			sCookie, sInode := sockIdentity(t, server)
+			own := ownCgroupID(t)
+
+			got := pollDump(t, ns, Filter{}, func(s []TCPSocket) error {
+				c, okc := byCookie(s, cCookie)
+				sv, oks := byCookie(s, sCookie)
+				switch {
+				case !okc || !oks:
+					return fmt.Errorf("client found %v, server found %v", okc, oks)
+				case c.WQueue != 0:
+					return fmt.Errorf("client wqueue %d, waiting for the ack", c.WQueue)
+				case sv.RQueue != n-k:
+					return fmt.Errorf("server rqueue %d, want %d", sv.RQueue, n-k)
+				}
+				return nil
+			})
+			c, _ := byCookie(got, cCookie)
+			sv, _ := byCookie(got, sCookie)
+
+			lp, sp := addrPort(client.LocalAddr()), addrPort(server.LocalAddr())
+			for _, x := range []struct {
+				name          string
+				got           TCPSocket
+				local, remote netip.AddrPort
+				inode         uint64
+			}{
+				{"client", c, lp, sp, cInode},
+				{"server", sv, sp, lp, sInode},
+			} {
+				g := x.got
+				if g.Family != tt.family || g.State != tcpEstablished || g.Local != x.local || g.Remote != x.remote {
+					t.Errorf("%s: family %d state %d %v -> %v, want %d %d %v -> %v",
+						x.name, g.Family, g.State, g.Local, g.Remote, tt.family, tcpEstablished, x.local, x.remote)
+				}
+				if uint64(g.Inode) != x.inode || g.UID != 0 || g.Cgroup != own {
+					t.Errorf("%s: inode %d uid %d cgroup %d, want %d 0 %d", x.name, g.Inode, g.UID, g.Cgroup, x.inode, own)
+				}
+				if g.Info == nil || g.Info.State != tcpEstablished || g.Info.RTT == 0 {
+					t.Errorf("%s: tcp_info %+v, want one in ESTABLISHED with an RTT", x.name, g.Info)
+				}
+			}
+			if c.Info != nil && (c.Info.BytesAcked < n || c.Info.BytesSent != n || c.Info.NotsentBytes != 0) {
+				t.Errorf("client tcp_info: bytes_acked %d bytes_sent %d notsent %d, want >= %d, %d, 0",
+					c.Info.BytesAcked, c.Info.BytesSent, c.Info.NotsentBytes, n, n)
+			}
+			if sv.Info != nil && sv.Info.BytesReceived != n {
+				t.Errorf("server bytes_received %d, want %d", sv.Info.BytesReceived, n)
+			}
+			if sv.WQueue != 0 || c.RQueue != 0 {
+				t.Errorf("server wqueue %d, client rqueue %d: want 0, 0", sv.WQueue, c.RQueue)
+			}
+
+			// The listener is there, with its backlog as the queues;
+			// StatesConnected leaves it out.
+			lnCookie := func(s []TCPSocket) (TCPSocket, bool) {
+				for _, x := range s {
+					if x.State == tcpListen && x.Local == addrPort(ln.Addr()) {
+						return x, true
+					}
+				}
+				return TCPSocket{}, false
+			}
+			if _, ok := lnCookie(got); !ok {
+				t.Errorf("listener %v not in the dump", ln.Addr())
+			}
+			conn, err := DumpTCP(context.Background(), ns, Filter{States: StatesConnected})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, ok := lnCookie(conn); ok || len(conn) != 2 {
+				t.Errorf("StatesConnected: %d sockets (listener in: %v), want the 2 ends", len(conn), ok)
+			}
+			other, err := DumpTCP(context.Background(), ns, Filter{Family: tt.family ^ (unix.AF_INET ^ unix.AF_INET6)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(other) != 0 {
+				t.Errorf("dump of the other family: %+v, want none", other)
+			}
+
+			// Our own namespace does not see the fresh one's sockets.
+			mine, err := DumpTCP(context.Background(), -1, Filter{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, cookie := range []uint64{cCookie, sCookie} {
+				if _, ok := byCookie(mine, cookie); ok {
+					t.Errorf("socket %d of the test namespace shows in the caller's", cookie)
+				}
+			}
+		})
+	}
+}
+
+func TestDumpTCPClosed(t *testing.T) {
+	testutil.RequirePrivileged(t)
+	ns := diagNetns(t)
+	_, client, server := diagPair(t, ns, "tcp4", "127.0.0.1:0")
+	cCookie, _ := sockIdentity(t, client)
+	sCookie, _ := sockIdentity(t, server)
+	pollDump(t, ns, Filter{States: StatesConnected}, func(s []TCPSocket) error {
+		if _, ok := byCookie(s, cCookie); !ok {
+			return errors.New("client not there yet")
+		}
+		return nil
+	})
+
+	client.Close() // active close: the client's end goes to TIME_WAIT
+	server.Close()
+	pollDump(t, ns, Filter{States: StatesConnected}, func(s []TCPSocket) error {
+		for _, c := range []uint64{cCookie, sCookie} {
+			if x, ok := byCookie(s, c); ok {
+				return fmt.Errorf("socket %d still there in state %d", c, x.State)
+			}
+		}
+		return nil
+	})
+	// All that may stay is the client's TIME_WAIT, which keeps the cookie
+	// but has no owner, inode, cgroup or tcp_info.
+	all, err := DumpTCP(context.Background(), ns, Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x, ok := byCookie(all, sCookie); ok {
+		t.Errorf("server end still there: %+v", x)
+	}
+	if x, ok := byCookie(all, cCookie); ok && (x.State != tcpTimeWait || x.Info != nil || x.Cgroup != 0 || x.Inode != 0) {
+		t.Errorf("client end after close: %+v, want a bare TIME_WAIT", x)
+	}
+}
+
+// diagHelperEnv makes the test binary, run again by startDiagHelper, a
+// client: TestDiagHelperProcess connects to the address in it.
+const diagHelperEnv = "MPIPAUSE_NL_DIAG_HELPER"
+
+// TestDiagHelperProcess is not a test: it is the client process of
+// TestDumpTCPCgroup. It waits for a line on stdin (the parent has moved it
+// into the cgroup by then), enters the network namespace on fd 3, connects,
+// sends "hello", prints its local address and holds the connection until
+// stdin closes.
+func TestDiagHelperProcess(t *testing.T) {
+	addr := os.Getenv(diagHelperEnv)
+	if addr == "" {
+		return
+	}
+	fail := func(err error) {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(2)
+	}
+	in := bufio.NewReader(os.Stdin)
+	if _, err := in.ReadString('\n'); err != nil {
+		fail(err)
+	}
+	runtime.LockOSThread()
+	if err := unix.Setns(3, unix.CLONE_NEWNET); err != nil {
+		fail(err)
+	}
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		fail(err)
+	}
+	if _, err := c.Write([]byte("hello")); err != nil {
+		fail(err)
+	}
+	fmt.Println(c.LocalAddr())
+	_, _ = io.Copy(io.Discard, in)
+	os.Exit(0)
+}
+
+// startDiagHelper runs a client process in cgroup dir and network namespace
+// netnsFD that connects to addr; it returns the client's local address once
+// the connection is up, and ends the process at cleanup.
+func startDiagHelper(t *testing.T, netnsFD int, dir string, addr net.Addr) netip.AddrPort {
+	t.Helper()
+	nsFD, err := unix.FcntlInt(uintptr(netnsFD), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nsFile := os.NewFile(uintptr(nsFD), "netns")
+	defer nsFile.Close()
+
+	cmd := exec.Command(os.Args[0], "-test.run=^TestDiagHelperProcess$")
+	cmd.Env = append(os.Environ(), diagHelperEnv+"="+addr.String())
+	cmd.ExtraFiles = []*os.File{nsFile}
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		stdin.Close()
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("helper: %v: %s", err, stderr.Bytes())
+		}
+	})
+	// Into the cgroup before it makes its socket: a socket's cgroup is
+	// its creator's at socket() time.
+	if err := cgroupv2.AddProc(dir, cmd.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.WriteString(stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("helper: %v: %s", err, stderr.Bytes())
+	}
+	ap, err := netip.ParseAddrPort(strings.TrimSpace(line))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ap
+}
+
+func TestDumpTCPCgroup(t *testing.T) {
+	testutil.RequirePrivileged(t)
+	ns := diagNetns(t)
+	job := diagCgroup(t, "job")
+	rank := filepath.Join(job, "rank0")
+	if err := cgroupv2.Create(rank); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cgroupv2.Remove(rank) }) // runs before job's removal
+
+	var ln net.Listener
+	diagInNetns(t, ns, func() (err error) {
+		ln, err = net.Listen("tcp4", "127.0.0.1:0")
+		return err
+	})
+	t.Cleanup(func() { ln.Close() })
+	clientAddr := startDiagHelper(t, ns, rank, ln.Addr())
+	server, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { server.Close() })
+
+	jobID, err := cgroupv2.ID(job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	rankID, err := cgroupv2.ID(rank)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tree, err := cgroupv2.TreeIDs(job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	own := ownCgroupID(t)
+	// More ids than one bytecode can hold: user space filters instead.
+	big := []uint64{rankID}
+	for i := range maxBytecodeCgroups {
+		big = append(big, 1<<40+uint64(i))
+	}
+
+	all, err := DumpTCP(context.Background(), ns, Filter{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(all) != 3 {
+		t.Fatalf("unfiltered dump: %d sockets, want listener, server and client: %+v", len(all), all)
+	}
+	for _, s := range all {
+		want := own // the listener, and the server end it accepted
+		if s.Local == clientAddr {
+			want = rankID
+		}
+		if s.Cgroup != want {
+			t.Errorf("socket %v -> %v: cgroup %d, want %d", s.Local, s.Remote, s.Cgroup, want)
+		}
+	}
+
+	for _, userSpace := range []bool{false, true} {
+		for _, tt := range []struct {
+			name string
+			ids  []uint64
+			want int // sockets: 1 is the client
+		}{
+			{"job tree", tree, 1},
+			{"rank only", []uint64{rankID}, 1},
+			{"job only, not its child", []uint64{jobID}, 0},
+			{"empty set", []uint64{}, 0},
+			{"own cgroup", []uint64{own}, 2},
+			{"more ids than a bytecode holds", big, 1},
+		} {
+			name := fmt.Sprintf("userspace=%v/%s", userSpace, tt.name)
+			t.Run(name, func(t *testing.T) {
+				got, err := DumpTCP(context.Background(), ns, Filter{Cgroups: tt.ids, userSpace: userSpace})
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(got) != tt.want {
+					t.Fatalf("%d sockets, want %d: %+v", len(got), tt.want, got)
+				}
+				if tt.want == 1 && (got[0].Local != clientAddr || got[0].Cgroup != rankID) {
+					t.Fatalf("got %v in cgroup %d, want the client %v in %d", got[0].Local, got[0].Cgroup, clientAddr, rankID)
+				}
+			})
+		}
+	}
+}
+
+func TestDumpTCPCanceled(t *testing.T) {
+	testutil.RequirePrivileged(t)
+	ns := diagNetns(t)
+	diagPair(t, ns, "tcp4", "127.0.0.1:0")
+	d, err := DialDiag(ns)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := d.DumpTCP(ctx, Filter{}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("canceled dump: err = %v, want context.Canceled", err)
+	}
+	got, err := d.DumpTCP(context.Background(), Filter{})
+	if err != nil || len(got) != 3 {
+		t.Fatalf("dump after a canceled one: %d sockets, %v; want 3", len(got), err)
+	}
+
+	// Cancel dumps at every point of their run: a dump cut in the middle
+	// must not leave anything behind for the next one on the same DiagConn.
+	for range 100 {
+		diagPair(t, ns, "tcp4", "127.0.0.1:0")
+	}
+	const want = 3 * 101
+	var cut int
+	for i := range 300 {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(i*5)*time.Microsecond)
+		_, err := d.DumpTCP(ctx, Filter{})
+		cancel()
+		if err != nil {
+			if !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("timed-out dump: err = %v, want DeadlineExceeded", err)
+			}
+			cut++
+		}
+		got, err := d.DumpTCP(context.Background(), Filter{})
+		if err != nil || len(got) != want {
+			t.Fatalf("dump after a timed-out one: %d sockets, %v; want %d", len(got), err, want)
+		}
+	}
+	t.Logf("%d of 300 dumps cut by their deadline", cut)
+	if err := d.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := d.DumpTCP(context.Background(), Filter{}); !errors.Is(err, ErrClosed) {
+		t.Fatalf("dump after Close: err = %v, want ErrClosed", err)
+	}
+}
+
+// BenchmarkDumpTCP10k dumps a namespace holding 5,000 loopback connections
+// (10,000 established sockets) with and without cgroup filters, in the
+// kernel and in user space. sockets/op is what each dump returned.
+func BenchmarkDumpTCP10k(b *testing.B) {
+	testutil.RequirePrivileged(b)
+	const conns = 5000
+	var lim unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		b.Fatal(err)
+	}
+	if lim.Max < 2*conns+200 {
+		b.Skipf("RLIMIT_NOFILE hard limit %d < %d", lim.Max, 2*conns+200)
+	}
+	lim.Cur = lim.Max
+	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
+		b.Fatal(err)
+	}
+
+	ns := diagNetns(b)
+	var ln net.Listener
+	var clients []net.Conn
+	accepted := make(chan net.Conn, conns)
+	diagInNetns(b, ns, func() (err error) {
+		if ln, err = net.Listen("tcp4", "127.0.0.1:0"); err != nil {
+			return err
+		}
+		go func() {
+			for {
+				c, err := ln.Accept()
+				if err != nil {
+					close(accepted)
+					return
+				}
+				accepted <- c
+			}
+		}()
+		for range conns {
+			c, err := net.Dial("tcp4", ln.Addr().String())
+			if err != nil {
+				return err
+			}
+			clients = append(clients, c)
+		}
+		return nil
+	})
+	servers := make([]net.Conn, 0, conns)
+	for range conns {
+		servers = append(servers, <-accepted)
+	}
+	b.Cleanup(func() {
+		ln.Close()
+		for _, c := range append(clients, servers...) {
+			c.Close()
+		}
+	})
+
+	own := ownCgroupID(b)
+	empty, err := cgroupv2.ID(diagCgroup(b, "bench"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	// 16 ids with the match last: a job tree of 16 cgroups, worst case for
+	// the bytecode's OR chain.
+	var tree16 []uint64
+	for i := range 15 {
+		tree16 = append(tree16, 1<<40+uint64(i))
+	}
+	tree16 = append(tree16, own)
+
+	d, err := DialDiag(ns)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { d.Close() })
+	ctx := context.Background()
+	for _, bc := range []struct {
+		name string
+		f    Filter
+	}{
+		{"none", Filter{}},
+		{"user/all-match", Filter{Cgroups: []uint64{own}, userSpace: true}},
+		{"kernel/all-match", Filter{Cgroups: []uint64{own}}},
+		{"user/all-match-16ids", Filter{Cgroups: tree16, userSpace: true}},
+		{"kernel/all-match-16ids", Filter{Cgroups: tree16}},
+		{"user/none-match", Filter{Cgroups: []uint64{empty}, userSpace: true}},
+		{"kernel/none-match", Filter{Cgroups: []uint64{empty}}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			var n int
+			for b.Loop() {
+				s, err := d.DumpTCP(ctx, bc.f)
+				if err != nil {
+					b.Fatal(err)
+				}
+				n = len(s)
+			}
+			b.ReportMetric(float64(n), "sockets/op")
+		})
+	}
+	b.Run("dial+none", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := DumpTCP(ctx, ns, Filter{}); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}

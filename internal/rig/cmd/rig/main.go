@@ -1,0 +1,200 @@
+// Command rig runs mpipause's local cluster: N network-namespace "nodes" on
+// one machine (see package internal/rig). kernel-tests/rig is its wrapper.
+//
+//	rig up N                    bring up node0..node{N-1} (idempotent)
+//	rig exec NODE -- CMD...     run CMD in NODE (also from inside a node)
+//	rig status [--json]         show the nodes
+//	rig down                    remove everything (idempotent)
+//	rig ssh [opts] HOST CMD...  launcher agent: ssh's arguments, rig exec
+//
+// MPIPAUSE_RIG (or --name) selects a rig other than "default".
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+
+	"github.com/mpipause/mpipause/internal/rig"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Environ(), os.Stdout, os.Stderr)
+	stop()
+	if errors.Is(err, errUsage) {
+		os.Exit(2)
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "rig:", err)
+		os.Exit(1)
+	}
+}
+
+var errUsage = errors.New("usage")
+
+const usage = `usage: rig [--name NAME] COMMAND
+  up N                    bring up nodes node0..node{N-1} (idempotent)
+  exec NODE -- CMD...     run CMD in NODE with the MPI launchers set up
+  status [--json]         show the rig's nodes
+  down                    stop and remove everything the rig made (idempotent)
+  ssh [opts] HOST CMD...  launcher agent: ssh's arguments, runs CMD in HOST
+The rig is "default" unless --name or $MPIPAUSE_RIG names another.
+`
+
+// env is the process environment, injectable for tests.
+type env []string
+
+func (e env) get(k string) string {
+	for _, kv := range e {
+		if strings.HasPrefix(kv, k+"=") {
+			return kv[len(k)+1:]
+		}
+	}
+	return ""
+}
+
+var commands = map[string]func(ctx context.Context, r *rig.Rig, args []string, e env, stdout io.Writer) error{
+	"up":                runUp,
+	"down":              runDown,
+	"exec":              runExec,
+	"status":            runStatus,
+	"ssh":               runSSH,
+	rig.InitNodeCommand: runInitNode,
+}
+
+func run(ctx context.Context, args []string, e env, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("rig", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() { fmt.Fprint(stderr, usage) }
+	name := fs.String("name", e.get(rig.NameEnv), "rig name (default $"+rig.NameEnv+" or \"default\")")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
+		return errUsage
+	}
+	if fs.NArg() == 0 {
+		fs.Usage()
+		return errUsage
+	}
+	cmd, ok := commands[fs.Arg(0)]
+	if !ok {
+		fmt.Fprintf(stderr, "rig: unknown command %q\n", fs.Arg(0))
+		fs.Usage()
+		return errUsage
+	}
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	r, err := rig.New(rig.Config{Name: *name, Exe: exe, BinDir: filepath.Dir(exe)})
+	if err != nil {
+		return err
+	}
+	return cmd(ctx, r, fs.Args()[1:], e, stdout)
+}
+
+func runUp(ctx context.Context, r *rig.Rig, args []string, _ env, stdout io.Writer) error {
+	if len(args) != 1 {
+		return fmt.Errorf("up: want the number of nodes: rig up N")
+	}
+	n, err := strconv.Atoi(args[0])
+	if err != nil {
+		return fmt.Errorf("up: %q is not a number of nodes", args[0])
+	}
+	if err := r.Up(ctx, n); err != nil {
+		return fmt.Errorf("up: %w (rig down removes what was made)", err)
+	}
+	fmt.Fprintf(stdout, "rig %s: %d nodes up (node0..node%d)\n", r.Name(), n, n-1)
+	return nil
+}
+
+func runDown(ctx context.Context, r *rig.Rig, args []string, _ env, stdout io.Writer) error {
+	if len(args) != 0 {
+		return fmt.Errorf("down takes no arguments")
+	}
+	if err := r.Down(ctx); err != nil {
+		return fmt.Errorf("down: %w", err)
+	}
+	fmt.Fprintf(stdout, "rig %s: down\n", r.Name())
+	return nil
+}
+
+func runExec(ctx context.Context, r *rig.Rig, args []string, e env, _ io.Writer) error {
+	if len(args) < 3 || args[1] != "--" {
+		return fmt.Errorf("exec: usage: rig exec NODE -- CMD [ARGS...]")
+	}
+	return execIn(r, args[0], args[2:], e)
+}
+
+// runSSH is the launcher agent: Open MPI's plm_rsh_agent and Hydra's
+// launcher-exec call it as they would call ssh.
+func runSSH(ctx context.Context, r *rig.Rig, args []string, e env, _ io.Writer) error {
+	host, command, err := rig.ParseSSH(args)
+	if err != nil {
+		return err
+	}
+	return execIn(r, host, []string{"/bin/sh", "-c", command}, e)
+}
+
+func execIn(r *rig.Rig, node string, cmd []string, e env) error {
+	cwd, err := os.Getwd()
+	if err != nil {
+		cwd = "/"
+	}
+	x, err := r.Command(node, cmd, e, cwd)
+	if err != nil {
+		return err
+	}
+	return fmt.Errorf("exec %s: %w", x.Path, syscall.Exec(x.Path, x.Argv, x.Env))
+}
+
+func runStatus(ctx context.Context, r *rig.Rig, args []string, _ env, stdout io.Writer) error {
+	fs := flag.NewFlagSet("status", flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	s, err := r.Status()
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(s)
+	}
+	if len(s.Nodes) == 0 {
+		fmt.Fprintf(stdout, "rig %s: not up\n", s.Name)
+		return nil
+	}
+	state := "up"
+	if !s.Up {
+		state = "DEGRADED (rig down, then up again)"
+	}
+	fmt.Fprintf(stdout, "rig %s: %s, bridge in netns %s, state in %s\n", s.Name, state, s.Bridge, s.Dir)
+	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tNETNS\tADDRESS\tNETNS OK\tETH0 UP\tPROCS")
+	for _, n := range s.Nodes {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%v\t%d\n", n.Name, n.Netns, n.Addr, n.Exists, n.LinkUp, n.Procs)
+	}
+	return tw.Flush()
+}
+
+func runInitNode(ctx context.Context, r *rig.Rig, args []string, _ env, _ io.Writer) error {
+	if len(args) != 1 {
+		return fmt.Errorf("%s: want one JSON argument", rig.InitNodeCommand)
+	}
+	return rig.RunInitNode(args[0])
+}

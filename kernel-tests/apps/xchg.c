@@ -1,0 +1,324 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// xchg: a deterministic MPI exchange for mpipause's multi-node tests.
+//
+// Every iteration, each rank sends one message to each of its peers (every
+// other rank in "a2a" mode, the next rank in "ring" mode) with point-to-point
+// MPI_Isend/MPI_Irecv, so the bytes go over the library's TCP connections.
+// Message sizes are irregular (0 to 1.25 x -s bytes, varying with sender,
+// receiver and iteration). The content of a message is a pseudo-random stream
+// seeded from the sender's state, and every rank folds what it received into
+// its state, so a lost, duplicated, reordered or corrupted byte changes the
+// final checksum that rank 0 prints. The same computation done serially in one
+// process (-x) prints the checksum a correct run must print, whatever the MPI
+// library, the placement or the number of pauses.
+//
+// Usage: xchg [-m a2a|ring] [-n iters] [-s bytes[K|M]] [-w dir] [-t usec] [-x ranks]
+//   -w dir   hold point: after the first iteration (every connection the
+//            pattern needs is established), each rank creates dir/ready.RANK
+//            and then waits until dir/go exists.
+//   -t usec  compute (busy loop) for usec microseconds after each iteration.
+//   -x ranks print the expected checksum for that many ranks, without MPI.
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <mpi.h>
+
+enum mode { MODE_A2A, MODE_RING };
+
+struct opts {
+	enum mode mode;
+	int iters;
+	size_t bytes;
+	const char *hold_dir;
+	long compute_usec;
+	int expect_ranks;
+};
+
+static uint64_t mix64(uint64_t x)
+{
+	// splitmix64 finalizer: a bijective, well-spread 64-bit mix.
+	x ^= x >> 30;
+	x *= 0xbf58476d1ce4e5b9ULL;
+	x ^= x >> 27;
+	x *= 0x94d049bb133111ebULL;
+	x ^= x >> 31;
+	return x;
+}
+
+// msg_len is the irregular size of the message from src to dst in iteration
+// it: 0, 1/4, ..., 5/4 of the base size.
+static size_t msg_len(size_t base, int src, int dst, int it)
+{
+	unsigned k = (unsigned)(src * 7 + dst * 3 + it * 5) % 6;
+	return base / 4 * k;
+}
+
+static int is_peer(enum mode m, int nranks, int src, int dst)
+{
+	if (src == dst)
+		return 0;
+	if (m == MODE_RING)
+		return dst == (src + 1) % nranks;
+	return 1;
+}
+
+static uint64_t seed_of(uint64_t state, int dst, int it)
+{
+	return mix64(state ^ mix64(((uint64_t)dst << 32) ^ (uint64_t)it));
+}
+
+static void fill(unsigned char *buf, size_t len, uint64_t seed)
+{
+	uint64_t x = seed | 1;
+	size_t i = 0;
+	for (; i + 8 <= len; i += 8) {
+		x ^= x << 13;
+		x ^= x >> 7;
+		x ^= x << 17;
+		memcpy(buf + i, &x, 8);
+	}
+	for (; i < len; i++)
+		buf[i] = (unsigned char)(x >> (8 * (i % 8)));
+}
+
+static uint64_t fold(uint64_t h, const unsigned char *buf, size_t len)
+{
+	size_t i = 0;
+	for (; i + 8 <= len; i += 8) {
+		uint64_t w;
+		memcpy(&w, buf + i, 8);
+		h = (h ^ w) * 0x100000001b3ULL;
+	}
+	for (; i < len; i++)
+		h = (h ^ buf[i]) * 0x100000001b3ULL;
+	return mix64(h ^ len);
+}
+
+static uint64_t initial_state(int rank)
+{
+	return mix64(0x6d706970617573ULL + (uint64_t)rank);
+}
+
+static uint64_t combine(const uint64_t *states, int nranks)
+{
+	uint64_t h = 0;
+	for (int r = 0; r < nranks; r++)
+		h = mix64(h ^ states[r]) + (uint64_t)r;
+	return h;
+}
+
+static const char *mode_name(enum mode m)
+{
+	return m == MODE_RING ? "ring" : "a2a";
+}
+
+static void print_result(const struct opts *o, int nranks, uint64_t sum)
+{
+	printf("xchg mode=%s ranks=%d iters=%d bytes=%zu checksum=%016" PRIx64 "\n", mode_name(o->mode), nranks,
+	       o->iters, o->bytes, sum);
+	fflush(stdout);
+}
+
+// expect runs the whole exchange for nranks ranks in this process.
+static int expect(const struct opts *o, int nranks)
+{
+	uint64_t *state = calloc((size_t)nranks, sizeof(*state));
+	uint64_t *next = calloc((size_t)nranks, sizeof(*next));
+	unsigned char *buf = malloc(o->bytes / 4 * 5 + 8);
+	if (!state || !next || !buf) {
+		fprintf(stderr, "xchg: out of memory\n");
+		return 1;
+	}
+	for (int r = 0; r < nranks; r++)
+		state[r] = initial_state(r);
+	for (int it = 0; it < o->iters; it++) {
+		for (int dst = 0; dst < nranks; dst++) {
+			uint64_t h = state[dst];
+			for (int src = 0; src < nranks; src++) {
+				if (!is_peer(o->mode, nranks, src, dst))
+					continue;
+				size_t len = msg_len(o->bytes, src, dst, it);
+				fill(buf, len, seed_of(state[src], dst, it));
+				h = fold(h, buf, len);
+			}
+			next[dst] = h;
+		}
+		memcpy(state, next, (size_t)nranks * sizeof(*state));
+	}
+	print_result(o, nranks, combine(state, nranks));
+	return 0;
+}
+
+static void compute(long usec)
+{
+	struct timespec t0, t;
+	if (usec <= 0)
+		return;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	do {
+		clock_gettime(CLOCK_MONOTONIC, &t);
+	} while ((t.tv_sec - t0.tv_sec) * 1000000L + (t.tv_nsec - t0.tv_nsec) / 1000 < usec);
+}
+
+static int touch(const char *path)
+{
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+	if (fd < 0)
+		return -1;
+	return close(fd);
+}
+
+// hold signals that this rank's connections are up and waits for the test to
+// let it go on. Polling a file keeps the rank idle (no MPI progress spinning),
+// so the test's tools get the CPU while the job holds.
+static void hold(const char *dir, int rank)
+{
+	char path[4096];
+	struct stat st;
+	snprintf(path, sizeof(path), "%s/ready.%d", dir, rank);
+	if (touch(path) != 0) {
+		fprintf(stderr, "xchg: rank %d: create %s: %s\n", rank, path, strerror(errno));
+		MPI_Abort(MPI_COMM_WORLD, 1);
+	}
+	snprintf(path, sizeof(path), "%s/go", dir);
+	struct timespec ts = {.tv_sec = 0, .tv_nsec = 5 * 1000 * 1000};
+	while (stat(path, &st) != 0)
+		nanosleep(&ts, NULL);
+}
+
+static int run(const struct opts *o)
+{
+	int rank, nranks;
+	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+	MPI_Comm_size(MPI_COMM_WORLD, &nranks);
+
+	size_t cap = o->bytes / 4 * 5 + 8;
+	unsigned char **sbuf = calloc((size_t)nranks, sizeof(*sbuf));
+	unsigned char **rbuf = calloc((size_t)nranks, sizeof(*rbuf));
+	MPI_Request *req = calloc(2 * (size_t)nranks, sizeof(*req));
+	MPI_Status *st = calloc(2 * (size_t)nranks, sizeof(*st));
+	if (!sbuf || !rbuf || !req || !st) {
+		fprintf(stderr, "xchg: out of memory\n");
+		MPI_Abort(MPI_COMM_WORLD, 1);
+	}
+	for (int p = 0; p < nranks; p++) {
+		if (is_peer(o->mode, nranks, rank, p))
+			sbuf[p] = malloc(cap);
+		if (is_peer(o->mode, nranks, p, rank))
+			rbuf[p] = malloc(cap);
+		if ((is_peer(o->mode, nranks, rank, p) && !sbuf[p]) || (is_peer(o->mode, nranks, p, rank) && !rbuf[p])) {
+			fprintf(stderr, "xchg: out of memory\n");
+			MPI_Abort(MPI_COMM_WORLD, 1);
+		}
+	}
+
+	uint64_t state = initial_state(rank);
+	for (int it = 0; it < o->iters; it++) {
+		int n = 0;
+		for (int src = 0; src < nranks; src++)
+			if (rbuf[src])
+				MPI_Irecv(rbuf[src], (int)msg_len(o->bytes, src, rank, it), MPI_BYTE, src, it,
+					  MPI_COMM_WORLD, &req[n++]);
+		for (int dst = 0; dst < nranks; dst++) {
+			if (!sbuf[dst])
+				continue;
+			size_t len = msg_len(o->bytes, rank, dst, it);
+			fill(sbuf[dst], len, seed_of(state, dst, it));
+			MPI_Isend(sbuf[dst], (int)len, MPI_BYTE, dst, it, MPI_COMM_WORLD, &req[n++]);
+		}
+		MPI_Waitall(n, req, st);
+		for (int src = 0; src < nranks; src++)
+			if (rbuf[src])
+				state = fold(state, rbuf[src], msg_len(o->bytes, src, rank, it));
+		if (it == 0 && o->hold_dir)
+			hold(o->hold_dir, rank);
+		compute(o->compute_usec);
+	}
+
+	uint64_t *all = rank == 0 ? calloc((size_t)nranks, sizeof(*all)) : NULL;
+	MPI_Gather(&state, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
+	if (rank == 0)
+		print_result(o, nranks, combine(all, nranks));
+	return 0;
+}
+
+static size_t parse_size(const char *s)
+{
+	char *end;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (*end == 'K' || *end == 'k')
+		v <<= 10, end++;
+	else if (*end == 'M' || *end == 'm')
+		v <<= 20, end++;
+	if (*end != '\0' || v > (1ULL << 30)) {
+		fprintf(stderr, "xchg: bad size '%s' (want N, NK or NM, at most 1G)\n", s);
+		exit(2);
+	}
+	return (size_t)v;
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f, "usage: xchg [-m a2a|ring] [-n iters] [-s bytes[K|M]] [-w holddir] [-t usec] [-x ranks]\n");
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o = {.mode = MODE_A2A, .iters = 10, .bytes = 1 << 20};
+	int c;
+	while ((c = getopt(argc, argv, "hm:n:s:w:t:x:")) != -1) {
+		switch (c) {
+		case 'm':
+			if (strcmp(optarg, "a2a") == 0)
+				o.mode = MODE_A2A;
+			else if (strcmp(optarg, "ring") == 0)
+				o.mode = MODE_RING;
+			else {
+				usage(stderr);
+				return 2;
+			}
+			break;
+		case 'n':
+			o.iters = atoi(optarg);
+			break;
+		case 's':
+			o.bytes = parse_size(optarg);
+			break;
+		case 'w':
+			o.hold_dir = optarg;
+			break;
+		case 't':
+			o.compute_usec = atol(optarg);
+			break;
+		case 'x':
+			o.expect_ranks = atoi(optarg);
+			break;
+		case 'h':
+			usage(stdout);
+			return 0;
+		default:
+			usage(stderr);
+			return 2;
+		}
+	}
+	if (optind != argc || o.iters < 1) {
+		usage(stderr);
+		return 2;
+	}
+	if (o.expect_ranks > 0)
+		return expect(&o, o.expect_ranks);
+
+	MPI_Init(&argc, &argv);
+	int rc = run(&o);
+	MPI_Finalize();
+	return rc;
+}

@@ -1,0 +1,163 @@
+package loader
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"sync"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/nl"
+)
+
+// SockDiagObserver observes a job through sock_diag netlink (INET_DIAG):
+// the kernel's rqueue/wqueue for every connected TCP socket of the job's
+// cgroup tree, filtered by cgroup id in the kernel. It needs no BPF and no
+// privilege for the observer's own network namespace; entering others takes
+// CAP_SYS_ADMIN. Without it, explicit Config.Netns are refused at open, and
+// namespaces found by FollowJob that it cannot enter are left out of
+// Snapshot (Skipped names them). It reads no sequence numbers and keeps no
+// counters: those Conn fields are zero and Counted is false.
+type SockDiagObserver struct {
+	job job
+	ns  *netnsSet
+
+	mu      sync.Mutex
+	closed  bool
+	diag    map[uint64]*nl.DiagConn // by netns inode
+	skipped []string                // namespaces the last Snapshot could not enter
+}
+
+var _ Observer = (*SockDiagObserver)(nil)
+
+// OpenSockDiag returns the sock_diag observer of cfg's job. cfg.Pin,
+// cfg.BPFFS, cfg.Require and cfg.OnFallback are ignored.
+func OpenSockDiag(ctx context.Context, cfg Config) (*SockDiagObserver, error) {
+	j, err := resolveJob(cfg.Cgroup)
+	if err != nil {
+		return nil, err
+	}
+	if len(cfg.Netns) > 0 {
+		missing, err := missingCaps(capSysAdmin)
+		if err != nil {
+			return nil, err
+		}
+		if len(missing) > 0 {
+			return nil, fmt.Errorf("%w: entering network namespaces %v needs CAP_SYS_ADMIN; run as root or watch only the own namespace", ErrNotPrivileged, cfg.Netns)
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	ns, err := openNetnsSet(cfg.Netns, j.dir, cfg.FollowJob)
+	if err != nil {
+		return nil, err
+	}
+	return &SockDiagObserver{job: j, ns: ns, diag: map[uint64]*nl.DiagConn{}}, nil
+}
+
+// Snapshot returns the job's connected TCP sockets (LISTEN, SYN_RECV,
+// TIME_WAIT and CLOSE left out) in every watched network namespace: one
+// dump per namespace and address family.
+func (d *SockDiagObserver) Snapshot(ctx context.Context) ([]Conn, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil, ErrClosed
+	}
+	// A job may create child cgroups at any time: walk its tree each time.
+	ids, err := cgroupv2.TreeIDs(d.job.dir)
+	if err != nil {
+		return nil, err
+	}
+	nss, err := d.ns.list()
+	if err != nil {
+		return nil, err
+	}
+	live := make(map[uint64]bool, len(nss))
+	d.skipped = d.skipped[:0]
+	var out []Conn
+	for _, ns := range nss {
+		live[ns.ino] = true
+		dc, ok := d.diag[ns.ino]
+		if !ok {
+			fd := int(ns.f.Fd())
+			if ns.label == "" {
+				fd = -1 // the own namespace: no setns, no privilege needed
+			}
+			if dc, err = nl.DialDiag(fd); err != nil {
+				if errors.Is(err, unix.EPERM) && d.followed(ns) {
+					d.skipped = append(d.skipped, ns.label)
+					continue
+				}
+				return nil, fmt.Errorf("sock_diag in %s: %w", nsName(ns), err)
+			}
+			d.diag[ns.ino] = dc
+		}
+		socks, err := dc.DumpTCP(ctx, nl.Filter{States: nl.StatesConnected, Cgroups: ids})
+		if err != nil {
+			return nil, fmt.Errorf("sock_diag in %s: %w", nsName(ns), err)
+		}
+		for i := range socks {
+			out = append(out, diagConn(&socks[i], ns.label))
+		}
+	}
+	for ino, dc := range d.diag {
+		if !live[ino] {
+			dc.Close()
+			delete(d.diag, ino)
+		}
+	}
+	return out, nil
+}
+
+// followed reports whether ns was found by FollowJob, not asked for.
+func (d *SockDiagObserver) followed(ns netns) bool {
+	_, ok := d.ns.followed[ns.ino]
+	return ok
+}
+
+// Skipped names the network namespaces of the job that the last Snapshot
+// left out because the observer may not enter them (no CAP_SYS_ADMIN).
+func (d *SockDiagObserver) Skipped() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]string(nil), d.skipped...)
+}
+
+// diagConn converts a sock_diag socket; v4-mapped addresses are unmapped,
+// as the BPF observer does.
+func diagConn(s *nl.TCPSocket, netns string) Conn {
+	return Conn{
+		Cookie:    s.Cookie,
+		Local:     netip.AddrPortFrom(s.Local.Addr().Unmap(), s.Local.Port()),
+		Remote:    netip.AddrPortFrom(s.Remote.Addr().Unmap(), s.Remote.Port()),
+		State:     TCPState(s.State),
+		Netns:     netns,
+		Cgroup:    s.Cgroup,
+		SendQueue: s.WQueue,
+		Unread:    s.RQueue,
+	}
+}
+
+// Kind returns KindSockDiag.
+func (d *SockDiagObserver) Kind() string { return KindSockDiag }
+
+// Close releases the observer's sockets and namespace handles.
+func (d *SockDiagObserver) Close() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return nil
+	}
+	d.closed = true
+	for ino, dc := range d.diag {
+		dc.Close()
+		delete(d.diag, ino)
+	}
+	d.ns.close()
+	return nil
+}

@@ -1,0 +1,271 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/mpipause/mpipause/internal/cgroupv2"
+)
+
+// netnsDir is where `ip netns` keeps its named namespaces.
+var netnsDir = "/run/netns"
+
+// netns is one network namespace an observer looks in.
+type netns struct {
+	label string // Conn.Netns: "" for the observer's own
+	ino   uint64 // nsfs inode: the namespace's identity
+	f     *os.File
+}
+
+// netnsSet is the namespaces an observer watches: its own, the explicit
+// ones, and (FollowJob) those the job's processes live in.
+type netnsSet struct {
+	own      netns
+	explicit []netns
+	jobDir   string // cgroup tree to follow; "" when not following
+	followed map[uint64]netns
+}
+
+// openNetnsSet opens the observer's own namespace (that of the calling
+// thread) and the explicit ones. Namespaces are deduplicated by inode.
+func openNetnsSet(paths []string, jobDir string, follow bool) (*netnsSet, error) {
+	own, err := openNetns("/proc/thread-self/ns/net", "")
+	if err != nil {
+		return nil, fmt.Errorf("open own network namespace: %w", err)
+	}
+	s := &netnsSet{own: own, followed: map[uint64]netns{}}
+	if follow {
+		s.jobDir = jobDir
+	}
+	seen := map[uint64]bool{own.ino: true}
+	for _, p := range paths {
+		path, label := netnsPath(p)
+		ns, err := openNetns(path, label)
+		if err != nil {
+			s.close()
+			return nil, fmt.Errorf("%w: %s: %v; give a name from %s or a path such as /proc/PID/ns/net", ErrNoNetns, p, err, netnsDir)
+		}
+		if seen[ns.ino] {
+			ns.f.Close()
+			continue
+		}
+		seen[ns.ino] = true
+		s.explicit = append(s.explicit, ns)
+	}
+	return s, nil
+}
+
+// netnsPath turns a Config.Netns entry into a path and a label: a bare name
+// is a file in /run/netns and is its own label; a path is labelled with its
+// name when it is in /run/netns, else with itself.
+func netnsPath(p string) (path, label string) {
+	if !strings.Contains(p, "/") {
+		return filepath.Join(netnsDir, p), p
+	}
+	if filepath.Dir(filepath.Clean(p)) == netnsDir {
+		return p, filepath.Base(p)
+	}
+	return p, p
+}
+
+func openNetns(path, label string) (netns, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return netns{}, err
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		f.Close()
+		return netns{}, err
+	}
+	var fsst unix.Statfs_t
+	if err := unix.Fstatfs(int(f.Fd()), &fsst); err != nil || uint32(fsst.Type) != unix.NSFS_MAGIC {
+		f.Close()
+		return netns{}, errors.New("not a namespace file")
+	}
+	return netns{label: label, ino: st.Ino, f: f}, nil
+}
+
+// list returns the namespaces to look in now, refreshing the followed ones.
+func (s *netnsSet) list() ([]netns, error) {
+	out := append([]netns{s.own}, s.explicit...)
+	if s.jobDir == "" {
+		return out, nil
+	}
+	inos, err := jobNetns(s.jobDir)
+	if err != nil {
+		return nil, err
+	}
+	known := map[uint64]bool{}
+	for _, ns := range out {
+		known[ns.ino] = true
+	}
+	var names map[uint64]string
+	live := map[uint64]bool{}
+	for ino, pid := range inos {
+		if known[ino] {
+			continue
+		}
+		live[ino] = true
+		if _, ok := s.followed[ino]; ok {
+			continue
+		}
+		if names == nil {
+			names = namedNetns()
+		}
+		label, ok := names[ino]
+		if !ok {
+			label = "net:[" + strconv.FormatUint(ino, 10) + "]"
+		}
+		ns, err := openNetns("/proc/"+strconv.Itoa(pid)+"/ns/net", label)
+		if err != nil || ns.ino != ino {
+			// The process exited or moved meanwhile; the next Snapshot
+			// sees where it went.
+			if err == nil {
+				ns.f.Close()
+			}
+			delete(live, ino)
+			continue
+		}
+		s.followed[ino] = ns
+	}
+	for ino, ns := range s.followed {
+		if !live[ino] {
+			ns.f.Close()
+			delete(s.followed, ino)
+			continue
+		}
+		out = append(out, ns)
+	}
+	return out, nil
+}
+
+func (s *netnsSet) close() {
+	s.own.f.Close()
+	for _, ns := range s.explicit {
+		ns.f.Close()
+	}
+	for _, ns := range s.followed {
+		ns.f.Close()
+	}
+}
+
+// jobNetns maps the network namespace inode of every process in the cgroup
+// tree at dir to one pid living in it.
+func jobNetns(dir string) (map[uint64]int, error) {
+	out := map[uint64]int{}
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if path != dir && errors.Is(err, fs.ErrNotExist) {
+				return nil // a child cgroup removed during the walk
+			}
+			return err
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		pids, err := cgroupv2.Procs(path)
+		if err != nil {
+			if path != dir && errors.Is(err, fs.ErrNotExist) {
+				return nil
+			}
+			return err
+		}
+		for _, pid := range pids {
+			ino, err := netnsInode("/proc/" + strconv.Itoa(pid) + "/ns/net")
+			if err == nil {
+				if _, ok := out[ino]; !ok {
+					out[ino] = pid
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("follow job %s: %w", dir, err)
+	}
+	return out, nil
+}
+
+// netnsInode reads a namespace's inode from its magic link ("net:[INODE]")
+// without opening it.
+func netnsInode(path string) (uint64, error) {
+	l, err := os.Readlink(path)
+	if err != nil {
+		return 0, err
+	}
+	s, ok := strings.CutPrefix(l, "net:[")
+	if !ok || !strings.HasSuffix(s, "]") {
+		return 0, fmt.Errorf("%s: unexpected link %q", path, l)
+	}
+	return strconv.ParseUint(strings.TrimSuffix(s, "]"), 10, 64)
+}
+
+// namedNetns maps the inode of each namespace named in /run/netns to its name.
+func namedNetns() map[uint64]string {
+	out := map[uint64]string{}
+	ents, err := os.ReadDir(netnsDir)
+	if err != nil {
+		return out
+	}
+	for _, e := range ents {
+		var st unix.Stat_t
+		if unix.Stat(filepath.Join(netnsDir, e.Name()), &st) == nil {
+			out[st.Ino] = e.Name()
+		}
+	}
+	return out
+}
+
+// inNetns runs fn on an OS thread that has entered ns, for calls whose
+// effect depends on the caller's network namespace (creating a tcp
+// iterator binds it to current->nsproxy->net_ns). The thread goes back to
+// its namespace afterwards; if that fails it stays locked, and the runtime
+// ends it when the goroutine exits, so no goroutine ever runs in ns by
+// accident.
+func inNetns(ns netns, fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		cur, err := netnsInode("/proc/thread-self/ns/net")
+		if err == nil && cur == ns.ino {
+			err := fn()
+			runtime.UnlockOSThread()
+			errc <- err
+			return
+		}
+		back, err := os.Open("/proc/thread-self/ns/net")
+		if err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("open thread's network namespace: %w", err)
+			return
+		}
+		defer back.Close()
+		if err := unix.Setns(int(ns.f.Fd()), unix.CLONE_NEWNET); err != nil {
+			runtime.UnlockOSThread()
+			errc <- fmt.Errorf("enter network namespace %s: %w", nsName(ns), err)
+			return
+		}
+		ferr := fn()
+		if err := unix.Setns(int(back.Fd()), unix.CLONE_NEWNET); err == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- ferr
+	}()
+	return <-errc
+}
+
+func nsName(ns netns) string {
+	if ns.label == "" {
+		return "(own)"
+	}
+	return ns.label
+}

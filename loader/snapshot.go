@@ -1,0 +1,257 @@
+package loader
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net/netip"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// recordSize is the size of one iterator record, struct tcp_record in
+// bpf/include/mpipause.h; TestRecordLayout checks it against BTF.
+const recordSize = int(unsafe.Sizeof(record{}))
+
+// Snapshot returns the job's TCP connections in every watched network
+// namespace. A namespace seen for the first time gets one iter/tcp pass,
+// which adopts the connections the job established before the programs
+// were attached; after that a single pass over the conns map reads every
+// connection of every namespace, counters included.
+func (o *BPFObserver) Snapshot(ctx context.Context) ([]Conn, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return nil, ErrClosed
+	}
+	nss, err := o.ns.list()
+	if err != nil {
+		return nil, err
+	}
+	labels := make(map[uint32]string, len(nss))
+	for _, ns := range nss {
+		labels[uint32(ns.ino)] = ns.label
+		if o.adopted[ns.ino] {
+			continue
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		if _, err := o.readTCPIter(ns); err != nil {
+			return nil, err
+		}
+		o.adopted[ns.ino] = true
+	}
+	for ino := range o.adopted {
+		if _, ok := labels[uint32(ino)]; !ok {
+			delete(o.adopted, ino) // gone: a new namespace may reuse the inode
+		}
+	}
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	recs, err := o.readConnIter()
+	if err != nil {
+		return nil, err
+	}
+	boot := bootOffset()
+	out := make([]Conn, 0, len(recs))
+	for i := range recs {
+		label, ok := labels[recs[i].Netns]
+		if !ok {
+			continue // a namespace this observer does not watch
+		}
+		out = append(out, recs[i].conn(label, boot))
+	}
+	return out, nil
+}
+
+// readTCPIter runs the iter/tcp program once in ns (adopting the job's
+// connections there) and returns its records, which live in o.buf until the
+// next read.
+func (o *BPFObserver) readTCPIter(ns netns) ([]record, error) {
+	var rc io.ReadCloser
+	err := inNetns(ns, func() error {
+		var err error
+		rc, err = o.tcpIter.Open()
+		return err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open tcp iterator in %s: %w", nsName(ns), err)
+	}
+	defer rc.Close()
+	o.buf, err = readRecords(rc, o.buf)
+	if err != nil {
+		return nil, fmt.Errorf("read tcp iterator in %s: %w", nsName(ns), err)
+	}
+	return o.buf, nil
+}
+
+// readConnIter runs the conns map iterator once and returns its records,
+// for every namespace. They live in the mmapped records array (or o.buf)
+// until the next pass.
+func (o *BPFObserver) readConnIter() ([]record, error) {
+	if o.lock != nil {
+		// Another process may run the same pinned iterator, and the
+		// records array has room for one pass at a time.
+		if err := unix.Flock(int(o.lock.Fd()), unix.LOCK_EX); err != nil {
+			return nil, fmt.Errorf("lock %s: %w", o.pinDir, err)
+		}
+		defer unix.Flock(int(o.lock.Fd()), unix.LOCK_UN)
+	}
+	rc, err := o.connIter.Open()
+	if err != nil {
+		return nil, fmt.Errorf("open conns iterator: %w", err)
+	}
+	defer rc.Close()
+	o.tail, err = readAll(rc, o.tail[:0])
+	if err != nil {
+		return nil, fmt.Errorf("read conns iterator: %w", err)
+	}
+	return splitPass(o.recMem[:int(o.records.MaxEntries())*recordSize], o.tail, &o.buf)
+}
+
+// splitPass assembles the records of one conniter pass: the first ones in
+// the mapped array mem, any spill in the seq_file output tail. tail is
+// framed (bpf/conniter.bpf.c): an 8-byte mark if there was an object, the
+// spilled records, and the index of the last object as a little-endian
+// uint64.
+func splitPass(mem, tail []byte, buf *[]record) ([]record, error) {
+	if len(tail) == 8 {
+		return nil, nil
+	}
+	if len(tail) < 16 || (len(tail)-16)%recordSize != 0 {
+		return nil, fmt.Errorf("conns iterator output of %d bytes is not framed records", len(tail))
+	}
+	n := binary.LittleEndian.Uint64(tail[len(tail)-8:]) + 1
+	spilled := tail[8 : len(tail)-8]
+	spill := len(spilled) / recordSize
+	inMem := len(mem) / recordSize
+	if n > uint64(inMem+spill) || n != uint64(min(int(n), inMem)+spill) {
+		return nil, fmt.Errorf("conns iterator saw %d objects but wrote %d to the array (room %d) and %d to the seq_file", n, min(int(n), inMem), inMem, spill)
+	}
+	var arr []record
+	if k := min(int(n), inMem); k > 0 {
+		arr = unsafe.Slice((*record)(unsafe.Pointer(&mem[0])), k)
+	}
+	if spill == 0 {
+		return arr, nil
+	}
+	recs := append((*buf)[:0], arr...)
+	for i := range spill {
+		var r record
+		copy(unsafe.Slice((*byte)(unsafe.Pointer(&r)), recordSize), spilled[i*recordSize:])
+		recs = append(recs, r)
+	}
+	*buf = recs
+	return recs, nil
+}
+
+// readAll reads r to EOF, appending to buf.
+func readAll(r io.Reader, buf []byte) ([]byte, error) {
+	if cap(buf) < 4096 {
+		buf = make([]byte, 0, 4096)
+	}
+	for {
+		if len(buf) == cap(buf) {
+			buf = append(buf, 0)[:len(buf)]
+		}
+		m, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+m]
+		if errors.Is(err, io.EOF) || (m == 0 && err == nil) {
+			return buf, nil
+		}
+		if err != nil {
+			return buf, err
+		}
+	}
+}
+
+// readRecords reads fixed-size records until EOF into buf's backing array
+// (grown as needed), viewed as bytes: no copy, no per-record decoding. The
+// records are laid out in memory exactly as the program wrote them.
+func readRecords(r io.Reader, buf []record) ([]record, error) {
+	if cap(buf) == 0 {
+		buf = make([]record, 256)
+	}
+	buf = buf[:cap(buf)]
+	n := 0 // bytes read
+	for {
+		if n == len(buf)*recordSize {
+			grown := make([]record, 2*len(buf))
+			copy(grown, buf)
+			buf = grown
+		}
+		b := unsafe.Slice((*byte)(unsafe.Pointer(&buf[0])), len(buf)*recordSize)
+		m, err := r.Read(b[n:])
+		n += m
+		if errors.Is(err, io.EOF) || (m == 0 && err == nil) {
+			break
+		}
+		if err != nil {
+			return buf[:0], err
+		}
+	}
+	if n%recordSize != 0 {
+		return buf[:0], fmt.Errorf("%d bytes is not a whole number of %d-byte records", n, recordSize)
+	}
+	return buf[:n/recordSize], nil
+}
+
+// bootOffset returns wall-clock time minus CLOCK_BOOTTIME, to turn the
+// programs' bpf_ktime_get_boot_ns stamps into times.
+func bootOffset() time.Duration {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_BOOTTIME, &ts); err != nil {
+		return 0
+	}
+	return time.Duration(time.Now().UnixNano() - ts.Nano())
+}
+
+const (
+	afInet  = 2
+	afInet6 = 10
+)
+
+// conn turns a record into a Conn; the netns label and the boot offset
+// come from the caller.
+func (r *record) conn(netns string, boot time.Duration) Conn {
+	t := &r.Tuple
+	c := Conn{
+		Cookie:      r.Cookie,
+		Local:       netip.AddrPortFrom(addrOf(t.Family, &t.Saddr), t.Sport),
+		Remote:      netip.AddrPortFrom(addrOf(t.Family, &t.Daddr), t.Dport),
+		State:       TCPState(r.State),
+		Netns:       netns,
+		Cgroup:      r.CgroupId,
+		WriteSeq:    r.WriteSeq,
+		SndNxt:      r.SndNxt,
+		SndUna:      r.SndUna,
+		RcvNxt:      r.RcvNxt,
+		CopiedSeq:   r.CopiedSeq,
+		SendQueue:   r.WriteSeq - r.SndUna, // uint32: wraps like the kernel's
+		Unread:      r.RcvNxt - r.CopiedSeq,
+		Counted:     r.Flags != 0,
+		BytesSent:   r.BytesSent,
+		BytesRecv:   r.BytesRecv,
+		Retransmits: r.Retransmits,
+	}
+	if r.EstablishedNs != 0 {
+		c.Established = time.Unix(0, int64(r.EstablishedNs)+int64(boot))
+	}
+	return c
+}
+
+// addrOf returns an address as the kernel stores it; IPv4-mapped IPv6
+// addresses (a dual-stack socket talking IPv4) are unmapped, so that both
+// ends of one connection print alike.
+func addrOf(family uint16, a *[16]uint8) netip.Addr {
+	if family == afInet {
+		return netip.AddrFrom4([4]byte(a[:4]))
+	}
+	return netip.AddrFrom16(*a).Unmap()
+}

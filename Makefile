@@ -20,7 +20,7 @@ deps: ## install the Debian packages that are missing (root)
 
 build: ## build bin/mpipause, bin/mpid, bin/rig, bin/libmpipause.so and the MPI test apps
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/mpipause ./cmd/mpid
+	$(GO) build -o $(BIN)/ ./cmd/mpipause ./cmd/mpid ./internal/rig/cmd/rig
 	$(MAKE) -s -C libmpi-shim OUT=$(BIN)
 	$(MAKE) -s -C kernel-tests/apps OUT=$(BIN)/apps
 

@@ -1,0 +1,316 @@
+package kerneltests
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/loader"
+)
+
+// mpiLib is how one MPI library launches xchg with 2 ranks on each of the 3
+// nodes.
+type mpiLib struct {
+	name   string
+	launch func(app string, args ...string) []string
+	// sharedMemIntraNode: ranks of one node talk over shared memory, not
+	// TCP, so only ranks on different nodes must have a connection.
+	sharedMemIntraNode bool
+}
+
+var mpiLibs = []mpiLib{
+	{name: "openmpi", launch: func(app string, args ...string) []string {
+		return append([]string{"mpirun.openmpi", "-np", "6", "-H", "node0:2,node1:2,node2:2", app}, args...)
+	}},
+	{name: "mpich", sharedMemIntraNode: true, launch: func(app string, args ...string) []string {
+		return append([]string{"mpiexec.mpich", "-n", "6", "-hosts", "node0:2,node1:2,node2:2", app}, args...)
+	}},
+}
+
+// TestMPIJobConnections runs a real 3 nodes x 2 ranks job of each library on
+// the rig, holds it once every connection is up, and checks that both
+// observers report every rank-to-rank connection that `ss` sees in the
+// nodes, and nothing outside the job; then lets the job finish and checks
+// its result and that the closed connections are gone.
+func TestMPIJobConnections(t *testing.T) {
+	for _, lib := range mpiLibs {
+		t.Run(lib.name, func(t *testing.T) { testJob(t, lib) })
+	}
+}
+
+func testJob(t *testing.T, lib mpiLib) {
+	bin := binDir(t)
+	sharedRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+
+	root, err := cgroupv2.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg := filepath.Join(root, "mpipause-kt-"+lib.name)
+	if err := cgroupv2.Create(cg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { killCgroup(t, cg) })
+
+	// Observers first, so the BPF one sees every connection from its start.
+	bpfObs, err := loader.Open(ctx, loader.Config{Cgroup: cg, FollowJob: true, Require: loader.KindBPF})
+	if err != nil {
+		t.Fatalf("BPF observer: %v", err)
+	}
+	defer bpfObs.Close()
+	diagObs, err := loader.Open(ctx, loader.Config{Cgroup: cg, FollowJob: true, Require: loader.KindSockDiag})
+	if err != nil {
+		t.Fatalf("sock_diag observer: %v", err)
+	}
+	defer diagObs.Close()
+
+	hold := t.TempDir()
+	app := filepath.Join(bin, "apps", "xchg."+lib.name)
+	args := []string{"-m", "a2a", "-n", "30", "-s", "256K", "-w", hold}
+	cgfd, err := os.Open(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cgfd.Close()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "rig"), append([]string{"exec", "node0", "--"}, lib.launch(app, args...)...)...)
+	cmd.Env = append(os.Environ(), "MPIPAUSE_RIG="+jobRig)
+	// The launcher starts inside the job cgroup; its ranks on every node
+	// descend from it and inherit it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cgfd.Fd())}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var runErr error
+	go func() { runErr = cmd.Wait(); close(done) }()
+
+	waitFor(t, "all 6 ranks at the hold point", 2*time.Minute, done, func() bool {
+		m, _ := filepath.Glob(filepath.Join(hold, "ready.*"))
+		return len(m) == 6
+	})
+
+	truth := ssJob(t, cg)
+	for _, obs := range []loader.Observer{bpfObs, diagObs} {
+		conns, err := obs.Snapshot(ctx)
+		if err != nil {
+			t.Fatalf("%s snapshot: %v", obs.Kind(), err)
+		}
+		checkSnapshot(t, obs.Kind(), lib, truth, conns)
+	}
+
+	if err := os.WriteFile(filepath.Join(hold, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatalf("job did not finish: %v\n%s", ctx.Err(), out.String())
+	}
+	if runErr != nil {
+		t.Fatalf("job failed: %v\n%s", runErr, out.String())
+	}
+	want, err := exec.Command(app, append(args[:6:6], "-x", "6")...).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, w := checksum(out.String()), checksum(string(want)); got == "" || got != w {
+		t.Errorf("job checksum %q, serial computation %q; job output:\n%s", got, w, out.String())
+	}
+
+	// Every process of the job is gone, so is every established connection.
+	for _, obs := range []loader.Observer{bpfObs, diagObs} {
+		conns, err := obs.Snapshot(ctx)
+		if err != nil {
+			t.Fatalf("%s snapshot after the job: %v", obs.Kind(), err)
+		}
+		for _, c := range conns {
+			if c.State == loader.StateEstablished {
+				t.Errorf("%s: %v->%v still established after the job ended", obs.Kind(), c.Local, c.Remote)
+			}
+		}
+	}
+}
+
+var checksumRE = regexp.MustCompile(`checksum=[0-9a-f]+`)
+
+func checksum(s string) string { return checksumRE.FindString(s) }
+
+// sock is one established TCP socket that ss saw in a node.
+type sock struct {
+	node          int
+	local, remote netip.AddrPort
+	pids          []int
+	rank          bool // owned by an xchg process
+	job           bool // owned by a process of the job cgroup
+}
+
+var ssPid = regexp.MustCompile(`pid=(\d+)`)
+
+// ssJob is the ground truth: every established TCP socket in every node as
+// `ss` reports it, with its owners.
+func ssJob(t *testing.T, cg string) []sock {
+	t.Helper()
+	inJob := map[int]bool{}
+	ids, err := cgroupv2.TreeIDs(cg)
+	if err != nil || len(ids) == 0 {
+		t.Fatalf("cgroup %s: %v", cg, err)
+	}
+	procs, err := cgroupv2.Procs(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range procs {
+		inJob[p] = true
+	}
+	var socks []sock
+	for i := 0; i < jobNodes; i++ {
+		out := mustRig(t, jobRig, "exec", fmt.Sprintf("node%d", i), "--", "ss", "-tnpH", "state", "established")
+		for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+			f := strings.Fields(l)
+			if len(f) < 5 {
+				continue
+			}
+			s := sock{node: i, rank: strings.Contains(l, `"xchg.`)}
+			var err1, err2 error
+			s.local, err1 = netip.ParseAddrPort(f[2])
+			s.remote, err2 = netip.ParseAddrPort(f[3])
+			if err1 != nil || err2 != nil {
+				t.Fatalf("ss line %q: %v %v", l, err1, err2)
+			}
+			s.local = netip.AddrPortFrom(s.local.Addr().Unmap(), s.local.Port())
+			s.remote = netip.AddrPortFrom(s.remote.Addr().Unmap(), s.remote.Port())
+			for _, m := range ssPid.FindAllStringSubmatch(l, -1) {
+				p, _ := strconv.Atoi(m[1])
+				s.pids = append(s.pids, p)
+				s.job = s.job || inJob[p]
+			}
+			socks = append(socks, s)
+		}
+	}
+	return socks
+}
+
+type tuple struct{ local, remote netip.AddrPort }
+
+func checkSnapshot(t *testing.T, kind string, lib mpiLib, truth []sock, conns []loader.Conn) {
+	t.Helper()
+	got := map[tuple]loader.Conn{}
+	for _, c := range conns {
+		got[tuple{unmap(c.Local), unmap(c.Remote)}] = c
+	}
+	// A rank-to-rank connection: both ends are rank sockets. Loopback
+	// addresses repeat across nodes, so they are matched within a node.
+	type end struct {
+		node int
+		ap   netip.AddrPort
+	}
+	rankEnd := map[end]sock{}
+	for _, s := range truth {
+		if s.rank {
+			rankEnd[end{s.node, s.local}] = s
+		}
+	}
+	nodeOf := func(s sock) int {
+		if a := s.remote.Addr(); a.IsLoopback() || a == s.local.Addr() {
+			return s.node
+		}
+		return int(s.remote.Addr().As4()[3]) - 1 // 10.77.0.(K+1) is nodeK
+	}
+	pidNode := map[int]int{}
+	pairs := map[[2]int]bool{}
+	n := 0
+	for _, s := range truth {
+		if s.job {
+			if _, ok := got[tuple{s.local, s.remote}]; !ok && s.rank {
+				t.Errorf("%s: rank socket %v->%v (node%d, pids %v) missing from the snapshot", kind, s.local, s.remote, s.node, s.pids)
+			}
+		}
+		if !s.rank {
+			continue
+		}
+		peer, ok := rankEnd[end{nodeOf(s), s.remote}]
+		if !ok {
+			continue // a rank's connection to its launcher
+		}
+		n++
+		c, ok := got[tuple{s.local, s.remote}]
+		if !ok {
+			continue // reported above
+		}
+		if c.State != loader.StateEstablished {
+			t.Errorf("%s: %v->%v is %v, ss says established", kind, s.local, s.remote, c.State)
+		}
+		a, b := s.pids[0], peer.pids[0]
+		pidNode[a], pidNode[b] = s.node, peer.node
+		if a > b {
+			a, b = b, a
+		}
+		if a != b {
+			pairs[[2]int{a, b}] = true
+		}
+	}
+	// Every socket reported belongs to the job, and the job's sockets are
+	// all that is reported.
+	jobTuples := map[tuple]bool{}
+	for _, s := range truth {
+		jobTuples[tuple{s.local, s.remote}] = s.job
+	}
+	for tu, c := range got {
+		if c.State == loader.StateEstablished && !jobTuples[tu] {
+			t.Errorf("%s: reports %v->%v, which ss does not show as a socket of the job", kind, tu.local, tu.remote)
+		}
+	}
+	// a2a: every pair of ranks that talks over TCP has a connection.
+	want := 0
+	for a := 0; a < 6; a++ {
+		for b := a + 1; b < 6; b++ {
+			if !lib.sharedMemIntraNode || a/2 != b/2 {
+				want++
+			}
+		}
+	}
+	cross := 0
+	for p := range pairs {
+		if !lib.sharedMemIntraNode || pidNode[p[0]] != pidNode[p[1]] {
+			cross++
+		}
+	}
+	if cross < want {
+		t.Errorf("%s: %d rank pairs connected over TCP, want %d (%d rank-to-rank sockets seen)", kind, cross, want, n)
+	}
+	t.Logf("%s: %d connections reported, %d rank-to-rank sockets, %d rank pairs", kind, len(conns), n, cross)
+}
+
+func unmap(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()) }
+
+// killCgroup kills whatever is left of a job and removes its cgroup.
+func killCgroup(t *testing.T, cg string) {
+	for i := 0; i < 50; i++ {
+		procs, _ := cgroupv2.Procs(cg)
+		if len(procs) == 0 {
+			break
+		}
+		for _, p := range procs {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := cgroupv2.Remove(cg); err != nil {
+		t.Errorf("remove %s: %v", cg, err)
+	}
+}

@@ -19,15 +19,22 @@ obs=
 job=
 
 cleanup() {
+	# A second Ctrl-C must not cut the cleaning short and leave a rig behind.
+	trap '' INT TERM
 	[ -z "$obs" ] || kill -INT "$obs" 2>/dev/null || true
-	[ -z "$job" ] || kill "$job" 2>/dev/null || true
-	wait 2>/dev/null || true
 	if [ -d "$cg" ]; then
-		# Anything left in the job cgroup is a rank of an interrupted demo.
+		# Anything left in the job cgroup is a rank or launcher of an
+		# interrupted job, on any node: kill them all before waiting.
 		for p in $(cat "$cg/cgroup.procs" 2>/dev/null); do kill -9 "$p" 2>/dev/null || true; done
-		rmdir "$cg" 2>/dev/null || true
 	fi
-	"$rig" down >/dev/null 2>&1 || true
+	[ -z "$job" ] || kill -9 "$job" 2>/dev/null || true
+	wait 2>/dev/null || true
+	for _ in $(seq 100); do # SIGKILL is asynchronous: let the processes go
+		[ -n "$(cat "$cg/cgroup.procs" 2>/dev/null)" ] || break
+		sleep 0.05
+	done
+	[ ! -d "$cg" ] || rmdir "$cg" 2>/dev/null || echo "demo: could not remove $cg" >&2
+	"$rig" down >/dev/null || echo "demo: 'kernel-tests/rig down' failed; run it again" >&2
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM

@@ -68,6 +68,9 @@ func AddNetns(name string) error {
 	if err := os.MkdirAll(NetnsDir, 0o755); err != nil {
 		return fmt.Errorf("add netns %s: %w", name, err)
 	}
+	if err := shareNetnsDir(); err != nil {
+		return fmt.Errorf("add netns %s: %w", name, err)
+	}
 	path := NetnsPath(name)
 	f, err := os.OpenFile(path, os.O_RDONLY|os.O_CREATE, 0o444)
 	if err != nil {
@@ -110,6 +113,26 @@ func AddNetns(name string) error {
 		return err
 	}
 	return nil
+}
+
+// shareNetnsDir makes NetnsDir a shared mount point, binding it onto
+// itself first if it is not a mount point, exactly as `ip netns add` does.
+// Otherwise the first `ip netns add` after ours binds NetnsDir onto itself
+// and our namespace files, underneath, can no longer be opened or removed
+// by name (seen here: a rig that `down` could not remove).
+func shareNetnsDir() error {
+	for bound := false; ; bound = true {
+		err := unix.Mount("", NetnsDir, "none", unix.MS_SHARED|unix.MS_REC, "")
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, unix.EINVAL) || bound {
+			return fmt.Errorf("make %s a shared mount: %w", NetnsDir, err)
+		}
+		if err := unix.Mount(NetnsDir, NetnsDir, "none", unix.MS_BIND|unix.MS_REC, ""); err != nil {
+			return fmt.Errorf("bind %s onto itself: %w", NetnsDir, err)
+		}
+	}
 }
 
 // DelNetns unbinds and removes a named network namespace, as `ip netns del`

@@ -50,16 +50,16 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.StringVar(&cfg.cgroup, "cgroup", "", "job cgroup v2 `path` to observe (absolute, or relative to the v2 mount)")
 	fs.StringVar(&cfg.readyFile, "ready-file", "", "write this `file` once the observer is attached")
 	fs.BoolVar(&cfg.unpin, "unpin-on-exit", false, "detach and unpin the job's BPF state on exit (default: keep it for the next mpid)")
-	fs.Usage = func() {
-		fmt.Fprintln(out, "usage: mpid --cgroup PATH [--ready-file FILE] [--unpin-on-exit]")
-		fmt.Fprintln(out, "\nmpipause's node daemon (root).\n\noptions:")
-		fs.SetOutput(out)
-		fs.PrintDefaults()
-		fs.SetOutput(io.Discard)
-	}
+	// flag prints the usage on every error; only -h gets it here, a mistake
+	// gets one line.
+	fs.Usage = func() {}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return cfg, err // flag has printed the usage
+			fmt.Fprintln(out, "usage: mpid --cgroup PATH [--ready-file FILE] [--unpin-on-exit]")
+			fmt.Fprintln(out, "\nmpipause's node daemon (root).\n\noptions:")
+			fs.SetOutput(out)
+			fs.PrintDefaults()
+			return cfg, err
 		}
 		return cfg, fmt.Errorf("%v; see mpid --help", err)
 	}

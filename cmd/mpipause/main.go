@@ -113,9 +113,16 @@ func newFlags(e *env, name, synopsis string) *flag.FlagSet {
 
 // parse parses args, mapping flag errors to usageError.
 func parse(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
+	// flag prints the usage on every error; a mistake gets one line, only
+	// -h gets the whole usage.
+	usage := fs.Usage
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	fs.Usage = usage
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return err // flag has printed the usage
+			usage()
+			return err
 		}
 		return usageError{strings.TrimSpace(err.Error()) + "; see --help"}
 	}

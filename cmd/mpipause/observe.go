@@ -12,7 +12,7 @@ import (
 )
 
 func observe(ctx context.Context, e *env, args []string) error {
-	fs := newFlags(e, "observe", "[--cgroup PATH] [--netns PATH]... [--json] [--watch INTERVAL [--count N]]")
+	fs := newFlags(e, "observe", "[--cgroup PATH] [--netns PATH]... [--follow=false] [--observer KIND] [--json] [--watch INTERVAL [--count N]]")
 	cgroup := fs.String("cgroup", "/", "job cgroup v2 `path`, absolute or relative to the v2 mount (/ is the whole hierarchy)")
 	var netns stringList
 	fs.Var(&netns, "netns", "also look in this network namespace (`name` under /run/netns, or a path); repeatable")

@@ -18,10 +18,11 @@ help: ## list the targets
 deps: ## install the Debian packages that are missing (root)
 	@bash scripts/deps.sh
 
-build: ## build bin/mpipause, bin/mpid, bin/rig, bin/libmpipause.so and the MPI test apps
+build: ## build bin/mpipause, bin/mpid, bin/rig, bin/libmpipause.so, bin/libucxfinalize.so and the MPI test apps
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/mpipause ./cmd/mpid ./internal/rig/cmd/rig
 	$(MAKE) -s -C libmpi-shim OUT=$(BIN)
+	$(MAKE) -s -C kernel-tests/ucx-finalize OUT=$(BIN)
 	$(MAKE) -s -C kernel-tests/apps OUT=$(BIN)/apps
 
 generate: ## regenerate BPF objects and Go bindings from bpf/*.c (needs clang)

@@ -103,7 +103,7 @@ func (r *Rig) hostRoot(st *State, i int) (string, error) {
 func (r *Rig) nodeEnv(env []string, i int, st *State) []string {
 	out := make([]string, 0, len(env)+16)
 	set := map[string]bool{}
-	path := ""
+	path, preload := "", ""
 	for _, kv := range env {
 		k, v, _ := strings.Cut(kv, "=")
 		switch k {
@@ -112,6 +112,9 @@ func (r *Rig) nodeEnv(env []string, i int, st *State) []string {
 			continue
 		case NameEnv, NodeEnv, "HOSTNAME":
 			continue // replaced below (HOSTNAME would name the caller's node)
+		case "LD_PRELOAD":
+			preload = v
+			continue
 		}
 		set[k] = true
 		out = append(out, kv)
@@ -123,12 +126,37 @@ func (r *Rig) nodeEnv(env []string, i int, st *State) []string {
 		path = r.cfg.BinDir + ":" + path
 	}
 	out = append(out, "PATH="+path, NameEnv+"="+r.cfg.Name, NodeEnv+"="+NodeName(i))
+	// The finalize fix goes first and the user's preloads (the mpipause
+	// shim, say) still load: LD_PRELOAD is a list, not a choice.
+	if fix := r.finalizeFix(); fix != "" && !strings.Contains(preload, fix) {
+		preload = strings.TrimSuffix(fix+":"+preload, ":")
+	}
+	if preload != "" {
+		out = append(out, "LD_PRELOAD="+preload)
+	}
 	for _, kv := range LauncherEnv(st.Agent, nodeIf) {
 		if k, _, _ := strings.Cut(kv, "="); !set[k] {
 			out = append(out, kv)
 		}
 	}
 	return out
+}
+
+// FinalizeFixLib is the library, next to the rig binary in BinDir, that
+// keeps MPICH ch4:ucx from hanging in MPI_Finalize over TCP
+// (kernel-tests/ucx-finalize; docs/rig.md has the cause and the numbers).
+const FinalizeFixLib = "libucxfinalize.so"
+
+// finalizeFix returns the path of FinalizeFixLib if it was built.
+func (r *Rig) finalizeFix() string {
+	if r.cfg.BinDir == "" {
+		return ""
+	}
+	p := r.cfg.BinDir + "/" + FinalizeFixLib
+	if _, err := os.Stat(p); err != nil {
+		return ""
+	}
+	return p
 }
 
 // LauncherEnv returns the environment under which plain
@@ -154,6 +182,18 @@ func LauncherEnv(agent, iface string) []string {
 		"HYDRA_LAUNCHER=ssh",
 		"HYDRA_LAUNCHER_EXEC=" + agent,
 		"HYDRA_IFACE=" + iface,
+		// tcp,self is the only UCX_TLS that keeps every rank-to-rank byte
+		// on TCP here. With it, Debian's MPICH 4.0.2 + UCX 1.13.1 can hang
+		// in MPI_Finalize: flushing a UCX TCP endpoint that has sent
+		// anything sends an empty PUT and waits for the peer's PUT ACK,
+		// but a peer that has finished its own disconnects blocks in the
+		// PMI barrier without progressing UCX, so the ACK never comes.
+		// Adding posix or sm does not fix that without leaving TCP: the
+		// nodes share boot_id and IPC namespace, so UCX takes them for one
+		// host and sends eager messages (posix; it still hangs with
+		// rendezvous over TCP) or everything (sm) through shared memory.
+		// nodeEnv preloads FinalizeFixLib, which keeps UCX progressing in
+		// that barrier. docs/rig.md has the evidence and the numbers.
 		"UCX_TLS=tcp,self",
 		"UCX_NET_DEVICES=" + iface,
 	}

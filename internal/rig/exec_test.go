@@ -1,6 +1,7 @@
 package rig
 
 import (
+	"os"
 	"strings"
 	"testing"
 )
@@ -65,5 +66,36 @@ func TestNodeEnv(t *testing.T) {
 	}
 	if v := get("HOSTNAME"); len(v) != 0 {
 		t.Errorf("HOSTNAME passed through as %q: it names the caller's node", v)
+	}
+}
+
+func TestNodeEnvPreloadsFinalizeFix(t *testing.T) {
+	bin := t.TempDir()
+	if err := os.WriteFile(bin+"/"+FinalizeFixLib, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(Config{Name: "x", Exe: bin + "/rig", BinDir: bin})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fix := bin + "/" + FinalizeFixLib
+	for user, want := range map[string]string{
+		"":                          fix,
+		"LD_PRELOAD=/lib/shim.so":   fix + ":/lib/shim.so", // the user's preload still loads
+		"LD_PRELOAD=" + fix + ":/a": fix + ":/a",           // not twice (rig exec inside a node)
+	} {
+		env := []string{"PATH=/usr/bin"}
+		if user != "" {
+			env = append(env, user)
+		}
+		var got []string
+		for _, kv := range r.nodeEnv(env, 0, &State{}) {
+			if strings.HasPrefix(kv, "LD_PRELOAD=") {
+				got = append(got, strings.TrimPrefix(kv, "LD_PRELOAD="))
+			}
+		}
+		if len(got) != 1 || got[0] != want {
+			t.Errorf("with %q: LD_PRELOAD %q, want exactly %q", user, got, want)
+		}
 	}
 }

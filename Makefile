@@ -34,8 +34,9 @@ check-generate: ## fail if regenerating BPF objects changes anything committed
 test: deps build check-generate test-unit test-priv test-multinode ## install what is missing and run every test tier
 	@echo "make test: all tiers passed"
 
-test-unit: ## tier 1: unit tests with every capability dropped (must pass unprivileged)
+test-unit: ## tier 1: unit tests with every capability dropped (must pass unprivileged), and the shim's C tests
 	env -u CI -u MPIPAUSE_REQUIRE_PRIV setpriv --inh-caps=-all --bounding-set=-all -- $(GO) test -count=1 ./...
+	setpriv --inh-caps=-all --bounding-set=-all -- $(MAKE) -s -C libmpi-shim OUT=$(BIN) test
 
 test-priv: ## tier 2: privileged kernel tests (BPF, sock_diag, cgroups, netns); fail, not skip, without root
 	$(PRIV) $(GO) test -count=1 -timeout 15m ./loader/... ./internal/... ./cmd/...

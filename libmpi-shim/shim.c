@@ -2,9 +2,36 @@
 //
 // libmpipause.so: the rank-side gate, preloaded into unmodified MPI programs.
 //
-// This is the library's frame only: it loads into any process and changes
-// nothing. The interposition of MPI_Init/MPI_Finalize, the signal handlers
-// and the send gate are the work of the shim issue (see docs/ARCHITECTURE.md).
+// gate.c and wrap.c are the send gate. This file is the library's frame:
+// its constructor, and the control entry points that mpid's channel (not
+// yet written: see the shim issue's notes) and the C tests drive.
+#include "shim.h"
 
 // mpipause_shim_version lets mpid and tests check which shim a rank loaded.
-__attribute__((visibility("default"))) const char mpipause_shim_version[] = "mpipause-shim 0.1";
+EXPORT const char mpipause_shim_version[] = "mpipause-shim 0.2";
+
+__attribute__((constructor(101))) static void shim_init(void)
+{
+	mpp_gate_init();
+}
+
+// mpipause_gate_close closes the gate: from now on each TCP socket of the
+// process is gated at its next call boundary.
+EXPORT void mpipause_gate_close(void)
+{
+	mpp_gate_close();
+}
+
+// mpipause_gate_open reopens the gate, sending every held byte in order
+// before it returns; st (may be NULL) gets what happened.
+EXPORT void mpipause_gate_open(struct mpp_gate_stats *st)
+{
+	struct mpp_gate_stats tmp;
+	mpp_gate_open(st ? st : &tmp);
+}
+
+// mpipause_gate_state reports the gate and its sockets.
+EXPORT void mpipause_gate_state(struct mpp_gate_stats *st)
+{
+	mpp_gate_state(st);
+}

@@ -1,0 +1,362 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// The send gate: wrappers of send, sendto, sendmsg, sendmmsg, write and
+// writev that, while the gate is closed, keep the bytes a process hands to
+// its TCP sockets out of the kernel.
+//
+// Fast path (gate open): one relaxed atomic load, the real call, and one
+// byte store recording whether the call was short. Nothing else, so that the
+// return value and errno of every call are exactly the real call's.
+//
+// Closed gate, per TCP socket (G2, DESIGN.md): a socket whose last send call
+// was short (the kernel took fewer bytes than asked: the library is in the
+// middle of a message and will call again with the rest) stays open until
+// one call completes in full; from then on it is gated. A gated socket's
+// sends are accepted and held in the shim (accept-and-hold): the caller is
+// told every byte went, nothing reaches the kernel, and the library goes on
+// receiving, so the job's connections drain. Why hold rather than block or
+// refuse with EAGAIN: blocking stops a single-threaded library from
+// receiving, so its peers' bytes stay unread and the pause never converges;
+// a synthetic EAGAIN leaves an edge-triggered event loop (UCX uses epoll
+// with EPOLLET) waiting for an EPOLLOUT edge that never comes, because the
+// kernel's socket was never full. Holding is invisible to the library.
+//
+// Reopening flushes each socket's held bytes, in order, from the thread that
+// reopens (the shim's control thread), before any later send on that socket
+// goes to the kernel: a send that arrives while its socket still has held
+// bytes is appended to them.
+//
+// Receiving, and every fd that is not a TCP socket, is never touched.
+#include "shim.h"
+
+#include <errno.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+_Atomic int mpp_gate = GATE_OPEN;
+
+struct held {
+	struct held *next;
+	size_t len, off;
+	char data[];
+};
+
+struct fdstate {
+	pthread_mutex_t mu;
+	int gated;    // this socket has passed its call boundary under a closed gate
+	int flushing; // the control thread is sending its held bytes
+	struct held *head, *tail;
+	size_t held;
+};
+
+// Per-fd tables, sized from RLIMIT_NOFILE at load (at most MAX_FDS). An fd
+// beyond them is never gated: it passes through, and is counted.
+#define MAX_FDS (1 << 20)
+unsigned char *mpp_fd_short;            // last send call on fd was short
+int mpp_nfds;                           // size of the tables
+static struct fdstate *_Atomic *fd_tab; // created on first gated use
+#define fd_short mpp_fd_short
+#define nfds mpp_nfds
+static pthread_mutex_t tab_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hold_cv = PTHREAD_COND_INITIALIZER;
+static size_t held_total, hold_max = (size_t)256 << 20;
+static _Atomic unsigned long untracked; // gated-mode calls on fds beyond the tables
+
+struct real mpp_real;
+
+static void *next_sym(const char *name)
+{
+	return dlsym(RTLD_NEXT, name);
+}
+
+void mpp_resolve(void)
+{
+	mpp_real.send = next_sym("send");
+	mpp_real.sendto = next_sym("sendto");
+	mpp_real.sendmsg = next_sym("sendmsg");
+	mpp_real.sendmmsg = next_sym("sendmmsg");
+	mpp_real.write = next_sym("write");
+	mpp_real.writev = next_sym("writev");
+}
+
+void mpp_gate_init(void)
+{
+	struct rlimit rl;
+	const char *e;
+
+	mpp_resolve();
+	nfds = 4096;
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur > (rlim_t)nfds)
+		nfds = rl.rlim_cur > MAX_FDS ? MAX_FDS : (int)rl.rlim_cur;
+	fd_short = calloc(nfds, 1);
+	fd_tab = calloc(nfds, sizeof(*fd_tab));
+	if (!fd_short || !fd_tab) {
+		free(fd_short);
+		free(fd_tab);
+		fd_short = NULL;
+		fd_tab = NULL;
+		nfds = 0;
+	}
+	if ((e = getenv("MPIPAUSE_HOLD_MAX_MB")) && atol(e) > 0)
+		hold_max = (size_t)atol(e) << 20;
+}
+
+// is_tcp reports whether fd is a TCP socket (IPv4 or IPv6), leaving errno
+// as it found it.
+static int is_tcp(int fd)
+{
+	int saved = errno, v = 0, dom = 0;
+	socklen_t l = sizeof(v);
+	int ok = getsockopt(fd, SOL_SOCKET, SO_PROTOCOL, &v, &l) == 0 && v == IPPROTO_TCP;
+	l = sizeof(dom);
+	ok = ok && getsockopt(fd, SOL_SOCKET, SO_DOMAIN, &dom, &l) == 0 && (dom == AF_INET || dom == AF_INET6);
+	errno = saved;
+	return ok;
+}
+
+static struct fdstate *fdstate(int fd)
+{
+	struct fdstate *s;
+
+	if ((unsigned)fd >= (unsigned)nfds)
+		return NULL;
+	s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire);
+	if (s)
+		return s;
+	pthread_mutex_lock(&tab_mu);
+	s = atomic_load_explicit(&fd_tab[fd], memory_order_relaxed);
+	if (!s && (s = calloc(1, sizeof(*s)))) {
+		pthread_mutex_init(&s->mu, NULL);
+		atomic_store_explicit(&fd_tab[fd], s, memory_order_release);
+	}
+	pthread_mutex_unlock(&tab_mu);
+	return s;
+}
+
+// hold_room waits, while the gate is closed, until the process holds less
+// than hold_max: a bound on the shim's memory for a job that streams into a
+// pause. The caller then sleeps like a sender on a full socket.
+static void hold_room(size_t n)
+{
+	pthread_mutex_lock(&hold_mu);
+	while (held_total + n > hold_max && held_total > 0 &&
+	       atomic_load_explicit(&mpp_gate, memory_order_acquire) == GATE_CLOSED)
+		pthread_cond_wait(&hold_cv, &hold_mu);
+	held_total += n;
+	pthread_mutex_unlock(&hold_mu);
+}
+
+static void hold_release(size_t n)
+{
+	pthread_mutex_lock(&hold_mu);
+	held_total -= n;
+	pthread_cond_broadcast(&hold_cv);
+	pthread_mutex_unlock(&hold_mu);
+}
+
+// append copies the call's bytes to the socket's held queue. Called with
+// s->mu held.
+static int append(struct fdstate *s, const struct iovec *iov, int iovcnt, size_t total)
+{
+	struct held *h = malloc(sizeof(*h) + total);
+	size_t off = 0;
+
+	if (!h)
+		return -1;
+	for (int i = 0; i < iovcnt; i++) {
+		memcpy(h->data + off, iov[i].iov_base, iov[i].iov_len);
+		off += iov[i].iov_len;
+	}
+	h->next = NULL;
+	h->len = total;
+	h->off = 0;
+	if (s->tail)
+		s->tail->next = h;
+	else
+		s->head = h;
+	s->tail = h;
+	s->held += total;
+	return 0;
+}
+
+static size_t iov_total(const struct iovec *iov, int iovcnt)
+{
+	size_t t = 0;
+	for (int i = 0; i < iovcnt; i++)
+		t += iov[i].iov_len;
+	return t;
+}
+
+// gated is the slow path of every wrapper: the gate is not open. real makes
+// the caller's own call unchanged (for pass-through); iov describes its
+// bytes (for holding). It returns what the call returns.
+ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, ssize_t (*real)(void *), void *arg)
+{
+	struct fdstate *s;
+	size_t total;
+	ssize_t r;
+	int g;
+
+	if (!is_tcp(fd))
+		return real(arg);
+	s = fdstate(fd);
+	if (!s) {
+		atomic_fetch_add_explicit(&untracked, 1, memory_order_relaxed);
+		return real(arg);
+	}
+	total = iov_total(iov, iovcnt);
+	pthread_mutex_lock(&s->mu);
+	g = atomic_load_explicit(&mpp_gate, memory_order_acquire);
+	if (g != GATE_CLOSED) {
+		// Open or flushing: bytes held earlier go first.
+		if (s->head || s->flushing)
+			goto hold;
+		pthread_mutex_unlock(&s->mu);
+		r = real(arg);
+		mpp_note_short(fd, r, total);
+		return r;
+	}
+	if (!s->gated && fd_short[fd]) {
+		// Mid-message: this call may complete it. Not under the lock: it
+		// can block, and the flush must not wait for it.
+		pthread_mutex_unlock(&s->mu);
+		r = real(arg);
+		mpp_note_short(fd, r, total);
+		if (r >= 0 && (size_t)r == total) {
+			pthread_mutex_lock(&s->mu);
+			s->gated = 1;
+			pthread_mutex_unlock(&s->mu);
+		}
+		return r;
+	}
+	s->gated = 1;
+hold:
+	if (total == 0) {
+		pthread_mutex_unlock(&s->mu);
+		return 0;
+	}
+	pthread_mutex_unlock(&s->mu);
+	hold_room(total);
+	pthread_mutex_lock(&s->mu);
+	// The gate may have reopened and this socket's queue drained while we
+	// waited for room: then the call goes straight to the kernel.
+	if (atomic_load_explicit(&mpp_gate, memory_order_acquire) != GATE_CLOSED && !s->head && !s->flushing) {
+		pthread_mutex_unlock(&s->mu);
+		hold_release(total);
+		r = real(arg);
+		mpp_note_short(fd, r, total);
+		return r;
+	}
+	if (append(s, iov, iovcnt, total) < 0) {
+		pthread_mutex_unlock(&s->mu);
+		hold_release(total);
+		errno = ENOBUFS;
+		return -1;
+	}
+	fd_short[fd] = 0;
+	pthread_mutex_unlock(&s->mu);
+	return (ssize_t)total;
+}
+
+// send_all writes b to fd, waiting for room when the socket is
+// non-blocking. It returns 0, or -1 with errno when the connection failed.
+static int send_all(int fd, const char *b, size_t n)
+{
+	while (n > 0) {
+		ssize_t r = mpp_real.send(fd, b, n, MSG_NOSIGNAL);
+		if (r > 0) {
+			b += r;
+			n -= r;
+			continue;
+		}
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+			struct pollfd p = {.fd = fd, .events = POLLOUT};
+			poll(&p, 1, -1);
+			continue;
+		}
+		return -1;
+	}
+	return 0;
+}
+
+// flush_fd sends fd's held bytes in order. New sends to fd are appended
+// behind them meanwhile (s->flushing), so order holds.
+static void flush_fd(int fd, struct fdstate *s, struct mpp_gate_stats *st)
+{
+	pthread_mutex_lock(&s->mu);
+	s->flushing = 1;
+	while (s->head) {
+		struct held *h = s->head;
+		int failed;
+
+		pthread_mutex_unlock(&s->mu);
+		failed = send_all(fd, h->data + h->off, h->len - h->off) < 0;
+		pthread_mutex_lock(&s->mu);
+		if (failed)
+			st->flush_errors++;
+		else
+			st->flushed += h->len;
+		s->head = h->next;
+		if (!s->head)
+			s->tail = NULL;
+		s->held -= h->len;
+		hold_release(h->len);
+		free(h);
+	}
+	s->flushing = 0;
+	s->gated = 0;
+	pthread_mutex_unlock(&s->mu);
+}
+
+void mpp_gate_close(void)
+{
+	atomic_store_explicit(&mpp_gate, GATE_CLOSED, memory_order_release);
+}
+
+void mpp_gate_open(struct mpp_gate_stats *st)
+{
+	memset(st, 0, sizeof(*st));
+	atomic_store_explicit(&mpp_gate, GATE_FLUSHING, memory_order_release);
+	pthread_mutex_lock(&hold_mu);
+	pthread_cond_broadcast(&hold_cv); // senders waiting for room go on
+	pthread_mutex_unlock(&hold_mu);
+	for (int fd = 0; fd < nfds; fd++) {
+		struct fdstate *s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire);
+		if (s)
+			flush_fd(fd, s, st);
+	}
+	atomic_store_explicit(&mpp_gate, GATE_OPEN, memory_order_release);
+}
+
+void mpp_gate_state(struct mpp_gate_stats *st)
+{
+	memset(st, 0, sizeof(*st));
+	st->gate = atomic_load_explicit(&mpp_gate, memory_order_acquire);
+	for (int fd = 0; fd < nfds; fd++) {
+		struct fdstate *s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire);
+		int gated = 0;
+
+		if (s) {
+			pthread_mutex_lock(&s->mu);
+			st->held += s->held;
+			gated = s->gated;
+			pthread_mutex_unlock(&s->mu);
+		}
+		if (gated)
+			st->gated++;
+		else if (st->gate == GATE_CLOSED && fd_short[fd] && is_tcp(fd))
+			st->closing++; // mid-message: not at a call boundary yet
+	}
+	st->untracked = atomic_load_explicit(&untracked, memory_order_relaxed);
+}

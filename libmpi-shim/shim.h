@@ -1,0 +1,61 @@
+// SPDX-License-Identifier: Apache-2.0
+// Internal interface between the shim's parts.
+#ifndef MPIPAUSE_SHIM_H
+#define MPIPAUSE_SHIM_H
+
+#include <dlfcn.h>
+#include <stdatomic.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#define EXPORT __attribute__((visibility("default")))
+#define likely(x) __builtin_expect(!!(x), 1)
+
+enum { GATE_OPEN = 0, GATE_CLOSED = 1, GATE_FLUSHING = 2 };
+
+// mpp_gate is what every wrapped send call loads first (relaxed): anything
+// but GATE_OPEN takes the slow path.
+extern _Atomic int mpp_gate;
+
+// The real functions, found with dlsym(RTLD_NEXT) at load.
+struct real {
+	ssize_t (*send)(int, const void *, size_t, int);
+	ssize_t (*sendto)(int, const void *, size_t, int, const struct sockaddr *, socklen_t);
+	ssize_t (*sendmsg)(int, const struct msghdr *, int);
+	int (*sendmmsg)(int, struct mmsghdr *, unsigned int, int);
+	ssize_t (*write)(int, const void *, size_t);
+	ssize_t (*writev)(int, const struct iovec *, int);
+};
+extern struct real mpp_real;
+
+struct mpp_gate_stats {
+	int gate;                // GATE_*
+	unsigned gated;          // sockets at a call boundary under the closed gate
+	unsigned closing;        // TCP sockets still mid-message (last call short)
+	unsigned long held;      // bytes held in the shim
+	unsigned long flushed;   // bytes sent by the last open
+	unsigned flush_errors;   // held chunks the last open could not send (connection gone)
+	unsigned long untracked; // gated-mode calls on fds beyond the shim's tables
+};
+
+// Per-fd flag: the last send call on fd was short. Sized mpp_nfds.
+extern unsigned char *mpp_fd_short;
+extern int mpp_nfds;
+
+// mpp_note_short is the fast path's only bookkeeping: whether the last call
+// on fd left part of the caller's bytes unsent (G2's call boundary).
+static inline __attribute__((always_inline)) void mpp_note_short(int fd, ssize_t r, size_t want)
+{
+	if ((unsigned)fd < (unsigned)mpp_nfds)
+		mpp_fd_short[fd] = r >= 0 && (size_t)r < want;
+}
+
+void mpp_resolve(void);
+void mpp_gate_init(void);
+void mpp_gate_close(void);
+void mpp_gate_open(struct mpp_gate_stats *st);
+void mpp_gate_state(struct mpp_gate_stats *st);
+ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, ssize_t (*real)(void *), void *arg);
+
+#endif

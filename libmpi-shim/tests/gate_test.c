@@ -1,0 +1,435 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// C tests of the send gate on plain sockets, run with libmpipause.so
+// preloaded (make -C libmpi-shim test). Every check prints what it expected
+// and what it got; the first failure exits non-zero.
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shim.h"
+
+static void (*gate_close)(void);
+static void (*gate_open)(struct mpp_gate_stats *);
+static void (*gate_state)(struct mpp_gate_stats *);
+
+static int failures;
+#define CHECK(cond, ...)                                                                   \
+	do {                                                                               \
+		if (!(cond)) {                                                             \
+			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);    \
+			fprintf(stderr, __VA_ARGS__);                                      \
+			fprintf(stderr, "\n");                                             \
+			failures++;                                                        \
+			return;                                                            \
+		}                                                                          \
+	} while (0)
+
+static void die(const char *what)
+{
+	perror(what);
+	exit(2);
+}
+
+// tcp_pair returns a connected loopback TCP pair: s[0] sends, s[1] receives.
+static void tcp_pair(int s[2], int sndbuf)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t l = sizeof(a);
+	int ln = socket(AF_INET, SOCK_STREAM, 0);
+	if (ln < 0 || bind(ln, (void *)&a, sizeof(a)) < 0 || listen(ln, 1) < 0 || getsockname(ln, (void *)&a, &l) < 0)
+		die("listen");
+	s[0] = socket(AF_INET, SOCK_STREAM, 0);
+	if (sndbuf) {
+		setsockopt(s[0], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+		int rcv = sndbuf;
+		setsockopt(ln, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof(rcv));
+	}
+	if (connect(s[0], (void *)&a, sizeof(a)) < 0)
+		die("connect");
+	s[1] = accept(ln, NULL, NULL);
+	if (s[1] < 0)
+		die("accept");
+	close(ln);
+}
+
+static void nonblock(int fd)
+{
+	fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+// pattern byte i of stream id.
+static unsigned char pat(unsigned id, uint64_t i)
+{
+	return (unsigned char)((i * 131 + id * 7 + (i >> 11)) & 0xff);
+}
+
+static void fill(unsigned char *b, size_t n, unsigned id, uint64_t from)
+{
+	for (size_t i = 0; i < n; i++)
+		b[i] = pat(id, from + i);
+}
+
+// settled waits until the kernel holds nothing unacknowledged for fd (so
+// every byte it took is in the peer's receive queue) and returns how many
+// bytes the peer can read. A readiness wait, bounded at 10 s.
+static int settled(int fd, int peer)
+{
+	int outq = 1, inq = 0;
+	for (int i = 0; i < 10000 && outq; i++) {
+		ioctl(fd, SIOCOUTQ, &outq);
+		if (outq) {
+			struct timespec ts = {0, 1000000};
+			nanosleep(&ts, NULL);
+		}
+	}
+	if (outq)
+		return -1;
+	ioctl(peer, FIONREAD, &inq);
+	return inq;
+}
+
+// recv_check reads n bytes of stream id from fd, starting at offset *at,
+// and checks every byte.
+static int recv_check(int fd, size_t n, unsigned id, uint64_t *at)
+{
+	unsigned char b[65536];
+	while (n > 0) {
+		ssize_t r = recv(fd, b, n < sizeof(b) ? n : sizeof(b), 0);
+		if (r <= 0)
+			return -1;
+		for (ssize_t i = 0; i < r; i++)
+			if (b[i] != pat(id, *at + i)) {
+				fprintf(stderr, "stream %u: byte %llu is %u, want %u\n", id,
+					(unsigned long long)(*at + i), b[i], pat(id, *at + i));
+				return -1;
+			}
+		*at += r;
+		n -= r;
+	}
+	return 0;
+}
+
+// Gate open: results and errno are the kernel's own.
+static void test_passthrough(void)
+{
+	int s[2], p[2];
+	char b[4096] = {0};
+	struct iovec v[2] = {{b, 10}, {b, 20}};
+	struct msghdr m = {.msg_iov = v, .msg_iovlen = 2};
+
+	tcp_pair(s, 0);
+	CHECK(send(s[0], b, 100, 0) == 100, "send");
+	CHECK(write(s[0], b, 7) == 7, "write");
+	CHECK(writev(s[0], v, 2) == 30, "writev");
+	CHECK(sendmsg(s[0], &m, 0) == 30, "sendmsg");
+	CHECK(sendto(s[0], b, 5, 0, NULL, 0) == 5, "sendto");
+	errno = 0;
+	CHECK(write(-1, b, 1) == -1 && errno == EBADF, "write(-1): errno %d", errno);
+	errno = 0;
+	CHECK(send(0 + 1000, b, 1, 0) == -1 && errno == EBADF, "send(bad fd): errno %d", errno);
+	errno = 0;
+	volatile int bad = -1; // hidden from the compiler's argument check
+	CHECK(writev(s[0], v, bad) == -1 && errno == EINVAL, "writev(-1 iov): errno %d", errno);
+	if (pipe(p) < 0)
+		die("pipe");
+	errno = 0;
+	CHECK(send(p[1], b, 1, 0) == -1 && errno == ENOTSOCK, "send(pipe): errno %d", errno);
+	// A short write on a full non-blocking socket, then EAGAIN, as the kernel says.
+	nonblock(s[0]);
+	ssize_t r, total = 0;
+	while ((r = send(s[0], b, sizeof(b), 0)) == (ssize_t)sizeof(b))
+		total += r;
+	CHECK(r == -1 ? errno == EAGAIN : r > 0, "full socket: r %zd errno %d", r, errno);
+	errno = 0;
+	r = send(s[0], b, sizeof(b), 0);
+	CHECK(r == -1 && errno == EAGAIN, "after full: r %zd errno %d", r, errno);
+	close(s[1]);
+	// The peer is gone: EPIPE (no SIGPIPE with MSG_NOSIGNAL), eventually.
+	for (int i = 0; i < 1000 && !(r == -1 && errno == EPIPE); i++)
+		r = send(s[0], b, 1, MSG_NOSIGNAL);
+	CHECK(r == -1 && (errno == EPIPE || errno == ECONNRESET), "closed peer: r %zd errno %d", r, errno);
+	close(s[0]);
+	close(p[0]);
+	close(p[1]);
+}
+
+// Gate closed: bytes are held, nothing reaches the kernel, reopening sends
+// them in order; other fds pass through.
+static void test_hold_and_flush(void)
+{
+	int s[2], p[2];
+	unsigned char b[100000];
+	uint64_t sent = 0, got = 0;
+	struct mpp_gate_stats st;
+
+	tcp_pair(s, 0);
+	fill(b, 1000, 1, sent);
+	CHECK(send(s[0], b, 1000, 0) == 1000, "send before close");
+	sent += 1000;
+	gate_close();
+	for (int i = 0; i < 5; i++) {
+		size_t n = 20000 + i;
+		fill(b, n, 1, sent);
+		struct iovec v[2] = {{b, n / 2}, {b + n / 2, n - n / 2}};
+		ssize_t r = i % 2 ? writev(s[0], v, 2) : send(s[0], b, n, 0);
+		CHECK(r == (ssize_t)n, "gated send %d: %zd", i, r);
+		sent += n;
+	}
+	// A pipe is not gated.
+	if (pipe(p) < 0)
+		die("pipe");
+	CHECK(write(p[1], "x", 1) == 1, "pipe write under a closed gate");
+	char c;
+	CHECK(read(p[0], &c, 1) == 1 && c == 'x', "pipe read");
+	int avail = settled(s[0], s[1]);
+	CHECK(avail == 1000, "the peer can read %d bytes under the closed gate, want the 1000 sent before", avail);
+	gate_state(&st);
+	CHECK(st.gate == GATE_CLOSED && st.held == sent - 1000 && st.gated >= 1, "state: gate %d held %lu gated %u", st.gate,
+	      st.held, st.gated);
+	CHECK(recv_check(s[1], 1000, 1, &got) == 0, "first 1000");
+	gate_open(&st);
+	CHECK(st.flushed == sent - 1000 && st.flush_errors == 0, "flushed %lu errors %u", st.flushed, st.flush_errors);
+	fill(b, 333, 1, sent);
+	CHECK(send(s[0], b, 333, 0) == 333, "send after open");
+	sent += 333;
+	CHECK(recv_check(s[1], sent - got, 1, &got) == 0, "stream after reopen");
+	gate_state(&st);
+	CHECK(st.gate == GATE_OPEN && st.held == 0, "after open: gate %d held %lu", st.gate, st.held);
+	close(s[0]);
+	close(s[1]);
+	close(p[0]);
+	close(p[1]);
+}
+
+static void *open_thread(void *st)
+{
+	gate_open(st);
+	return NULL;
+}
+
+// G2: a socket whose last call was short stays open until a call completes
+// in full, then is gated.
+static void test_call_boundary(void)
+{
+	int s[2];
+	static unsigned char b[1 << 20];
+	uint64_t sent = 0, got = 0;
+	struct mpp_gate_stats st;
+	ssize_t r;
+
+	tcp_pair(s, 16384);
+	nonblock(s[0]);
+	// Fill the socket until a call is short: the library is mid-message.
+	for (;;) {
+		fill(b, 50000, 2, sent);
+		r = send(s[0], b, 50000, 0);
+		CHECK(r > 0, "filling: %zd errno %d", r, errno);
+		sent += r;
+		if (r < 50000)
+			break;
+	}
+	size_t rest = 50000 - r;
+	gate_close();
+	gate_state(&st);
+	CHECK(st.closing == 1 && st.gated == 0, "closing %u gated %u, want the short socket closing", st.closing, st.gated);
+	// Make room, then the remainder of the message goes to the kernel.
+	unsigned char *tail = b + r;
+	size_t left = rest;
+	while (left > 0) {
+		int inq = 0;
+		ioctl(s[1], FIONREAD, &inq);
+		if (inq > 0)
+			CHECK(recv_check(s[1], inq, 2, &got) == 0, "drain data");
+		r = send(s[0], tail, left, 0);
+		if (r > 0) {
+			tail += r;
+			left -= r;
+			sent += r;
+		} else
+			CHECK(r == -1 && errno == EAGAIN, "remainder: %zd errno %d", r, errno);
+	}
+	gate_state(&st);
+	CHECK(st.closing == 0 && st.gated == 1, "after the message: closing %u gated %u", st.closing, st.gated);
+	// The next message is held.
+	fill(b, 7000, 2, sent);
+	CHECK(send(s[0], b, 7000, 0) == 7000, "held send");
+	// Read all the kernel was given; then nothing more may be in flight.
+	CHECK(recv_check(s[1], sent - got, 2, &got) == 0, "stream before the held send");
+	int avail = settled(s[0], s[1]);
+	CHECK(avail == 0, "%d more bytes reached the peer: the held 7000 must not be there", avail);
+	sent += 7000;
+	// Reopen from another thread while this one reads: the flush waits for room.
+	pthread_t t;
+	pthread_create(&t, NULL, open_thread, &st);
+	CHECK(recv_check(s[1], sent - got, 2, &got) == 0, "stream");
+	pthread_join(t, NULL);
+	CHECK(st.flushed == 7000, "flushed %lu", st.flushed);
+	close(s[0]);
+	close(s[1]);
+}
+
+// Several threads stream on their own sockets while the gate closes and
+// opens under them: every stream arrives whole and in order.
+#define NT 4
+#define PER_THREAD (4u << 20)
+struct streamer {
+	int fd;
+	unsigned id;
+};
+
+static void *stream(void *arg)
+{
+	struct streamer *x = arg;
+	unsigned char b[8192];
+	uint64_t at = 0;
+	while (at < PER_THREAD) {
+		size_t n = 1 + (at * 7919) % sizeof(b);
+		if (n > PER_THREAD - at)
+			n = PER_THREAD - at;
+		fill(b, n, x->id, at);
+		ssize_t r = (at & 1) ? write(x->fd, b, n) : send(x->fd, b, n, 0);
+		if (r <= 0) {
+			perror("stream send");
+			exit(2);
+		}
+		at += r;
+	}
+	return NULL;
+}
+
+struct reader {
+	int fd;
+	unsigned id;
+	int ok;
+};
+
+static void *drain(void *arg)
+{
+	struct reader *x = arg;
+	uint64_t at = 0;
+	x->ok = recv_check(x->fd, PER_THREAD, x->id, &at) == 0;
+	return NULL;
+}
+
+static void test_threads(void)
+{
+	int s[NT][2];
+	pthread_t w[NT], rd[NT];
+	struct streamer sx[NT];
+	struct reader rx[NT];
+	struct mpp_gate_stats st;
+	unsigned long flushed = 0;
+
+	for (int i = 0; i < NT; i++) {
+		tcp_pair(s[i], 0);
+		sx[i] = (struct streamer){s[i][0], 10 + i};
+		rx[i] = (struct reader){s[i][1], 10 + i, 0};
+		pthread_create(&rd[i], NULL, drain, &rx[i]);
+		pthread_create(&w[i], NULL, stream, &sx[i]);
+	}
+	for (int k = 0; k < 50; k++) {
+		gate_close();
+		struct timespec ts = {0, 200000};
+		nanosleep(&ts, NULL); // let the senders run into the closed gate
+		gate_open(&st);
+		flushed += st.flushed;
+	}
+	for (int i = 0; i < NT; i++) {
+		pthread_join(w[i], NULL);
+		pthread_join(rd[i], NULL);
+		CHECK(rx[i].ok, "stream %d corrupted", i);
+		close(s[i][0]);
+		close(s[i][1]);
+	}
+	CHECK(flushed > 0, "the gate never held anything: the test did not test");
+	printf("  threads: %d streams of %u bytes, 50 close/open cycles, %lu bytes held and flushed\n", NT, PER_THREAD,
+	       flushed);
+}
+
+// A signal interrupting a blocked send (gate open) gives the kernel's EINTR.
+static void on_usr1(int sig)
+{
+	(void)sig;
+}
+
+static _Atomic int kick_done;
+
+// kick signals the thread until it is told to stop: one of the signals
+// lands while the send is blocked, whatever the scheduling.
+static void *kick(void *arg)
+{
+	while (!kick_done) {
+		struct timespec ts = {0, 20000000};
+		nanosleep(&ts, NULL);
+		if (!kick_done)
+			pthread_kill(*(pthread_t *)arg, SIGUSR1);
+	}
+	return NULL;
+}
+
+static void test_signal_during_blocked_send(void)
+{
+	int s[2];
+	static unsigned char b[1 << 20];
+	struct sigaction sa = {.sa_handler = on_usr1}; // no SA_RESTART
+	sigaction(SIGUSR1, &sa, NULL);
+	tcp_pair(s, 16384);
+	nonblock(s[0]);
+	while (send(s[0], b, sizeof(b), 0) > 0)
+		;
+	fcntl(s[0], F_SETFL, fcntl(s[0], F_GETFL) & ~O_NONBLOCK);
+	pthread_t self = pthread_self(), t;
+	pthread_create(&t, NULL, kick, &self);
+	errno = 0;
+	ssize_t r = send(s[0], b, 1000, 0);
+	int e = errno;
+	kick_done = 1;
+	pthread_join(t, NULL);
+	CHECK(r == -1 && e == EINTR, "blocked send interrupted: r %zd errno %d, want -1 EINTR", r, e);
+	close(s[0]);
+	close(s[1]);
+}
+
+int main(void)
+{
+	gate_close = (void (*)(void))dlsym(RTLD_DEFAULT, "mpipause_gate_close");
+	gate_open = (void (*)(struct mpp_gate_stats *))dlsym(RTLD_DEFAULT, "mpipause_gate_open");
+	gate_state = (void (*)(struct mpp_gate_stats *))dlsym(RTLD_DEFAULT, "mpipause_gate_state");
+	if (!gate_close || !gate_open || !gate_state) {
+		fprintf(stderr, "FAIL: libmpipause.so is not preloaded (run: make -C libmpi-shim test)\n");
+		return 1;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	struct {
+		const char *name;
+		void (*fn)(void);
+	} tests[] = {
+		{"passthrough", test_passthrough},
+		{"hold_and_flush", test_hold_and_flush},
+		{"call_boundary", test_call_boundary},
+		{"threads", test_threads},
+		{"signal_during_blocked_send", test_signal_during_blocked_send},
+	};
+	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
+		int before = failures;
+		tests[i].fn();
+		printf("%s %s\n", failures == before ? "ok  " : "FAIL", tests[i].name);
+	}
+	return failures ? 1 : 0;
+}

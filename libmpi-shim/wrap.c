@@ -1,0 +1,163 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// The wrapped send calls. Each one is the fast path of gate.c: load the
+// gate; if open, make the real call and note whether it was short; else
+// hand the call to mpp_gated with a thunk that makes it unchanged.
+#include "shim.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <string.h>
+
+#define GATE_IS_OPEN() likely(atomic_load_explicit(&mpp_gate, memory_order_relaxed) == GATE_OPEN)
+
+// The real functions are resolved by the library constructor; a call that
+// comes earlier (another library's constructor) resolves them itself.
+#define REAL(fn) (likely(mpp_real.fn != NULL) ? mpp_real.fn : (mpp_resolve(), mpp_real.fn))
+
+struct send_args {
+	int fd;
+	const void *buf;
+	size_t len;
+	int flags;
+	const struct sockaddr *to;
+	socklen_t tolen;
+};
+
+static ssize_t do_send(void *a)
+{
+	struct send_args *x = a;
+	return REAL(send)(x->fd, x->buf, x->len, x->flags);
+}
+
+static ssize_t do_sendto(void *a)
+{
+	struct send_args *x = a;
+	return REAL(sendto)(x->fd, x->buf, x->len, x->flags, x->to, x->tolen);
+}
+
+static ssize_t do_write(void *a)
+{
+	struct send_args *x = a;
+	return REAL(write)(x->fd, x->buf, x->len);
+}
+
+EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags)
+{
+	if (GATE_IS_OPEN()) {
+		ssize_t r = REAL(send)(fd, buf, len, flags);
+		mpp_note_short(fd, r, len);
+		return r;
+	}
+	struct send_args a = {fd, buf, len, flags, NULL, 0};
+	struct iovec v = {(void *)buf, len};
+	return mpp_gated(fd, &v, 1, do_send, &a);
+}
+
+EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sockaddr *to, socklen_t tolen)
+{
+	if (GATE_IS_OPEN()) {
+		ssize_t r = REAL(sendto)(fd, buf, len, flags, to, tolen);
+		mpp_note_short(fd, r, len);
+		return r;
+	}
+	struct send_args a = {fd, buf, len, flags, to, tolen};
+	struct iovec v = {(void *)buf, len};
+	return mpp_gated(fd, &v, 1, do_sendto, &a);
+}
+
+EXPORT ssize_t write(int fd, const void *buf, size_t len)
+{
+	if (GATE_IS_OPEN()) {
+		ssize_t r = REAL(write)(fd, buf, len);
+		mpp_note_short(fd, r, len);
+		return r;
+	}
+	struct send_args a = {fd, buf, len, 0, NULL, 0};
+	struct iovec v = {(void *)buf, len};
+	return mpp_gated(fd, &v, 1, do_write, &a);
+}
+
+struct vec_args {
+	int fd;
+	const struct iovec *iov;
+	int iovcnt;
+	const struct msghdr *msg;
+	int flags;
+};
+
+static ssize_t do_writev(void *a)
+{
+	struct vec_args *x = a;
+	return REAL(writev)(x->fd, x->iov, x->iovcnt);
+}
+
+static ssize_t do_sendmsg(void *a)
+{
+	struct vec_args *x = a;
+	return REAL(sendmsg)(x->fd, x->msg, x->flags);
+}
+
+static size_t iov_len(const struct iovec *iov, int n)
+{
+	size_t t = 0;
+	for (int i = 0; i < n; i++)
+		t += iov[i].iov_len;
+	return t;
+}
+
+EXPORT ssize_t writev(int fd, const struct iovec *iov, int iovcnt)
+{
+	if (GATE_IS_OPEN()) {
+		ssize_t r = REAL(writev)(fd, iov, iovcnt);
+		if (r >= 0)
+			mpp_note_short(fd, r, iov_len(iov, iovcnt));
+		return r;
+	}
+	if (iovcnt < 0 || iovcnt > IOV_MAX)
+		return REAL(writev)(fd, iov, iovcnt); // the kernel's EINVAL
+	struct vec_args a = {fd, iov, iovcnt, NULL, 0};
+	return mpp_gated(fd, iov, iovcnt, do_writev, &a);
+}
+
+EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
+{
+	if (GATE_IS_OPEN()) {
+		ssize_t r = REAL(sendmsg)(fd, msg, flags);
+		if (r >= 0)
+			mpp_note_short(fd, r, iov_len(msg->msg_iov, msg->msg_iovlen));
+		return r;
+	}
+	// Ancillary data (fd passing, ...) only travels with a real call; a TCP
+	// socket has none that could be held, so such calls pass through.
+	if (msg == NULL || msg->msg_controllen > 0 || msg->msg_iovlen > IOV_MAX)
+		return REAL(sendmsg)(fd, msg, flags);
+	struct vec_args a = {fd, msg->msg_iov, (int)msg->msg_iovlen, msg, flags};
+	return mpp_gated(fd, msg->msg_iov, (int)msg->msg_iovlen, do_sendmsg, &a);
+}
+
+// sendmmsg on a closed gate goes message by message through sendmsg's slow
+// path, which keeps each message's call boundary; it stops at the first
+// failure as the kernel does (an error only if nothing was sent).
+EXPORT int sendmmsg(int fd, struct mmsghdr *vec, unsigned int vlen, int flags)
+{
+	if (GATE_IS_OPEN())
+		return REAL(sendmmsg)(fd, vec, vlen, flags);
+	if (vec == NULL)
+		return REAL(sendmmsg)(fd, vec, vlen, flags);
+	unsigned int i;
+	for (i = 0; i < vlen; i++) {
+		ssize_t r = sendmsg(fd, &vec[i].msg_hdr, flags);
+		if (r < 0) {
+			if (i == 0)
+				return -1;
+			break;
+		}
+		vec[i].msg_len = (unsigned int)r;
+		if ((size_t)r < iov_len(vec[i].msg_hdr.msg_iov, vec[i].msg_hdr.msg_iovlen)) {
+			i++;
+			break;
+		}
+	}
+	return (int)i;
+}

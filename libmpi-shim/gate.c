@@ -30,6 +30,7 @@
 #include "shim.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -51,6 +52,8 @@ struct held {
 struct fdstate {
 	pthread_mutex_t mu;
 	int gated;    // this socket has passed its call boundary under a closed gate
+	int orphan;   // the application closed its fd; this one is the shim's dup
+	int fd;       // the descriptor the bytes go to (moves on close)
 	int flushing; // the control thread is sending its held bytes
 	struct held *head, *tail;
 	size_t held;
@@ -86,6 +89,7 @@ void mpp_resolve(void)
 	mpp_real.sendmmsg = next_sym("sendmmsg");
 	mpp_real.write = next_sym("write");
 	mpp_real.writev = next_sym("writev");
+	mpp_real.close = next_sym("close");
 }
 
 void mpp_gate_init(void)
@@ -136,6 +140,7 @@ static struct fdstate *fdstate(int fd)
 	s = atomic_load_explicit(&fd_tab[fd], memory_order_relaxed);
 	if (!s && (s = calloc(1, sizeof(*s)))) {
 		pthread_mutex_init(&s->mu, NULL);
+		s->fd = fd;
 		atomic_store_explicit(&fd_tab[fd], s, memory_order_release);
 	}
 	pthread_mutex_unlock(&tab_mu);
@@ -292,7 +297,7 @@ static int send_all(int fd, const char *b, size_t n)
 
 // flush_fd sends fd's held bytes in order. New sends to fd are appended
 // behind them meanwhile (s->flushing), so order holds.
-static void flush_fd(int fd, struct fdstate *s, struct mpp_gate_stats *st)
+static void flush_fd(struct fdstate *s, struct mpp_gate_stats *st)
 {
 	pthread_mutex_lock(&s->mu);
 	s->flushing = 1;
@@ -300,12 +305,14 @@ static void flush_fd(int fd, struct fdstate *s, struct mpp_gate_stats *st)
 		struct held *h = s->head;
 		int failed;
 
+		int to = s->fd; // read under the lock: a close may move it
 		pthread_mutex_unlock(&s->mu);
-		failed = send_all(fd, h->data + h->off, h->len - h->off) < 0;
+		failed = send_all(to, h->data + h->off, h->len - h->off) < 0;
 		pthread_mutex_lock(&s->mu);
-		if (failed)
+		if (failed) {
 			st->flush_errors++;
-		else
+			st->flush_errno = errno;
+		} else
 			st->flushed += h->len;
 		s->head = h->next;
 		if (!s->head)
@@ -316,6 +323,12 @@ static void flush_fd(int fd, struct fdstate *s, struct mpp_gate_stats *st)
 	}
 	s->flushing = 0;
 	s->gated = 0;
+	if (s->orphan) {
+		// Delivered what the application wrote before it closed: now the
+		// close it asked for, and the slot is free again.
+		s->orphan = 0;
+		mpp_real.close(s->fd);
+	}
 	pthread_mutex_unlock(&s->mu);
 }
 
@@ -334,7 +347,7 @@ void mpp_gate_open(struct mpp_gate_stats *st)
 	for (int fd = 0; fd < nfds; fd++) {
 		struct fdstate *s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire);
 		if (s)
-			flush_fd(fd, s, st);
+			flush_fd(s, st);
 	}
 	atomic_store_explicit(&mpp_gate, GATE_OPEN, memory_order_release);
 }
@@ -359,4 +372,49 @@ void mpp_gate_state(struct mpp_gate_stats *st)
 			st->closing++; // mid-message: not at a call boundary yet
 	}
 	st->untracked = atomic_load_explicit(&untracked, memory_order_relaxed);
+}
+
+// mpp_close_held is close() of a TCP socket that has held bytes. The kernel
+// would deliver bytes written before a close, so the shim must too: the
+// socket lives on under a descriptor of the shim's own (a dup, so the
+// application's fd number is free for reuse at once) and the held bytes
+// move with it; the reopen flushes them and then closes it.
+int mpp_close_held(int fd)
+{
+	struct fdstate *s, *other;
+	int keep;
+
+	if ((unsigned)fd >= (unsigned)nfds || !(s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire)))
+		return mpp_real.close(fd);
+	pthread_mutex_lock(&s->mu);
+	if (!s->head && !s->flushing) {
+		s->gated = 0;
+		pthread_mutex_unlock(&s->mu);
+		return mpp_real.close(fd);
+	}
+	keep = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	if (keep < 0 || keep >= nfds) {
+		// No descriptor to keep it under: the held bytes go now.
+		pthread_mutex_unlock(&s->mu);
+		if (keep >= 0)
+			mpp_real.close(keep);
+		struct mpp_gate_stats st = {0};
+		flush_fd(s, &st);
+		return mpp_real.close(fd);
+	}
+	pthread_mutex_lock(&tab_mu);
+	other = atomic_load_explicit(&fd_tab[keep], memory_order_relaxed);
+	atomic_store_explicit(&fd_tab[keep], s, memory_order_release);
+	atomic_store_explicit(&fd_tab[fd], other, memory_order_release);
+	pthread_mutex_unlock(&tab_mu);
+	s->fd = keep;
+	if (other) {
+		pthread_mutex_lock(&other->mu);
+		other->fd = fd;
+		pthread_mutex_unlock(&other->mu);
+	}
+	s->orphan = 1;
+	fd_short[keep] = 0;
+	pthread_mutex_unlock(&s->mu);
+	return mpp_real.close(fd);
 }

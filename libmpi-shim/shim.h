@@ -26,6 +26,7 @@ struct real {
 	int (*sendmmsg)(int, struct mmsghdr *, unsigned int, int);
 	ssize_t (*write)(int, const void *, size_t);
 	ssize_t (*writev)(int, const struct iovec *, int);
+	int (*close)(int);
 };
 extern struct real mpp_real;
 
@@ -36,6 +37,7 @@ struct mpp_gate_stats {
 	unsigned long held;      // bytes held in the shim
 	unsigned long flushed;   // bytes sent by the last open
 	unsigned flush_errors;   // held chunks the last open could not send (connection gone)
+	int flush_errno;         // errno of the last of those
 	unsigned long untracked; // gated-mode calls on fds beyond the shim's tables
 };
 
@@ -52,10 +54,16 @@ static inline __attribute__((always_inline)) void mpp_note_short(int fd, ssize_t
 }
 
 void mpp_resolve(void);
+int mpp_close_held(int fd);
 void mpp_gate_init(void);
 void mpp_gate_close(void);
 void mpp_gate_open(struct mpp_gate_stats *st);
 void mpp_gate_state(struct mpp_gate_stats *st);
+// The rank channel to mpid (ctl.c): start after MPI_Init with the HELLO
+// line, stop at MPI_Finalize.
+void mpp_ctl_start(const char *hello);
+void mpp_ctl_stop(void);
+
 ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, ssize_t (*real)(void *), void *arg);
 
 #endif

@@ -362,6 +362,35 @@ static void test_threads(void)
 	       flushed);
 }
 
+// Closing a socket with held bytes delivers them at reopen, as the kernel
+// delivers what was written before a close, and the fd number's next socket
+// gets none of them.
+static void test_close_with_held(void)
+{
+	int a[2], b[2];
+	unsigned char buf[5000];
+	uint64_t got = 0;
+	struct mpp_gate_stats st;
+
+	tcp_pair(a, 0);
+	gate_close();
+	fill(buf, sizeof(buf), 3, 0);
+	CHECK(send(a[0], buf, sizeof(buf), 0) == (ssize_t)sizeof(buf), "held send");
+	int n = a[0];
+	CHECK(close(a[0]) == 0, "close with held bytes");
+	tcp_pair(b, 0); // likely reuses the closed number
+	CHECK(send(b[0], "z", 1, 0) == 1, "new socket's send (held)");
+	gate_open(&st);
+	CHECK(st.flush_errors == 0, "flush errors %u errno %d", st.flush_errors, st.flush_errno);
+	CHECK(recv_check(a[1], sizeof(buf), 3, &got) == 0, "the closed socket's bytes arrive");
+	char c = 0, eof;
+	CHECK(recv(a[1], &eof, 1, 0) == 0, "then the closed socket's FIN");
+	CHECK(recv(b[1], &c, 1, 0) == 1 && c == 'z', "the new socket (fd %d, old %d) got %d", b[0], n, c);
+	close(a[1]);
+	close(b[0]);
+	close(b[1]);
+}
+
 // A signal interrupting a blocked send (gate open) gives the kernel's EINTR.
 static void on_usr1(int sig)
 {
@@ -424,6 +453,7 @@ int main(void)
 		{"hold_and_flush", test_hold_and_flush},
 		{"call_boundary", test_call_boundary},
 		{"threads", test_threads},
+		{"close_with_held", test_close_with_held},
 		{"signal_during_blocked_send", test_signal_during_blocked_send},
 	};
 	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {

@@ -1,0 +1,343 @@
+// Package ranks is mpid's end of the rank channel: the unix socket on which
+// the shim (libmpipause.so) of every MPI rank of the node registers after
+// MPI_Init, and through which mpid closes, inspects and reopens the rank's
+// send gate. The protocol is text lines; libmpi-shim/ctl.c is the other end
+// and docs/ARCHITECTURE.md describes both.
+//
+// A rank is authenticated by the kernel, not by what it says: the pid in its
+// HELLO must be the pid SO_PEERCRED reports for the connection. A rank that
+// exits or crashes is gone when its connection closes.
+package ranks
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// DefaultAddr is where the shim looks for mpid unless MPIPAUSE_MPID_SOCKET
+// says otherwise: an abstract socket, so one per network namespace.
+const DefaultAddr = "@mpipause-mpid"
+
+// ErrGone: the rank's connection closed (it finalized, exited or crashed).
+var ErrGone = errors.New("rank is gone")
+
+// Rank is one registered MPI process.
+type Rank struct {
+	Job   string   `json:"job"`
+	Rank  int      `json:"rank"`
+	Size  int      `json:"size"`
+	Pid   int      `json:"pid"`
+	UID   uint32   `json:"uid"`
+	Host  string   `json:"host"`
+	Hosts []string `json:"hosts,omitempty"` // rank 0 only: the job's hosts
+
+	conn    *net.UnixConn
+	mu      sync.Mutex // one request at a time
+	replies chan string
+	gone    chan struct{}
+}
+
+// Gate is a rank's send gate as its shim reports it.
+type Gate struct {
+	State   string `json:"state"`   // open, closed, flushing
+	Gated   int    `json:"gated"`   // sockets at a call boundary under the closed gate
+	Closing int    `json:"closing"` // sockets still mid-message
+	Held    uint64 `json:"held"`    // bytes held in the shim
+}
+
+// Server accepts ranks on one unix socket.
+type Server struct {
+	ln      *net.UnixListener
+	mu      sync.Mutex
+	ranks   []*Rank
+	changed chan struct{} // closed and replaced at every change of ranks
+}
+
+// Listen opens the rank socket at addr: "@name" for an abstract socket,
+// else a path.
+func Listen(addr string) (*Server, error) {
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("rank socket %s: %w", addr, err)
+	}
+	return NewServer(ln), nil
+}
+
+// NewServer serves ranks on ln (for a listener made elsewhere, e.g. inside
+// another network namespace).
+func NewServer(ln *net.UnixListener) *Server {
+	return &Server{ln: ln, changed: make(chan struct{})}
+}
+
+// Serve accepts ranks until ctx ends, then closes the listener and every
+// rank connection.
+func (s *Server) Serve(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() { s.ln.Close() })
+	defer stop()
+	for {
+		c, err := s.ln.AcceptUnix()
+		if err != nil {
+			s.mu.Lock()
+			for _, r := range s.ranks {
+				r.conn.Close()
+			}
+			s.mu.Unlock()
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		go s.handshake(c)
+	}
+}
+
+func (s *Server) handshake(c *net.UnixConn) {
+	r, err := hello(c)
+	if err != nil {
+		c.Close()
+		return
+	}
+	s.mu.Lock()
+	s.ranks = append(s.ranks, r)
+	s.notifyLocked()
+	s.mu.Unlock()
+	r.read(bufio.NewReader(c))
+	s.mu.Lock()
+	s.ranks = slices.DeleteFunc(s.ranks, func(x *Rank) bool { return x == r })
+	s.notifyLocked()
+	s.mu.Unlock()
+}
+
+func (s *Server) notifyLocked() {
+	close(s.changed)
+	s.changed = make(chan struct{})
+}
+
+// hello reads and checks a rank's first line.
+func hello(c *net.UnixConn) (*Rank, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return nil, err
+	}
+	if cerr != nil {
+		return nil, cerr
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	line, err := readLine(c)
+	if err != nil {
+		return nil, err
+	}
+	c.SetReadDeadline(time.Time{})
+	r, err := ParseHello(line)
+	if err != nil {
+		return nil, err
+	}
+	if r.Pid != int(cred.Pid) {
+		return nil, fmt.Errorf("rank says pid %d, the kernel says %d", r.Pid, cred.Pid)
+	}
+	r.UID = cred.Uid
+	r.conn = c
+	r.replies = make(chan string, 1)
+	r.gone = make(chan struct{})
+	return r, nil
+}
+
+// readLine reads one line byte by byte, so nothing after it is consumed
+// before the buffered reader takes over.
+func readLine(c *net.UnixConn) (string, error) {
+	var b []byte
+	one := make([]byte, 1)
+	for len(b) < 4096 {
+		if _, err := c.Read(one); err != nil {
+			return "", err
+		}
+		if one[0] == '\n' {
+			return string(b), nil
+		}
+		b = append(b, one[0])
+	}
+	return "", errors.New("HELLO line too long")
+}
+
+// ParseHello parses "HELLO 1 job=... rank=... size=... pid=... host=...
+// [hosts=a,b]".
+func ParseHello(line string) (*Rank, error) {
+	f := strings.Fields(line)
+	if len(f) < 2 || f[0] != "HELLO" || f[1] != "1" {
+		return nil, fmt.Errorf("not a version 1 HELLO: %q", line)
+	}
+	r := &Rank{Rank: -1}
+	seen := map[string]bool{}
+	for _, kv := range f[2:] {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || seen[k] {
+			return nil, fmt.Errorf("HELLO field %q", kv)
+		}
+		seen[k] = true
+		var err error
+		switch k {
+		case "job":
+			r.Job = v
+		case "rank":
+			r.Rank, err = strconv.Atoi(v)
+		case "size":
+			r.Size, err = strconv.Atoi(v)
+		case "pid":
+			r.Pid, err = strconv.Atoi(v)
+		case "host":
+			r.Host = v
+		case "hosts":
+			r.Hosts = strings.Split(v, ",")
+		}
+		if err != nil {
+			return nil, fmt.Errorf("HELLO field %q: %w", kv, err)
+		}
+	}
+	if r.Job == "" || r.Pid <= 0 {
+		return nil, fmt.Errorf("HELLO without job or pid: %q", line)
+	}
+	return r, nil
+}
+
+// read delivers the rank's reply lines until its connection closes.
+func (r *Rank) read(br *bufio.Reader) {
+	defer close(r.gone)
+	defer r.conn.Close()
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			return
+		}
+		select {
+		case r.replies <- strings.TrimSuffix(line, "\n"):
+		default:
+			return // a reply nobody asked for: not a shim
+		}
+	}
+}
+
+// Ranks returns the ranks of job registered now, by rank.
+func (s *Server) Ranks(job string) []*Rank {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []*Rank
+	for _, r := range s.ranks {
+		if job == "" || r.Job == job {
+			out = append(out, r)
+		}
+	}
+	slices.SortFunc(out, func(a, b *Rank) int { return a.Rank - b.Rank })
+	return out
+}
+
+// Wait returns once cond holds for the registered ranks, or ctx ends.
+func (s *Server) Wait(ctx context.Context, cond func(all []*Rank) bool) error {
+	for {
+		s.mu.Lock()
+		all := slices.Clone(s.ranks)
+		ch := s.changed
+		s.mu.Unlock()
+		if cond(all) {
+			return nil
+		}
+		select {
+		case <-ch:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+}
+
+// request sends one line and returns the reply.
+func (r *Rank) request(ctx context.Context, req string) (string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, err := r.conn.Write([]byte(req + "\n")); err != nil {
+		return "", fmt.Errorf("rank %d (pid %d): %w", r.Rank, r.Pid, ErrGone)
+	}
+	select {
+	case line := <-r.replies:
+		return line, nil
+	case <-r.gone:
+		return "", fmt.Errorf("rank %d (pid %d): %w", r.Rank, r.Pid, ErrGone)
+	case <-ctx.Done():
+		return "", ctx.Err()
+	}
+}
+
+// Close closes the rank's send gate and returns its state right after.
+func (r *Rank) Close(ctx context.Context) (Gate, error) { return r.gateRequest(ctx, "CLOSE", "CLOSED") }
+
+// State returns the rank's gate.
+func (r *Rank) State(ctx context.Context) (Gate, error) { return r.gateRequest(ctx, "STATE", "STATE") }
+
+// Open reopens the rank's gate; the shim has sent every held byte when it
+// answers. It returns how many.
+func (r *Rank) Open(ctx context.Context) (flushed uint64, err error) {
+	line, err := r.request(ctx, "OPEN")
+	if err != nil {
+		return 0, err
+	}
+	kv, err := fields(line, "OPENED")
+	if err != nil {
+		return 0, err
+	}
+	if kv["errors"] != "0" {
+		return 0, fmt.Errorf("rank %d (pid %d): %s held chunks could not be sent (errno %s)", r.Rank, r.Pid, kv["errors"], kv["errno"])
+	}
+	return strconv.ParseUint(kv["flushed"], 10, 64)
+}
+
+func (r *Rank) gateRequest(ctx context.Context, req, verb string) (Gate, error) {
+	line, err := r.request(ctx, req)
+	if err != nil {
+		return Gate{}, err
+	}
+	return ParseGate(line, verb)
+}
+
+// ParseGate parses "<verb> gate=closed gated=1 closing=0 held=123".
+func ParseGate(line, verb string) (Gate, error) {
+	kv, err := fields(line, verb)
+	if err != nil {
+		return Gate{}, err
+	}
+	var g Gate
+	g.State = kv["gate"]
+	var e1, e2, e3 error
+	g.Gated, e1 = strconv.Atoi(kv["gated"])
+	g.Closing, e2 = strconv.Atoi(kv["closing"])
+	g.Held, e3 = strconv.ParseUint(kv["held"], 10, 64)
+	if g.State == "" || errors.Join(e1, e2, e3) != nil {
+		return Gate{}, fmt.Errorf("malformed reply %q", line)
+	}
+	return g, nil
+}
+
+func fields(line, verb string) (map[string]string, error) {
+	f := strings.Fields(line)
+	if len(f) == 0 || f[0] != verb {
+		return nil, fmt.Errorf("want %s, got %q", verb, line)
+	}
+	kv := map[string]string{}
+	for _, x := range f[1:] {
+		k, v, _ := strings.Cut(x, "=")
+		kv[k] = v
+	}
+	return kv, nil
+}

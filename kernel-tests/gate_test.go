@@ -1,0 +1,287 @@
+package kerneltests
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netns"
+
+	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/loader"
+)
+
+// listenInNode opens the rank socket (ranks.DefaultAddr, an abstract unix
+// socket, which belongs to the network namespace it is made in) inside a
+// rig node, where that node's shims look for mpid.
+func listenInNode(t *testing.T, node int) *net.UnixListener {
+	t.Helper()
+	runtime.LockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer orig.Close()
+	ns, err := netns.GetFromName(fmt.Sprintf("%s-node%d", jobRig, node))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ns.Close()
+	if err := netns.Set(ns); err != nil {
+		t.Fatal(err)
+	}
+	ln, lerr := net.ListenUnix("unix", &net.UnixAddr{Name: ranks.DefaultAddr, Net: "unix"})
+	if err := netns.Set(orig); err != nil {
+		t.Fatalf("back to own netns: %v", err) // the thread stays locked and dies with the test goroutine
+	}
+	runtime.UnlockOSThread()
+	if lerr != nil {
+		t.Fatal(lerr)
+	}
+	return ln
+}
+
+func gateCycles() int {
+	if n, err := strconv.Atoi(os.Getenv("MPIPAUSE_GATE_CYCLES")); err == nil && n > 0 {
+		return n
+	}
+	return 50
+}
+
+// TestGateDrainsJob is the shim's gate on real jobs: with libmpipause.so
+// preloaded into every rank of a 3 x 2 job running a heavy all-to-all, close
+// every rank's gate, wait until the kernel reports every connection of the
+// job empty, check for a second that it stays empty and that no byte moves
+// on any of them, reopen, and repeat; the job must end with the checksum of
+// an unpaused run.
+func TestGateDrainsJob(t *testing.T) {
+	for _, lib := range mpiLibs {
+		t.Run(lib.name, func(t *testing.T) { testGate(t, lib) })
+	}
+}
+
+func testGate(t *testing.T, lib mpiLib) {
+	bin := binDir(t)
+	sharedRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+
+	var srv [jobNodes]*ranks.Server
+	for k := range srv {
+		srv[k] = ranks.NewServer(listenInNode(t, k))
+		go srv[k].Serve(ctx)
+	}
+	root, err := cgroupv2.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg := filepath.Join(root, "mpipause-kt-gate-"+lib.name)
+	if err := cgroupv2.Create(cg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { killCgroup(t, cg) })
+	obs, err := loader.Open(ctx, loader.Config{Cgroup: cg, FollowJob: true, Require: loader.KindBPF})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer obs.Close()
+
+	want := gateCycles()
+	cycles, jobs := 0, 0
+	var drain []time.Duration
+	for cycles < want {
+		jobs++
+		n := runGatedJob(ctx, t, bin, lib, cg, obs, srv[:], want-cycles, &drain)
+		if t.Failed() {
+			return
+		}
+		cycles += n
+	}
+	var worst, sum time.Duration
+	for _, d := range drain {
+		sum += d
+		worst = max(worst, d)
+	}
+	t.Logf("%d pause cycles over %d jobs: every connection empty after %v on average, %v at worst; results unchanged",
+		cycles, jobs, sum/time.Duration(len(drain)), worst)
+}
+
+// runGatedJob runs one job and pauses it up to n times while it runs; it
+// returns how many pauses it made.
+func runGatedJob(ctx context.Context, t *testing.T, bin string, lib mpiLib, cg string, obs loader.Observer, srv []*ranks.Server, n int, drain *[]time.Duration) int {
+	t.Helper()
+	app := filepath.Join(bin, "apps", "xchg."+lib.name)
+	args := []string{"-m", "a2a", "-n", "600", "-s", "256K"}
+	cgfd, err := os.Open(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cgfd.Close()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "rig"), append([]string{"exec", "node0", "--"}, lib.launch(app, args...)...)...)
+	cmd.Env = append(os.Environ(), "MPIPAUSE_RIG="+jobRig, "LD_PRELOAD="+filepath.Join(bin, "libmpipause.so"))
+	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cgfd.Fd())}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var runErr error
+	go func() { runErr = cmd.Wait(); close(done) }()
+	defer func() {
+		select {
+		case <-done:
+		default:
+			cmd.Process.Kill()
+			<-done
+		}
+	}()
+
+	// Every rank registers with its own node's server, under one job id.
+	var all []*ranks.Rank
+	waitFor(t, "6 ranks registered", 2*time.Minute, done, func() bool {
+		all = nil
+		for _, s := range srv {
+			all = append(all, s.Ranks("")...)
+		}
+		return len(all) == 6
+	})
+	for k, s := range srv {
+		if rs := s.Ranks(""); len(rs) != 2 {
+			t.Fatalf("node%d has %d ranks registered, want 2", k, len(rs))
+		}
+	}
+	for _, r := range all {
+		if r.Job != all[0].Job || r.Size != 6 {
+			t.Fatalf("rank %d: job %q size %d; rank %d: job %q", r.Rank, r.Job, r.Size, all[0].Rank, all[0].Job)
+		}
+	}
+
+	made := 0
+	for made < n {
+		select {
+		case <-done:
+			goto finished
+		default:
+		}
+		start := time.Now()
+		for _, r := range all {
+			if _, err := r.Close(ctx); err != nil {
+				goto finished // the job ended between the check and the request
+			}
+		}
+		// Wait for the kernel to report every connection of the job empty
+		// and every gate at a call boundary.
+		var conns []loader.Conn
+		waitFor(t, "every job connection empty under closed gates", time.Minute, nil, func() bool {
+			for _, r := range all {
+				if g, err := r.State(ctx); err != nil || g.Closing > 0 {
+					return false
+				}
+			}
+			conns, err = obs.Snapshot(ctx)
+			return err == nil && allEmpty(conns)
+		})
+		*drain = append(*drain, time.Since(start))
+		// A second of nothing: still empty, and no byte moved on any job
+		// connection (the BPF counters of the gated sockets stand still).
+		before := counters(conns)
+		for end := time.Now().Add(time.Second); time.Now().Before(end); {
+			now, err := obs.Snapshot(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !allEmpty(now) {
+				t.Fatalf("pause %d: a connection filled again under closed gates: %v", made+1, nonEmpty(now))
+			}
+			if k, moved := counterMoved(before, counters(now)); moved {
+				t.Fatalf("pause %d: connection %v counted bytes under closed gates", made+1, k)
+			}
+		}
+		var total uint64
+		for _, c := range conns {
+			total += c.BytesSent
+		}
+		for _, r := range all {
+			if _, err := r.Open(ctx); err != nil {
+				t.Fatalf("open rank %d: %v", r.Rank, err)
+			}
+		}
+		made++
+		// The job goes on: wait for 4 MiB more to be sent before the next pause.
+		waitFor(t, "progress after reopening", time.Minute, done, func() bool {
+			now, err := obs.Snapshot(ctx)
+			if err != nil {
+				return false
+			}
+			var s uint64
+			for _, c := range now {
+				s += c.BytesSent
+			}
+			return s > total+4<<20
+		})
+	}
+finished:
+	select {
+	case <-done:
+	case <-ctx.Done():
+		t.Fatalf("job did not finish: %v", ctx.Err())
+	}
+	if runErr != nil {
+		t.Fatalf("job failed: %v\n%s", runErr, out.String())
+	}
+	wantSum, err := exec.Command(app, append(args, "-x", "6")...).Output()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, w := checksum(out.String()), checksum(string(wantSum)); got == "" || got != w {
+		t.Fatalf("after %d pauses the job printed %q, an unpaused run %q:\n%s", made, got, w, out.String())
+	}
+	return made
+}
+
+func allEmpty(cs []loader.Conn) bool {
+	for _, c := range cs {
+		if c.State == loader.StateEstablished && !c.Empty() {
+			return false
+		}
+	}
+	return true
+}
+
+func nonEmpty(cs []loader.Conn) []string {
+	var out []string
+	for _, c := range cs {
+		if !c.Empty() {
+			out = append(out, fmt.Sprintf("%v->%v send-q %d unread %d", c.Local, c.Remote, c.SendQueue, c.Unread))
+		}
+	}
+	return out
+}
+
+func counters(cs []loader.Conn) map[uint64][2]uint64 {
+	m := map[uint64][2]uint64{}
+	for _, c := range cs {
+		m[c.Cookie] = [2]uint64{c.BytesSent, c.BytesRecv}
+	}
+	return m
+}
+
+func counterMoved(before, now map[uint64][2]uint64) (uint64, bool) {
+	for k, v := range now {
+		if b, ok := before[k]; ok && b != v {
+			return k, true
+		}
+	}
+	return 0, false
+}

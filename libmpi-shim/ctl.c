@@ -1,0 +1,194 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// The shim's channel to the node's mpid: one unix stream connection per
+// rank, opened after MPI_Init, served by a thread of the shim.
+//
+// Protocol (docs/ARCHITECTURE.md, "Rank channel"): text lines. The shim
+// says
+//   HELLO 1 job=<id> rank=<r> size=<n> pid=<pid> host=<name>[ hosts=<h0,h1,...>]
+// and then answers each request of mpid with one line:
+//   CLOSE -> CLOSED <state>     STATE -> STATE <state>     OPEN -> OPENED flushed=<n> errors=<n>
+// where <state> is "gate=<open|closed|flushing> gated=<n> closing=<n> held=<bytes>".
+// mpid checks the HELLO's pid against the connection's SO_PEERCRED; the
+// shim checks that mpid runs as root or as the rank's own user.
+//
+// Without an mpid the program runs exactly as without the shim, after one
+// line on stderr (MPIPAUSE_QUIET=1 silences it). If mpid goes away while
+// the gate is closed, the gate reopens: a job is never left stuck.
+#include "shim.h"
+
+#include <errno.h>
+#include <stddef.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+static int ctl_fd = -1;
+static pthread_t ctl_thread;
+static int have_thread;
+static _Atomic int stopping; // MPI_Finalize closed the channel, not mpid
+
+static void warn(const char *fmt, const char *arg)
+{
+	const char *q = getenv("MPIPAUSE_QUIET");
+	if (q && *q && strcmp(q, "0") != 0)
+		return;
+	char line[512];
+	int n = snprintf(line, sizeof(line), fmt, arg);
+	if (n > 0)
+		mpp_real.write(2, line, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
+}
+
+// sock_addr fills in mpid's address: $MPIPAUSE_MPID_SOCKET (a path, or
+// @name for an abstract socket), else the abstract @mpipause-mpid, which
+// is per network namespace: per rig node as per machine.
+static socklen_t sock_addr(struct sockaddr_un *a, const char **name)
+{
+	const char *p = getenv("MPIPAUSE_MPID_SOCKET");
+	size_t n;
+
+	if (!p || !*p)
+		p = "@mpipause-mpid";
+	*name = p;
+	memset(a, 0, sizeof(*a));
+	a->sun_family = AF_UNIX;
+	n = strlen(p);
+	if (n >= sizeof(a->sun_path))
+		n = sizeof(a->sun_path) - 1;
+	memcpy(a->sun_path, p, n);
+	if (p[0] == '@') {
+		a->sun_path[0] = 0; // abstract: no terminating NUL counted
+		return (socklen_t)(offsetof(struct sockaddr_un, sun_path) + n);
+	}
+	return (socklen_t)sizeof(*a);
+}
+
+static int send_line(const char *s)
+{
+	size_t n = strlen(s);
+	while (n > 0) {
+		ssize_t r = mpp_real.send(ctl_fd, s, n, MSG_NOSIGNAL);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return -1;
+		s += r;
+		n -= r;
+	}
+	return 0;
+}
+
+static const char *gate_name(int g)
+{
+	return g == GATE_OPEN ? "open" : g == GATE_CLOSED ? "closed" : "flushing";
+}
+
+static void state_line(char *b, size_t n, const char *verb)
+{
+	struct mpp_gate_stats st;
+	mpp_gate_state(&st);
+	snprintf(b, n, "%s gate=%s gated=%u closing=%u held=%lu\n", verb, gate_name(st.gate), st.gated, st.closing,
+		 st.held);
+}
+
+static void *serve(void *arg)
+{
+	char buf[256], out[256];
+	size_t have = 0;
+	(void)arg;
+
+	for (;;) {
+		ssize_t r = recv(ctl_fd, buf + have, sizeof(buf) - 1 - have, 0);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		have += r;
+		char *nl;
+		while ((nl = memchr(buf, '\n', have))) {
+			*nl = 0;
+			if (strcmp(buf, "CLOSE") == 0) {
+				mpp_gate_close();
+				state_line(out, sizeof(out), "CLOSED");
+			} else if (strcmp(buf, "STATE") == 0) {
+				state_line(out, sizeof(out), "STATE");
+			} else if (strcmp(buf, "OPEN") == 0) {
+				struct mpp_gate_stats st;
+				mpp_gate_open(&st);
+				snprintf(out, sizeof(out), "OPENED flushed=%lu errors=%u errno=%d\n", st.flushed, st.flush_errors,
+					 st.flush_errno);
+			} else {
+				snprintf(out, sizeof(out), "ERROR unknown request\n");
+			}
+			if (send_line(out) < 0)
+				goto gone;
+			have -= (size_t)(nl + 1 - buf);
+			memmove(buf, nl + 1, have);
+		}
+		if (have == sizeof(buf) - 1)
+			break; // a line longer than any request: not mpid
+	}
+gone:
+	if (!atomic_load(&stopping) && atomic_load(&mpp_gate) != GATE_OPEN) {
+		struct mpp_gate_stats st;
+		mpp_gate_open(&st);
+		warn("mpipause: lost mpid while paused; the send gate is open again (%s)\n", "the rank goes on");
+	}
+	return NULL;
+}
+
+void mpp_ctl_start(const char *hello)
+{
+	struct sockaddr_un a;
+	const char *name;
+	socklen_t l = sock_addr(&a, &name);
+	struct ucred cr;
+	socklen_t cl = sizeof(cr);
+
+	ctl_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (ctl_fd < 0 || connect(ctl_fd, (struct sockaddr *)&a, l) < 0) {
+		warn("mpipause: no mpid at %s; this rank runs without pause support\n", name);
+		goto fail;
+	}
+	if (getsockopt(ctl_fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || (cr.uid != 0 && cr.uid != getuid())) {
+		warn("mpipause: %s is not served by root or by this user; not registering\n", name);
+		goto fail;
+	}
+	if (send_line(hello) < 0) {
+		warn("mpipause: mpid at %s closed the connection; this rank runs without pause support\n", name);
+		goto fail;
+	}
+	if (pthread_create(&ctl_thread, NULL, serve, NULL) != 0) {
+		warn("mpipause: cannot start the shim thread (%s); this rank runs without pause support\n",
+		     strerror(errno));
+		goto fail;
+	}
+	have_thread = 1;
+	return;
+fail:
+	if (ctl_fd >= 0)
+		close(ctl_fd);
+	ctl_fd = -1;
+}
+
+// mpp_ctl_stop unregisters: mpid sees the connection close. The gate is
+// opened first so that nothing stays held past MPI_Finalize.
+void mpp_ctl_stop(void)
+{
+	if (ctl_fd < 0)
+		return;
+	atomic_store(&stopping, 1);
+	shutdown(ctl_fd, SHUT_RDWR);
+	if (have_thread)
+		pthread_join(ctl_thread, NULL);
+	have_thread = 0;
+	close(ctl_fd);
+	ctl_fd = -1;
+	if (atomic_load(&mpp_gate) != GATE_OPEN) {
+		struct mpp_gate_stats st;
+		mpp_gate_open(&st);
+	}
+}

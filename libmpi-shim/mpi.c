@@ -1,0 +1,159 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// MPI_Init, MPI_Init_thread and MPI_Finalize, interposed without relinking:
+// the real functions come from dlsym(RTLD_NEXT). After the real init the
+// rank learns who it is and registers with the node's mpid (ctl.c).
+//
+// The shim is built once for every MPI: it includes no mpi.h. The few PMPI
+// calls it makes (only when the job id must be agreed on) use the ABI of
+// the library actually loaded: Open MPI's handles are pointers to exported
+// objects (ompi_mpi_comm_world, ompi_mpi_char), MPICH's are integers
+// (MPI_COMM_WORLD 0x44000000, MPI_CHAR 0x4c000101, mpi.h of MPICH 4.0).
+// On x86-64 both are passed in one register, so one prototype with a
+// 64-bit handle serves both.
+#include "shim.h"
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#define HOSTLEN 64
+#define IDLEN 96
+
+typedef uintptr_t handle; // MPI_Comm / MPI_Datatype of either ABI
+
+struct abi {
+	handle world, chr;
+	int (*comm_rank)(handle, int *);
+	int (*comm_size)(handle, int *);
+	int (*comm_dup)(handle, handle *);
+	int (*comm_free)(handle *);
+	int (*bcast)(void *, int, handle, int, handle);
+	int (*gather)(const void *, int, handle, void *, int, handle, int, handle);
+};
+
+static int load_abi(struct abi *a)
+{
+	void *w = dlsym(RTLD_DEFAULT, "ompi_mpi_comm_world");
+	if (w) {
+		a->world = (handle)w;
+		a->chr = (handle)dlsym(RTLD_DEFAULT, "ompi_mpi_char");
+	} else {
+		a->world = 0x44000000;
+		a->chr = 0x4c000101;
+	}
+	a->comm_rank = dlsym(RTLD_DEFAULT, "PMPI_Comm_rank");
+	a->comm_size = dlsym(RTLD_DEFAULT, "PMPI_Comm_size");
+	a->comm_dup = dlsym(RTLD_DEFAULT, "PMPI_Comm_dup");
+	a->comm_free = dlsym(RTLD_DEFAULT, "PMPI_Comm_free");
+	a->bcast = dlsym(RTLD_DEFAULT, "PMPI_Bcast");
+	a->gather = dlsym(RTLD_DEFAULT, "PMPI_Gather");
+	return a->chr && a->comm_rank && a->comm_size && a->comm_dup && a->comm_free && a->bcast && a->gather ? 0 : -1;
+}
+
+// env_jobid is the job's id as the scheduler or launcher names it, if any.
+static int env_jobid(char *id, size_t n)
+{
+	const char *v;
+	if ((v = getenv("MPIPAUSE_JOBID")) && *v)
+		return snprintf(id, n, "%s", v), 0;
+	if ((v = getenv("SLURM_JOB_ID")) && *v) {
+		const char *step = getenv("SLURM_STEP_ID");
+		return snprintf(id, n, "slurm-%s.%s", v, step && *step ? step : "0"), 0;
+	}
+	if ((v = getenv("PMIX_NAMESPACE")) && *v)
+		return snprintf(id, n, "pmix-%s", v), 0;
+	if ((v = getenv("OMPI_MCA_ess_base_jobid")) && *v)
+		return snprintf(id, n, "ompi-%s", v), 0;
+	return -1;
+}
+
+static void sanitize(char *s)
+{
+	for (; *s; s++)
+		if (*s <= ' ' || *s == ',' || *s == '=')
+			*s = '_';
+}
+
+static void attach(void)
+{
+	struct abi a;
+	char id[IDLEN] = "", host[HOSTLEN] = "", hello[256 + 32 * HOSTLEN];
+	char *hosts = NULL;
+	int rank = -1, size = 0, have_id;
+
+	if (load_abi(&a) < 0) {
+		mpp_ctl_start("HELLO 1 job=unknown rank=-1 size=0\n"); // still gateable
+		return;
+	}
+	a.comm_rank(a.world, &rank);
+	a.comm_size(a.world, &size);
+	gethostname(host, sizeof(host) - 1);
+	sanitize(host);
+	have_id = env_jobid(id, sizeof(id)) == 0;
+
+	// Collectives on a private duplicate of MPI_COMM_WORLD: nothing the
+	// application does on its communicators can match them.
+	handle dup = 0;
+	if (a.comm_dup(a.world, &dup) == 0) {
+		if (!have_id) {
+			if (rank == 0) {
+				struct timespec ts;
+				clock_gettime(CLOCK_REALTIME, &ts);
+				snprintf(id, sizeof(id), "%s-%d-%lx", host, (int)getpid(), (unsigned long)ts.tv_sec);
+			}
+			a.bcast(id, IDLEN, a.chr, 0, dup);
+		}
+		if (rank == 0 && size > 0 && size <= 65536)
+			hosts = calloc((size_t)size, HOSTLEN);
+		a.gather(host, HOSTLEN, a.chr, hosts, HOSTLEN, a.chr, 0, dup);
+		a.comm_free(&dup);
+	}
+	sanitize(id);
+	int n = snprintf(hello, sizeof(hello), "HELLO 1 job=%s rank=%d size=%d pid=%d host=%s", id, rank, size,
+			 (int)getpid(), host);
+	if (hosts) {
+		// Distinct hosts, in rank order of first appearance.
+		n += snprintf(hello + n, sizeof(hello) - n, " hosts=");
+		int first = 1;
+		for (int i = 0; i < size && n < (int)sizeof(hello) - HOSTLEN - 2; i++) {
+			char *h = hosts + (size_t)i * HOSTLEN;
+			int seen = 0;
+			for (int j = 0; j < i && !seen; j++)
+				seen = strncmp(h, hosts + (size_t)j * HOSTLEN, HOSTLEN) == 0;
+			if (!seen)
+				n += snprintf(hello + n, sizeof(hello) - n, "%s%.*s", first ? "" : ",", HOSTLEN, h), first = 0;
+		}
+		free(hosts);
+	}
+	snprintf(hello + n, sizeof(hello) - n, "\n");
+	mpp_ctl_start(hello);
+}
+
+EXPORT int MPI_Init(int *argc, char ***argv)
+{
+	int (*real)(int *, char ***) = dlsym(RTLD_NEXT, "MPI_Init");
+	int rc = real(argc, argv);
+	if (rc == 0)
+		attach();
+	return rc;
+}
+
+EXPORT int MPI_Init_thread(int *argc, char ***argv, int required, int *provided)
+{
+	int (*real)(int *, char ***, int, int *) = dlsym(RTLD_NEXT, "MPI_Init_thread");
+	int rc = real(argc, argv, required, provided);
+	if (rc == 0)
+		attach();
+	return rc;
+}
+
+EXPORT int MPI_Finalize(void)
+{
+	int (*real)(void) = dlsym(RTLD_NEXT, "MPI_Finalize");
+	mpp_ctl_stop();
+	return real();
+}

@@ -10,7 +10,7 @@ PRIV := MPIPAUSE_REQUIRE_PRIV=1
 GENERATED := loader/*_bpfel.go loader/*_bpfel.o
 
 .DEFAULT_GOAL := help
-.PHONY: help deps build generate check-generate test test-unit test-priv test-multinode bench demo clean
+.PHONY: help deps build generate check-generate test test-unit test-priv test-multinode bench bench-shim demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -46,6 +46,9 @@ test-multinode: build ## tier 3: real Open MPI and MPICH jobs on the netns rig
 
 bench: ## benchmarks: snapshot time for 10,000 sockets, BPF beside sock_diag
 	$(PRIV) $(GO) test -run '^$$' -bench . -benchtime 20x ./loader/ ./internal/nl/
+
+bench-shim: build ## the shim's send-path cost: MPI ping-pong latency and bandwidth with and without it, ratio
+	$(PRIV) bash scripts/bench-shim.sh
 
 demo: deps build ## run an MPI job on a local 3-node rig and show its connections live
 	@bash scripts/demo.sh

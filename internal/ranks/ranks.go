@@ -286,21 +286,43 @@ func (r *Rank) Close(ctx context.Context) (Gate, error) { return r.gateRequest(c
 // State returns the rank's gate.
 func (r *Rank) State(ctx context.Context) (Gate, error) { return r.gateRequest(ctx, "STATE", "STATE") }
 
+// Opened is what a rank reports when its gate has reopened.
+type Opened struct {
+	Flushed uint64 `json:"flushed"` // held bytes sent
+	// Errors counts held chunks the kernel refused, and Errno says why: a
+	// connection the peer closed during the pause (EPIPE, ECONNRESET), on
+	// which the kernel would have dropped those bytes just the same.
+	Errors int `json:"errors"`
+	Errno  int `json:"errno,omitempty"`
+}
+
 // Open reopens the rank's gate; the shim has sent every held byte when it
-// answers. It returns how many.
-func (r *Rank) Open(ctx context.Context) (flushed uint64, err error) {
+// answers.
+func (r *Rank) Open(ctx context.Context) (Opened, error) {
 	line, err := r.request(ctx, "OPEN")
 	if err != nil {
-		return 0, err
+		return Opened{}, err
 	}
+	return ParseOpened(line)
+}
+
+// ParseOpened parses "OPENED flushed=<n> errors=<n> errno=<e>".
+func ParseOpened(line string) (Opened, error) {
 	kv, err := fields(line, "OPENED")
 	if err != nil {
-		return 0, err
+		return Opened{}, err
 	}
-	if kv["errors"] != "0" {
-		return 0, fmt.Errorf("rank %d (pid %d): %s held chunks could not be sent (errno %s)", r.Rank, r.Pid, kv["errors"], kv["errno"])
+	var o Opened
+	var e1, e2, e3 error
+	o.Flushed, e1 = strconv.ParseUint(kv["flushed"], 10, 64)
+	o.Errors, e2 = strconv.Atoi(kv["errors"])
+	if v, ok := kv["errno"]; ok {
+		o.Errno, e3 = strconv.Atoi(v)
 	}
-	return strconv.ParseUint(kv["flushed"], 10, 64)
+	if errors.Join(e1, e2, e3) != nil {
+		return Opened{}, fmt.Errorf("malformed reply %q", line)
+	}
+	return o, nil
 }
 
 func (r *Rank) gateRequest(ctx context.Context, req, verb string) (Gate, error) {

@@ -26,6 +26,16 @@ func TestParseHello(t *testing.T) {
 	}
 }
 
+func TestParseOpened(t *testing.T) {
+	o, err := ParseOpened("OPENED flushed=5 errors=1 errno=32")
+	if err != nil || o != (Opened{Flushed: 5, Errors: 1, Errno: 32}) {
+		t.Errorf("got %+v, %v", o, err)
+	}
+	if _, err := ParseOpened("OPENED flushed=x errors=0"); err == nil {
+		t.Error("accepted a malformed reply")
+	}
+}
+
 func TestParseGate(t *testing.T) {
 	g, err := ParseGate("CLOSED gate=closed gated=3 closing=1 held=100", "CLOSED")
 	if err != nil || g != (Gate{State: "closed", Gated: 3, Closing: 1, Held: 100}) {
@@ -100,8 +110,8 @@ func TestServer(t *testing.T) {
 	if err != nil || g.State != "closed" || g.Gated != 2 || g.Held != 10 {
 		t.Errorf("Close: %+v %v", g, err)
 	}
-	if n, err := rs[0].Open(ctx); err != nil || n != 10 {
-		t.Errorf("Open: %d %v", n, err)
+	if o, err := rs[0].Open(ctx); err != nil || o.Flushed != 10 || o.Errors != 0 {
+		t.Errorf("Open: %+v %v", o, err)
 	}
 	c.Close()
 	if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == 0 }); err != nil {

@@ -55,8 +55,15 @@ type Gate struct {
 	Held    uint64 `json:"held"`    // bytes held in the shim
 }
 
-// Server accepts ranks on one unix socket.
+// Server accepts ranks on one unix socket. Set its hooks before Serve.
 type Server struct {
+	// Admit, if set, decides whether a rank that passed the credential
+	// check may register (mpid: is its pid in the job's cgroup?).
+	Admit func(*Rank) error
+	// OnChange, if set, is told of every rank that registers (gone false)
+	// or goes away (gone true), and of refused connections (r nil, err).
+	OnChange func(r *Rank, gone bool, err error)
+
 	ln      *net.UnixListener
 	mu      sync.Mutex
 	ranks   []*Rank
@@ -103,9 +110,18 @@ func (s *Server) Serve(ctx context.Context) error {
 
 func (s *Server) handshake(c *net.UnixConn) {
 	r, err := hello(c)
+	if err == nil && s.Admit != nil {
+		err = s.Admit(r)
+	}
 	if err != nil {
 		c.Close()
+		if s.OnChange != nil {
+			s.OnChange(nil, false, err)
+		}
 		return
+	}
+	if s.OnChange != nil {
+		s.OnChange(r, false, nil)
 	}
 	s.mu.Lock()
 	s.ranks = append(s.ranks, r)
@@ -116,6 +132,9 @@ func (s *Server) handshake(c *net.UnixConn) {
 	s.ranks = slices.DeleteFunc(s.ranks, func(x *Rank) bool { return x == r })
 	s.notifyLocked()
 	s.mu.Unlock()
+	if s.OnChange != nil {
+		s.OnChange(r, true, nil)
+	}
 }
 
 func (s *Server) notifyLocked() {

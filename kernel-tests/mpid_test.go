@@ -1,0 +1,181 @@
+package kerneltests
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/ranks"
+)
+
+// lockedBuffer is a bytes.Buffer safe for a process writing and a test
+// reading.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// TestMpidAdmitsJobRanks runs the real mpid and a real MPI program with the
+// shim: a rank in the job's cgroup registers (and is seen to go at
+// MPI_Finalize); the same program outside the cgroup is refused and still
+// runs to the end; without any mpid the program runs and says so once.
+func TestMpidAdmitsJobRanks(t *testing.T) {
+	bin := binDir(t)
+	root, err := cgroupv2.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg := filepath.Join(root, "mpipause-kt-mpid")
+	if err := cgroupv2.Create(cg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { killCgroup(t, cg) })
+	sock := fmt.Sprintf("@mpipause-kt-mpid-%d", os.Getpid())
+	ready := filepath.Join(t.TempDir(), "ready")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var log lockedBuffer
+	mpid := exec.CommandContext(ctx, filepath.Join(bin, "mpid"), "--cgroup", cg, "--ready-file", ready, "--rank-socket", sock, "--unpin-on-exit")
+	mpid.Stdout, mpid.Stderr = &log, &log
+	mpid.Cancel = func() error { return mpid.Process.Signal(syscall.SIGTERM) }
+	if err := mpid.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		mpid.Process.Signal(syscall.SIGTERM)
+		mpid.Wait()
+	}()
+	waitFor(t, "mpid's ready file", time.Minute, nil, func() bool {
+		_, err := os.Stat(ready)
+		return err == nil
+	})
+
+	app := filepath.Join(bin, "apps", "xchg.mpich")
+	run := func(inJob bool, env ...string) string {
+		t.Helper()
+		cmd := exec.CommandContext(ctx, app, "-n", "3", "-s", "1K")
+		cmd.Env = append(os.Environ(), append([]string{"LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so")}, env...)...)
+		if inJob {
+			fd, err := os.Open(cg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer fd.Close()
+			cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(fd.Fd())}
+		}
+		out, err := cmd.CombinedOutput()
+		if err != nil || !strings.Contains(string(out), "checksum=") {
+			t.Fatalf("the shimmed program failed: %v\n%s", err, out)
+		}
+		return string(out)
+	}
+
+	out := run(true, "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=kt-job")
+	if strings.Contains(out, "mpipause:") {
+		t.Errorf("a registered rank printed a warning:\n%s", out)
+	}
+	waitFor(t, "mpid to log the rank's registration and departure", 30*time.Second, nil, func() bool {
+		l := log.String()
+		return strings.Contains(l, `msg="rank registered" job=kt-job rank=0 size=1`) && strings.Contains(l, `msg="rank gone" job=kt-job`)
+	})
+
+	run(false, "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=outsider")
+	waitFor(t, "mpid to refuse a process outside the job", 30*time.Second, nil, func() bool {
+		return strings.Contains(log.String(), `msg="rank refused"`) && strings.Contains(log.String(), "not in the job's cgroup")
+	})
+	if strings.Contains(log.String(), "job=outsider") {
+		t.Errorf("mpid registered a process outside the job:\n%s", log.String())
+	}
+
+	out = run(true, "MPIPAUSE_MPID_SOCKET=@mpipause-kt-nobody")
+	if n := strings.Count(out, "mpipause: no mpid at @mpipause-kt-nobody"); n != 1 {
+		t.Errorf("without mpid: %d warning lines, want 1:\n%s", n, out)
+	}
+	out = run(true, "MPIPAUSE_MPID_SOCKET=@mpipause-kt-nobody", "MPIPAUSE_QUIET=1")
+	if strings.Contains(out, "mpipause:") {
+		t.Errorf("MPIPAUSE_QUIET=1 did not silence the shim:\n%s", out)
+	}
+}
+
+// TestShimSurvivesMpidLoss: mpid goes away while a rank's gate is closed;
+// the rank reopens its gate, says so once, and finishes correctly.
+func TestShimSurvivesMpidLoss(t *testing.T) {
+	bin := binDir(t)
+	sock := fmt.Sprintf("@mpipause-kt-loss-%d", os.Getpid())
+	srv, err := ranks.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	srvCtx, stopSrv := context.WithCancel(ctx)
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(srvCtx) }()
+
+	hold := t.TempDir()
+	app := filepath.Join(bin, "apps", "xchg.mpich")
+	args := []string{"-n", "3", "-s", "1K", "-w", hold}
+	cmd := exec.CommandContext(ctx, app, args...)
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(bin, "libmpipause.so"), "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=loss")
+	var out lockedBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var runErr error
+	go func() { runErr = cmd.Wait(); close(done) }()
+
+	if err := srv.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	r := srv.Ranks("loss")[0]
+	if g, err := r.Close(ctx); err != nil || g.State != "closed" {
+		t.Fatalf("close: %+v %v", g, err)
+	}
+	if g, err := r.State(ctx); err != nil || g.State != "closed" {
+		t.Fatalf("state: %+v %v", g, err)
+	}
+	stopSrv() // mpid dies
+	<-served
+	waitFor(t, "the shim to notice and reopen", 30*time.Second, done, func() bool {
+		return strings.Contains(out.String(), "mpipause: lost mpid while paused; the send gate is open again")
+	})
+	waitFor(t, "the rank at its hold point", 30*time.Second, done, func() bool {
+		_, err := os.Stat(filepath.Join(hold, "ready.0"))
+		return err == nil
+	})
+	if err := os.WriteFile(filepath.Join(hold, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	want, _ := exec.Command(app, "-n", "3", "-s", "1K", "-x", "1").Output()
+	if runErr != nil || checksum(out.String()) != checksum(string(want)) || checksum(string(want)) == "" {
+		t.Fatalf("after losing mpid: %v, output:\n%s\nwant %s", runErr, out.String(), want)
+	}
+	if n := strings.Count(out.String(), "mpipause:"); n != 1 {
+		t.Errorf("%d lines from the shim, want 1:\n%s", n, out.String())
+	}
+}

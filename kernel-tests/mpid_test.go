@@ -179,3 +179,67 @@ func TestShimSurvivesMpidLoss(t *testing.T) {
 		t.Errorf("%d lines from the shim, want 1:\n%s", n, out.String())
 	}
 }
+
+// TestSignalsAskMpid: SIGTSTP to a registered rank does not stop it but
+// reaches mpid as a pause request; SIGCONT as a resume request.
+func TestSignalsAskMpid(t *testing.T) {
+	bin := binDir(t)
+	sock := fmt.Sprintf("@mpipause-kt-sig-%d", os.Getpid())
+	srv, err := ranks.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	events := make(chan string, 4)
+	srv.OnEvent = func(r *ranks.Rank, ev string) { events <- ev }
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	go srv.Serve(ctx)
+
+	hold := t.TempDir()
+	app := filepath.Join(bin, "apps", "xchg.mpich")
+	cmd := exec.CommandContext(ctx, app, "-n", "3", "-s", "1K", "-w", hold)
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(bin, "libmpipause.so"), "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=sig")
+	var out lockedBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var runErr error
+	go func() { runErr = cmd.Wait(); close(done) }()
+	defer cmd.Process.Kill()
+	waitFor(t, "the rank at its hold point", 30*time.Second, done, func() bool {
+		_, err := os.Stat(filepath.Join(hold, "ready.0"))
+		return err == nil
+	})
+	for _, sig := range []struct {
+		s    syscall.Signal
+		want string
+	}{{syscall.SIGTSTP, "pause"}, {syscall.SIGCONT, "resume"}} {
+		if err := cmd.Process.Signal(sig.s); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case ev := <-events:
+			if ev != sig.want {
+				t.Errorf("after %v mpid heard %q, want %q", sig.s, ev, sig.want)
+			}
+		case <-time.After(30 * time.Second):
+			t.Fatalf("after %v mpid heard nothing", sig.s)
+		}
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f := strings.Fields(string(stat[strings.LastIndexByte(string(stat), ')')+1:])); len(f) == 0 || f[0] == "T" {
+			t.Errorf("after %v the rank is stopped (%s): SIGTSTP must not stop a registered rank", sig.s, f[0])
+		}
+	}
+	if err := os.WriteFile(filepath.Join(hold, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	<-done
+	if runErr != nil || checksum(out.String()) == "" {
+		t.Fatalf("the rank did not finish: %v\n%s", runErr, out.String())
+	}
+}

@@ -8,7 +8,8 @@
 //   HELLO 1 job=<id> rank=<r> size=<n> pid=<pid> host=<name>[ hosts=<h0,h1,...>]
 // and then answers each request of mpid with one line:
 //   CLOSE -> CLOSED <state>     STATE -> STATE <state>     OPEN -> OPENED flushed=<n> errors=<n>
-// where <state> is "gate=<open|closed|flushing> gated=<n> closing=<n> held=<bytes>".
+// and, unasked, "EVENT pause" / "EVENT resume" when the rank gets SIGTSTP /
+// SIGCONT (sig.c); where <state> is "gate=<open|closed|flushing> gated=<n> closing=<n> held=<bytes>".
 // mpid checks the HELLO's pid against the connection's SO_PEERCRED; the
 // shim checks that mpid runs as root or as the rank's own user.
 //
@@ -18,6 +19,8 @@
 #include "shim.h"
 
 #include <errno.h>
+#include <poll.h>
+#include <stdint.h>
 #include <stddef.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -94,13 +97,46 @@ static void state_line(char *b, size_t n, const char *verb)
 		 st.held);
 }
 
+// handle answers one request line of mpid into out.
+static void handle(const char *req, char *out, size_t n)
+{
+	if (strcmp(req, "CLOSE") == 0) {
+		mpp_gate_close();
+		state_line(out, n, "CLOSED");
+	} else if (strcmp(req, "STATE") == 0) {
+		state_line(out, n, "STATE");
+	} else if (strcmp(req, "OPEN") == 0) {
+		struct mpp_gate_stats st;
+		mpp_gate_open(&st);
+		snprintf(out, n, "OPENED flushed=%lu errors=%u errno=%d\n", st.flushed, st.flush_errors, st.flush_errno);
+	} else {
+		snprintf(out, n, "ERROR unknown request\n");
+	}
+}
+
+// serve answers mpid's requests and passes the signals the handler saw on
+// as unsolicited "EVENT pause" / "EVENT resume" lines.
 static void *serve(void *arg)
 {
 	char buf[256], out[256];
 	size_t have = 0;
-	(void)arg;
+	int sigfd = (int)(intptr_t)arg;
 
 	for (;;) {
+		struct pollfd p[2] = {{.fd = ctl_fd, .events = POLLIN}, {.fd = sigfd, .events = POLLIN}};
+		if (poll(p, sigfd >= 0 ? 2 : 1, -1) < 0) {
+			if (errno == EINTR)
+				continue;
+			break;
+		}
+		if (sigfd >= 0 && (p[1].revents & POLLIN)) {
+			char c;
+			while (read(sigfd, &c, 1) == 1)
+				if (send_line(c == 'T' ? "EVENT pause\n" : "EVENT resume\n") < 0)
+					goto gone;
+		}
+		if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR)))
+			continue;
 		ssize_t r = recv(ctl_fd, buf + have, sizeof(buf) - 1 - have, 0);
 		if (r < 0 && errno == EINTR)
 			continue;
@@ -110,19 +146,7 @@ static void *serve(void *arg)
 		char *nl;
 		while ((nl = memchr(buf, '\n', have))) {
 			*nl = 0;
-			if (strcmp(buf, "CLOSE") == 0) {
-				mpp_gate_close();
-				state_line(out, sizeof(out), "CLOSED");
-			} else if (strcmp(buf, "STATE") == 0) {
-				state_line(out, sizeof(out), "STATE");
-			} else if (strcmp(buf, "OPEN") == 0) {
-				struct mpp_gate_stats st;
-				mpp_gate_open(&st);
-				snprintf(out, sizeof(out), "OPENED flushed=%lu errors=%u errno=%d\n", st.flushed, st.flush_errors,
-					 st.flush_errno);
-			} else {
-				snprintf(out, sizeof(out), "ERROR unknown request\n");
-			}
+			handle(buf, out, sizeof(out));
 			if (send_line(out) < 0)
 				goto gone;
 			have -= (size_t)(nl + 1 - buf);
@@ -161,7 +185,9 @@ void mpp_ctl_start(const char *hello)
 		warn("mpipause: mpid at %s closed the connection; this rank runs without pause support\n", name);
 		goto fail;
 	}
-	if (pthread_create(&ctl_thread, NULL, serve, NULL) != 0) {
+	int sigfd = mpp_signals_install();
+	if (pthread_create(&ctl_thread, NULL, serve, (void *)(intptr_t)sigfd) != 0) {
+		mpp_signals_restore();
 		warn("mpipause: cannot start the shim thread (%s); this rank runs without pause support\n",
 		     strerror(errno));
 		goto fail;
@@ -181,6 +207,7 @@ void mpp_ctl_stop(void)
 	if (ctl_fd < 0)
 		return;
 	atomic_store(&stopping, 1);
+	mpp_signals_restore();
 	shutdown(ctl_fd, SHUT_RDWR);
 	if (have_thread)
 		pthread_join(ctl_thread, NULL);

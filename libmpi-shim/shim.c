@@ -35,3 +35,10 @@ EXPORT void mpipause_gate_state(struct mpp_gate_stats *st)
 {
 	mpp_gate_state(st);
 }
+
+// mpipause_test_signals installs the SIGTSTP/SIGCONT handlers as attaching
+// to mpid does, for the C tests; it returns the pipe they write to.
+EXPORT int mpipause_test_signals(void)
+{
+	return mpp_signals_install();
+}

@@ -64,6 +64,10 @@ void mpp_gate_state(struct mpp_gate_stats *st);
 void mpp_ctl_start(const char *hello);
 void mpp_ctl_stop(void);
 
+// SIGTSTP/SIGCONT (sig.c): install returns the pipe the handler writes to.
+int mpp_signals_install(void);
+void mpp_signals_restore(void);
+
 ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, ssize_t (*real)(void *), void *arg);
 
 #endif

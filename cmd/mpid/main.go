@@ -117,6 +117,10 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 			log.Info("rank registered", "job", r.Job, "rank", r.Rank, "size", r.Size, "pid", r.Pid, "host", r.Host)
 		}
 	}
+	srv.OnEvent = func(r *ranks.Rank, ev string) {
+		// Acting on it is the pause protocol's work (next issue).
+		log.Info("rank asks for "+ev, "job", r.Job, "rank", r.Rank, "pid", r.Pid)
+	}
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(ctx) }()
 	log.Info("serving ranks", "socket", cfg.rankSocket)

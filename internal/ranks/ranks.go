@@ -63,6 +63,10 @@ type Server struct {
 	// OnChange, if set, is told of every rank that registers (gone false)
 	// or goes away (gone true), and of refused connections (r nil, err).
 	OnChange func(r *Rank, gone bool, err error)
+	// OnEvent, if set, is told what a rank asks for unasked: "pause" when
+	// it got SIGTSTP, "resume" when it got SIGCONT. It runs on the rank's
+	// reader: it must not make requests to that rank itself.
+	OnEvent func(r *Rank, event string)
 
 	ln      *net.UnixListener
 	mu      sync.Mutex
@@ -127,7 +131,7 @@ func (s *Server) handshake(c *net.UnixConn) {
 	s.ranks = append(s.ranks, r)
 	s.notifyLocked()
 	s.mu.Unlock()
-	r.read(bufio.NewReader(c))
+	r.read(bufio.NewReader(c), s.OnEvent)
 	s.mu.Lock()
 	s.ranks = slices.DeleteFunc(s.ranks, func(x *Rank) bool { return x == r })
 	s.notifyLocked()
@@ -234,13 +238,19 @@ func ParseHello(line string) (*Rank, error) {
 }
 
 // read delivers the rank's reply lines until its connection closes.
-func (r *Rank) read(br *bufio.Reader) {
+func (r *Rank) read(br *bufio.Reader, onEvent func(*Rank, string)) {
 	defer close(r.gone)
 	defer r.conn.Close()
 	for {
 		line, err := br.ReadString('\n')
 		if err != nil {
 			return
+		}
+		if ev, ok := strings.CutPrefix(line, "EVENT "); ok {
+			if onEvent != nil {
+				onEvent(r, strings.TrimSpace(ev))
+			}
+			continue
 		}
 		select {
 		case r.replies <- strings.TrimSuffix(line, "\n"):

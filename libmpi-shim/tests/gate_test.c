@@ -435,6 +435,38 @@ static void test_signal_during_blocked_send(void)
 	close(s[1]);
 }
 
+static _Atomic int app_tstp;
+
+static void app_on_tstp(int sig)
+{
+	(void)sig;
+	app_tstp++;
+}
+
+// SIGTSTP does not stop a registered rank: the shim's handler tells its
+// thread (one byte on a pipe) and then runs the application's own handler,
+// which the application installs as usual after the shim took the signal.
+static void test_signals(void)
+{
+	int (*install)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_signals");
+	CHECK(install != NULL, "no mpipause_test_signals");
+	int fd = install();
+	CHECK(fd >= 0, "install: %d", fd);
+	struct sigaction sa = {.sa_handler = app_on_tstp}, old;
+	CHECK(sigaction(SIGTSTP, &sa, NULL) == 0, "app's sigaction");
+	CHECK(sigaction(SIGTSTP, NULL, &old) == 0 && old.sa_handler == app_on_tstp,
+	      "sigaction reports the application's handler back");
+	raise(SIGTSTP); // would stop the process without the shim
+	raise(SIGCONT);
+	char c[2] = {0};
+	CHECK(read(fd, c, 2) == 2 && c[0] == 'T' && c[1] == 'C', "pipe got %c%c, want TC", c[0], c[1]);
+	CHECK(app_tstp == 1, "the application's handler ran %d times, want 1", app_tstp);
+	CHECK(signal(SIGTSTP, SIG_DFL) == app_on_tstp, "signal() returns the application's previous handler");
+	raise(SIGTSTP); // SIG_DFL for the application: still not stopped
+	CHECK(read(fd, c, 1) == 1 && c[0] == 'T', "pipe after SIG_DFL");
+	CHECK(app_tstp == 1, "a SIG_DFL application handler ran");
+}
+
 int main(void)
 {
 	gate_close = (void (*)(void))dlsym(RTLD_DEFAULT, "mpipause_gate_close");
@@ -455,6 +487,7 @@ int main(void)
 		{"threads", test_threads},
 		{"close_with_held", test_close_with_held},
 		{"signal_during_blocked_send", test_signal_during_blocked_send},
+		{"signals", test_signals},
 	};
 	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
 		int before = failures;

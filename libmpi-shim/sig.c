@@ -1,0 +1,119 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// SIGTSTP and SIGCONT, as the patent has it (SEEDS.md §1): once the rank
+// is registered, SIGTSTP (a scheduler's suspend, Hydra's proxy forwarding
+// Ctrl-Z, or kill -TSTP by hand) does not stop the process; it asks the
+// node's mpid to pause the whole job, and SIGCONT asks it to resume.
+//
+// The handler only writes one byte to a pipe (write(2) is async-signal-safe)
+// and then runs the handler the application installed, if any: the shim's
+// thread reads the pipe and tells mpid. The application's sigaction() and
+// signal() for these two signals are recorded, not applied, so its
+// handlers still run while the shim's stays installed. Masks are the
+// kernel's business: a blocked signal reaches the handler when unblocked.
+#include "shim.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <string.h>
+#include <unistd.h>
+
+int mpp_sig_pipe[2] = {-1, -1};
+static struct sigaction app[2]; // what the application asked for: [0] SIGTSTP, [1] SIGCONT
+static _Atomic int installed;
+
+static int (*real_sigaction)(int, const struct sigaction *, struct sigaction *);
+static sighandler_t (*real_signal)(int, sighandler_t);
+
+static int slot(int sig)
+{
+	return sig == SIGTSTP ? 0 : sig == SIGCONT ? 1 : -1;
+}
+
+static void on_signal(int sig, siginfo_t *si, void *uc)
+{
+	int saved = errno, i = slot(sig);
+	char c = sig == SIGTSTP ? 'T' : 'C';
+
+	if (mpp_sig_pipe[1] >= 0)
+		(void)!mpp_real.write(mpp_sig_pipe[1], &c, 1);
+	errno = saved;
+	if (i < 0)
+		return;
+	if (app[i].sa_flags & SA_SIGINFO) {
+		if (app[i].sa_sigaction)
+			app[i].sa_sigaction(sig, si, uc);
+	} else if (app[i].sa_handler != SIG_DFL && app[i].sa_handler != SIG_IGN) {
+		app[i].sa_handler(sig);
+	}
+	errno = saved;
+}
+
+static void resolve(void)
+{
+	if (!real_sigaction)
+		real_sigaction = dlsym(RTLD_NEXT, "sigaction");
+	if (!real_signal)
+		real_signal = dlsym(RTLD_NEXT, "signal");
+}
+
+// mpp_signals_install takes over SIGTSTP and SIGCONT. It returns the pipe's
+// read end, or -1 (and the signals are left alone).
+int mpp_signals_install(void)
+{
+	struct sigaction sa;
+
+	resolve();
+	if (pipe2(mpp_sig_pipe, O_CLOEXEC | O_NONBLOCK) < 0)
+		return -1;
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_sigaction = on_signal;
+	sa.sa_flags = SA_SIGINFO | SA_RESTART;
+	sigemptyset(&sa.sa_mask);
+	if (real_sigaction(SIGTSTP, &sa, &app[0]) < 0 || real_sigaction(SIGCONT, &sa, &app[1]) < 0) {
+		close(mpp_sig_pipe[0]);
+		close(mpp_sig_pipe[1]);
+		mpp_sig_pipe[0] = mpp_sig_pipe[1] = -1;
+		return -1;
+	}
+	atomic_store(&installed, 1);
+	return mpp_sig_pipe[0];
+}
+
+// mpp_signals_restore gives the application back what it asked for.
+void mpp_signals_restore(void)
+{
+	if (!atomic_exchange(&installed, 0))
+		return;
+	real_sigaction(SIGTSTP, &app[0], NULL);
+	real_sigaction(SIGCONT, &app[1], NULL);
+}
+
+EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
+{
+	int i = slot(sig);
+
+	resolve();
+	if (i < 0 || !atomic_load(&installed))
+		return real_sigaction(sig, act, old);
+	if (old)
+		*old = app[i];
+	if (act)
+		app[i] = *act;
+	return 0;
+}
+
+EXPORT sighandler_t signal(int sig, sighandler_t h)
+{
+	int i = slot(sig);
+
+	resolve();
+	if (i < 0 || !atomic_load(&installed))
+		return real_signal(sig, h);
+	sighandler_t prev = (app[i].sa_flags & SA_SIGINFO) ? SIG_DFL : app[i].sa_handler;
+	memset(&app[i], 0, sizeof(app[i]));
+	app[i].sa_handler = h;
+	app[i].sa_flags = SA_RESTART;
+	return prev;
+}

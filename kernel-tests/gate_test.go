@@ -193,6 +193,18 @@ func runGatedJob(ctx context.Context, t *testing.T, bin string, lib mpiLib, cg s
 			return err == nil && allEmpty(conns)
 		})
 		*drain = append(*drain, time.Since(start))
+		// mpid's view without asking the ranks: their state pages.
+		gatedSockets := 0
+		for _, r := range all {
+			for _, so := range r.Sockets() {
+				if so.Gated {
+					gatedSockets++
+				}
+			}
+		}
+		if gatedSockets == 0 {
+			t.Fatalf("pause %d: no rank's state page shows a gated socket", made+1)
+		}
 		// A second of nothing: still empty, and no byte moved on any job
 		// connection (the BPF counters of the gated sockets stand still).
 		before := counters(conns)
@@ -223,6 +235,13 @@ func runGatedJob(ctx context.Context, t *testing.T, bin string, lib mpiLib, cg s
 				// one): the kernel would have dropped them too. The checksum
 				// at the end says whether the job noticed.
 				t.Logf("pause %d: rank %d: %d held chunks refused at reopen (errno %d)", made+1, r.Rank, o.Errors, o.Errno)
+			}
+		}
+		for _, r := range all {
+			for _, so := range r.Sockets() {
+				if so.Gated || so.Held > 0 {
+					t.Fatalf("pause %d: after reopening, rank %d's page shows fd %d gated=%v held=%d", made+1, r.Rank, so.FD, so.Gated, so.Held)
+				}
 			}
 		}
 		made++

@@ -84,6 +84,40 @@ static int send_line(const char *s)
 	return 0;
 }
 
+// send_hello sends the HELLO line with the state page's fd attached
+// (SCM_RIGHTS) when there is one; mpid maps the page read-only.
+static int send_hello(const char *hello, int pagefd)
+{
+	struct iovec v = {(void *)hello, strlen(hello)};
+	union {
+		char buf[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1};
+	ssize_t r;
+
+	if (pagefd >= 0) {
+		memset(&u, 0, sizeof(u));
+		m.msg_control = u.buf;
+		m.msg_controllen = sizeof(u.buf);
+		struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+		c->cmsg_level = SOL_SOCKET;
+		c->cmsg_type = SCM_RIGHTS;
+		c->cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(c), &pagefd, sizeof(int));
+	}
+	do
+		r = mpp_real.sendmsg(ctl_fd, &m, MSG_NOSIGNAL);
+	while (r < 0 && errno == EINTR);
+	if (pagefd >= 0)
+		mpp_real.close(pagefd); // mapped: the fd is no longer needed here
+	if (r < 0)
+		return -1;
+	if ((size_t)r < v.iov_len)
+		return send_line(hello + r);
+	return 0;
+}
+
 static const char *gate_name(int g)
 {
 	return g == GATE_OPEN ? "open" : g == GATE_CLOSED ? "closed" : "flushing";
@@ -181,7 +215,7 @@ void mpp_ctl_start(const char *hello)
 		warn("mpipause: %s is not served by root or by this user; not registering\n", name);
 		goto fail;
 	}
-	if (send_line(hello) < 0) {
+	if (send_hello(hello, mpp_state_page()) < 0) {
 		warn("mpipause: mpid at %s closed the connection; this rank runs without pause support\n", name);
 		goto fail;
 	}

@@ -31,6 +31,8 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <stdint.h>
+#include <sys/mman.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
@@ -147,6 +149,29 @@ static struct fdstate *fdstate(int fd)
 	return s;
 }
 
+// The state page (mpp_state_page) shows mpid every socket's gate without a
+// syscall from the rank: the header's gate word, and per fd the last call
+// short flag (the fast path's own array, moved into the page), the gated
+// flag and the bytes held. NULL until the rank registers.
+static struct mpp_page *page;
+static unsigned char *page_gated;
+static uint64_t *page_held;
+
+// publish mirrors s into the page. Called with s->mu held.
+static void publish(struct fdstate *s)
+{
+	if (page && (unsigned)s->fd < (unsigned)nfds) {
+		__atomic_store_n(&page_gated[s->fd], (unsigned char)s->gated, __ATOMIC_RELAXED);
+		__atomic_store_n(&page_held[s->fd], (uint64_t)s->held, __ATOMIC_RELAXED);
+	}
+}
+
+static void publish_gate(int g)
+{
+	if (page)
+		__atomic_store_n(&page->gate, g, __ATOMIC_RELEASE);
+}
+
 // hold_room waits, while the gate is closed, until the process holds less
 // than hold_max: a bound on the shim's memory for a job that streams into a
 // pause. The caller then sleeps like a sender on a full socket.
@@ -190,6 +215,7 @@ static int append(struct fdstate *s, const struct iovec *iov, int iovcnt, size_t
 		s->head = h;
 	s->tail = h;
 	s->held += total;
+	publish(s);
 	return 0;
 }
 
@@ -239,11 +265,13 @@ ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, ssize_t (*real)(v
 		if (r >= 0 && (size_t)r == total) {
 			pthread_mutex_lock(&s->mu);
 			s->gated = 1;
+			publish(s);
 			pthread_mutex_unlock(&s->mu);
 		}
 		return r;
 	}
 	s->gated = 1;
+	publish(s);
 hold:
 	if (total == 0) {
 		pthread_mutex_unlock(&s->mu);
@@ -318,11 +346,13 @@ static void flush_fd(struct fdstate *s, struct mpp_gate_stats *st)
 		if (!s->head)
 			s->tail = NULL;
 		s->held -= h->len;
+		publish(s);
 		hold_release(h->len);
 		free(h);
 	}
 	s->flushing = 0;
 	s->gated = 0;
+	publish(s);
 	if (s->orphan) {
 		// Delivered what the application wrote before it closed: now the
 		// close it asked for, and the slot is free again.
@@ -335,12 +365,14 @@ static void flush_fd(struct fdstate *s, struct mpp_gate_stats *st)
 void mpp_gate_close(void)
 {
 	atomic_store_explicit(&mpp_gate, GATE_CLOSED, memory_order_release);
+	publish_gate(GATE_CLOSED);
 }
 
 void mpp_gate_open(struct mpp_gate_stats *st)
 {
 	memset(st, 0, sizeof(*st));
 	atomic_store_explicit(&mpp_gate, GATE_FLUSHING, memory_order_release);
+	publish_gate(GATE_FLUSHING);
 	pthread_mutex_lock(&hold_mu);
 	pthread_cond_broadcast(&hold_cv); // senders waiting for room go on
 	pthread_mutex_unlock(&hold_mu);
@@ -350,6 +382,7 @@ void mpp_gate_open(struct mpp_gate_stats *st)
 			flush_fd(s, st);
 	}
 	atomic_store_explicit(&mpp_gate, GATE_OPEN, memory_order_release);
+	publish_gate(GATE_OPEN);
 }
 
 void mpp_gate_state(struct mpp_gate_stats *st)
@@ -408,13 +441,66 @@ int mpp_close_held(int fd)
 	atomic_store_explicit(&fd_tab[fd], other, memory_order_release);
 	pthread_mutex_unlock(&tab_mu);
 	s->fd = keep;
+	publish(s);
 	if (other) {
 		pthread_mutex_lock(&other->mu);
 		other->fd = fd;
+		publish(other);
 		pthread_mutex_unlock(&other->mu);
+	} else if (page) {
+		page_gated[fd] = 0;
+		page_held[fd] = 0;
 	}
 	s->orphan = 1;
 	fd_short[keep] = 0;
 	pthread_mutex_unlock(&s->mu);
 	return mpp_real.close(fd);
+}
+
+// mpp_state_page creates the state page, a sealed memfd that mpid maps
+// read-only (sealed against shrinking, so the rank cannot make mpid's reads
+// fault), moves the fast path's short flags into it, and returns its fd.
+int mpp_state_page(void)
+{
+	size_t size = sizeof(struct mpp_page) + (size_t)nfds * (1 + 1) + 7;
+	size = (size + 7) & ~(size_t)7;
+	size += (size_t)nfds * sizeof(uint64_t);
+	int fd = memfd_create("mpipause-state", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return -1;
+	if (ftruncate(fd, (off_t)size) < 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+		mpp_real.close(fd);
+		return -1;
+	}
+	struct mpp_page *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED) {
+		mpp_real.close(fd);
+		return -1;
+	}
+	memcpy(p->magic, MPP_PAGE_MAGIC, sizeof(p->magic));
+	p->version = MPP_PAGE_VERSION;
+	p->fds = (uint32_t)nfds;
+	p->size = size;
+	unsigned char *shorts = (unsigned char *)(p + 1);
+	page_gated = shorts + nfds;
+	page_held = (uint64_t *)(((uintptr_t)(page_gated + nfds) + 7) & ~(uintptr_t)7);
+	p->held_offset = (uint64_t)((char *)page_held - (char *)p);
+	if (fd_short)
+		memcpy(shorts, fd_short, nfds);
+	// The fast path now notes short calls straight into the page. A call
+	// racing this store may note into the old array: harmless, the rank is
+	// not gated before it has registered, and its next call notes again.
+	fd_short = shorts;
+	p->gate = atomic_load(&mpp_gate);
+	page = p;
+	for (int i = 0; i < nfds; i++) {
+		struct fdstate *s = atomic_load_explicit(&fd_tab[i], memory_order_acquire);
+		if (s) {
+			pthread_mutex_lock(&s->mu);
+			publish(s);
+			pthread_mutex_unlock(&s->mu);
+		}
+	}
+	return fd;
 }

@@ -5,6 +5,7 @@
 
 #include <dlfcn.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/uio.h>
@@ -55,6 +56,22 @@ static inline __attribute__((always_inline)) void mpp_note_short(int fd, ssize_t
 
 void mpp_resolve(void);
 int mpp_close_held(int fd);
+
+// The state page's layout (internal/ranks reads it; keep them in step):
+// this header, then nfds "last call short" bytes, nfds "gated" bytes, and,
+// at held_offset (8-aligned), nfds uint64 "bytes held".
+#define MPP_PAGE_MAGIC "MPPSTATE"
+#define MPP_PAGE_VERSION 1
+struct mpp_page {
+	char magic[8];
+	uint32_t version;
+	uint32_t fds; // entries per array
+	uint64_t size;
+	uint64_t held_offset;
+	int32_t gate; // GATE_*
+	uint32_t pad;
+};
+int mpp_state_page(void);
 void mpp_gate_init(void);
 void mpp_gate_close(void);
 void mpp_gate_open(struct mpp_gate_stats *st);

@@ -42,6 +42,7 @@ type Rank struct {
 	Hosts []string `json:"hosts,omitempty"` // rank 0 only: the job's hosts
 
 	conn    *net.UnixConn
+	page    *statePage // nil if the shim sent none
 	mu      sync.Mutex // one request at a time
 	replies chan string
 	gone    chan struct{}
@@ -161,15 +162,30 @@ func hello(c *net.UnixConn) (*Rank, error) {
 		return nil, cerr
 	}
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	// The first byte comes with the state page's fd, if the shim sent one.
+	first := make([]byte, 1)
+	oob := make([]byte, unix.CmsgSpace(4))
+	n, oobn, _, _, err := c.ReadMsgUnix(first, oob)
+	if err != nil || n != 1 {
+		return nil, fmt.Errorf("HELLO: %v", err)
+	}
+	page, perr := receivePage(oob[:oobn])
 	line, err := readLine(c)
 	if err != nil {
+		page.close()
 		return nil, err
 	}
 	c.SetReadDeadline(time.Time{})
-	r, err := ParseHello(line)
+	r, err := ParseHello(string(first) + line)
 	if err != nil {
+		page.close()
 		return nil, err
 	}
+	if perr != nil {
+		page.close()
+		return nil, fmt.Errorf("rank %d (pid %d): state page: %w", r.Rank, r.Pid, perr)
+	}
+	r.page = page
 	if r.Pid != int(cred.Pid) {
 		return nil, fmt.Errorf("rank says pid %d, the kernel says %d", r.Pid, cred.Pid)
 	}
@@ -241,6 +257,7 @@ func ParseHello(line string) (*Rank, error) {
 func (r *Rank) read(br *bufio.Reader, onEvent func(*Rank, string)) {
 	defer close(r.gone)
 	defer r.conn.Close()
+	defer r.page.close()
 	for {
 		line, err := br.ReadString('\n')
 		if err != nil {

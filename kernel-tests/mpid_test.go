@@ -243,3 +243,42 @@ func TestSignalsAskMpid(t *testing.T) {
 		t.Fatalf("the rank did not finish: %v\n%s", runErr, out.String())
 	}
 }
+
+// TestFortranRanksRegister: a Fortran MPI program's ranks register too,
+// with either library (Open MPI's Fortran init bypasses the C MPI_Init).
+func TestFortranRanksRegister(t *testing.T) {
+	bin := binDir(t)
+	for _, lib := range []string{"openmpi", "mpich"} {
+		t.Run(lib, func(t *testing.T) {
+			sock := fmt.Sprintf("@mpipause-kt-f-%s-%d", lib, os.Getpid())
+			srv, err := ranks.Listen(sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var mu sync.Mutex
+			var seen []string
+			srv.OnChange = func(r *ranks.Rank, gone bool, err error) {
+				mu.Lock()
+				defer mu.Unlock()
+				if r != nil {
+					seen = append(seen, fmt.Sprintf("%s rank=%d size=%d gone=%v", r.Job, r.Rank, r.Size, gone))
+				}
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+			defer cancel()
+			go srv.Serve(ctx)
+			cmd := exec.CommandContext(ctx, filepath.Join(bin, "apps", "fhello."+lib))
+			cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(bin, "libmpipause.so"), "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=f-"+lib)
+			out, err := cmd.CombinedOutput()
+			if err != nil || !strings.Contains(string(out), "fhello ranks=1") {
+				t.Fatalf("fhello: %v\n%s", err, out)
+			}
+			want := []string{"f-" + lib + " rank=0 size=1 gone=false", "f-" + lib + " rank=0 size=1 gone=true"}
+			waitFor(t, "registration and departure", 30*time.Second, nil, func() bool {
+				mu.Lock()
+				defer mu.Unlock()
+				return strings.Join(seen, "|") == strings.Join(want, "|")
+			})
+		})
+	}
+}

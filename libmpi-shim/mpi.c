@@ -133,12 +133,22 @@ static void attach(void)
 	mpp_ctl_start(hello);
 }
 
+// attach_once: MPICH's Fortran init calls the C MPI_Init (caught there),
+// Open MPI's calls PMPI_Init (caught only by the Fortran wrappers below).
+static _Atomic int attached;
+
+static void attach_once(void)
+{
+	if (!atomic_exchange(&attached, 1))
+		attach();
+}
+
 EXPORT int MPI_Init(int *argc, char ***argv)
 {
 	int (*real)(int *, char ***) = dlsym(RTLD_NEXT, "MPI_Init");
 	int rc = real(argc, argv);
 	if (rc == 0)
-		attach();
+		attach_once();
 	return rc;
 }
 
@@ -147,7 +157,7 @@ EXPORT int MPI_Init_thread(int *argc, char ***argv, int required, int *provided)
 	int (*real)(int *, char ***, int, int *) = dlsym(RTLD_NEXT, "MPI_Init_thread");
 	int rc = real(argc, argv, required, provided);
 	if (rc == 0)
-		attach();
+		attach_once();
 	return rc;
 }
 
@@ -157,3 +167,39 @@ EXPORT int MPI_Finalize(void)
 	mpp_ctl_stop();
 	return real();
 }
+
+// Fortran entry points (gfortran's names: lower case, one underscore; the
+// mpi_f08 module's *_f08_). MPI_Fint is int in both libraries; ierr may be
+// absent (NULL) with mpi_f08.
+#define FORTRAN_INIT(name)                                                \
+	EXPORT void name(int *ierr)                                       \
+	{                                                                 \
+		void (*real)(int *) = dlsym(RTLD_NEXT, #name);            \
+		int e = 0;                                                \
+		real(ierr ? ierr : &e);                                   \
+		if ((ierr ? *ierr : e) == 0)                              \
+			attach_once();                                    \
+	}
+#define FORTRAN_INIT_THREAD(name)                                         \
+	EXPORT void name(int *required, int *provided, int *ierr)         \
+	{                                                                 \
+		void (*real)(int *, int *, int *) = dlsym(RTLD_NEXT, #name); \
+		int e = 0;                                                \
+		real(required, provided, ierr ? ierr : &e);               \
+		if ((ierr ? *ierr : e) == 0)                              \
+			attach_once();                                    \
+	}
+#define FORTRAN_FINALIZE(name)                                            \
+	EXPORT void name(int *ierr)                                       \
+	{                                                                 \
+		void (*real)(int *) = dlsym(RTLD_NEXT, #name);            \
+		mpp_ctl_stop();                                           \
+		real(ierr);                                               \
+	}
+
+FORTRAN_INIT(mpi_init_)
+FORTRAN_INIT(mpi_init_f08_)
+FORTRAN_INIT_THREAD(mpi_init_thread_)
+FORTRAN_INIT_THREAD(mpi_init_thread_f08_)
+FORTRAN_FINALIZE(mpi_finalize_)
+FORTRAN_FINALIZE(mpi_finalize_f08_)

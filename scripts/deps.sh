@@ -5,7 +5,7 @@
 set -euo pipefail
 
 pkgs=(
-	make gcc pkg-config          # build
+	make gcc gfortran pkg-config # build (gfortran: the Fortran test program)
 	clang llvm libbpf-dev bpftool # BPF objects (make generate) and inspection
 	openmpi-bin libopenmpi-dev   # Open MPI 4.1 (mpirun.openmpi, mpicc.openmpi)
 	mpich libmpich-dev           # MPICH 4.0 ch4:ucx (mpiexec.mpich, mpicc.mpich)

@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 	"runtime"
 	"strconv"
+	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -77,9 +79,14 @@ func testGate(t *testing.T, lib mpiLib) {
 	defer cancel()
 
 	var srv [jobNodes]*ranks.Server
+	var serving sync.WaitGroup
+	// The sockets' names are fixed per node: they must be closed before the
+	// next test listens again, also when this one fails.
+	defer serving.Wait()
+	defer cancel()
 	for k := range srv {
 		srv[k] = ranks.NewServer(listenInNode(t, k))
-		go srv[k].Serve(ctx)
+		serving.Go(func() { srv[k].Serve(ctx) })
 	}
 	root, err := cgroupv2.Root()
 	if err != nil {
@@ -99,9 +106,10 @@ func testGate(t *testing.T, lib mpiLib) {
 	want := gateCycles()
 	cycles, jobs := 0, 0
 	var drain []time.Duration
+	var pausedCPU []float64
 	for cycles < want {
 		jobs++
-		n := runGatedJob(ctx, t, bin, lib, cg, obs, srv[:], want-cycles, &drain)
+		n := runGatedJob(ctx, t, bin, lib, cg, obs, srv[:], want-cycles, &drain, &pausedCPU)
 		if t.Failed() {
 			return
 		}
@@ -112,13 +120,17 @@ func testGate(t *testing.T, lib mpiLib) {
 		sum += d
 		worst = max(worst, d)
 	}
-	t.Logf("%d pause cycles over %d jobs: every connection empty after %v on average, %v at worst; results unchanged",
-		cycles, jobs, sum/time.Duration(len(drain)), worst)
+	var cpu float64
+	for _, c := range pausedCPU {
+		cpu += c
+	}
+	t.Logf("%d pause cycles over %d jobs: every connection empty after %v on average, %v at worst; ranks used %.0f%% of a CPU each while gated (not frozen); results unchanged",
+		cycles, jobs, sum/time.Duration(len(drain)), worst, 100*cpu/float64(len(pausedCPU)))
 }
 
 // runGatedJob runs one job and pauses it up to n times while it runs; it
 // returns how many pauses it made.
-func runGatedJob(ctx context.Context, t *testing.T, bin string, lib mpiLib, cg string, obs loader.Observer, srv []*ranks.Server, n int, drain *[]time.Duration) int {
+func runGatedJob(ctx context.Context, t *testing.T, bin string, lib mpiLib, cg string, obs loader.Observer, srv []*ranks.Server, n int, drain *[]time.Duration, pausedCPU *[]float64) int {
 	t.Helper()
 	app := filepath.Join(bin, "apps", "xchg."+lib.name)
 	args := []string{"-m", "a2a", "-n", "600", "-s", "256K"}
@@ -208,6 +220,7 @@ func runGatedJob(ctx context.Context, t *testing.T, bin string, lib mpiLib, cg s
 		// A second of nothing: still empty, and no byte moved on any job
 		// connection (the BPF counters of the gated sockets stand still).
 		before := counters(conns)
+		cpu0, t0 := ranksCPU(all), time.Now()
 		for end := time.Now().Add(time.Second); time.Now().Before(end); {
 			now, err := obs.Snapshot(ctx)
 			if err != nil {
@@ -220,6 +233,7 @@ func runGatedJob(ctx context.Context, t *testing.T, bin string, lib mpiLib, cg s
 				t.Fatalf("pause %d: connection %v counted bytes under closed gates", made+1, k)
 			}
 		}
+		*pausedCPU = append(*pausedCPU, (ranksCPU(all)-cpu0).Seconds()/time.Since(t0).Seconds()/float64(len(all)))
 		var total uint64
 		for _, c := range conns {
 			total += c.BytesSent
@@ -311,4 +325,22 @@ func counterMoved(before, now map[uint64][2]uint64) (uint64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// ranksCPU is the CPU time the ranks have used so far (utime + stime).
+func ranksCPU(all []*ranks.Rank) time.Duration {
+	var ticks int64
+	for _, r := range all {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", r.Pid))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) > 12 {
+			u, _ := strconv.ParseInt(f[11], 10, 64)
+			s, _ := strconv.ParseInt(f[12], 10, 64)
+			ticks += u + s
+		}
+	}
+	return time.Duration(ticks) * time.Second / 100 // USER_HZ
 }

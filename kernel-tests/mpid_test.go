@@ -282,3 +282,30 @@ func TestFortranRanksRegister(t *testing.T) {
 		})
 	}
 }
+
+// TestCrashedRankIsNoticed: a rank killed outright is gone from mpid's
+// view as soon as the kernel closes its end of the channel.
+func TestCrashedRankIsNoticed(t *testing.T) {
+	bin := binDir(t)
+	sock := fmt.Sprintf("@mpipause-kt-crash-%d", os.Getpid())
+	srv, err := ranks.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	go srv.Serve(ctx)
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "apps", "xchg.mpich"), "-n", "3", "-s", "1K", "-w", t.TempDir())
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(bin, "libmpipause.so"), "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=crash")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	if err := srv.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	cmd.Process.Kill()
+	if err := srv.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 0 }); err != nil {
+		t.Fatalf("the killed rank is still registered: %v", err)
+	}
+}

@@ -1,9 +1,11 @@
 package kerneltests
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -307,5 +309,67 @@ func TestCrashedRankIsNoticed(t *testing.T) {
 	cmd.Process.Kill()
 	if err := srv.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 0 }); err != nil {
 		t.Fatalf("the killed rank is still registered: %v", err)
+	}
+}
+
+// TestShimMalformedRequests: a peer that is not a well-behaved mpid gets
+// "ERROR" for what the shim does not know, and a stream that is not line
+// protocol at all ends the channel; the rank runs to the end either way.
+func TestShimMalformedRequests(t *testing.T) {
+	bin := binDir(t)
+	sock := fmt.Sprintf("@mpipause-kt-bad-%d", os.Getpid())
+	ln, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	hold := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	app := filepath.Join(bin, "apps", "xchg.mpich")
+	cmd := exec.CommandContext(ctx, app, "-n", "3", "-s", "1K", "-w", hold)
+	cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(bin, "libmpipause.so"), "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=bad")
+	var out lockedBuffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	var runErr error
+	go func() { runErr = cmd.Wait(); close(done) }()
+	c, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	br := bufio.NewReader(c)
+	if l, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(l, "HELLO 1 job=bad ") {
+		t.Fatalf("hello: %q %v", l, err)
+	}
+	for _, req := range []string{"FREEZE", "", "CLOSE now"} {
+		fmt.Fprintf(c, "%s\n", req)
+		if l, err := br.ReadString('\n'); err != nil || l != "ERROR unknown request\n" {
+			t.Errorf("request %q: reply %q %v", req, l, err)
+		}
+	}
+	// Still a working channel: a real request after the bad ones.
+	fmt.Fprint(c, "STATE\n")
+	if l, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(l, "STATE gate=open ") {
+		t.Errorf("STATE after bad requests: %q %v", l, err)
+	}
+	// 4 KiB without a newline: not the protocol; the shim hangs up.
+	c.Write(bytes.Repeat([]byte("x"), 4096))
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := br.ReadString('\n'); err == nil {
+		t.Error("the shim answered a 4 KiB garbage line")
+	}
+	waitFor(t, "the rank at its hold point", 30*time.Second, done, func() bool {
+		_, err := os.Stat(filepath.Join(hold, "ready.0"))
+		return err == nil
+	})
+	os.WriteFile(filepath.Join(hold, "go"), nil, 0o644)
+	<-done
+	if runErr != nil || checksum(out.String()) == "" {
+		t.Fatalf("the rank did not finish: %v\n%s", runErr, out.String())
 	}
 }

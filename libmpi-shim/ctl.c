@@ -190,6 +190,9 @@ static void *serve(void *arg)
 			break; // a line longer than any request: not mpid
 	}
 gone:
+	// Hang up, so that mpid (or whatever spoke) sees the channel end; the fd
+	// itself is closed by mpp_ctl_stop.
+	shutdown(ctl_fd, SHUT_RDWR);
 	if (!atomic_load(&stopping) && atomic_load(&mpp_gate) != GATE_OPEN) {
 		struct mpp_gate_stats st;
 		mpp_gate_open(&st);

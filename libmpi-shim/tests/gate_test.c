@@ -191,6 +191,20 @@ static void test_hold_and_flush(void)
 		CHECK(r == (ssize_t)n, "gated send %d: %zd", i, r);
 		sent += n;
 	}
+	// sendmmsg and sendmsg are held message by message, counts as the kernel's.
+	{
+		fill(b, 3000, 1, sent);
+		struct iovec v[3] = {{b, 1000}, {b + 1000, 1000}, {b + 2000, 1000}};
+		struct mmsghdr mm[2] = {{.msg_hdr = {.msg_iov = v, .msg_iovlen = 2}}, {.msg_hdr = {.msg_iov = v + 2, .msg_iovlen = 1}}};
+		CHECK(sendmmsg(s[0], mm, 2, 0) == 2 && mm[0].msg_len == 2000 && mm[1].msg_len == 1000, "sendmmsg: %u %u",
+		      mm[0].msg_len, mm[1].msg_len);
+		sent += 3000;
+		fill(b, 500, 1, sent);
+		struct iovec one = {b, 500};
+		struct msghdr m = {.msg_iov = &one, .msg_iovlen = 1};
+		CHECK(sendmsg(s[0], &m, 0) == 500, "gated sendmsg");
+		sent += 500;
+	}
 	// A pipe is not gated.
 	if (pipe(p) < 0)
 		die("pipe");

@@ -6,19 +6,16 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/vishvananda/netns"
 
-	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/loader"
 )
@@ -88,15 +85,7 @@ func testGate(t *testing.T, lib mpiLib) {
 		srv[k] = ranks.NewServer(listenInNode(t, k))
 		serving.Go(func() { srv[k].Serve(ctx) })
 	}
-	root, err := cgroupv2.Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cg := filepath.Join(root, "mpipause-kt-gate-"+lib.name)
-	if err := cgroupv2.Create(cg); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { killCgroup(t, cg) })
+	cg := jobCgroup(t, "gate-"+lib.name)
 	obs, err := loader.Open(ctx, loader.Config{Cgroup: cg, FollowJob: true, Require: loader.KindBPF})
 	if err != nil {
 		t.Fatal(err)
@@ -134,30 +123,9 @@ func runGatedJob(ctx context.Context, t *testing.T, bin string, lib mpiLib, cg s
 	t.Helper()
 	app := filepath.Join(bin, "apps", "xchg."+lib.name)
 	args := []string{"-m", "a2a", "-n", "600", "-s", "256K"}
-	cgfd, err := os.Open(cg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cgfd.Close()
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, "rig"), append([]string{"exec", "node0", "--"}, lib.launch(app, args...)...)...)
-	cmd.Env = append(os.Environ(), "MPIPAUSE_RIG="+jobRig, "LD_PRELOAD="+filepath.Join(bin, "libmpipause.so"))
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cgfd.Fd())}
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	var runErr error
-	go func() { runErr = cmd.Wait(); close(done) }()
-	defer func() {
-		select {
-		case <-done:
-		default:
-			cmd.Process.Kill()
-			<-done
-		}
-	}()
+	job := start(ctx, t, cg, []string{"MPIPAUSE_RIG=" + jobRig, "LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so")},
+		append([]string{filepath.Join(bin, "rig"), "exec", "node0", "--"}, lib.launch(app, args...)...)...)
+	done := job.done
 
 	// Every rank registers with its own node's server, under one job id.
 	var all []*ranks.Rank
@@ -201,6 +169,7 @@ func runGatedJob(ctx context.Context, t *testing.T, bin string, lib mpiLib, cg s
 					return false
 				}
 			}
+			var err error
 			conns, err = obs.Snapshot(ctx)
 			return err == nil && allEmpty(conns)
 		})
@@ -273,21 +242,7 @@ func runGatedJob(ctx context.Context, t *testing.T, bin string, lib mpiLib, cg s
 		})
 	}
 finished:
-	select {
-	case <-done:
-	case <-ctx.Done():
-		t.Fatalf("job did not finish: %v", ctx.Err())
-	}
-	if runErr != nil {
-		t.Fatalf("job failed: %v\n%s", runErr, out.String())
-	}
-	wantSum, err := exec.Command(app, append(args, "-x", "6")...).Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, w := checksum(out.String()), checksum(string(wantSum)); got == "" || got != w {
-		t.Fatalf("after %d pauses the job printed %q, an unpaused run %q:\n%s", made, got, w, out.String())
-	}
+	job.finish(ctx, t, fmt.Sprintf("the job paused %d times", made), serial(t, app, 6, args...))
 	return made
 }
 

@@ -11,11 +11,14 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/testutil"
 )
 
@@ -117,4 +120,136 @@ func waitFor(t *testing.T, what string, timeout time.Duration, stop <-chan struc
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for a process writing and a test
+// reading.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// proc is a process a test started; done closes when it has exited, with
+// err its exit status.
+type proc struct {
+	cmd  *exec.Cmd
+	out  lockedBuffer
+	done chan struct{}
+	err  error
+}
+
+// start runs argv with env added to the test's environment, inside the
+// cgroup v2 directory cg unless it is empty (a launcher started there keeps
+// its ranks on every node in it), and waits for it in the background. The
+// process is killed when the test ends.
+func start(ctx context.Context, t *testing.T, cg string, env []string, argv ...string) *proc {
+	t.Helper()
+	p := &proc{cmd: exec.CommandContext(ctx, argv[0], argv[1:]...), done: make(chan struct{})}
+	p.cmd.Env = append(os.Environ(), env...)
+	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	if cg != "" {
+		fd, err := os.Open(cg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer fd.Close()
+		p.cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(fd.Fd())}
+	}
+	if err := p.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { p.err = p.cmd.Wait(); close(p.done) }()
+	t.Cleanup(func() {
+		select {
+		case <-p.done:
+		default:
+			p.cmd.Process.Kill()
+			<-p.done
+		}
+	})
+	return p
+}
+
+// finish waits for p to exit and checks that it succeeded and printed want
+// (a checksum line, from the serial computation).
+func (p *proc) finish(ctx context.Context, t *testing.T, what, want string) {
+	t.Helper()
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		t.Fatalf("%s did not finish: %v\n%s", what, ctx.Err(), p.out.String())
+	}
+	if p.err != nil {
+		t.Fatalf("%s failed: %v\n%s", what, p.err, p.out.String())
+	}
+	if got, w := checksum(p.out.String()), checksum(want); got == "" || got != w {
+		t.Fatalf("%s printed %q, the serial computation %q:\n%s", what, got, w, p.out.String())
+	}
+}
+
+// serial is what a correct run of app with args prints: its -x computation
+// for ranks ranks.
+func serial(t *testing.T, app string, ranks int, args ...string) string {
+	t.Helper()
+	out, err := exec.Command(app, append(args, "-x", strconv.Itoa(ranks))...).Output()
+	if err != nil {
+		t.Fatalf("%s -x: %v", app, err)
+	}
+	return string(out)
+}
+
+// jobCgroup makes a cgroup v2 directory for one test's job; whatever is
+// left in it is killed and it is removed when the test ends.
+func jobCgroup(t *testing.T, name string) string {
+	t.Helper()
+	root, err := cgroupv2.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg := filepath.Join(root, "mpipause-kt-"+name)
+	if err := cgroupv2.Create(cg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { killCgroup(t, cg) })
+	return cg
+}
+
+// atHold waits for ranks ranks to reach xchg's hold point in dir.
+func atHold(t *testing.T, dir string, ranks int, p *proc) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("%d ranks at the hold point", ranks), 2*time.Minute, p.done, func() bool {
+		m, _ := filepath.Glob(filepath.Join(dir, "ready.*"))
+		return len(m) == ranks
+	})
+}
+
+// release lets the ranks held in dir go on.
+func release(t *testing.T, dir string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// shimmedRank starts a one-rank MPICH xchg with the shim preloaded, talking
+// to the rank socket sock under job id job, and holding in a fresh
+// directory, which it returns.
+func shimmedRank(ctx context.Context, t *testing.T, sock, job string, env ...string) (*proc, string) {
+	t.Helper()
+	bin := binDir(t)
+	hold := t.TempDir()
+	env = append([]string{"LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so"), "MPIPAUSE_MPID_SOCKET=" + sock, "MPIPAUSE_JOBID=" + job}, env...)
+	return start(ctx, t, "", env, filepath.Join(bin, "apps", "xchg.mpich"), "-n", "3", "-s", "1K", "-w", hold), hold
 }

@@ -1,12 +1,9 @@
 package kerneltests
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -54,15 +51,7 @@ func testJob(t *testing.T, lib mpiLib) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 
-	root, err := cgroupv2.Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cg := filepath.Join(root, "mpipause-kt-"+lib.name)
-	if err := cgroupv2.Create(cg); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { killCgroup(t, cg) })
+	cg := jobCgroup(t, lib.name)
 
 	// Observers first, so the BPF one sees every connection from its start.
 	bpfObs, err := loader.Open(ctx, loader.Config{Cgroup: cg, FollowJob: true, Require: loader.KindBPF})
@@ -79,29 +68,10 @@ func testJob(t *testing.T, lib mpiLib) {
 	hold := t.TempDir()
 	app := filepath.Join(bin, "apps", "xchg."+lib.name)
 	args := []string{"-m", "a2a", "-n", "30", "-s", "256K", "-w", hold}
-	cgfd, err := os.Open(cg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cgfd.Close()
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, "rig"), append([]string{"exec", "node0", "--"}, lib.launch(app, args...)...)...)
-	cmd.Env = append(os.Environ(), "MPIPAUSE_RIG="+jobRig)
 	// The launcher starts inside the job cgroup; its ranks on every node
 	// descend from it and inherit it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cgfd.Fd())}
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	var runErr error
-	go func() { runErr = cmd.Wait(); close(done) }()
-
-	waitFor(t, "all 6 ranks at the hold point", 2*time.Minute, done, func() bool {
-		m, _ := filepath.Glob(filepath.Join(hold, "ready.*"))
-		return len(m) == 6
-	})
+	job := start(ctx, t, cg, []string{"MPIPAUSE_RIG=" + jobRig}, append([]string{filepath.Join(bin, "rig"), "exec", "node0", "--"}, lib.launch(app, args...)...)...)
+	atHold(t, hold, 6, job)
 
 	truth := ssJob(t, cg)
 	for _, obs := range []loader.Observer{bpfObs, diagObs} {
@@ -112,24 +82,8 @@ func testJob(t *testing.T, lib mpiLib) {
 		checkSnapshot(t, obs.Kind(), truth, conns)
 	}
 
-	if err := os.WriteFile(filepath.Join(hold, "go"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-done:
-	case <-ctx.Done():
-		t.Fatalf("job did not finish: %v\n%s", ctx.Err(), out.String())
-	}
-	if runErr != nil {
-		t.Fatalf("job failed: %v\n%s", runErr, out.String())
-	}
-	want, err := exec.Command(app, append(args[:6:6], "-x", "6")...).Output()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got, w := checksum(out.String()), checksum(string(want)); got == "" || got != w {
-		t.Errorf("job checksum %q, serial computation %q; job output:\n%s", got, w, out.String())
-	}
+	release(t, hold)
+	job.finish(ctx, t, "the job", serial(t, app, 6, args[:6]...))
 
 	// Every process of the job is gone, so is every established connection.
 	for _, obs := range []loader.Observer{bpfObs, diagObs} {

@@ -15,28 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ranks"
 )
-
-// lockedBuffer is a bytes.Buffer safe for a process writing and a test
-// reading.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestMpidAdmitsJobRanks runs the real mpid and a real MPI program with the
 // shim: a rank in the job's cgroup registers (and is seen to go at
@@ -44,54 +24,34 @@ func (l *lockedBuffer) String() string {
 // runs to the end; without any mpid the program runs and says so once.
 func TestMpidAdmitsJobRanks(t *testing.T) {
 	bin := binDir(t)
-	root, err := cgroupv2.Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cg := filepath.Join(root, "mpipause-kt-mpid")
-	if err := cgroupv2.Create(cg); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { killCgroup(t, cg) })
+	cg := jobCgroup(t, "mpid")
 	sock := fmt.Sprintf("@mpipause-kt-mpid-%d", os.Getpid())
 	ready := filepath.Join(t.TempDir(), "ready")
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	var log lockedBuffer
-	mpid := exec.CommandContext(ctx, filepath.Join(bin, "mpid"), "--cgroup", cg, "--ready-file", ready, "--rank-socket", sock, "--unpin-on-exit")
-	mpid.Stdout, mpid.Stderr = &log, &log
-	mpid.Cancel = func() error { return mpid.Process.Signal(syscall.SIGTERM) }
-	if err := mpid.Start(); err != nil {
-		t.Fatal(err)
-	}
+	mpid := start(ctx, t, "", nil, filepath.Join(bin, "mpid"), "--cgroup", cg, "--ready-file", ready, "--rank-socket", sock, "--unpin-on-exit")
+	log := &mpid.out
 	defer func() {
-		mpid.Process.Signal(syscall.SIGTERM)
-		mpid.Wait()
+		mpid.cmd.Process.Signal(syscall.SIGTERM) // unpins
+		<-mpid.done
 	}()
-	waitFor(t, "mpid's ready file", time.Minute, nil, func() bool {
+	waitFor(t, "mpid's ready file", time.Minute, mpid.done, func() bool {
 		_, err := os.Stat(ready)
 		return err == nil
 	})
 
 	app := filepath.Join(bin, "apps", "xchg.mpich")
+	want := serial(t, app, 1, "-n", "3", "-s", "1K")
 	run := func(inJob bool, env ...string) string {
 		t.Helper()
-		cmd := exec.CommandContext(ctx, app, "-n", "3", "-s", "1K")
-		cmd.Env = append(os.Environ(), append([]string{"LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so")}, env...)...)
+		in := ""
 		if inJob {
-			fd, err := os.Open(cg)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer fd.Close()
-			cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(fd.Fd())}
+			in = cg
 		}
-		out, err := cmd.CombinedOutput()
-		if err != nil || !strings.Contains(string(out), "checksum=") {
-			t.Fatalf("the shimmed program failed: %v\n%s", err, out)
-		}
-		return string(out)
+		p := start(ctx, t, in, append([]string{"LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so")}, env...), app, "-n", "3", "-s", "1K")
+		p.finish(ctx, t, "the shimmed program", want)
+		return p.out.String()
 	}
 
 	out := run(true, "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=kt-job")
@@ -136,20 +96,7 @@ func TestShimSurvivesMpidLoss(t *testing.T) {
 	served := make(chan error, 1)
 	go func() { served <- srv.Serve(srvCtx) }()
 
-	hold := t.TempDir()
-	app := filepath.Join(bin, "apps", "xchg.mpich")
-	args := []string{"-n", "3", "-s", "1K", "-w", hold}
-	cmd := exec.CommandContext(ctx, app, args...)
-	cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(bin, "libmpipause.so"), "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=loss")
-	var out lockedBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	var runErr error
-	go func() { runErr = cmd.Wait(); close(done) }()
-
+	p, hold := shimmedRank(ctx, t, sock, "loss")
 	if err := srv.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
 		t.Fatal(err)
 	}
@@ -162,23 +109,14 @@ func TestShimSurvivesMpidLoss(t *testing.T) {
 	}
 	stopSrv() // mpid dies
 	<-served
-	waitFor(t, "the shim to notice and reopen", 30*time.Second, done, func() bool {
-		return strings.Contains(out.String(), "mpipause: lost mpid while paused; the send gate is open again")
+	waitFor(t, "the shim to notice and reopen", 30*time.Second, p.done, func() bool {
+		return strings.Contains(p.out.String(), "mpipause: lost mpid while paused; the send gate is open again")
 	})
-	waitFor(t, "the rank at its hold point", 30*time.Second, done, func() bool {
-		_, err := os.Stat(filepath.Join(hold, "ready.0"))
-		return err == nil
-	})
-	if err := os.WriteFile(filepath.Join(hold, "go"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	<-done
-	want, _ := exec.Command(app, "-n", "3", "-s", "1K", "-x", "1").Output()
-	if runErr != nil || checksum(out.String()) != checksum(string(want)) || checksum(string(want)) == "" {
-		t.Fatalf("after losing mpid: %v, output:\n%s\nwant %s", runErr, out.String(), want)
-	}
-	if n := strings.Count(out.String(), "mpipause:"); n != 1 {
-		t.Errorf("%d lines from the shim, want 1:\n%s", n, out.String())
+	atHold(t, hold, 1, p)
+	release(t, hold)
+	p.finish(ctx, t, "the rank after losing mpid", serial(t, filepath.Join(bin, "apps", "xchg.mpich"), 1, "-n", "3", "-s", "1K"))
+	if n := strings.Count(p.out.String(), "mpipause:"); n != 1 {
+		t.Errorf("%d lines from the shim, want 1:\n%s", n, p.out.String())
 	}
 }
 
@@ -197,28 +135,13 @@ func TestSignalsAskMpid(t *testing.T) {
 	defer cancel()
 	go srv.Serve(ctx)
 
-	hold := t.TempDir()
-	app := filepath.Join(bin, "apps", "xchg.mpich")
-	cmd := exec.CommandContext(ctx, app, "-n", "3", "-s", "1K", "-w", hold)
-	cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(bin, "libmpipause.so"), "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=sig")
-	var out lockedBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	var runErr error
-	go func() { runErr = cmd.Wait(); close(done) }()
-	defer cmd.Process.Kill()
-	waitFor(t, "the rank at its hold point", 30*time.Second, done, func() bool {
-		_, err := os.Stat(filepath.Join(hold, "ready.0"))
-		return err == nil
-	})
+	p, hold := shimmedRank(ctx, t, sock, "sig")
+	atHold(t, hold, 1, p)
 	for _, sig := range []struct {
 		s    syscall.Signal
 		want string
 	}{{syscall.SIGTSTP, "pause"}, {syscall.SIGCONT, "resume"}} {
-		if err := cmd.Process.Signal(sig.s); err != nil {
+		if err := p.cmd.Process.Signal(sig.s); err != nil {
 			t.Fatal(err)
 		}
 		select {
@@ -229,7 +152,7 @@ func TestSignalsAskMpid(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatalf("after %v mpid heard nothing", sig.s)
 		}
-		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", cmd.Process.Pid))
+		stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -237,13 +160,8 @@ func TestSignalsAskMpid(t *testing.T) {
 			t.Errorf("after %v the rank is stopped (%s): SIGTSTP must not stop a registered rank", sig.s, f[0])
 		}
 	}
-	if err := os.WriteFile(filepath.Join(hold, "go"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	<-done
-	if runErr != nil || checksum(out.String()) == "" {
-		t.Fatalf("the rank did not finish: %v\n%s", runErr, out.String())
-	}
+	release(t, hold)
+	p.finish(ctx, t, "the signalled rank", serial(t, filepath.Join(bin, "apps", "xchg.mpich"), 1, "-n", "3", "-s", "1K"))
 }
 
 // TestFortranRanksRegister: a Fortran MPI program's ranks register too,
@@ -288,7 +206,7 @@ func TestFortranRanksRegister(t *testing.T) {
 // TestCrashedRankIsNoticed: a rank killed outright is gone from mpid's
 // view as soon as the kernel closes its end of the channel.
 func TestCrashedRankIsNoticed(t *testing.T) {
-	bin := binDir(t)
+	binDir(t)
 	sock := fmt.Sprintf("@mpipause-kt-crash-%d", os.Getpid())
 	srv, err := ranks.Listen(sock)
 	if err != nil {
@@ -297,16 +215,11 @@ func TestCrashedRankIsNoticed(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	go srv.Serve(ctx)
-	cmd := exec.CommandContext(ctx, filepath.Join(bin, "apps", "xchg.mpich"), "-n", "3", "-s", "1K", "-w", t.TempDir())
-	cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(bin, "libmpipause.so"), "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=crash")
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer cmd.Wait()
+	p, _ := shimmedRank(ctx, t, sock, "crash")
 	if err := srv.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
 		t.Fatal(err)
 	}
-	cmd.Process.Kill()
+	p.cmd.Process.Kill()
 	if err := srv.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 0 }); err != nil {
 		t.Fatalf("the killed rank is still registered: %v", err)
 	}
@@ -323,20 +236,9 @@ func TestShimMalformedRequests(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer ln.Close()
-	hold := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	app := filepath.Join(bin, "apps", "xchg.mpich")
-	cmd := exec.CommandContext(ctx, app, "-n", "3", "-s", "1K", "-w", hold)
-	cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(bin, "libmpipause.so"), "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=bad")
-	var out lockedBuffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan struct{})
-	var runErr error
-	go func() { runErr = cmd.Wait(); close(done) }()
+	p, hold := shimmedRank(ctx, t, sock, "bad")
 	c, err := ln.Accept()
 	if err != nil {
 		t.Fatal(err)
@@ -363,13 +265,7 @@ func TestShimMalformedRequests(t *testing.T) {
 	if _, err := br.ReadString('\n'); err == nil {
 		t.Error("the shim answered a 4 KiB garbage line")
 	}
-	waitFor(t, "the rank at its hold point", 30*time.Second, done, func() bool {
-		_, err := os.Stat(filepath.Join(hold, "ready.0"))
-		return err == nil
-	})
-	os.WriteFile(filepath.Join(hold, "go"), nil, 0o644)
-	<-done
-	if runErr != nil || checksum(out.String()) == "" {
-		t.Fatalf("the rank did not finish: %v\n%s", runErr, out.String())
-	}
+	atHold(t, hold, 1, p)
+	release(t, hold)
+	p.finish(ctx, t, "the rank after a bad peer", serial(t, filepath.Join(bin, "apps", "xchg.mpich"), 1, "-n", "3", "-s", "1K"))
 }

@@ -15,6 +15,18 @@
 
 #include <mpi.h>
 
+// round_trip sends 8 bytes from rank 0 to rank 1 and back.
+static void round_trip(int rank, char *small)
+{
+	if (rank == 0) {
+		MPI_Send(small, 8, MPI_CHAR, 1, 0, MPI_COMM_WORLD);
+		MPI_Recv(small, 8, MPI_CHAR, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+	} else if (rank == 1) {
+		MPI_Recv(small, 8, MPI_CHAR, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+		MPI_Send(small, 8, MPI_CHAR, 0, 0, MPI_COMM_WORLD);
+	}
+}
+
 int main(int argc, char **argv)
 {
 	int iters = 20000, mib = 512, size = 1 << 20, rank, c;
@@ -42,29 +54,12 @@ int main(int argc, char **argv)
 		MPI_Abort(MPI_COMM_WORLD, 1);
 
 	// Warm up the connection, then time round trips.
-	for (int i = 0; i < 100 + iters; i++) {
-		if (i == 100) {
-			MPI_Barrier(MPI_COMM_WORLD);
-		}
-		if (rank == 0) {
-			MPI_Send(small, 8, MPI_CHAR, 1, 0, MPI_COMM_WORLD);
-			MPI_Recv(small, 8, MPI_CHAR, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-		} else if (rank == 1) {
-			MPI_Recv(small, 8, MPI_CHAR, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-			MPI_Send(small, 8, MPI_CHAR, 0, 0, MPI_COMM_WORLD);
-		}
-	}
+	for (int i = 0; i < 100; i++)
+		round_trip(rank, small);
 	MPI_Barrier(MPI_COMM_WORLD);
 	double t0 = MPI_Wtime();
-	for (int i = 0; i < iters; i++) {
-		if (rank == 0) {
-			MPI_Send(small, 8, MPI_CHAR, 1, 0, MPI_COMM_WORLD);
-			MPI_Recv(small, 8, MPI_CHAR, 1, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-		} else if (rank == 1) {
-			MPI_Recv(small, 8, MPI_CHAR, 0, 0, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
-			MPI_Send(small, 8, MPI_CHAR, 0, 0, MPI_COMM_WORLD);
-		}
-	}
+	for (int i = 0; i < iters; i++)
+		round_trip(rank, small);
 	double lat = (MPI_Wtime() - t0) / iters / 2 * 1e6;
 
 	long n = (long)mib * (1 << 20) / size;

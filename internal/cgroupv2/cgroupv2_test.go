@@ -1,13 +1,17 @@
 package cgroupv2
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/mpipause/mpipause/internal/testutil"
 )
@@ -133,5 +137,62 @@ func TestTreeIDsCgroup(t *testing.T) {
 	}
 	if want := []uint64{jobID, childID}; !slices.Equal(got, want) {
 		t.Fatalf("TreeIDs(%s) = %v, want %v", job, got, want)
+	}
+}
+
+func TestFreezeThaw(t *testing.T) {
+	testutil.RequirePrivileged(t)
+	root, err := Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, fmt.Sprintf("mpipause-test-freeze-%d", os.Getpid()))
+	if err := Create(dir); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fd.Close()
+	// A process that spins in user space and one asleep in a system call.
+	var procs []*exec.Cmd
+	for _, script := range []string{"while :; do :; done", "sleep 1000"} {
+		c := exec.Command("sh", "-c", script)
+		c.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(fd.Fd())}
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		procs = append(procs, c)
+	}
+	t.Cleanup(func() {
+		Thaw(context.Background(), dir)
+		for _, c := range procs {
+			c.Process.Kill()
+			c.Wait()
+		}
+		if err := Remove(dir); err != nil {
+			t.Error(err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := Freeze(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := Frozen(dir); err != nil || !f {
+		t.Fatalf("after Freeze: frozen %v, %v", f, err)
+	}
+	if err := Freeze(ctx, dir); err != nil { // idempotent
+		t.Fatal(err)
+	}
+	if err := Thaw(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := Frozen(dir); err != nil || f {
+		t.Fatalf("after Thaw: frozen %v, %v", f, err)
+	}
+	if err := Freeze(ctx, filepath.Join(dir, "nonexistent")); err == nil {
+		t.Error("Freeze of a missing cgroup succeeded")
 	}
 }

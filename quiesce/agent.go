@@ -1,0 +1,272 @@
+package quiesce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// NodeState is what a node last did for a job, for status reports (G3: say
+// exactly what state each node is in).
+type NodeState struct {
+	// Kind is the last step executed, successfully or not.
+	Kind  Kind   `json:"kind"`
+	Epoch uint64 `json:"epoch"`
+	Seq   uint64 `json:"seq"`
+	// Err is the error of that step, empty on success.
+	Err string `json:"err,omitempty"`
+}
+
+// DefaultRoundDeadline bounds a request that arrives without a deadline, so a
+// misbehaving peer cannot make a node wait on an unreachable child forever.
+const DefaultRoundDeadline = time.Minute
+
+// Agent is the node role of the protocol. One Agent serves every job of a
+// node daemon; register its Handle with the transport under the node's name.
+type Agent struct {
+	node  Node
+	tr    Transport
+	retry RetryPolicy
+
+	mu   sync.Mutex
+	jobs map[string]*jobState
+	work busy // flights still running
+}
+
+type jobState struct {
+	// step serializes local steps so that a check for supersession and the
+	// step it guards are atomic with respect to later steps.
+	step sync.Mutex
+	// Guarded by Agent.mu:
+	newest  key
+	flights map[key]*flight
+	state   NodeState
+}
+
+type flight struct {
+	done  chan struct{}
+	reply Message
+}
+
+// NewAgent returns an Agent that runs local steps on node and forwards
+// requests to its children over tr, retransmitting by retry.
+func NewAgent(node Node, tr Transport, retry RetryPolicy) *Agent {
+	return &Agent{node: node, tr: tr, retry: retry, jobs: make(map[string]*jobState)}
+}
+
+// State returns what the agent last did for job, and false if it never saw it.
+func (a *Agent) State(job string) (NodeState, bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	js, ok := a.jobs[job]
+	if !ok {
+		return NodeState{}, false
+	}
+	return js.state, true
+}
+
+// Forget drops what the agent remembers of job, once the job has ended. A
+// request for it after that starts from scratch, so call Forget only when
+// no coordinator will send for the job again.
+func (a *Agent) Forget(job string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	delete(a.jobs, job)
+}
+
+// Wait blocks until no request is being served. A request's work can outlive
+// its caller (it is bounded by the request's deadline), so this is how a
+// daemon shutting down, or a test, knows no local step is still to come.
+func (a *Agent) Wait() { a.work.wait() }
+
+// Handle serves one request: it forwards it down the recipient's subtree,
+// runs the local step, merges and replies. It is a Handler. A request it
+// refuses (bad version, malformed, stale) gets a reply with Err set and a nil
+// error, because that answer is final and must not be retransmitted.
+//
+// Duplicates of a request being served wait for the same result, and
+// retransmissions of a finished one get the cached reply: a round runs each
+// node's local step at most once.
+func (a *Agent) Handle(ctx context.Context, req Message) (Message, error) {
+	reply := Message{Version: ProtocolVersion, Job: req.Job, Epoch: req.Epoch, Seq: req.Seq, Kind: req.Kind, Reply: true}
+	if err := req.Validate(); err != nil {
+		reply.Err = err.Error()
+		return reply, nil
+	}
+	k := key{req.Epoch, req.Seq}
+
+	a.mu.Lock()
+	js := a.jobs[req.Job]
+	if js == nil {
+		js = &jobState{flights: make(map[key]*flight)}
+		a.jobs[req.Job] = js
+	}
+	f, dup := js.flights[k]
+	if !dup {
+		if newest := js.newest; k.less(newest) {
+			a.mu.Unlock()
+			reply.Err = fmt.Sprintf("%v: %s epoch %d seq %d, node is at epoch %d seq %d",
+				ErrStale, req.Kind, req.Epoch, req.Seq, newest.epoch, newest.seq)
+			return reply, nil
+		}
+		// Older flights can go: their senders have moved on, and a late
+		// copy of one is now refused as stale rather than served.
+		for old := range js.flights {
+			if old.less(k) {
+				delete(js.flights, old)
+			}
+		}
+		js.newest = k
+		f = &flight{done: make(chan struct{})}
+		js.flights[k] = f
+	}
+	a.mu.Unlock()
+
+	if !dup {
+		// The work is bounded by the request's deadline, not by the caller's
+		// patience: a retransmission may come on another attempt and must
+		// find the result, not a half-cancelled one.
+		dl, ok := ctx.Deadline()
+		if !ok {
+			dl = time.Now().Add(DefaultRoundDeadline)
+		}
+		fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), dl)
+		a.work.add()
+		go func() {
+			defer a.work.done()
+			defer cancel()
+			rep := a.serve(fctx, js, req)
+			f.reply = reply
+			f.reply.Report = &rep
+			close(f.done)
+		}()
+	}
+	select {
+	case <-f.done:
+		return f.reply, nil
+	case <-ctx.Done():
+		return Message{}, fmt.Errorf("%s %s of job %s: %w", req.Nodes[0], req.Kind, req.Job, ctx.Err())
+	}
+}
+
+// serve runs one round on this node's subtree and returns the reduction.
+func (a *Agent) serve(ctx context.Context, js *jobState, req Message) Report {
+	n := len(req.Nodes)
+	children := Children(0, n)
+	parts := make([]Report, len(children))
+	var wg sync.WaitGroup
+	if len(children) > 0 {
+		// Keep back a share of the time to reduce and reply, so that a dead
+		// child is reported by name instead of the whole subtree timing out
+		// at the parent. Deeper levels get less, in proportion to depth.
+		cctx := ctx
+		if dl, ok := ctx.Deadline(); ok {
+			reserve := time.Until(dl) / time.Duration(Depth(n)+2)
+			var cancel context.CancelFunc
+			cctx, cancel = context.WithDeadline(ctx, dl.Add(-reserve))
+			defer cancel()
+		}
+		for i, c := range children {
+			lo, hi := Subtree(c, n)
+			sub := req
+			sub.Nodes = req.Nodes[lo:hi]
+			wg.Go(func() { parts[i] = a.forward(cctx, sub) })
+		}
+	}
+	var rep Report
+	rep.Add(a.local(ctx, js, req))
+	wg.Wait()
+	for _, p := range parts {
+		rep.Merge(p)
+	}
+	return rep
+}
+
+// forward sends req to the first node of req.Nodes and returns its subtree's
+// report, or a report naming every node of the subtree as failed.
+func (a *Agent) forward(ctx context.Context, req Message) Report {
+	rep, err := call(ctx, a.tr, a.retry, req.Nodes[0], req)
+	if err == nil && rep.Report != nil && rep.Report.Complete(len(req.Nodes)) {
+		return *rep.Report
+	}
+	if err == nil {
+		err = fmt.Errorf("%w: reply accounts for %d of %d nodes", ErrIncomplete, reportNodes(rep.Report), len(req.Nodes))
+	}
+	var out Report
+	out.Add(NodeReport{Node: req.Nodes[0], Unreached: true, Err: fmt.Sprintf("%s: %v", req.Kind, err)})
+	for _, name := range req.Nodes[1:] {
+		out.Add(NodeReport{Node: name, Unreached: true, Err: fmt.Sprintf("%s: not reached: %s did not answer", req.Kind, req.Nodes[0])})
+	}
+	return out
+}
+
+func reportNodes(r *Report) int {
+	if r == nil {
+		return 0
+	}
+	return r.Nodes
+}
+
+// local runs this node's step of req.
+func (a *Agent) local(ctx context.Context, js *jobState, req Message) NodeReport {
+	self := req.Nodes[0]
+	k := key{req.Epoch, req.Seq}
+	js.step.Lock()
+	defer js.step.Unlock()
+	a.mu.Lock()
+	superseded := k.less(js.newest)
+	a.mu.Unlock()
+	if superseded {
+		// A newer step (an ABORT, typically) is on its way; running this one
+		// now could undo it, e.g. freeze a node the ABORT has just thawed.
+		return NodeReport{Node: self, Err: fmt.Sprintf("%s: %v: superseded", req.Kind, ErrStale)}
+	}
+	rep, err := a.run(ctx, req)
+	rep.Node = self
+	for i := range rep.Conns {
+		if rep.Conns[i].Node == "" {
+			rep.Conns[i].Node = self
+		}
+	}
+	st := NodeState{Kind: req.Kind, Epoch: req.Epoch, Seq: req.Seq}
+	if err != nil {
+		rep.Err = fmt.Sprintf("%s: %v", req.Kind, err)
+		st.Err = rep.Err
+	}
+	a.mu.Lock()
+	js.state = st
+	a.mu.Unlock()
+	return rep
+}
+
+func (a *Agent) run(ctx context.Context, req Message) (NodeReport, error) {
+	ack := NodeReport{Empty: true}
+	job := req.Job
+	switch req.Kind {
+	case KindPrepare:
+		return ack, a.node.Prepare(ctx, job)
+	case KindDrain:
+		return a.node.Drain(ctx, job)
+	case KindFreeze:
+		return ack, a.node.Freeze(ctx, job)
+	case KindVerify:
+		return a.node.Verify(ctx, job)
+	case KindCommit:
+		return ack, nil
+	case KindAbort, KindResume:
+		// Both are attempted even if the thaw fails: open gates on a frozen
+		// rank do no harm, and the user is told about the thaw either way.
+		errT := a.node.Thaw(ctx, job)
+		if errT != nil {
+			errT = fmt.Errorf("thaw: %w", errT)
+		}
+		errO := a.node.Open(ctx, job)
+		if errO != nil {
+			errO = fmt.Errorf("open gates: %w", errO)
+		}
+		return ack, errors.Join(errT, errO)
+	}
+	return NodeReport{}, fmt.Errorf("quiesce: no local step for %q", req.Kind)
+}

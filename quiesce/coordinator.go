@@ -1,0 +1,381 @@
+package quiesce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Options are the coordinator's per-phase deadlines and pacing. A zero field
+// takes its value from DefaultOptions.
+type Options struct {
+	Prepare time.Duration `json:"prepare_ns"`
+	// Drain bounds all DRAIN rounds together: it is the user's --timeout.
+	Drain time.Duration `json:"drain_ns"`
+	// DrainInterval is the pause between DRAIN rounds that found bytes.
+	DrainInterval time.Duration `json:"drain_interval_ns"`
+	Freeze        time.Duration `json:"freeze_ns"`
+	Verify        time.Duration `json:"verify_ns"`
+	Commit        time.Duration `json:"commit_ns"`
+	// Abort bounds the rollback. It runs even when the caller's context is
+	// cancelled, because leaving ranks frozen is the worse outcome (G3).
+	Abort  time.Duration `json:"abort_ns"`
+	Resume time.Duration `json:"resume_ns"`
+	Retry  RetryPolicy   `json:"retry"`
+}
+
+// DefaultOptions are sized for a LAN cluster and an MPI job that drains in
+// well under a second.
+var DefaultOptions = Options{
+	Prepare:       5 * time.Second,
+	Drain:         10 * time.Second,
+	DrainInterval: 5 * time.Millisecond,
+	Freeze:        10 * time.Second,
+	Verify:        5 * time.Second,
+	Commit:        5 * time.Second,
+	Abort:         30 * time.Second,
+	Resume:        30 * time.Second,
+	Retry:         DefaultRetry,
+}
+
+func (o Options) withDefaults() Options {
+	d := DefaultOptions
+	set := func(v *time.Duration, def time.Duration) {
+		if *v <= 0 {
+			*v = def
+		}
+	}
+	set(&o.Prepare, d.Prepare)
+	set(&o.Drain, d.Drain)
+	set(&o.DrainInterval, d.DrainInterval)
+	set(&o.Freeze, d.Freeze)
+	set(&o.Verify, d.Verify)
+	set(&o.Commit, d.Commit)
+	set(&o.Abort, d.Abort)
+	set(&o.Resume, d.Resume)
+	o.Retry = o.Retry.normalized()
+	return o
+}
+
+// States of a Result.
+const (
+	StatePaused  = "paused"  // committed: every node frozen and verified empty
+	StateRunning = "running" // resumed, or a failed pause rolled back everywhere
+	StateFailed  = "failed"  // the rollback or resume could not be confirmed on some node
+)
+
+// PhaseStat is the cost of one phase.
+type PhaseStat struct {
+	Phase   Kind          `json:"phase"`
+	Rounds  int           `json:"rounds"`
+	Elapsed time.Duration `json:"elapsed_ns"`
+	Err     string        `json:"err,omitempty"`
+}
+
+// Result describes one Pause or Resume, for the CLI's --json and status.
+type Result struct {
+	Job   string `json:"job"`
+	Epoch uint64 `json:"epoch"`
+	State string `json:"state"`
+	Nodes int    `json:"nodes"`
+	// Phases in the order they ran, including ABORT if it ran.
+	Phases []PhaseStat   `json:"phases"`
+	Total  time.Duration `json:"total_ns"`
+	// Report is the last complete report: on commit, the kernel check after
+	// the freeze (empty); on abort, what made the pause fail.
+	Report Report `json:"report"`
+	// Unconfirmed lists nodes whose rollback or resume was not acknowledged.
+	Unconfirmed []NodeReport `json:"unconfirmed,omitempty"`
+	Error       string       `json:"error,omitempty"`
+}
+
+// AbortError is returned by Pause when the pause was rolled back.
+type AbortError struct {
+	Job   string
+	Phase Kind
+	// Cause is why; errors.Is(err, ErrNotEmpty) etc. see through it.
+	Cause error
+	// Report is the last complete report of the failed phase, naming the
+	// nodes and connections that held bytes or failed.
+	Report Report
+	// Unconfirmed lists nodes the rollback could not confirm; empty means
+	// every node acknowledged thaw and open.
+	Unconfirmed []NodeReport
+}
+
+func (e *AbortError) Error() string {
+	s := fmt.Sprintf("pause of job %s aborted in %s: %v", e.Job, e.Phase, e.Cause)
+	if e.Report.Nodes > 0 && !e.Report.Empty() {
+		s += " (" + e.Report.String() + ")"
+	}
+	if len(e.Unconfirmed) > 0 {
+		s += fmt.Sprintf("; rollback not confirmed on %d nodes, first %s: %s",
+			len(e.Unconfirmed), e.Unconfirmed[0].Node, e.Unconfirmed[0].Err)
+	}
+	return s
+}
+
+func (e *AbortError) Unwrap() error { return e.Cause }
+
+// Coordinator is the coordinator role: it drives Pause and Resume of a job
+// over the binomial tree of the job's nodes. Its own node must be nodes[0]
+// and reachable through the transport like any other.
+type Coordinator struct {
+	tr  Transport
+	opt Options
+
+	mu    sync.Mutex
+	epoch uint64
+}
+
+// NewCoordinator returns a Coordinator that sends over tr.
+func NewCoordinator(tr Transport, opt Options) *Coordinator {
+	return &Coordinator{tr: tr, opt: opt.withDefaults()}
+}
+
+// nextEpoch is time-based so that a restarted coordinator still outranks the
+// epochs its predecessor used (nodes refuse older epochs), and monotonic so
+// that two calls in the same nanosecond, or a clock step back, do not collide.
+func (c *Coordinator) nextEpoch() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := uint64(time.Now().UnixNano())
+	if e <= c.epoch {
+		e = c.epoch + 1
+	}
+	c.epoch = e
+	return e
+}
+
+type run struct {
+	c     *Coordinator
+	job   string
+	nodes []string
+	epoch uint64
+	seq   uint64
+	res   Result
+	start time.Time
+}
+
+func (c *Coordinator) newRun(job string, nodes []string) (*run, error) {
+	if job == "" {
+		return nil, errors.New("quiesce: empty job id")
+	}
+	if len(nodes) == 0 {
+		return nil, fmt.Errorf("quiesce: job %s has no nodes", job)
+	}
+	// A name twice would make a node serve its own subtree twice and
+	// coalesce the two requests into one reply.
+	seen := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
+		if n == "" || seen[n] {
+			return nil, fmt.Errorf("quiesce: job %s: node list has an empty or repeated name %q", job, n)
+		}
+		seen[n] = true
+	}
+	r := &run{c: c, job: job, nodes: nodes, epoch: c.nextEpoch(), start: time.Now()}
+	r.res = Result{Job: job, Epoch: r.epoch, Nodes: len(nodes)}
+	return r, nil
+}
+
+// round runs one request over the whole tree. It returns an error only when
+// the reply is missing or does not account for every node; failures of
+// individual nodes are in the report.
+func (r *run) round(ctx context.Context, kind Kind) (Report, error) {
+	r.seq++
+	req := Message{Version: ProtocolVersion, Job: r.job, Epoch: r.epoch, Seq: r.seq, Kind: kind, Nodes: r.nodes}
+	rep, err := call(ctx, r.c.tr, r.c.opt.Retry, r.nodes[0], req)
+	if err != nil {
+		return Report{}, fmt.Errorf("%s round: %w", kind, err)
+	}
+	if rep.Report == nil || !rep.Report.Complete(len(r.nodes)) {
+		return Report{}, fmt.Errorf("%s round: %w: reply accounts for %d of %d nodes",
+			kind, ErrIncomplete, reportNodes(rep.Report), len(r.nodes))
+	}
+	return *rep.Report, nil
+}
+
+// phase runs f under the phase's deadline and records its cost.
+func (r *run) phase(ctx context.Context, kind Kind, d time.Duration, f func(ctx context.Context, st *PhaseStat) error) error {
+	ctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	st := PhaseStat{Phase: kind}
+	t := time.Now()
+	err := f(ctx, &st)
+	st.Elapsed = time.Since(t)
+	if err != nil {
+		st.Err = err.Error()
+	}
+	r.res.Phases = append(r.res.Phases, st)
+	return err
+}
+
+// once is the body of a phase that is a single round whose nodes must all
+// succeed with a clean report.
+func (r *run) once(kind Kind, last *Report) func(ctx context.Context, st *PhaseStat) error {
+	return func(ctx context.Context, st *PhaseStat) error {
+		st.Rounds++
+		rep, err := r.round(ctx, kind)
+		if err != nil {
+			return err
+		}
+		*last = rep
+		if f := rep.Failed(); len(f) > 0 {
+			return fmt.Errorf("%w: %d nodes, first %s: %s", ErrNodeFailed, len(f), f[0].Node, f[0].Err)
+		}
+		if !rep.Empty() {
+			return fmt.Errorf("%w: %s", ErrNotEmpty, rep.String())
+		}
+		return nil
+	}
+}
+
+// Pause pauses job on nodes (nodes[0] is the coordinator's own node):
+// PREPARE; DRAIN until every node is empty or the drain deadline passes;
+// FREEZE; VERIFY; COMMIT when the kernel check after the freeze is empty on
+// every node. Any failure, timeout, or a non-empty report after the freeze
+// rolls the job back on every node (ABORT: thaw, then reopen gates) and
+// returns an *AbortError carrying the report. The Result is filled in
+// either way.
+func (c *Coordinator) Pause(ctx context.Context, job string, nodes []string) (Result, error) {
+	r, err := c.newRun(job, nodes)
+	if err != nil {
+		return Result{}, err
+	}
+	var last Report
+	fail := func(kind Kind, err error) (Result, error) {
+		return r.abort(ctx, kind, err, last)
+	}
+	if err := r.phase(ctx, KindPrepare, c.opt.Prepare, r.once(KindPrepare, &last)); err != nil {
+		return fail(KindPrepare, err)
+	}
+	last = Report{}
+	if err := r.phase(ctx, KindDrain, c.opt.Drain, func(ctx context.Context, st *PhaseStat) error {
+		// A node that failed to read its queues fails the pause at once; a
+		// node that did not answer is asked again next round, since a lost
+		// message is not a reason to give up before the drain deadline.
+		for {
+			st.Rounds++
+			rep, err := r.round(ctx, KindDrain)
+			if err != nil {
+				if ctx.Err() != nil && last.Nodes > 0 {
+					return drainTimeout(st.Rounds-1, last)
+				}
+				return err
+			}
+			last = carryOver(last, rep)
+			if failed, _, _ := rep.split(); failed > 0 {
+				f := rep.Failed()[0]
+				return fmt.Errorf("%w: %d nodes, first %s: %s", ErrNodeFailed, failed, f.Node, f.Err)
+			}
+			if rep.Empty() {
+				return nil
+			}
+			if sleep(ctx, c.opt.DrainInterval) != nil {
+				return drainTimeout(st.Rounds, last)
+			}
+		}
+	}); err != nil {
+		return fail(KindDrain, err)
+	}
+	if err := r.phase(ctx, KindFreeze, c.opt.Freeze, r.once(KindFreeze, &last)); err != nil {
+		return fail(KindFreeze, err)
+	}
+	if err := r.phase(ctx, KindVerify, c.opt.Verify, r.once(KindVerify, &last)); err != nil {
+		return fail(KindVerify, err)
+	}
+	verified := last
+	// A node that never hears COMMIT would not know the pause holds, so a
+	// COMMIT that does not reach everyone is rolled back like any failure.
+	if err := r.phase(ctx, KindCommit, c.opt.Commit, r.once(KindCommit, &last)); err != nil {
+		return fail(KindCommit, err)
+	}
+	r.res.State = StatePaused
+	r.res.Report = verified
+	r.res.Total = time.Since(r.start)
+	return r.res, nil
+}
+
+// drainTimeout says why the drain deadline passed: bytes still held
+// (ErrNotEmpty, the case G2 asks to report), or only unreachable nodes.
+func drainTimeout(rounds int, last Report) error {
+	if _, unreached, holding := last.split(); holding == 0 && unreached > 0 {
+		// Nobody is known to hold bytes: the network, not the job, failed.
+		return fmt.Errorf("%w: %d nodes unreachable after %d drain rounds: %s", ErrNodeFailed, unreached, rounds, last.String())
+	}
+	return fmt.Errorf("%w after %d drain rounds: %s", ErrNotEmpty, rounds, last.String())
+}
+
+// abort rolls the job back and builds the AbortError.
+func (r *run) abort(ctx context.Context, phase Kind, cause error, last Report) (Result, error) {
+	if ctx.Err() != nil && !errors.Is(cause, ctx.Err()) {
+		cause = fmt.Errorf("%w (caller: %v)", cause, ctx.Err())
+	}
+	// The rollback must run even if the caller gave up.
+	unconfirmed := r.thawOpen(context.WithoutCancel(ctx), KindAbort, r.c.opt.Abort)
+	e := &AbortError{Job: r.job, Phase: phase, Cause: cause, Report: last, Unconfirmed: unconfirmed}
+	r.res.State = StateRunning
+	if len(unconfirmed) > 0 {
+		r.res.State = StateFailed
+	}
+	r.res.Report = last
+	r.res.Unconfirmed = unconfirmed
+	r.res.Error = e.Error()
+	r.res.Total = time.Since(r.start)
+	return r.res, e
+}
+
+// thawOpen repeats a thaw-and-open round until every node acknowledges or the
+// deadline passes, and returns the nodes that never did. Every repetition is a
+// new round: a node that failed is asked again, one that succeeded does a
+// harmless no-op.
+func (r *run) thawOpen(ctx context.Context, kind Kind, d time.Duration) []NodeReport {
+	var pending []NodeReport
+	_ = r.phase(ctx, kind, d, func(ctx context.Context, st *PhaseStat) error {
+		for {
+			st.Rounds++
+			rep, err := r.round(ctx, kind)
+			switch {
+			case err == nil && rep.Empty():
+				pending = nil
+				return nil
+			case err == nil:
+				pending = rep.Pending
+			case pending == nil:
+				// No reply at all yet: nobody is confirmed.
+				pending = make([]NodeReport, len(r.nodes))
+				for i, n := range r.nodes {
+					pending[i] = NodeReport{Node: n, Err: err.Error()}
+				}
+			}
+			if sleep(ctx, r.c.opt.Retry.Initial) != nil {
+				return fmt.Errorf("%s not confirmed on %d nodes: %w", kind, len(pending), ctx.Err())
+			}
+		}
+	})
+	return pending
+}
+
+// Resume thaws the job on every node and then reopens its gates. It is
+// idempotent: resuming a running job changes nothing. It returns an error
+// naming the nodes that did not acknowledge before the resume deadline.
+func (c *Coordinator) Resume(ctx context.Context, job string, nodes []string) (Result, error) {
+	r, err := c.newRun(job, nodes)
+	if err != nil {
+		return Result{}, err
+	}
+	unconfirmed := r.thawOpen(ctx, KindResume, c.opt.Resume)
+	r.res.Total = time.Since(r.start)
+	r.res.Unconfirmed = unconfirmed
+	if len(unconfirmed) > 0 {
+		r.res.State = StateFailed
+		err := fmt.Errorf("resume of job %s: %w: not confirmed on %d nodes, first %s: %s",
+			job, ErrNodeFailed, len(unconfirmed), unconfirmed[0].Node, unconfirmed[0].Err)
+		r.res.Error = err.Error()
+		return r.res, err
+	}
+	r.res.State = StateRunning
+	return r.res, nil
+}

@@ -1,0 +1,200 @@
+package quiesce
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+)
+
+// fakeNode is an in-memory Node. Its bytes drain only while its gates are
+// closed, and it records every breach of the order the protocol promises
+// (freeze with open gates, verify while running, ...), so tests can assert
+// there were none.
+type fakeNode struct {
+	name string
+
+	mu         sync.Mutex
+	gatesOpen  bool
+	frozen     bool
+	left       int  // drain rounds with closed gates until empty
+	stuck      bool // never drains (a rank computing, not reading)
+	dirty      bool // drains, but the kernel check after freeze finds bytes
+	fail       Kind // this step always fails
+	thawFails  int  // the first thawFails Thaws fail
+	calls      map[string]int
+	lastVerify *NodeReport
+	breaches   []string
+}
+
+func newFake(name string) *fakeNode {
+	return &fakeNode{name: name, gatesOpen: true, calls: map[string]int{}}
+}
+
+var errInjected = errors.New("injected failure")
+
+func (f *fakeNode) enter(step string, kind Kind) error {
+	f.calls[step]++
+	if f.fail == kind {
+		return fmt.Errorf("%s on %s: %w", step, f.name, errInjected)
+	}
+	return nil
+}
+
+func (f *fakeNode) breach(s string) { f.breaches = append(f.breaches, s) }
+
+func (f *fakeNode) report() NodeReport {
+	if f.stuck || f.left > 0 {
+		return NodeReport{Conns: []Conn{{Local: f.name + ":1000", Remote: "peer:2000", SendQueue: 100, Unread: 7, Rank: 3}}}
+	}
+	return NodeReport{Empty: true}
+}
+
+func (f *fakeNode) Prepare(ctx context.Context, job string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("prepare", KindPrepare); err != nil {
+		return err
+	}
+	if f.frozen {
+		f.breach("prepare while frozen")
+	}
+	f.gatesOpen = false
+	return nil
+}
+
+func (f *fakeNode) Drain(ctx context.Context, job string) (NodeReport, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("drain", KindDrain); err != nil {
+		return NodeReport{}, err
+	}
+	if f.gatesOpen {
+		f.breach("drain with open gates")
+	}
+	r := f.report()
+	if f.left > 0 {
+		f.left--
+	}
+	return r, nil
+}
+
+func (f *fakeNode) Freeze(ctx context.Context, job string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("freeze", KindFreeze); err != nil {
+		return err
+	}
+	if f.gatesOpen {
+		f.breach("freeze with open gates")
+	}
+	f.frozen = true
+	return nil
+}
+
+func (f *fakeNode) Verify(ctx context.Context, job string) (NodeReport, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.enter("verify", KindVerify); err != nil {
+		f.lastVerify = &NodeReport{Err: err.Error()}
+		return NodeReport{}, err
+	}
+	if !f.frozen {
+		f.breach("verify while running")
+	}
+	r := f.report()
+	if f.dirty {
+		r = NodeReport{Conns: []Conn{{Local: f.name + ":1001", Remote: "peer:2001", Unread: 1, Rank: -1}}}
+	}
+	f.lastVerify = &r
+	return r, nil
+}
+
+func (f *fakeNode) Thaw(ctx context.Context, job string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls["thaw"]++
+	if f.thawFails > 0 {
+		f.thawFails--
+		return fmt.Errorf("thaw on %s: %w", f.name, errInjected)
+	}
+	f.frozen = false
+	return nil
+}
+
+func (f *fakeNode) Open(ctx context.Context, job string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls["open"]++
+	f.gatesOpen = true
+	return nil
+}
+
+type fakeState struct {
+	gatesOpen, frozen bool
+	lastVerify        *NodeReport
+	breaches          []string
+	calls             map[string]int
+}
+
+func (f *fakeNode) state() fakeState {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c := make(map[string]int, len(f.calls))
+	for k, v := range f.calls {
+		c[k] = v
+	}
+	return fakeState{f.gatesOpen, f.frozen, f.lastVerify, append([]string(nil), f.breaches...), c}
+}
+
+// faulty reports whether the fake is configured so that no pause may commit.
+func (f *fakeNode) faulty() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.stuck || f.dirty || (f.fail != "" && f.fail != KindCommit)
+}
+
+// cluster is a job of fake nodes on a MemNetwork, each with its Agent.
+type cluster struct {
+	net    *MemNetwork
+	names  []string
+	fakes  []*fakeNode
+	byName map[string]*fakeNode
+	agents []*Agent
+}
+
+// settle waits until no message, duplicate or local step is in progress
+// anywhere, so the nodes' state is final and can be checked.
+func (c *cluster) settle() {
+	for {
+		c.net.Drain()
+		for _, a := range c.agents {
+			a.Wait()
+		}
+		if !c.net.Idle() {
+			continue
+		}
+		quiet := true
+		for _, a := range c.agents {
+			quiet = quiet && a.work.idle()
+		}
+		if quiet && c.net.Idle() {
+			return
+		}
+	}
+}
+
+func newCluster(n int, seed uint64, faults Faults, retry RetryPolicy) *cluster {
+	c := &cluster{net: NewMemNetwork(seed, faults), byName: map[string]*fakeNode{}}
+	for i := range n {
+		name := fmt.Sprintf("node%d", i)
+		f := newFake(name)
+		c.names = append(c.names, name)
+		c.fakes = append(c.fakes, f)
+		c.byName[name] = f
+		a := NewAgent(f, c.net, retry)
+		c.agents = append(c.agents, a)
+		c.net.Register(name, a.Handle)
+	}
+	return c
+}

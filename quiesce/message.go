@@ -1,0 +1,278 @@
+package quiesce
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// ProtocolVersion is the version of the message envelope. A receiver refuses
+// other versions rather than guessing, because a misread FREEZE or COMMIT
+// breaks the consistency guarantee silently.
+const ProtocolVersion = 1
+
+// Kind names the step a message asks for.
+type Kind string
+
+// The kinds of request. Replies carry the kind of the request they answer.
+const (
+	KindPrepare Kind = "PREPARE" // close the ranks' send gates
+	KindDrain   Kind = "DRAIN"   // report what still holds bytes
+	KindFreeze  Kind = "FREEZE"  // freeze the job's ranks
+	KindVerify  Kind = "VERIFY"  // kernel check after the freeze
+	KindCommit  Kind = "COMMIT"  // the pause holds; nodes record it
+	KindAbort   Kind = "ABORT"   // roll back: thaw, then reopen gates
+	KindResume  Kind = "RESUME"  // thaw, then reopen gates
+)
+
+// Valid reports whether k is one of the protocol's kinds.
+func (k Kind) Valid() bool {
+	switch k {
+	case KindPrepare, KindDrain, KindFreeze, KindVerify, KindCommit, KindAbort, KindResume:
+		return true
+	}
+	return false
+}
+
+// Message is the envelope of every request and reply. Nodes is the subtree the
+// recipient is responsible for, with the recipient itself at index 0: a node
+// needs no global view of the job, and a round moves O(N log N) names in total
+// instead of N copies of the whole list.
+type Message struct {
+	Version int      `json:"version"`
+	Job     string   `json:"job"`
+	Epoch   uint64   `json:"epoch"`
+	Seq     uint64   `json:"seq"`
+	Kind    Kind     `json:"kind"`
+	Reply   bool     `json:"reply,omitempty"`
+	Nodes   []string `json:"nodes,omitempty"`
+	// Report is the reduction of the subtree, set on replies.
+	Report *Report `json:"report,omitempty"`
+	// Err is set on a reply when the request itself was refused (bad version,
+	// stale, malformed); per-node failures travel in Report instead.
+	Err string `json:"err,omitempty"`
+}
+
+// Validate checks what a receiver needs before it acts on a request.
+func (m *Message) Validate() error {
+	switch {
+	case m.Version != ProtocolVersion:
+		return fmt.Errorf("%w: got %d, speak %d", ErrVersion, m.Version, ProtocolVersion)
+	case !m.Kind.Valid():
+		return fmt.Errorf("quiesce: unknown message kind %q", m.Kind)
+	case m.Job == "":
+		return errors.New("quiesce: message without job id")
+	case len(m.Nodes) == 0:
+		return errors.New("quiesce: message without node list")
+	}
+	return nil
+}
+
+// key orders requests: a node refuses anything older than what it executed.
+type key struct{ epoch, seq uint64 }
+
+func (a key) less(b key) bool {
+	return a.epoch < b.epoch || (a.epoch == b.epoch && a.seq < b.seq)
+}
+
+// Conn is one connection that still holds bytes.
+type Conn struct {
+	Node   string `json:"node"`
+	Local  string `json:"local"`
+	Remote string `json:"remote"`
+	// SendQueue is bytes written but not yet acknowledged by the peer.
+	SendQueue uint64 `json:"send_queue"`
+	// Unread is bytes received but not yet read by the rank.
+	Unread uint64 `json:"unread"`
+	// Rank owning the local end, -1 when not known.
+	Rank int `json:"rank"`
+}
+
+// NodeReport is one node's answer to a step.
+type NodeReport struct {
+	Node string `json:"node"`
+	// Empty is the node's claim that nothing of the job holds bytes. It is
+	// only believed together with an empty Conns, zero Ungated and zero
+	// Violations (see Clean).
+	Empty bool   `json:"empty"`
+	Conns []Conn `json:"conns,omitempty"`
+	// Ungated counts sockets whose gate has not closed yet (a short send
+	// still owes the rest of its frame).
+	Ungated int `json:"ungated,omitempty"`
+	// Violations counts bytes the kernel saw sent through a closed gate.
+	Violations uint64 `json:"violations,omitempty"`
+	// Err is set when the node failed the step or could not be reached.
+	Err string `json:"err,omitempty"`
+	// Unreached is set, with Err, when the node's reply never arrived: the
+	// node may be fine and the network not, which matters for retrying.
+	Unreached bool `json:"unreached,omitempty"`
+}
+
+// Clean reports whether the node has nothing pending and no error. A node
+// that says Empty but lists a connection is not clean: the protocol trusts
+// the evidence over the flag.
+func (r NodeReport) Clean() bool {
+	return r.Err == "" && r.Empty && len(r.Conns) == 0 && r.Ungated == 0 && r.Violations == 0
+}
+
+// Report is the reduction of node reports over a subtree. Clean nodes are only
+// counted, so a reply from 5000 idle nodes stays small; the rest are listed.
+type Report struct {
+	// Nodes counts the nodes the report accounts for, clean or not.
+	Nodes int `json:"nodes"`
+	// Pending lists the nodes that are not clean, sorted by node name.
+	Pending []NodeReport `json:"pending,omitempty"`
+}
+
+// Add accounts for one node's report.
+func (r *Report) Add(n NodeReport) {
+	r.Nodes++
+	if !n.Clean() {
+		r.Pending = append(r.Pending, n)
+	}
+}
+
+// Merge folds another subtree's report into r. Merging is associative and
+// commutative (Pending is kept sorted), so the order in which children answer
+// does not change the result.
+func (r *Report) Merge(o Report) {
+	r.Nodes += o.Nodes
+	r.Pending = append(r.Pending, o.Pending...)
+	slices.SortStableFunc(r.Pending, func(a, b NodeReport) int { return strings.Compare(a.Node, b.Node) })
+}
+
+// Empty reports whether no accounted node holds bytes or failed. It says
+// nothing about nodes the report does not account for; see Complete.
+func (r Report) Empty() bool { return len(r.Pending) == 0 }
+
+// Complete reports whether the report accounts for all n nodes of the job: a
+// node that did not answer must never count as empty.
+func (r Report) Complete(n int) bool { return r.Nodes == n }
+
+// InflightBytes sums the bytes the pending connections hold.
+func (r Report) InflightBytes() uint64 {
+	var s uint64
+	for _, n := range r.Pending {
+		for _, c := range n.Conns {
+			s += c.SendQueue + c.Unread
+		}
+	}
+	return s
+}
+
+// Failed returns the nodes that failed the step or were not reached.
+func (r Report) Failed() []NodeReport {
+	var out []NodeReport
+	for _, n := range r.Pending {
+		if n.Err != "" {
+			out = append(out, n)
+		}
+	}
+	return out
+}
+
+// split counts the nodes that failed their step, that were not reached, and
+// that hold bytes (whose last answer listed bytes, even if not reached since).
+func (r Report) split() (failed, unreached, holding int) {
+	for _, n := range r.Pending {
+		switch {
+		case n.Unreached:
+			unreached++
+		case n.Err != "":
+			failed++
+		}
+		if len(n.Conns) > 0 || n.Ungated > 0 || n.Violations > 0 {
+			holding++
+		}
+	}
+	return
+}
+
+// carryOver returns cur, except that a node not reached this time keeps the
+// connections it listed in prev. A round that loses messages near the drain
+// deadline must not erase what the report is for: which connection still
+// held bytes, and whose.
+func carryOver(prev, cur Report) Report {
+	held := make(map[string]NodeReport)
+	for _, n := range prev.Pending {
+		if n.Err == "" {
+			held[n.Node] = n
+		}
+	}
+	if len(held) == 0 {
+		return cur
+	}
+	out := Report{Nodes: cur.Nodes, Pending: make([]NodeReport, len(cur.Pending))}
+	for i, n := range cur.Pending {
+		if p, ok := held[n.Node]; ok && n.Unreached {
+			p.Unreached, p.Err = true, n.Err+" (connections as last reported)"
+			n = p
+		}
+		out.Pending[i] = n
+	}
+	return out
+}
+
+// String is a one-line summary for error messages.
+func (r Report) String() string {
+	if r.Empty() {
+		return fmt.Sprintf("%d nodes, all empty", r.Nodes)
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d nodes, %d pending", r.Nodes, len(r.Pending))
+	// Nodes holding bytes first: they are what the user has to act on, and
+	// a long list of unreachable nodes must not push them out of the line.
+	list := slices.Clone(r.Pending)
+	holds := func(n NodeReport) bool { return len(n.Conns) > 0 || n.Ungated > 0 || n.Violations > 0 }
+	slices.SortStableFunc(list, func(a, b NodeReport) int {
+		switch {
+		case holds(a) && !holds(b):
+			return -1
+		case holds(b) && !holds(a):
+			return 1
+		}
+		return 0
+	})
+	const max = 5
+	for i, n := range list {
+		if i == max {
+			fmt.Fprintf(&b, "; …%d more", len(list)-max)
+			break
+		}
+		b.WriteString("; ")
+		b.WriteString(n.Node)
+		if n.Err != "" {
+			b.WriteString(": " + n.Err)
+		}
+		for j, c := range n.Conns {
+			if j == 2 {
+				fmt.Fprintf(&b, " …%d more conns", len(n.Conns)-2)
+				break
+			}
+			fmt.Fprintf(&b, " %s->%s rank %d sendq %d unread %d", c.Local, c.Remote, c.Rank, c.SendQueue, c.Unread)
+		}
+		if n.Ungated > 0 {
+			fmt.Fprintf(&b, " ungated %d", n.Ungated)
+		}
+		if n.Violations > 0 {
+			fmt.Fprintf(&b, " violations %d", n.Violations)
+		}
+	}
+	return b.String()
+}
+
+// Errors a caller can test for with errors.Is.
+var (
+	// ErrVersion: the peer speaks another protocol version.
+	ErrVersion = errors.New("quiesce: protocol version mismatch")
+	// ErrStale: the request is older than one the node already executed.
+	ErrStale = errors.New("quiesce: stale request")
+	// ErrNotEmpty: a node still holds bytes (after the drain deadline, or in
+	// the kernel check after the freeze).
+	ErrNotEmpty = errors.New("quiesce: job not empty")
+	// ErrNodeFailed: a node failed a step or could not be reached.
+	ErrNodeFailed = errors.New("quiesce: node failed")
+	// ErrIncomplete: a round's reply does not account for every node.
+	ErrIncomplete = errors.New("quiesce: incomplete round")
+)

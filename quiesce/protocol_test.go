@@ -1,0 +1,309 @@
+package quiesce
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+// fastOpts keeps unit tests quick; deadlines stay generous where a test
+// expects success, so a slow machine does not turn into a failure.
+func fastOpts() Options {
+	return Options{
+		Prepare: 10 * time.Second, Drain: 10 * time.Second, DrainInterval: time.Millisecond,
+		Freeze: 10 * time.Second, Verify: 10 * time.Second, Commit: 10 * time.Second,
+		Abort: 10 * time.Second, Resume: 10 * time.Second,
+		Retry: RetryPolicy{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond},
+	}
+}
+
+func checkRolledBack(t *testing.T, c *cluster) {
+	t.Helper()
+	for _, f := range c.fakes {
+		s := f.state()
+		if s.frozen || !s.gatesOpen {
+			t.Errorf("%s after rollback: frozen=%v gatesOpen=%v", f.name, s.frozen, s.gatesOpen)
+		}
+		if len(s.breaches) > 0 {
+			t.Errorf("%s: protocol order breached: %v", f.name, s.breaches)
+		}
+	}
+}
+
+func checkPaused(t *testing.T, c *cluster) {
+	t.Helper()
+	for _, f := range c.fakes {
+		s := f.state()
+		if !s.frozen || s.gatesOpen {
+			t.Errorf("%s after commit: frozen=%v gatesOpen=%v", f.name, s.frozen, s.gatesOpen)
+		}
+		if s.lastVerify == nil || !s.lastVerify.Clean() {
+			t.Errorf("%s committed with final report %+v", f.name, s.lastVerify)
+		}
+		if len(s.breaches) > 0 {
+			t.Errorf("%s: protocol order breached: %v", f.name, s.breaches)
+		}
+	}
+}
+
+func TestPauseCommitThenResume(t *testing.T) {
+	for _, n := range []int{1, 2, 7, 64} {
+		c := newCluster(n, 1, Faults{}, fastOpts().Retry)
+		for i, f := range c.fakes {
+			f.left = i % 3
+		}
+		co := NewCoordinator(c.net, fastOpts())
+		res, err := co.Pause(context.Background(), "job1", c.names)
+		if err != nil {
+			t.Fatalf("n=%d: pause: %v", n, err)
+		}
+		if res.State != StatePaused || !res.Report.Empty() || !res.Report.Complete(n) {
+			t.Fatalf("n=%d: result %+v", n, res)
+		}
+		var phases []Kind
+		for _, p := range res.Phases {
+			phases = append(phases, p.Phase)
+		}
+		if got := kinds(phases); got != "PREPARE DRAIN FREEZE VERIFY COMMIT" {
+			t.Fatalf("n=%d: phases %s", n, got)
+		}
+		if n > 2 && res.Phases[1].Rounds != 3 {
+			t.Errorf("n=%d: %d drain rounds, want 3 (two non-empty, one empty)", n, res.Phases[1].Rounds)
+		}
+		checkPaused(t, c)
+		for _, f := range c.fakes {
+			if s := f.state(); s.calls["freeze"] != 1 || s.calls["prepare"] != 1 {
+				t.Errorf("%s: calls %v, want each step once", f.name, s.calls)
+			}
+		}
+		st, ok := NewAgent(nil, nil, RetryPolicy{}).State("job1")
+		if ok {
+			t.Errorf("fresh agent knows job: %+v", st)
+		}
+		for range 2 { // idempotent
+			if _, err := co.Resume(context.Background(), "job1", c.names); err != nil {
+				t.Fatalf("n=%d: resume: %v", n, err)
+			}
+			checkRolledBack(t, c)
+		}
+		c.net.Close()
+	}
+}
+
+func kinds(ks []Kind) string {
+	var s []string
+	for _, k := range ks {
+		s = append(s, string(k))
+	}
+	return strings.Join(s, " ")
+}
+
+func TestDrainTimeoutAbortsWithReport(t *testing.T) {
+	c := newCluster(9, 1, Faults{}, fastOpts().Retry)
+	c.fakes[6].stuck = true
+	o := fastOpts()
+	o.Drain = 50 * time.Millisecond
+	res, err := NewCoordinator(c.net, o).Pause(context.Background(), "j", c.names)
+	var ae *AbortError
+	if !errors.As(err, &ae) || !errors.Is(err, ErrNotEmpty) || ae.Phase != KindDrain {
+		t.Fatalf("want AbortError in DRAIN wrapping ErrNotEmpty, got %v", err)
+	}
+	// Messages of the last round may be cut off by the deadline: such nodes
+	// are listed as unreached, but only node6 may hold bytes.
+	if _, _, holding := ae.Report.split(); holding != 1 || ae.Report.InflightBytes() != 107 {
+		t.Fatalf("report does not name just the stuck connection: %+v", ae.Report)
+	}
+	for _, p := range ae.Report.Pending {
+		if p.Node == "node6" && (len(p.Conns) != 1 || p.Conns[0].Rank != 3) {
+			t.Fatalf("node6 entry %+v", p)
+		}
+		if p.Node != "node6" && !p.Unreached {
+			t.Fatalf("unexpected pending node %+v", p)
+		}
+	}
+	if !strings.Contains(err.Error(), "node6:1000->peer:2000") {
+		t.Errorf("message does not name the connection: %v", err)
+	}
+	if res.State != StateRunning || len(ae.Unconfirmed) != 0 {
+		t.Errorf("result %+v", res)
+	}
+	checkRolledBack(t, c)
+	for _, f := range c.fakes {
+		if s := f.state(); s.calls["freeze"] != 0 {
+			t.Errorf("%s frozen during a failed drain", f.name)
+		}
+	}
+	b, err := json.Marshal(res)
+	if err != nil || !strings.Contains(string(b), `"pending"`) {
+		t.Fatalf("json: %s %v", b, err)
+	}
+}
+
+func TestVerifyNotEmptyAborts(t *testing.T) {
+	c := newCluster(5, 1, Faults{}, fastOpts().Retry)
+	c.fakes[4].dirty = true
+	_, err := NewCoordinator(c.net, fastOpts()).Pause(context.Background(), "j", c.names)
+	var ae *AbortError
+	if !errors.As(err, &ae) || ae.Phase != KindVerify || !errors.Is(err, ErrNotEmpty) {
+		t.Fatalf("want abort in VERIFY, got %v", err)
+	}
+	if ae.Report.Pending[0].Node != "node4" {
+		t.Errorf("report %+v", ae.Report)
+	}
+	checkRolledBack(t, c)
+}
+
+func TestNodeFailureAborts(t *testing.T) {
+	for _, k := range []Kind{KindPrepare, KindDrain, KindFreeze, KindVerify} {
+		c := newCluster(6, 1, Faults{}, fastOpts().Retry)
+		c.fakes[3].fail = k
+		c.fakes[5].thawFails = 1 // the rollback itself needs a second round
+		_, err := NewCoordinator(c.net, fastOpts()).Pause(context.Background(), "j", c.names)
+		var ae *AbortError
+		if !errors.As(err, &ae) || ae.Phase != k || !errors.Is(err, ErrNodeFailed) || len(ae.Unconfirmed) != 0 {
+			t.Fatalf("%s: want confirmed abort in that phase, got %v", k, err)
+		}
+		if f := ae.Report.Failed(); len(f) != 1 || f[0].Node != "node3" || !strings.Contains(f[0].Err, "injected") {
+			t.Errorf("%s: report %+v", k, ae.Report)
+		}
+		checkRolledBack(t, c)
+		c.net.Close()
+	}
+}
+
+func TestUnreachableNodeIsNamed(t *testing.T) {
+	c := newCluster(8, 1, Faults{}, fastOpts().Retry)
+	names := append(append([]string(nil), c.names...), "ghost") // index 8: child of 0
+	o := fastOpts()
+	o.Prepare = 200 * time.Millisecond
+	o.Abort = 200 * time.Millisecond
+	_, err := NewCoordinator(c.net, o).Pause(context.Background(), "j", names)
+	var ae *AbortError
+	if !errors.As(err, &ae) || ae.Phase != KindPrepare {
+		t.Fatalf("want abort in PREPARE, got %v", err)
+	}
+	if f := ae.Report.Failed(); len(f) != 1 || f[0].Node != "ghost" {
+		t.Fatalf("failed nodes %+v", f)
+	}
+	if len(ae.Unconfirmed) != 1 || ae.Unconfirmed[0].Node != "ghost" {
+		t.Fatalf("unconfirmed %+v", ae.Unconfirmed)
+	}
+	checkRolledBack(t, c)
+}
+
+func TestCallerCancelStillRollsBack(t *testing.T) {
+	c := newCluster(4, 1, Faults{}, fastOpts().Retry)
+	c.fakes[2].stuck = true
+	ctx, cancel := context.WithCancel(context.Background())
+	// Cancel from inside the node once the drain has begun: no sleeping.
+	c.net.Register("node2", func(ctx context.Context, m Message) (Message, error) {
+		if m.Kind == KindDrain {
+			cancel()
+		}
+		return NewAgent(c.fakes[2], c.net, fastOpts().Retry).Handle(ctx, m)
+	})
+	_, err := NewCoordinator(c.net, fastOpts()).Pause(ctx, "j", c.names)
+	var ae *AbortError
+	if !errors.As(err, &ae) || ae.Phase != KindDrain || len(ae.Unconfirmed) != 0 {
+		t.Fatalf("want confirmed abort in DRAIN, got %v", err)
+	}
+	checkRolledBack(t, c)
+}
+
+func TestBadNodeLists(t *testing.T) {
+	co := NewCoordinator(NewMemNetwork(1, Faults{}), fastOpts())
+	for _, nodes := range [][]string{nil, {"a", "b", "a"}, {"a", ""}} {
+		if _, err := co.Pause(context.Background(), "j", nodes); err == nil {
+			t.Errorf("%q accepted", nodes)
+		}
+	}
+	if _, err := co.Pause(context.Background(), "", []string{"a"}); err == nil {
+		t.Error("empty job accepted")
+	}
+}
+
+func TestAgentRefusesStaleAndVersion(t *testing.T) {
+	f := newFake("n")
+	a := NewAgent(f, NewMemNetwork(1, Faults{}), fastOpts().Retry)
+	ctx := context.Background()
+	req := func(kind Kind, epoch, seq uint64) Message {
+		return Message{Version: ProtocolVersion, Job: "j", Epoch: epoch, Seq: seq, Kind: kind, Nodes: []string{"n"}}
+	}
+	mustOK := func(m Message) Message {
+		t.Helper()
+		r, err := a.Handle(ctx, m)
+		if err != nil || r.Err != "" || r.Report == nil || r.Report.Nodes != 1 {
+			t.Fatalf("%s: %+v %v", m.Kind, r, err)
+		}
+		return r
+	}
+	mustOK(req(KindPrepare, 5, 1))
+	mustOK(req(KindFreeze, 5, 2))
+	mustOK(req(KindAbort, 5, 3))
+	// Duplicates of the newest request are served from cache: no second thaw.
+	mustOK(req(KindAbort, 5, 3))
+	if s := f.state(); s.calls["thaw"] != 1 {
+		t.Errorf("duplicate ABORT ran the local step again: %v", s.calls)
+	}
+	// A late FREEZE from the aborted attempt must not freeze the node.
+	r, err := a.Handle(ctx, req(KindFreeze, 5, 2))
+	if err != nil || !strings.Contains(r.Err, "stale") {
+		t.Fatalf("late FREEZE: %+v %v", r, err)
+	}
+	r, _ = a.Handle(ctx, req(KindPrepare, 4, 99))
+	if !strings.Contains(r.Err, "stale") {
+		t.Fatalf("older epoch: %+v", r)
+	}
+	if s := f.state(); s.frozen || !s.gatesOpen || s.calls["freeze"] != 1 {
+		t.Fatalf("node state after stale requests: %+v", s)
+	}
+	bad := req(KindPrepare, 6, 1)
+	bad.Version = 99
+	r, _ = a.Handle(ctx, bad)
+	if !strings.Contains(r.Err, "version") {
+		t.Fatalf("version: %+v", r)
+	}
+	if st, ok := a.State("j"); !ok || st.Kind != KindAbort || st.Seq != 3 {
+		t.Fatalf("state %+v", st)
+	}
+}
+
+func TestReportClean(t *testing.T) {
+	liar := NodeReport{Node: "x", Empty: true, Conns: []Conn{{SendQueue: 1}}}
+	if liar.Clean() {
+		t.Fatal("a node claiming Empty with a queued connection counted as clean")
+	}
+	var a, b Report
+	a.Add(NodeReport{Node: "b", Ungated: 1})
+	a.Add(NodeReport{Node: "c", Empty: true})
+	b.Add(liar)
+	b.Add(NodeReport{Node: "a", Empty: true, Violations: 2})
+	a.Merge(b)
+	if a.Nodes != 4 || len(a.Pending) != 3 || a.Pending[0].Node != "a" || a.Pending[2].Node != "x" || a.Empty() {
+		t.Fatalf("merged %+v", a)
+	}
+}
+
+func TestCarryOverKeepsLastConnections(t *testing.T) {
+	var prev, cur Report
+	prev.Add(NodeReport{Node: "a", Conns: []Conn{{Local: "l", Remote: "r", Unread: 5, Rank: 1}}})
+	prev.Add(NodeReport{Node: "b", Empty: true})
+	cur.Add(NodeReport{Node: "a", Unreached: true, Err: "DRAIN: lost"})
+	cur.Add(NodeReport{Node: "b", Unreached: true, Err: "DRAIN: lost"})
+	got := carryOver(prev, cur)
+	if got.Nodes != 2 || len(got.Pending) != 2 || got.InflightBytes() != 5 || !got.Pending[0].Unreached {
+		t.Fatalf("carried %+v", got)
+	}
+	if _, unreached, holding := got.split(); unreached != 2 || holding != 1 {
+		t.Fatalf("split: unreached %d holding %d", unreached, holding)
+	}
+	if err := drainTimeout(3, got); !errors.Is(err, ErrNotEmpty) {
+		t.Fatalf("drain timeout with a holding node: %v", err)
+	}
+	if err := drainTimeout(3, cur); !errors.Is(err, ErrNodeFailed) {
+		t.Fatalf("drain timeout with only unreachable nodes: %v", err)
+	}
+}

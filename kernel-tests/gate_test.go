@@ -23,7 +23,7 @@ import (
 // listenInNode opens the rank socket (ranks.DefaultAddr, an abstract unix
 // socket, which belongs to the network namespace it is made in) inside a
 // rig node, where that node's shims look for mpid.
-func listenInNode(t *testing.T, node int) *net.UnixListener {
+func listenInNode(t testing.TB, node int) *net.UnixListener {
 	t.Helper()
 	runtime.LockOSThread()
 	orig, err := netns.Get()

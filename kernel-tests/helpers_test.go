@@ -47,7 +47,7 @@ func TestMain(m *testing.M) {
 }
 
 // binDir is where `make build` left the binaries the tests run.
-func binDir(t *testing.T) string {
+func binDir(t testing.TB) string {
 	t.Helper()
 	testutil.RequirePrivileged(t)
 	d := os.Getenv("MPIPAUSE_BIN")
@@ -74,7 +74,7 @@ func rigCommand(ctx context.Context, name string, args ...string) (string, error
 }
 
 // mustRig is rigCommand that fails the test on error.
-func mustRig(t *testing.T, name string, args ...string) string {
+func mustRig(t testing.TB, name string, args ...string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -86,7 +86,7 @@ func mustRig(t *testing.T, name string, args ...string) string {
 }
 
 // sharedRig brings the MPI tests' rig up once; TestMain takes it down.
-func sharedRig(t *testing.T) {
+func sharedRig(t testing.TB) {
 	t.Helper()
 	binDir(t)
 	jobRigOnce.Do(func() {
@@ -106,7 +106,7 @@ func sharedRig(t *testing.T) {
 
 // waitFor polls cond until it holds, the deadline passes or stop closes: a
 // readiness check on state the test can see, never a fixed sleep.
-func waitFor(t *testing.T, what string, timeout time.Duration, stop <-chan struct{}, cond func() bool) {
+func waitFor(t testing.TB, what string, timeout time.Duration, stop <-chan struct{}, cond func() bool) {
 	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for !cond() {
@@ -154,7 +154,7 @@ type proc struct {
 // cgroup v2 directory cg unless it is empty (a launcher started there keeps
 // its ranks on every node in it), and waits for it in the background. The
 // process is killed when the test ends.
-func start(ctx context.Context, t *testing.T, cg string, env []string, argv ...string) *proc {
+func start(ctx context.Context, t testing.TB, cg string, env []string, argv ...string) *proc {
 	t.Helper()
 	p := &proc{cmd: exec.CommandContext(ctx, argv[0], argv[1:]...), done: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), env...)
@@ -184,7 +184,7 @@ func start(ctx context.Context, t *testing.T, cg string, env []string, argv ...s
 
 // finish waits for p to exit and checks that it succeeded and printed want
 // (a checksum line, from the serial computation).
-func (p *proc) finish(ctx context.Context, t *testing.T, what, want string) {
+func (p *proc) finish(ctx context.Context, t testing.TB, what, want string) {
 	t.Helper()
 	select {
 	case <-p.done:
@@ -201,7 +201,7 @@ func (p *proc) finish(ctx context.Context, t *testing.T, what, want string) {
 
 // serial is what a correct run of app with args prints: its -x computation
 // for ranks ranks.
-func serial(t *testing.T, app string, ranks int, args ...string) string {
+func serial(t testing.TB, app string, ranks int, args ...string) string {
 	t.Helper()
 	out, err := exec.Command(app, append(args, "-x", strconv.Itoa(ranks))...).Output()
 	if err != nil {
@@ -212,7 +212,7 @@ func serial(t *testing.T, app string, ranks int, args ...string) string {
 
 // jobCgroup makes a cgroup v2 directory for one test's job; whatever is
 // left in it is killed and it is removed when the test ends.
-func jobCgroup(t *testing.T, name string) string {
+func jobCgroup(t testing.TB, name string) string {
 	t.Helper()
 	root, err := cgroupv2.Root()
 	if err != nil {
@@ -227,7 +227,7 @@ func jobCgroup(t *testing.T, name string) string {
 }
 
 // atHold waits for ranks ranks to reach xchg's hold point in dir.
-func atHold(t *testing.T, dir string, ranks int, p *proc) {
+func atHold(t testing.TB, dir string, ranks int, p *proc) {
 	t.Helper()
 	waitFor(t, fmt.Sprintf("%d ranks at the hold point", ranks), 2*time.Minute, p.done, func() bool {
 		m, _ := filepath.Glob(filepath.Join(dir, "ready.*"))
@@ -236,7 +236,7 @@ func atHold(t *testing.T, dir string, ranks int, p *proc) {
 }
 
 // release lets the ranks held in dir go on.
-func release(t *testing.T, dir string) {
+func release(t testing.TB, dir string) {
 	t.Helper()
 	if err := os.WriteFile(filepath.Join(dir, "go"), nil, 0o644); err != nil {
 		t.Fatal(err)
@@ -246,7 +246,7 @@ func release(t *testing.T, dir string) {
 // shimmedRank starts a one-rank MPICH xchg with the shim preloaded, talking
 // to the rank socket sock under job id job, and holding in a fresh
 // directory, which it returns.
-func shimmedRank(ctx context.Context, t *testing.T, sock, job string, env ...string) (*proc, string) {
+func shimmedRank(ctx context.Context, t testing.TB, sock, job string, env ...string) (*proc, string) {
 	t.Helper()
 	bin := binDir(t)
 	hold := t.TempDir()

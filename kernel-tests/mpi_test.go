@@ -236,7 +236,7 @@ func checkSnapshot(t *testing.T, kind string, truth []sock, conns []loader.Conn)
 func unmap(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()) }
 
 // killCgroup kills whatever is left of a job and removes its cgroup.
-func killCgroup(t *testing.T, cg string) {
+func killCgroup(t testing.TB, cg string) {
 	for i := 0; i < 50; i++ {
 		procs, _ := cgroupv2.Procs(cg)
 		if len(procs) == 0 {

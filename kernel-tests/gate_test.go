@@ -50,6 +50,52 @@ func listenInNode(t testing.TB, node int) *net.UnixListener {
 	return ln
 }
 
+// serveNodes serves the rank socket in every node of the shared rig until
+// the test ends; the sockets are closed before it returns, so the next test
+// can listen on the same names.
+func serveNodes(t testing.TB) []*ranks.Server {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var serving sync.WaitGroup
+	t.Cleanup(func() {
+		cancel()
+		serving.Wait()
+	})
+	srv := make([]*ranks.Server, jobNodes)
+	for k := range srv {
+		srv[k] = ranks.NewServer(listenInNode(t, k))
+		serving.Go(func() { srv[k].Serve(ctx) })
+	}
+	return srv
+}
+
+// registered waits until n ranks have registered across srv and returns
+// them.
+func registered(t testing.TB, srv []*ranks.Server, n int, done <-chan struct{}) []*ranks.Rank {
+	t.Helper()
+	var all []*ranks.Rank
+	waitFor(t, fmt.Sprintf("%d ranks registered", n), 2*time.Minute, done, func() bool {
+		all = nil
+		for _, s := range srv {
+			all = append(all, s.Ranks("")...)
+		}
+		return len(all) == n
+	})
+	return all
+}
+
+// jobObserver is a BPF observer of the job cgroup cg, closed when the test
+// ends.
+func jobObserver(ctx context.Context, t testing.TB, cg string) loader.Observer {
+	t.Helper()
+	obs, err := loader.Open(ctx, loader.Config{Cgroup: cg, FollowJob: true, Require: loader.KindBPF})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { obs.Close() })
+	return obs
+}
+
 func gateCycles() int {
 	if n, err := strconv.Atoi(os.Getenv("MPIPAUSE_GATE_CYCLES")); err == nil && n > 0 {
 		return n
@@ -75,22 +121,9 @@ func testGate(t *testing.T, lib mpiLib) {
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 
-	var srv [jobNodes]*ranks.Server
-	var serving sync.WaitGroup
-	// The sockets' names are fixed per node: they must be closed before the
-	// next test listens again, also when this one fails.
-	defer serving.Wait()
-	defer cancel()
-	for k := range srv {
-		srv[k] = ranks.NewServer(listenInNode(t, k))
-		serving.Go(func() { srv[k].Serve(ctx) })
-	}
+	srv := serveNodes(t)
 	cg := jobCgroup(t, "gate-"+lib.name)
-	obs, err := loader.Open(ctx, loader.Config{Cgroup: cg, FollowJob: true, Require: loader.KindBPF})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer obs.Close()
+	obs := jobObserver(ctx, t, cg)
 
 	want := gateCycles()
 	cycles, jobs := 0, 0
@@ -98,7 +131,7 @@ func testGate(t *testing.T, lib mpiLib) {
 	var pausedCPU []float64
 	for cycles < want {
 		jobs++
-		n := runGatedJob(ctx, t, bin, lib, cg, obs, srv[:], want-cycles, &drain, &pausedCPU)
+		n := runGatedJob(ctx, t, bin, lib, cg, obs, srv, want-cycles, &drain, &pausedCPU)
 		if t.Failed() {
 			return
 		}
@@ -128,14 +161,7 @@ func runGatedJob(ctx context.Context, t *testing.T, bin string, lib mpiLib, cg s
 	done := job.done
 
 	// Every rank registers with its own node's server, under one job id.
-	var all []*ranks.Rank
-	waitFor(t, "6 ranks registered", 2*time.Minute, done, func() bool {
-		all = nil
-		for _, s := range srv {
-			all = append(all, s.Ranks("")...)
-		}
-		return len(all) == 6
-	})
+	all := registered(t, srv, 6, done)
 	for k, s := range srv {
 		if rs := s.Ranks(""); len(rs) != 2 {
 			t.Fatalf("node%d has %d ranks registered, want 2", k, len(rs))

@@ -8,13 +8,9 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/mpipause/mpipause/internal/ranks"
-	"github.com/mpipause/mpipause/loader"
 )
 
 // BenchmarkStop compares, on one running 3 x 2 job per library, what a
@@ -38,31 +34,14 @@ func benchStop(b *testing.B, lib mpiLib) {
 		cycles = n
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	var serving sync.WaitGroup
-	defer serving.Wait()
 	defer cancel()
-	var srv [jobNodes]*ranks.Server
-	for k := range srv {
-		srv[k] = ranks.NewServer(listenInNode(b, k))
-		serving.Go(func() { srv[k].Serve(ctx) })
-	}
+	srv := serveNodes(b)
 	cg := jobCgroup(b, "stop-"+lib.name)
-	obs, err := loader.Open(ctx, loader.Config{Cgroup: cg, FollowJob: true, Require: loader.KindBPF})
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer obs.Close()
+	obs := jobObserver(ctx, b, cg)
 	app := filepath.Join(bin, "apps", "xchg."+lib.name)
 	job := start(ctx, b, cg, []string{"MPIPAUSE_RIG=" + jobRig, "LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so")},
 		append([]string{filepath.Join(bin, "rig"), "exec", "node0", "--"}, lib.launch(app, "-m", "a2a", "-n", "1000000", "-s", "1M")...)...)
-	var all []*ranks.Rank
-	waitFor(b, "6 ranks registered", 2*time.Minute, job.done, func() bool {
-		all = nil
-		for _, s := range srv {
-			all = append(all, s.Ranks("")...)
-		}
-		return len(all) == 6
-	})
+	all := registered(b, srv, 6, job.done)
 	inflight := func() (total uint64, nonEmpty int) {
 		cs, err := obs.Snapshot(ctx)
 		if err != nil {

@@ -1,0 +1,131 @@
+// Package node is mpid's node role in the pause protocol: it implements
+// quiesce.Node for the ranks of a job that registered with this node's rank
+// socket, with the shims' gates (internal/ranks), the kernel observer
+// (loader) and the job's cgroup (internal/cgroupv2).
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/loader"
+	"github.com/mpipause/mpipause/quiesce"
+)
+
+// Local is one node's view of its jobs.
+type Local struct {
+	// Name is the node's name in reports.
+	Name string
+	// Ranks is the node's rank socket, where the job's shims registered.
+	Ranks *ranks.Server
+	// Observer reads the job's sockets from the kernel. It may see other
+	// nodes' namespaces too (on a rig); Netns then selects this node's.
+	Observer loader.Observer
+	// Netns, if set, is the Conn.Netns label of this node's namespace.
+	Netns string
+	// Cgroup returns the cgroup v2 directory that holds the job's ranks on
+	// this node (the one Freeze freezes).
+	Cgroup func(job string) (string, error)
+}
+
+var _ quiesce.Node = (*Local)(nil)
+
+// ErrNoRanks: no rank of the job is registered on this node.
+var ErrNoRanks = errors.New("no rank of the job is registered here")
+
+func (l *Local) ranksOf(job string) ([]*ranks.Rank, error) {
+	rs := l.Ranks.Ranks(job)
+	if len(rs) == 0 {
+		return nil, fmt.Errorf("node %s, job %s: %w", l.Name, job, ErrNoRanks)
+	}
+	return rs, nil
+}
+
+// Prepare closes the gate of every rank of the job on this node.
+func (l *Local) Prepare(ctx context.Context, job string) error {
+	rs, err := l.ranksOf(job)
+	if err != nil {
+		return err
+	}
+	for _, r := range rs {
+		if _, err := r.Close(ctx); err != nil {
+			return fmt.Errorf("close gate of rank %d: %w", r.Rank, err)
+		}
+	}
+	return nil
+}
+
+// Drain asks every rank for its gate (sockets still mid-message are
+// Ungated) and reads the job's connections on this node from the kernel.
+func (l *Local) Drain(ctx context.Context, job string) (quiesce.NodeReport, error) {
+	rs, err := l.ranksOf(job)
+	if err != nil {
+		return quiesce.NodeReport{}, err
+	}
+	rep := quiesce.NodeReport{Node: l.Name}
+	for _, r := range rs {
+		g, err := r.State(ctx)
+		if err != nil {
+			return rep, fmt.Errorf("gate of rank %d: %w", r.Rank, err)
+		}
+		rep.Ungated += g.Closing
+	}
+	return l.kernelReport(ctx, rep)
+}
+
+// Verify is the kernel's report after the freeze: the ranks cannot answer
+// now, and need not: only the kernel's queues count (G1).
+func (l *Local) Verify(ctx context.Context, job string) (quiesce.NodeReport, error) {
+	return l.kernelReport(ctx, quiesce.NodeReport{Node: l.Name})
+}
+
+func (l *Local) kernelReport(ctx context.Context, rep quiesce.NodeReport) (quiesce.NodeReport, error) {
+	conns, err := l.Observer.Snapshot(ctx)
+	if err != nil {
+		return rep, err
+	}
+	for _, c := range conns {
+		if (l.Netns != "" && c.Netns != l.Netns) || c.State != loader.StateEstablished || c.Empty() {
+			continue
+		}
+		rep.Conns = append(rep.Conns, quiesce.Conn{Node: l.Name, Local: c.Local.String(), Remote: c.Remote.String(),
+			SendQueue: uint64(c.SendQueue), Unread: uint64(c.Unread), Rank: -1})
+	}
+	rep.Empty = len(rep.Conns) == 0 && rep.Ungated == 0
+	return rep, nil
+}
+
+// Freeze freezes the job's cgroup and waits for the kernel to say so.
+func (l *Local) Freeze(ctx context.Context, job string) error {
+	cg, err := l.Cgroup(job)
+	if err != nil {
+		return err
+	}
+	return cgroupv2.Freeze(ctx, cg)
+}
+
+// Thaw thaws the job's cgroup.
+func (l *Local) Thaw(ctx context.Context, job string) error {
+	cg, err := l.Cgroup(job)
+	if err != nil {
+		return err
+	}
+	return cgroupv2.Thaw(ctx, cg)
+}
+
+// Open reopens every rank's gate; the shims flush what they held.
+func (l *Local) Open(ctx context.Context, job string) error {
+	rs, err := l.ranksOf(job)
+	if err != nil {
+		return err
+	}
+	for _, r := range rs {
+		if _, err := r.Open(ctx); err != nil {
+			return fmt.Errorf("open gate of rank %d: %w", r.Rank, err)
+		}
+	}
+	return nil
+}

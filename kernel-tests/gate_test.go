@@ -96,13 +96,6 @@ func jobObserver(ctx context.Context, t testing.TB, cg string) loader.Observer {
 	return obs
 }
 
-func gateCycles() int {
-	if n, err := strconv.Atoi(os.Getenv("MPIPAUSE_GATE_CYCLES")); err == nil && n > 0 {
-		return n
-	}
-	return 50
-}
-
 // TestGateDrainsJob is the shim's gate on real jobs: with libmpipause.so
 // preloaded into every rank of a 3 x 2 job running a heavy all-to-all, close
 // every rank's gate, wait until the kernel reports every connection of the
@@ -125,7 +118,7 @@ func testGate(t *testing.T, lib mpiLib) {
 	cg := jobCgroup(t, "gate-"+lib.name)
 	obs := jobObserver(ctx, t, cg)
 
-	want := gateCycles()
+	want := envCount("MPIPAUSE_GATE_CYCLES", 50)
 	cycles, jobs := 0, 0
 	var drain []time.Duration
 	var pausedCPU []float64
@@ -156,8 +149,7 @@ func runGatedJob(ctx context.Context, t *testing.T, bin string, lib mpiLib, cg s
 	t.Helper()
 	app := filepath.Join(bin, "apps", "xchg."+lib.name)
 	args := []string{"-m", "a2a", "-n", "600", "-s", "256K"}
-	job := start(ctx, t, cg, []string{"MPIPAUSE_RIG=" + jobRig, "LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so")},
-		append([]string{filepath.Join(bin, "rig"), "exec", "node0", "--"}, lib.launch(app, args...)...)...)
+	job := startJob(ctx, t, lib, cg, app, []string{"LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so")}, args...)
 	done := job.done
 
 	// Every rank registers with its own node's server, under one job id.
@@ -231,7 +223,7 @@ func runGatedJob(ctx context.Context, t *testing.T, bin string, lib mpiLib, cg s
 		*pausedCPU = append(*pausedCPU, (ranksCPU(all)-cpu0).Seconds()/time.Since(t0).Seconds()/float64(len(all)))
 		var total uint64
 		for _, c := range conns {
-			total += c.BytesSent
+			total += c.BytesSent // the conns of the drained snapshot
 		}
 		for _, r := range all {
 			o, err := r.Open(ctx)
@@ -255,17 +247,7 @@ func runGatedJob(ctx context.Context, t *testing.T, bin string, lib mpiLib, cg s
 		}
 		made++
 		// The job goes on: wait for 4 MiB more to be sent before the next pause.
-		waitFor(t, "progress after reopening", time.Minute, done, func() bool {
-			now, err := obs.Snapshot(ctx)
-			if err != nil {
-				return false
-			}
-			var s uint64
-			for _, c := range now {
-				s += c.BytesSent
-			}
-			return s > total+4<<20
-		})
+		waitProgress(ctx, t, obs, done, total, 4<<20)
 	}
 finished:
 	job.finish(ctx, t, fmt.Sprintf("the job paused %d times", made), serial(t, app, 6, args...))

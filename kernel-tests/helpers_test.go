@@ -20,6 +20,7 @@ import (
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/testutil"
+	"github.com/mpipause/mpipause/loader"
 )
 
 // jobRig is the rig the MPI tests share; rig tests of their own use other
@@ -252,4 +253,41 @@ func shimmedRank(ctx context.Context, t testing.TB, sock, job string, env ...str
 	hold := t.TempDir()
 	env = append([]string{"LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so"), "MPIPAUSE_MPID_SOCKET=" + sock, "MPIPAUSE_JOBID=" + job}, env...)
 	return start(ctx, t, "", env, filepath.Join(bin, "apps", "xchg.mpich"), "-n", "3", "-s", "1K", "-w", hold), hold
+}
+
+// envCount is the positive integer in the environment variable name, or def.
+func envCount(name string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(name)); err == nil && n > 0 {
+		return n
+	}
+	return def
+}
+
+// startJob launches app with args as a 3 x 2 job of lib from node0 of the
+// shared rig, inside the job cgroup cg, with env added.
+func startJob(ctx context.Context, t testing.TB, lib mpiLib, cg, app string, env []string, args ...string) *proc {
+	t.Helper()
+	rig := filepath.Join(binDir(t), "rig")
+	return start(ctx, t, cg, append([]string{"MPIPAUSE_RIG=" + jobRig}, env...),
+		append([]string{rig, "exec", "node0", "--"}, lib.launch(app, args...)...)...)
+}
+
+// sentBytes is what the BPF counters say the job's connections have sent.
+func sentBytes(ctx context.Context, obs loader.Observer) uint64 {
+	cs, err := obs.Snapshot(ctx)
+	if err != nil {
+		return 0
+	}
+	var s uint64
+	for _, c := range cs {
+		s += c.BytesSent
+	}
+	return s
+}
+
+// waitProgress waits until the job has sent more bytes past since: it runs
+// again after a pause.
+func waitProgress(ctx context.Context, t testing.TB, obs loader.Observer, done <-chan struct{}, since, more uint64) {
+	t.Helper()
+	waitFor(t, "the job to make progress", time.Minute, done, func() bool { return sentBytes(ctx, obs) > since+more })
 }

@@ -70,7 +70,7 @@ func testJob(t *testing.T, lib mpiLib) {
 	args := []string{"-m", "a2a", "-n", "30", "-s", "256K", "-w", hold}
 	// The launcher starts inside the job cgroup; its ranks on every node
 	// descend from it and inherit it.
-	job := start(ctx, t, cg, []string{"MPIPAUSE_RIG=" + jobRig}, append([]string{filepath.Join(bin, "rig"), "exec", "node0", "--"}, lib.launch(app, args...)...)...)
+	job := startJob(ctx, t, lib, cg, app, nil, args...)
 	atHold(t, hold, 6, job)
 
 	truth := ssJob(t, cg)

@@ -3,10 +3,8 @@ package kerneltests
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"testing"
 	"time"
 
@@ -15,13 +13,6 @@ import (
 	"github.com/mpipause/mpipause/loader"
 	"github.com/mpipause/mpipause/quiesce"
 )
-
-func pauseCycles() int {
-	if n, err := strconv.Atoi(os.Getenv("MPIPAUSE_PAUSE_CYCLES")); err == nil && n > 0 {
-		return n
-	}
-	return 10
-}
 
 // TestConsistentPause runs the whole protocol on a real job: three node
 // agents (one per rig node, each with its node's rank socket and the
@@ -64,29 +55,21 @@ func testPause(t *testing.T, lib mpiLib) {
 
 	app := filepath.Join(bin, "apps", "xchg."+lib.name)
 	args := []string{"-m", "a2a", "-n", "150", "-s", "1M"}
-	job := start(ctx, t, cg, []string{"MPIPAUSE_RIG=" + jobRig, "LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so")},
-		append([]string{filepath.Join(bin, "rig"), "exec", "node0", "--"}, lib.launch(app, args...)...)...)
+	job := startJob(ctx, t, lib, cg, app, []string{"LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so")}, args...)
 	all := registered(t, srv, 6, job.done)
 	id := all[0].Job
 	// Whatever happens, the job must not stay frozen past the test.
 	defer coord.Resume(context.Background(), id, names)
-	sent := func() (s uint64) {
-		cs, _ := obs.Snapshot(ctx)
-		for _, c := range cs {
-			s += c.BytesSent
-		}
-		return s
-	}
 
 	var pauseT, resumeT []time.Duration
 	made := 0
-	for made < pauseCycles() {
+	for made < envCount("MPIPAUSE_PAUSE_CYCLES", 10) {
 		select {
 		case <-job.done:
 			t.Fatalf("the job ended after %d pauses; make it longer", made)
 		default:
 		}
-		before := sent()
+		before := sentBytes(ctx, obs)
 		res, err := coord.Pause(ctx, id, names)
 		if err != nil {
 			t.Fatalf("pause %d: %v (result %+v)", made+1, err, res)
@@ -119,7 +102,7 @@ func testPause(t *testing.T, lib mpiLib) {
 		}
 		resumeT = append(resumeT, res.Total)
 		made++
-		waitFor(t, "progress after resuming", time.Minute, job.done, func() bool { return sent() > before+4<<20 })
+		waitProgress(ctx, t, obs, job.done, before, 4<<20)
 	}
 	job.finish(ctx, t, fmt.Sprintf("the job paused %d times", made), serial(t, app, 6, args...))
 	p := func(d []time.Duration, q float64) time.Duration {

@@ -7,7 +7,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"syscall"
 	"testing"
 	"time"
@@ -29,18 +28,14 @@ func BenchmarkStop(b *testing.B) {
 func benchStop(b *testing.B, lib mpiLib) {
 	bin := binDir(b)
 	sharedRig(b)
-	cycles := 20
-	if n, err := strconv.Atoi(os.Getenv("MPIPAUSE_BENCH_CYCLES")); err == nil && n > 0 {
-		cycles = n
-	}
+	cycles := envCount("MPIPAUSE_BENCH_CYCLES", 20)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
 	defer cancel()
 	srv := serveNodes(b)
 	cg := jobCgroup(b, "stop-"+lib.name)
 	obs := jobObserver(ctx, b, cg)
 	app := filepath.Join(bin, "apps", "xchg."+lib.name)
-	job := start(ctx, b, cg, []string{"MPIPAUSE_RIG=" + jobRig, "LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so")},
-		append([]string{filepath.Join(bin, "rig"), "exec", "node0", "--"}, lib.launch(app, "-m", "a2a", "-n", "1000000", "-s", "1M")...)...)
+	job := startJob(ctx, b, lib, cg, app, []string{"LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so")}, "-m", "a2a", "-n", "1000000", "-s", "1M")
 	all := registered(b, srv, 6, job.done)
 	inflight := func() (total uint64, nonEmpty int) {
 		cs, err := obs.Snapshot(ctx)
@@ -55,24 +50,7 @@ func benchStop(b *testing.B, lib mpiLib) {
 		}
 		return total, nonEmpty
 	}
-	progress := func() {
-		var base uint64
-		cs, _ := obs.Snapshot(ctx)
-		for _, c := range cs {
-			base += c.BytesSent
-		}
-		waitFor(b, "progress", time.Minute, job.done, func() bool {
-			cs, err := obs.Snapshot(ctx)
-			if err != nil {
-				return false
-			}
-			var s uint64
-			for _, c := range cs {
-				s += c.BytesSent
-			}
-			return s > base+8<<20
-		})
-	}
+	progress := func() { waitProgress(ctx, b, obs, job.done, sentBytes(ctx, obs), 8<<20) }
 	signalAll := func(sig syscall.Signal) {
 		for _, r := range all {
 			syscall.Kill(r.Pid, sig)

@@ -44,34 +44,39 @@ func (l *Local) ranksOf(job string) ([]*ranks.Rank, error) {
 	return rs, nil
 }
 
-// Prepare closes the gate of every rank of the job on this node.
-func (l *Local) Prepare(ctx context.Context, job string) error {
+// eachRank runs fn on every rank of the job registered on this node.
+func (l *Local) eachRank(job, what string, fn func(*ranks.Rank) error) error {
 	rs, err := l.ranksOf(job)
 	if err != nil {
 		return err
 	}
 	for _, r := range rs {
-		if _, err := r.Close(ctx); err != nil {
-			return fmt.Errorf("close gate of rank %d: %w", r.Rank, err)
+		if err := fn(r); err != nil {
+			return fmt.Errorf("%s of rank %d: %w", what, r.Rank, err)
 		}
 	}
 	return nil
 }
 
+// Prepare closes the gate of every rank of the job on this node.
+func (l *Local) Prepare(ctx context.Context, job string) error {
+	return l.eachRank(job, "close gate", func(r *ranks.Rank) error {
+		_, err := r.Close(ctx)
+		return err
+	})
+}
+
 // Drain asks every rank for its gate (sockets still mid-message are
 // Ungated) and reads the job's connections on this node from the kernel.
 func (l *Local) Drain(ctx context.Context, job string) (quiesce.NodeReport, error) {
-	rs, err := l.ranksOf(job)
-	if err != nil {
-		return quiesce.NodeReport{}, err
-	}
 	rep := quiesce.NodeReport{Node: l.Name}
-	for _, r := range rs {
+	err := l.eachRank(job, "gate state", func(r *ranks.Rank) error {
 		g, err := r.State(ctx)
-		if err != nil {
-			return rep, fmt.Errorf("gate of rank %d: %w", r.Rank, err)
-		}
 		rep.Ungated += g.Closing
+		return err
+	})
+	if err != nil {
+		return rep, err
 	}
 	return l.kernelReport(ctx, rep)
 }
@@ -118,14 +123,8 @@ func (l *Local) Thaw(ctx context.Context, job string) error {
 
 // Open reopens every rank's gate; the shims flush what they held.
 func (l *Local) Open(ctx context.Context, job string) error {
-	rs, err := l.ranksOf(job)
-	if err != nil {
+	return l.eachRank(job, "open gate", func(r *ranks.Rank) error {
+		_, err := r.Open(ctx)
 		return err
-	}
-	for _, r := range rs {
-		if _, err := r.Open(ctx); err != nil {
-			return fmt.Errorf("open gate of rank %d: %w", r.Rank, err)
-		}
-	}
-	return nil
+	})
 }

@@ -20,9 +20,17 @@ import (
 	"github.com/mpipause/mpipause/loader"
 )
 
-// listenInNode opens the rank socket (ranks.DefaultAddr, an abstract unix
-// socket, which belongs to the network namespace it is made in) inside a
-// rig node, where that node's shims look for mpid.
+// testRankSocket is where the tests that drive the gates themselves (no
+// mpid) serve the rank channel, beside the rig's own mpid on ranks.DefaultAddr.
+const testRankSocket = "@mpipause-kt-ranks"
+
+// shimEnv preloads the shim and points it at testRankSocket.
+func shimEnv(bin string) []string {
+	return []string{"LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so"), "MPIPAUSE_MPID_SOCKET=" + testRankSocket}
+}
+
+// listenInNode opens testRankSocket (an abstract unix socket, which belongs
+// to the network namespace it is made in) inside a rig node.
 func listenInNode(t testing.TB, node int) *net.UnixListener {
 	t.Helper()
 	runtime.LockOSThread()
@@ -39,7 +47,7 @@ func listenInNode(t testing.TB, node int) *net.UnixListener {
 	if err := netns.Set(ns); err != nil {
 		t.Fatal(err)
 	}
-	ln, lerr := net.ListenUnix("unix", &net.UnixAddr{Name: ranks.DefaultAddr, Net: "unix"})
+	ln, lerr := net.ListenUnix("unix", &net.UnixAddr{Name: testRankSocket, Net: "unix"})
 	if err := netns.Set(orig); err != nil {
 		t.Fatalf("back to own netns: %v", err) // the thread stays locked and dies with the test goroutine
 	}
@@ -149,7 +157,7 @@ func runGatedJob(ctx context.Context, t *testing.T, bin string, lib mpiLib, cg s
 	t.Helper()
 	app := filepath.Join(bin, "apps", "xchg."+lib.name)
 	args := []string{"-m", "a2a", "-n", "600", "-s", "256K"}
-	job := startJob(ctx, t, lib, cg, app, []string{"LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so")}, args...)
+	job := startJob(ctx, t, lib, cg, app, shimEnv(bin), args...)
 	done := job.done
 
 	// Every rank registers with its own node's server, under one job id.

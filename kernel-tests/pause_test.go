@@ -47,7 +47,7 @@ func testPause(t *testing.T, lib mpiLib) {
 	for k := range srv {
 		name := fmt.Sprintf("node%d", k)
 		names = append(names, name)
-		local := &node.Local{Name: name, Ranks: srv[k], Observer: obs, Netns: fmt.Sprintf("%s-node%d", jobRig, k),
+		local := &node.Local{Name: name, Ranks: srv[k], Observer: func(string) (loader.Observer, error) { return obs, nil }, Netns: fmt.Sprintf("%s-node%d", jobRig, k),
 			Cgroup: func(string) (string, error) { return cg, nil }}
 		net.Register(name, quiesce.NewAgent(local, net, quiesce.DefaultRetry).Handle)
 	}
@@ -55,7 +55,7 @@ func testPause(t *testing.T, lib mpiLib) {
 
 	app := filepath.Join(bin, "apps", "xchg."+lib.name)
 	args := []string{"-m", "a2a", "-n", "150", "-s", "1M"}
-	job := startJob(ctx, t, lib, cg, app, []string{"LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so")}, args...)
+	job := startJob(ctx, t, lib, cg, app, shimEnv(bin), args...)
 	all := registered(t, srv, 6, job.done)
 	id := all[0].Job
 	// Whatever happens, the job must not stay frozen past the test.

@@ -6,9 +6,13 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/mpipause/mpipause/internal/cgroupv2"
 )
 
 // hostTrace is what a rig may change on the host while it is up and must
@@ -52,16 +56,82 @@ func globBase(pattern string) []string {
 	return m
 }
 
-// TestRigLifecycle is the rig as a user drives it: up, idempotent up, a
-// command in each node, status, and down leaving nothing behind.
+// rigStatus is what the tests read of `rig status --json`.
+type rigStatus struct {
+	Up    bool `json:"up"`
+	Nodes []struct {
+		Name      string `json:"name"`
+		Exists    bool   `json:"exists"`
+		LinkUp    bool   `json:"link_up"`
+		MPIDPid   int    `json:"mpid_pid"`
+		MPIDAlive bool   `json:"mpid_alive"`
+		MPIDReady bool   `json:"mpid_ready"`
+	} `json:"nodes"`
+}
+
+func statusOf(t *testing.T, name string) rigStatus {
+	t.Helper()
+	var st rigStatus
+	if err := json.Unmarshal([]byte(mustRig(t, name, "status", "--json")), &st); err != nil {
+		t.Fatalf("status --json: %v", err)
+	}
+	return st
+}
+
+// running reports whether pid is a live process (a zombie is not: where
+// nothing reaps orphans, a stopped daemon stays one).
+func running(pid int) bool {
+	b, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return false
+	}
+	s := string(b)
+	i := strings.LastIndexByte(s, ')')
+	return i > 0 && len(s) > i+2 && s[i+2] != 'Z' && s[i+2] != 'X'
+}
+
+// TestRigLifecycle is the rig as a user drives it: up with an mpid in each
+// node, idempotent up, a command in each node, status, and down leaving
+// nothing behind.
 func TestRigLifecycle(t *testing.T) {
-	binDir(t)
+	bin := binDir(t)
 	const name = "ktlife"
 	before := traceHost(t, name)
 	t.Cleanup(func() { rigCommand(context.Background(), name, "down") })
 
 	mustRig(t, name, "up", "3")
-	mustRig(t, name, "up", "3") // idempotent
+	// Every node has its mpid, running bin/mpid and ready, as soon as up
+	// returns.
+	mpids := map[string]int{}
+	for _, n := range statusOf(t, name).Nodes {
+		if n.MPIDPid == 0 || !n.MPIDAlive || !n.MPIDReady {
+			t.Errorf("after up, %s's mpid: pid %d alive %v ready %v", n.Name, n.MPIDPid, n.MPIDAlive, n.MPIDReady)
+			continue
+		}
+		mpids[n.Name] = n.MPIDPid
+		if exe, err := os.Readlink("/proc/" + strconv.Itoa(n.MPIDPid) + "/exe"); err != nil || strings.TrimSuffix(exe, " (deleted)") != filepath.Join(bin, "mpid") {
+			t.Errorf("%s's mpid (pid %d) runs %q (%v), want %s", n.Name, n.MPIDPid, exe, err, filepath.Join(bin, "mpid"))
+		}
+		if _, err := os.Stat("/run/mpipause/rig/" + name + "/mpid-" + n.Name + ".ready"); err != nil {
+			t.Errorf("%s's mpid ready file: %v", n.Name, err)
+		}
+	}
+	if len(mpids) != 3 {
+		t.Fatalf("after up: mpids %v, want one in each of 3 nodes", mpids)
+	}
+	txt := mustRig(t, name, "status")
+	for node, pid := range mpids {
+		if !regexp.MustCompile(`(?m)^` + node + `\s.*\s` + strconv.Itoa(pid) + ` ready$`).MatchString(txt) {
+			t.Errorf("rig status does not show %s's mpid %d as ready:\n%s", node, pid, txt)
+		}
+	}
+
+	mustRig(t, name, "up", "3") // idempotent: the live daemons stay
+	for _, n := range statusOf(t, name).Nodes {
+		if n.MPIDPid != mpids[n.Name] || !n.MPIDAlive {
+			t.Errorf("second up: %s's mpid is %d (alive %v), was %d", n.Name, n.MPIDPid, n.MPIDAlive, mpids[n.Name])
+		}
+	}
 
 	for _, node := range []string{"node0", "node1", "node2"} {
 		if got := strings.TrimSpace(mustRig(t, name, "exec", node, "--", "hostname")); got != node {
@@ -90,17 +160,7 @@ func TestRigLifecycle(t *testing.T) {
 		t.Errorf("node2 interfaces: %q, want eth0 and lo", links)
 	}
 
-	var st struct {
-		Up    bool `json:"up"`
-		Nodes []struct {
-			Name   string `json:"name"`
-			Exists bool   `json:"exists"`
-			LinkUp bool   `json:"link_up"`
-		} `json:"nodes"`
-	}
-	if err := json.Unmarshal([]byte(mustRig(t, name, "status", "--json")), &st); err != nil {
-		t.Fatalf("status --json: %v", err)
-	}
+	st := statusOf(t, name)
 	if !st.Up || len(st.Nodes) != 3 {
 		t.Fatalf("status: up=%v with %d nodes, want up with 3", st.Up, len(st.Nodes))
 	}
@@ -111,7 +171,7 @@ func TestRigLifecycle(t *testing.T) {
 	}
 
 	// Bad input: one line, non-zero exit, nothing changed.
-	for _, args := range [][]string{{"up", "4"}, {"up", "x"}, {"exec", "node7", "--", "true"}, {"exec", "node0"}} {
+	for _, args := range [][]string{{"up", "4"}, {"up", "x"}, {"up", "--bogus", "3"}, {"exec", "node7", "--", "true"}, {"exec", "node0"}} {
 		out, err := rigCommand(context.Background(), name, args...)
 		if err == nil {
 			t.Errorf("rig %v: succeeded, want an error", args)
@@ -135,7 +195,57 @@ func TestRigLifecycle(t *testing.T) {
 	if _, err := os.Stat("/run/mpipause/rig/" + name); !os.IsNotExist(err) {
 		t.Errorf("state directory left behind: %v", err)
 	}
+	for node, pid := range mpids {
+		if running(pid) {
+			t.Errorf("%s's mpid (pid %d) survives down", node, pid)
+		}
+	}
+	if cg, err := cgroupv2.Root(); err == nil {
+		if _, err := os.Stat(filepath.Join(cg, "mpipause-rig", name)); !os.IsNotExist(err) {
+			t.Errorf("cgroup mpipause-rig/%s left behind: %v", name, err)
+		}
+	}
 	if out, err := rigCommand(context.Background(), name, "exec", "node1", "--", "hostname"); err == nil {
 		t.Errorf("exec after down succeeded: %q", out)
+	}
+}
+
+// TestRigNoMPID: `up --no-mpid` brings the nodes up without daemons, and
+// `up` with no mpid next to the rig binary fails in one line before
+// making anything.
+func TestRigNoMPID(t *testing.T) {
+	bin := binDir(t)
+	const name = "ktnompid"
+	t.Cleanup(func() { rigCommand(context.Background(), name, "down") })
+	mustRig(t, name, "up", "--no-mpid", "2")
+	st := statusOf(t, name)
+	if !st.Up || len(st.Nodes) != 2 {
+		t.Fatalf("up --no-mpid: up=%v with %d nodes", st.Up, len(st.Nodes))
+	}
+	for _, n := range st.Nodes {
+		if n.MPIDPid != 0 {
+			t.Errorf("up --no-mpid: %s has an mpid, pid %d", n.Name, n.MPIDPid)
+		}
+	}
+	mustRig(t, name, "down")
+
+	lone := filepath.Join(t.TempDir(), "rig")
+	b, err := os.ReadFile(filepath.Join(bin, "rig"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(lone, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(lone, "--name", name, "up", "2")
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("up without mpid succeeded: %s", out)
+	}
+	if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); len(lines) != 1 || !strings.HasSuffix(lines[0], ": run make build") {
+		t.Errorf("up without mpid: want one line ending in run make build, got %q", out)
+	}
+	if _, err := os.Stat("/run/mpipause/rig/" + name); !os.IsNotExist(err) {
+		t.Errorf("up without mpid left %s: %v", "/run/mpipause/rig/"+name, err)
 	}
 }

@@ -35,7 +35,7 @@ func benchStop(b *testing.B, lib mpiLib) {
 	cg := jobCgroup(b, "stop-"+lib.name)
 	obs := jobObserver(ctx, b, cg)
 	app := filepath.Join(bin, "apps", "xchg."+lib.name)
-	job := startJob(ctx, b, lib, cg, app, []string{"LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so")}, "-m", "a2a", "-n", "1000000", "-s", "1M")
+	job := startJob(ctx, b, lib, cg, app, shimEnv(bin), "-m", "a2a", "-n", "1000000", "-s", "1M")
 	all := registered(b, srv, 6, job.done)
 	inflight := func() (total uint64, nonEmpty int) {
 		cs, err := obs.Snapshot(ctx)

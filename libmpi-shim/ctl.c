@@ -16,6 +16,15 @@
 // Without an mpid the program runs exactly as without the shim, after one
 // line on stderr (MPIPAUSE_QUIET=1 silences it). If mpid goes away while
 // the gate is closed, the gate reopens: a job is never left stuck.
+//
+// Before all that, from the library's constructor, a rank of a job that
+// names itself (MPIPAUSE_JOBID) asks mpid once to move it into the job's
+// cgroup, on a connection of its own (mpp_ctl_join):
+//   JOIN 1 job=<id> pid=<pid>      answered by     OK | ERR <reason>
+// The kernel charges a socket to the cgroup of the process that creates it,
+// at creation, for good: a rank must be in the job's cgroup before MPI_Init
+// opens its sockets, or mpid, which watches the job's sockets by cgroup,
+// never sees them.
 #include "shim.h"
 
 #include <errno.h>
@@ -27,6 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/un.h>
+#include <time.h>
 #include <unistd.h>
 
 static int ctl_fd = -1;
@@ -255,4 +265,183 @@ void mpp_ctl_stop(void)
 		struct mpp_gate_stats st;
 		mpp_gate_open(&st);
 	}
+}
+
+// mpp_valid_jobid: a job id is one token of 1 to MPP_JOBID_MAX printable
+// ASCII characters other than '=', ',' and '/', and not "." or "..": the
+// rule of internal/ranks.ValidJobID (',' because HELLO turns it into '_',
+// '/' and the dot names because the id names a cgroup directory).
+int mpp_valid_jobid(const char *id)
+{
+	size_t n = 0;
+
+	if (!strcmp(id, ".") || !strcmp(id, ".."))
+		return 0;
+	for (; id[n]; n++) {
+		unsigned char c = (unsigned char)id[n];
+		if (n >= MPP_JOBID_MAX || c <= ' ' || c >= 0x7f || c == '=' || c == ',' || c == '/')
+			return 0;
+	}
+	return n > 0;
+}
+
+// mpp_join_line writes "JOIN 1 job=<id> pid=<pid>\n" into b and returns
+// its length; -1 if id is not a valid job id or b is too small.
+int mpp_join_line(char *b, size_t n, const char *id, long pid)
+{
+	if (!id || !mpp_valid_jobid(id) || pid <= 0)
+		return -1;
+	int r = snprintf(b, n, "JOIN 1 job=%s pid=%ld\n", id, pid);
+	return r > 0 && (size_t)r < n ? r : -1;
+}
+
+// is_rank: the launchers put one of these in the environment of each MPI
+// process they start; their own daemons (orted, hydra_pmi_proxy) run
+// without them, except under Slurm: srun gives SLURM_PROCID to whatever it
+// starts, daemons included.
+static int is_rank(void)
+{
+	static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"};
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+		const char *v = getenv(vars[i]);
+		if (v && *v)
+			return 1;
+	}
+	return 0;
+}
+
+// ms_left is what remains of a deadline on CLOCK_MONOTONIC, in ms (>= 0).
+static int ms_left(const struct timespec *end)
+{
+	struct timespec now;
+	clock_gettime(CLOCK_MONOTONIC, &now);
+	long ms = (end->tv_sec - now.tv_sec) * 1000 + (end->tv_nsec - now.tv_nsec) / 1000000;
+	return ms < 0 ? 0 : ms > JOIN_TIMEOUT_MS ? JOIN_TIMEOUT_MS : (int)ms;
+}
+
+// wait_fd polls fd for ev until the deadline: 1 ready, 0 timed out, -1 error.
+static int wait_fd(int fd, short ev, const struct timespec *end)
+{
+	for (;;) {
+		struct pollfd p = {.fd = fd, .events = ev};
+		int r = poll(&p, 1, ms_left(end));
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			return r;
+		return (p.revents & ev) ? 1 : (p.revents & (POLLERR | POLLHUP | POLLNVAL)) ? -1 : 0;
+	}
+}
+
+// join asks mpid at a to move this process into the job's cgroup. It
+// returns 0 on OK, else -1 with why (one line, no newline) in why.
+static int join(const char *line, const struct sockaddr_un *a, socklen_t al, const char *name, char *why, size_t wn)
+{
+	struct timespec end;
+	struct ucred cr;
+	socklen_t cl = sizeof(cr);
+	char reply[256];
+	size_t have = 0, len = strlen(line), sent = 0;
+	int fd, rc = -1;
+
+	clock_gettime(CLOCK_MONOTONIC, &end);
+	end.tv_sec += JOIN_TIMEOUT_MS / 1000;
+	// Non-blocking throughout: connect to a listener whose backlog is full
+	// would otherwise block without bound.
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0) {
+		snprintf(why, wn, "no socket: %s", strerror(errno));
+		return -1;
+	}
+	if (connect(fd, (const struct sockaddr *)a, al) < 0) {
+		snprintf(why, wn, "nothing answers at %s: %s", name, strerror(errno));
+		goto out;
+	}
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || (cr.uid != 0 && cr.uid != getuid())) {
+		snprintf(why, wn, "%s is not served by root or by this user", name);
+		goto out;
+	}
+	while (sent < len) {
+		ssize_t r = mpp_real.send(fd, line + sent, len - sent, MSG_NOSIGNAL);
+		if (r > 0) {
+			sent += (size_t)r;
+			continue;
+		}
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0 && errno == EAGAIN && wait_fd(fd, POLLOUT, &end) > 0)
+			continue;
+		snprintf(why, wn, "mpid at %s did not take the request", name);
+		goto out;
+	}
+	for (;;) {
+		char *nl = memchr(reply, '\n', have);
+		if (nl) {
+			*nl = 0;
+			break;
+		}
+		if (have == sizeof(reply) - 1) {
+			snprintf(why, wn, "mpid at %s answered a line too long", name);
+			goto out;
+		}
+		ssize_t r = recv(fd, reply + have, sizeof(reply) - 1 - have, 0);
+		if (r > 0) {
+			have += (size_t)r;
+			continue;
+		}
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0 && errno == EAGAIN) {
+			int w = wait_fd(fd, POLLIN, &end);
+			if (w > 0)
+				continue;
+			if (w == 0) {
+				snprintf(why, wn, "no answer from mpid at %s within %d s", name, JOIN_TIMEOUT_MS / 1000);
+				goto out;
+			}
+		}
+		snprintf(why, wn, "mpid at %s closed the connection without an answer", name);
+		goto out;
+	}
+	// What mpid says is printed: keep it to printable characters.
+	for (char *p = reply; *p; p++)
+		if ((unsigned char)*p < ' ' || (unsigned char)*p == 0x7f)
+			*p = '?';
+	if (strcmp(reply, "OK") == 0)
+		rc = 0;
+	else if (strncmp(reply, "ERR ", 4) == 0)
+		snprintf(why, wn, "mpid at %s refused: %s", name, reply + 4);
+	else
+		snprintf(why, wn, "mpid at %s answered %.64s", name, reply);
+out:
+	mpp_real.close(fd);
+	return rc;
+}
+
+// mpp_ctl_join runs from the library's constructor: a rank of a job named
+// by MPIPAUSE_JOBID asks the node's mpid to move it into the job's cgroup
+// before it creates any socket. No mpid, no answer within 2 s, or a
+// refusal: one warning line, and the process goes on as it would have.
+void mpp_ctl_join(void)
+{
+	const char *id = getenv("MPIPAUSE_JOBID");
+	char line[MPP_JOBID_MAX + 48], why[320];
+	struct sockaddr_un a;
+	const char *name;
+	int saved = errno;
+
+	if (!id || !*id || !is_rank())
+		return;
+	if (mpp_join_line(line, sizeof(line), id, (long)getpid()) < 0) {
+		warn("mpipause: MPIPAUSE_JOBID is not a valid job id (1 to 128 printable characters, no spaces, no '='); "
+		     "this rank could not join its job's cgroup, so %s\n",
+		     "the job will not be pausable cleanly");
+		goto out;
+	}
+	socklen_t al = sock_addr(&a, &name);
+	if (join(line, &a, al, name, why, sizeof(why)) < 0)
+		warn("mpipause: this rank could not join its job's cgroup (%s); the job will not be pausable cleanly\n",
+		     why);
+out:
+	errno = saved;
 }

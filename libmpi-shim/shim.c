@@ -13,6 +13,9 @@ EXPORT const char mpipause_shim_version[] = "mpipause-shim 0.2";
 __attribute__((constructor(101))) static void shim_init(void)
 {
 	mpp_gate_init();
+	// Before the program (and MPI_Init) can create a socket: into the job's
+	// cgroup, if this is a rank of a named job and mpid agrees.
+	mpp_ctl_join();
 }
 
 // mpipause_gate_close closes the gate: from now on each TCP socket of the
@@ -41,4 +44,11 @@ EXPORT void mpipause_gate_state(struct mpp_gate_stats *st)
 EXPORT int mpipause_test_signals(void)
 {
 	return mpp_signals_install();
+}
+
+// mpipause_test_join_line formats the JOIN line as the constructor does,
+// for the C tests: its length, or -1 for an invalid job id.
+EXPORT int mpipause_test_join_line(char *b, size_t n, const char *id, long pid)
+{
+	return mpp_join_line(b, n, id, pid);
 }

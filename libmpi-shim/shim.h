@@ -80,6 +80,15 @@ void mpp_gate_state(struct mpp_gate_stats *st);
 // line, stop at MPI_Finalize.
 void mpp_ctl_start(const char *hello);
 void mpp_ctl_stop(void);
+// The early JOIN (ctl.c), from the library's constructor: a rank of a job
+// named by MPIPAUSE_JOBID asks mpid to move it into the job's cgroup before
+// it creates any socket (the kernel charges a socket to its creator's
+// cgroup for good). At most JOIN_TIMEOUT_MS; never fails the process.
+#define MPP_JOBID_MAX 128
+#define JOIN_TIMEOUT_MS 2000
+void mpp_ctl_join(void);
+int mpp_valid_jobid(const char *id);
+int mpp_join_line(char *b, size_t n, const char *id, long pid);
 
 // SIGTSTP/SIGCONT (sig.c): install returns the pipe the handler writes to.
 int mpp_signals_install(void);

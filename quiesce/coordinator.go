@@ -197,6 +197,35 @@ func (r *run) round(ctx context.Context, kind Kind) (Report, error) {
 	return *rep.Report, nil
 }
 
+// Progress is what a coordinator tells a WithProgress listener: after every
+// round (Done false, Report the round's reduction) and at the end of every
+// phase (Done true, Stat its cost and error).
+type Progress struct {
+	Job    string
+	Phase  Kind
+	Round  int
+	Report Report
+	Done   bool
+	Stat   PhaseStat
+}
+
+type progressKey struct{}
+
+// WithProgress returns a context under which Coordinator.Pause and Resume
+// call f as the rounds happen, on the caller's goroutine: f must be quick.
+// Per call rather than per coordinator, because one daemon's coordinator
+// serves many users at once, each watching their own job.
+func WithProgress(ctx context.Context, f func(Progress)) context.Context {
+	return context.WithValue(ctx, progressKey{}, f)
+}
+
+func (r *run) progress(ctx context.Context, p Progress) {
+	if f, ok := ctx.Value(progressKey{}).(func(Progress)); ok {
+		p.Job = r.job
+		f(p)
+	}
+}
+
 // phase runs f under the phase's deadline and records its cost.
 func (r *run) phase(ctx context.Context, kind Kind, d time.Duration, f func(ctx context.Context, st *PhaseStat) error) error {
 	ctx, cancel := context.WithTimeout(ctx, d)
@@ -209,6 +238,7 @@ func (r *run) phase(ctx context.Context, kind Kind, d time.Duration, f func(ctx 
 		st.Err = err.Error()
 	}
 	r.res.Phases = append(r.res.Phases, st)
+	r.progress(ctx, Progress{Phase: kind, Round: st.Rounds, Done: true, Stat: st})
 	return err
 }
 
@@ -221,6 +251,7 @@ func (r *run) once(kind Kind, last *Report) func(ctx context.Context, st *PhaseS
 		if err != nil {
 			return err
 		}
+		r.progress(ctx, Progress{Phase: kind, Round: st.Rounds, Report: rep})
 		*last = rep
 		if f := rep.Failed(); len(f) > 0 {
 			return fmt.Errorf("%w: %d nodes, first %s: %s", ErrNodeFailed, len(f), f[0].Node, f[0].Err)
@@ -266,6 +297,7 @@ func (c *Coordinator) Pause(ctx context.Context, job string, nodes []string) (Re
 				return err
 			}
 			last = carryOver(last, rep)
+			r.progress(ctx, Progress{Phase: KindDrain, Round: st.Rounds, Report: last})
 			if failed, _, _ := rep.split(); failed > 0 {
 				f := rep.Failed()[0]
 				return fmt.Errorf("%w: %d nodes, first %s: %s", ErrNodeFailed, failed, f.Node, f.Err)

@@ -107,6 +107,10 @@ type NodeReport struct {
 	// Unreached is set, with Err, when the node's reply never arrived: the
 	// node may be fine and the network not, which matters for retrying.
 	Unreached bool `json:"unreached,omitempty"`
+	// Checked counts the job connections the node examined, and Ranks the
+	// job's ranks on the node: what a clean report vouches for.
+	Checked int `json:"checked,omitempty"`
+	Ranks   int `json:"ranks,omitempty"`
 }
 
 // Clean reports whether the node has nothing pending and no error. A node
@@ -123,11 +127,16 @@ type Report struct {
 	Nodes int `json:"nodes"`
 	// Pending lists the nodes that are not clean, sorted by node name.
 	Pending []NodeReport `json:"pending,omitempty"`
+	// Checked and Ranks sum the nodes' counts.
+	Checked int `json:"checked,omitempty"`
+	Ranks   int `json:"ranks,omitempty"`
 }
 
 // Add accounts for one node's report.
 func (r *Report) Add(n NodeReport) {
 	r.Nodes++
+	r.Checked += n.Checked
+	r.Ranks += n.Ranks
 	if !n.Clean() {
 		r.Pending = append(r.Pending, n)
 	}
@@ -138,6 +147,8 @@ func (r *Report) Add(n NodeReport) {
 // does not change the result.
 func (r *Report) Merge(o Report) {
 	r.Nodes += o.Nodes
+	r.Checked += o.Checked
+	r.Ranks += o.Ranks
 	r.Pending = append(r.Pending, o.Pending...)
 	slices.SortStableFunc(r.Pending, func(a, b NodeReport) int { return strings.Compare(a.Node, b.Node) })
 }
@@ -203,7 +214,7 @@ func carryOver(prev, cur Report) Report {
 	if len(held) == 0 {
 		return cur
 	}
-	out := Report{Nodes: cur.Nodes, Pending: make([]NodeReport, len(cur.Pending))}
+	out := Report{Nodes: cur.Nodes, Checked: cur.Checked, Ranks: cur.Ranks, Pending: make([]NodeReport, len(cur.Pending))}
 	for i, n := range cur.Pending {
 		if p, ok := held[n.Node]; ok && n.Unreached {
 			p.Unreached, p.Err = true, n.Err+" (connections as last reported)"

@@ -1,5 +1,6 @@
 // Command mpipause pauses a running multi-node MPI job at a consistent point
-// and resumes it; today it offers the kernel observer's view of a job's TCP
+// and resumes it, through the mpid of its node; it also launches jobs so
+// that they can be paused (run) and shows the kernel's view of a job's TCP
 // connections (observe).
 package main
 
@@ -14,6 +15,8 @@ import (
 	"sort"
 	"strings"
 	"syscall"
+
+	"github.com/mpipause/mpipause/internal/ctl"
 )
 
 // env is everything a subcommand may touch of the outside world, so that the
@@ -32,6 +35,11 @@ type cmd struct {
 
 var commands = []cmd{
 	{"observe", "show a job's TCP connections and their queues, read from the kernel", observe},
+	{"run", "launch an MPI job (mpirun, mpiexec) so that it can be paused; Ctrl-Z pauses it", runCmd},
+	{"pause", "pause a job on every node (also: mpipause JOBID)", pauseCmd},
+	{"resume", "resume a paused job", resumeCmd},
+	{"status", "show a job's state and its last pause or resume", statusCmd},
+	{"list", "list the jobs on this node", listCmd},
 }
 
 // usageError is a mistake in how the command was called: exit code 2.
@@ -47,8 +55,9 @@ func main() {
 	os.Exit(run(ctx, e, os.Args[1:]))
 }
 
-// run executes one command line and returns the process exit code:
-// 0 success, 1 the operation failed, 2 bad usage.
+// run executes one command line and returns the process exit code: 0
+// success, 1 the operation failed, 2 bad usage, and the codes of exitCodes
+// for what mpid refused.
 func run(ctx context.Context, e *env, args []string) int {
 	if len(args) == 0 {
 		usage(e.stderr)
@@ -60,27 +69,51 @@ func run(ctx context.Context, e *env, args []string) int {
 		return 0
 	}
 	for _, c := range commands {
-		if c.name != args[0] {
-			continue
-		}
-		err := c.run(ctx, e, args[1:])
-		switch {
-		case err == nil:
-			return 0
-		case errors.Is(err, flag.ErrHelp):
-			return 0
-		case errors.As(err, new(usageError)):
-			fmt.Fprintf(e.stderr, "mpipause %s: %v\n", c.name, err)
-			return 2
-		case errors.Is(err, context.Canceled):
-			return 130
-		default:
-			fmt.Fprintf(e.stderr, "mpipause %s: %v\n", c.name, err)
-			return 1
+		if c.name == args[0] {
+			return exit(e, c.name, c.run(ctx, e, args[1:]))
 		}
 	}
-	fmt.Fprintf(e.stderr, "mpipause: unknown command %q; run 'mpipause --help' for the list\n", args[0])
-	return 2
+	if strings.HasPrefix(args[0], "-") {
+		fmt.Fprintf(e.stderr, "mpipause: unknown option %q; run 'mpipause --help'\n", args[0])
+		return 2
+	}
+	// mpipause JOBID: the product's one-word pause.
+	err := pauseCmd(ctx, e, args)
+	var ce *ctl.Error
+	if errors.As(err, &ce) && ce.Code == ctl.CodeUnknownJob {
+		err = ctl.Errorf(ce.Code, "%s (and %q is not a command: see mpipause --help)", ce.Message, args[0])
+	}
+	return exit(e, "pause", err)
+}
+
+// exit reports err once and turns it into the exit code.
+func exit(e *env, name string, err error) int {
+	var ce *ctl.Error
+	var quiet silent
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.As(err, new(usageError)):
+		fmt.Fprintf(e.stderr, "mpipause %s: %v\n", name, err)
+		return 2
+	case errors.Is(err, context.Canceled):
+		return 130
+	case errors.As(err, &quiet):
+		return exitCodes[quiet.err.Code]
+	case errors.As(err, &ce):
+		fmt.Fprintf(e.stderr, "mpipause %s: %v\n", name, ce.Message)
+		if c, ok := exitCodes[ce.Code]; ok {
+			return c
+		}
+		return 1
+	case errors.As(err, new(exitStatus)):
+		return int(err.(exitStatus))
+	default:
+		fmt.Fprintf(e.stderr, "mpipause %s: %v\n", name, err)
+		return 1
+	}
 }
 
 func usage(w io.Writer) {
@@ -95,6 +128,8 @@ func usage(w io.Writer) {
 	}
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Run 'mpipause COMMAND --help' for a command's options.")
+	fmt.Fprintln(w)
+	fmt.Fprint(w, exitCodeHelp)
 }
 
 // newFlags makes a flag set whose errors come back as usageError and whose

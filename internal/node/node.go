@@ -21,9 +21,9 @@ type Local struct {
 	Name string
 	// Ranks is the node's rank socket, where the job's shims registered.
 	Ranks *ranks.Server
-	// Observer reads the job's sockets from the kernel. It may see other
-	// nodes' namespaces too (on a rig); Netns then selects this node's.
-	Observer loader.Observer
+	// Observer returns the kernel reader of the job's sockets. It may see
+	// other nodes' namespaces too (on a rig); Netns then selects this node's.
+	Observer func(job string) (loader.Observer, error)
 	// Netns, if set, is the Conn.Netns label of this node's namespace.
 	Netns string
 	// Cgroup returns the cgroup v2 directory that holds the job's ranks on
@@ -78,22 +78,31 @@ func (l *Local) Drain(ctx context.Context, job string) (quiesce.NodeReport, erro
 	if err != nil {
 		return rep, err
 	}
-	return l.kernelReport(ctx, rep)
+	return l.kernelReport(ctx, job, rep)
 }
 
 // Verify is the kernel's report after the freeze: the ranks cannot answer
 // now, and need not: only the kernel's queues count (G1).
 func (l *Local) Verify(ctx context.Context, job string) (quiesce.NodeReport, error) {
-	return l.kernelReport(ctx, quiesce.NodeReport{Node: l.Name})
+	return l.kernelReport(ctx, job, quiesce.NodeReport{Node: l.Name})
 }
 
-func (l *Local) kernelReport(ctx context.Context, rep quiesce.NodeReport) (quiesce.NodeReport, error) {
-	conns, err := l.Observer.Snapshot(ctx)
+func (l *Local) kernelReport(ctx context.Context, job string, rep quiesce.NodeReport) (quiesce.NodeReport, error) {
+	obs, err := l.Observer(job)
 	if err != nil {
 		return rep, err
 	}
+	conns, err := obs.Snapshot(ctx)
+	if err != nil {
+		return rep, err
+	}
+	rep.Ranks = len(l.Ranks.Ranks(job))
 	for _, c := range conns {
-		if (l.Netns != "" && c.Netns != l.Netns) || c.State != loader.StateEstablished || c.Empty() {
+		if (l.Netns != "" && c.Netns != l.Netns) || c.State != loader.StateEstablished {
+			continue
+		}
+		rep.Checked++
+		if c.Empty() {
 			continue
 		}
 		rep.Conns = append(rep.Conns, quiesce.Conn{Node: l.Name, Local: c.Local.String(), Remote: c.Remote.String(),

@@ -7,6 +7,14 @@
 // A rank is authenticated by the kernel, not by what it says: the pid in its
 // HELLO must be the pid SO_PEERCRED reports for the connection. A rank that
 // exits or crashes is gone when its connection closes.
+//
+// Before all that, from the shim's constructor (before main, so before
+// MPI_Init creates any socket), a rank of a named job may send one JOIN
+// line on a connection of its own, asking to be moved into the job's
+// cgroup: the kernel charges a socket to the cgroup of the process that
+// creates it, at creation, for good, and mpid watches a job's sockets by
+// cgroup. mpid answers OK or ERR and closes that connection; a JOIN does not
+// register a rank.
 package ranks
 
 import (
@@ -68,6 +76,15 @@ type Server struct {
 	// it got SIGTSTP, "resume" when it got SIGCONT. It runs on the rank's
 	// reader: it must not make requests to that rank itself.
 	OnEvent func(r *Rank, event string)
+	// Join, if set, acts on a JOIN: process pid, of user uid (both from
+	// SO_PEERCRED, the pid also the one the line names), asks to be moved
+	// into the cgroup of job, before it has created any socket (mpid:
+	// check the job and the user, write pid to the job cgroup's
+	// cgroup.procs). A nil return answers OK; an error answers ERR with its
+	// text, which the rank prints. The shim waits 2 s for the answer, then
+	// runs on unjoined. Without Join every JOIN is refused ("joining is not
+	// supported here"). Refused JOINs also go to OnChange (r nil, err).
+	Join func(job string, pid int, uid uint32) error
 
 	ln      *net.UnixListener
 	mu      sync.Mutex
@@ -114,7 +131,16 @@ func (s *Server) Serve(ctx context.Context) error {
 }
 
 func (s *Server) handshake(c *net.UnixConn) {
-	r, err := hello(c)
+	f, err := first(c)
+	if err == nil && isJoin(f.line) {
+		f.page.close() // a JOIN carries no state page
+		s.join(c, f)
+		return
+	}
+	var r *Rank
+	if err == nil {
+		r, err = hello(c, f)
+	}
 	if err == nil && s.Admit != nil {
 		err = s.Admit(r)
 	}
@@ -147,43 +173,58 @@ func (s *Server) notifyLocked() {
 	s.changed = make(chan struct{})
 }
 
-// hello reads and checks a rank's first line.
-func hello(c *net.UnixConn) (*Rank, error) {
+// firstLine is a connection's first line, the peer's credentials and the
+// state page the first byte brought, if any.
+type firstLine struct {
+	line string
+	cred *unix.Ucred
+	page *statePage
+	perr error // the attached fd was not a valid state page
+}
+
+// first reads a connection's first line and its peer's credentials.
+func first(c *net.UnixConn) (firstLine, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		return nil, err
+		return firstLine{}, err
 	}
 	var cred *unix.Ucred
 	var cerr error
 	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
-		return nil, err
+		return firstLine{}, err
 	}
 	if cerr != nil {
-		return nil, cerr
+		return firstLine{}, cerr
 	}
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	// The first byte comes with the state page's fd, if the shim sent one.
-	first := make([]byte, 1)
+	b := make([]byte, 1)
 	oob := make([]byte, unix.CmsgSpace(4))
-	n, oobn, _, _, err := c.ReadMsgUnix(first, oob)
+	n, oobn, _, _, err := c.ReadMsgUnix(b, oob)
 	if err != nil || n != 1 {
-		return nil, fmt.Errorf("HELLO: %v", err)
+		return firstLine{}, fmt.Errorf("HELLO: %v", err)
 	}
 	page, perr := receivePage(oob[:oobn])
 	line, err := readLine(c)
 	if err != nil {
 		page.close()
-		return nil, err
+		return firstLine{}, err
 	}
 	c.SetReadDeadline(time.Time{})
-	r, err := ParseHello(string(first) + line)
+	return firstLine{line: string(b) + line, cred: cred, page: page, perr: perr}, nil
+}
+
+// hello checks a HELLO first line.
+func hello(c *net.UnixConn, f firstLine) (*Rank, error) {
+	page, cred := f.page, f.cred
+	r, err := ParseHello(f.line)
 	if err != nil {
 		page.close()
 		return nil, err
 	}
-	if perr != nil {
+	if f.perr != nil {
 		page.close()
-		return nil, fmt.Errorf("rank %d (pid %d): state page: %w", r.Rank, r.Pid, perr)
+		return nil, fmt.Errorf("rank %d (pid %d): state page: %w", r.Rank, r.Pid, f.perr)
 	}
 	r.page = page
 	if r.Pid != int(cred.Pid) {
@@ -210,7 +251,113 @@ func readLine(c *net.UnixConn) (string, error) {
 		}
 		b = append(b, one[0])
 	}
-	return "", errors.New("HELLO line too long")
+	return "", errors.New("first line too long")
+}
+
+// isJoin: the first line is a JOIN (well formed or not), not a HELLO.
+func isJoin(line string) bool {
+	verb, _, _ := strings.Cut(line, " ")
+	return verb == "JOIN"
+}
+
+// join answers a JOIN (OK or ERR <reason>) and closes the connection.
+func (s *Server) join(c *net.UnixConn, f firstLine) {
+	defer c.Close()
+	job, pid, err := ParseJoin(f.line)
+	switch {
+	case err != nil:
+	case pid != int(f.cred.Pid):
+		err = errors.New("pid does not match the connection's credentials")
+	case s.Join == nil:
+		err = errors.New("joining is not supported here")
+	default:
+		err = s.Join(job, pid, f.cred.Uid)
+	}
+	reply := "OK\n"
+	if err != nil {
+		reply = "ERR " + oneLine(err.Error()) + "\n"
+	}
+	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	c.Write([]byte(reply)) // a rank that gave up waiting has gone: nothing to do
+	if err != nil && s.OnChange != nil {
+		s.OnChange(nil, false, fmt.Errorf("JOIN from pid %d (uid %d) refused: %w", f.cred.Pid, f.cred.Uid, err))
+	}
+}
+
+// oneLine makes s fit an ERR line: printable ASCII, at most 200 bytes,
+// never empty.
+func oneLine(s string) string {
+	b := []byte(s)
+	for i, c := range b {
+		if c < ' ' || c > '~' {
+			b[i] = ' '
+		}
+	}
+	s = strings.TrimSpace(string(b))
+	if len(s) > 200 {
+		s = s[:200]
+	}
+	if s == "" {
+		s = "refused"
+	}
+	return s
+}
+
+// MaxJobID is the longest job id a JOIN may carry.
+const MaxJobID = 128
+
+// ParseJoin parses "JOIN 1 job=<id> pid=<pid>" (one trailing newline
+// allowed): version 1, exactly the fields job and pid, each once, single
+// spaces. A job id is 1 to MaxJobID printable ASCII characters other than
+// '=' (so no spaces and no control characters); pid is a positive decimal
+// without sign or leading zeros.
+func ParseJoin(line string) (job string, pid int, err error) {
+	f := strings.Split(strings.TrimSuffix(line, "\n"), " ")
+	if len(f) < 2 || f[0] != "JOIN" || f[1] != "1" {
+		return "", 0, fmt.Errorf("not a version 1 JOIN: %q", line)
+	}
+	if len(f) != 4 {
+		return "", 0, fmt.Errorf("JOIN wants job= and pid=, got %q", line)
+	}
+	var haveJob, havePid bool
+	for _, kv := range f[2:] {
+		k, v, _ := strings.Cut(kv, "=")
+		switch {
+		case k == "job" && !haveJob:
+			if !ValidJobID(v) {
+				return "", 0, fmt.Errorf("JOIN job id %q: %s", v, JobIDRule)
+			}
+			job, haveJob = v, true
+		case k == "pid" && !havePid:
+			n, perr := strconv.ParseInt(v, 10, 32)
+			if perr != nil || n <= 0 || v[0] == '0' || v[0] == '+' {
+				return "", 0, fmt.Errorf("JOIN pid %q", v)
+			}
+			pid, havePid = int(n), true
+		default:
+			return "", 0, fmt.Errorf("JOIN field %q", kv)
+		}
+	}
+	return job, pid, nil
+}
+
+// JobIDRule says what ValidJobID accepts, for error messages.
+const JobIDRule = "want 1 to 128 printable ASCII characters without spaces, '=', ',' or '/', and not . or .."
+
+// ValidJobID is the one rule for job ids, here, in mpid, in the CLI and in
+// the shim (mpp_valid_jobid): '=' and spaces would break the line protocol,
+// the shim's HELLO turns ',' into '_' (so JOIN and HELLO would disagree),
+// and '/' and the dot names would escape the job's cgroup directory.
+func ValidJobID(s string) bool {
+	if len(s) == 0 || len(s) > MaxJobID || s == "." || s == ".." {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c <= ' ' || c > '~' || c == '=' || c == ',' || c == '/' {
+			return false
+		}
+	}
+	return true
 }
 
 // ParseHello parses "HELLO 1 job=... rank=... size=... pid=... host=...

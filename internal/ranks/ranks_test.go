@@ -3,7 +3,9 @@ package ranks
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"strings"
@@ -123,5 +125,229 @@ func TestServer(t *testing.T) {
 	cancel()
 	if err := <-done; err != nil {
 		t.Errorf("Serve: %v", err)
+	}
+}
+
+func TestParseJoin(t *testing.T) {
+	id128 := strings.Repeat("a", 128)
+	for _, c := range []struct {
+		line, job string
+		pid       int
+	}{
+		{"JOIN 1 job=j-1 pid=42", "j-1", 42},
+		{"JOIN 1 job=j-1 pid=42\n", "j-1", 42},
+		{"JOIN 1 pid=7 job=slurm-12.0", "slurm-12.0", 7},
+		{"JOIN 1 job=a.b:c-d@e_f pid=2147483647", "a.b:c-d@e_f", 2147483647},
+		{"JOIN 1 job=" + id128 + " pid=1", id128, 1},
+	} {
+		job, pid, err := ParseJoin(c.line)
+		if err != nil || job != c.job || pid != c.pid {
+			t.Errorf("ParseJoin(%q) = %q, %d, %v; want %q, %d", c.line, job, pid, err, c.job, c.pid)
+		}
+	}
+	for _, bad := range []string{
+		"",
+		"JOIN",
+		"JOIN 1",
+		"join 1 job=x pid=1",
+		"HELLO 1 job=x pid=1",
+		"JOIN 2 job=x pid=1",
+		"JOIN 01 job=x pid=1",
+		"JOIN 1 job=x",
+		"JOIN 1 pid=1",
+		"JOIN 1 job=x pid=1 extra=2",
+		"JOIN 1 job=x pid=1 junk",
+		"JOIN 1 job=x job=y",
+		"JOIN 1 pid=1 pid=2",
+		"JOIN 1 job=x jobx pid=1",
+		"JOIN 1 job= pid=1",
+		"JOIN 1 job pid=1",
+		"JOIN 1 job=a=b pid=1",
+		"JOIN 1 job=a,b pid=1",
+		"JOIN 1 job=a/b pid=1",
+		"JOIN 1 job=. pid=1",
+		"JOIN 1 job=.. pid=1",
+		"JOIN 1 job=a\tb pid=1",
+		"JOIN 1 job=a\x01 pid=1",
+		"JOIN 1 job=a\x7f pid=1",
+		"JOIN 1 job=caf\u00e9 pid=1",
+		"JOIN 1 job=" + id128 + "a pid=1",
+		"JOIN 1 job=x pid=",
+		"JOIN 1 job=x pid=0",
+		"JOIN 1 job=x pid=-1",
+		"JOIN 1 job=x pid=+1",
+		"JOIN 1 job=x pid=01",
+		"JOIN 1 job=x pid=1x",
+		"JOIN 1 job=x pid=0x10",
+		"JOIN 1 job=x pid=99999999999",
+		"JOIN  1 job=x pid=1",
+		"JOIN 1 job=x  pid=1",
+		"JOIN 1 job=x pid=1 ",
+		"JOIN 1 job=x pid=1\r",
+		"JOIN 1 job=x pid=1\n\n",
+	} {
+		if job, pid, err := ParseJoin(bad); err == nil {
+			t.Errorf("ParseJoin(%q) accepted: %q, %d", bad, job, pid)
+		}
+	}
+}
+
+// joinServer serves ranks with the Join hook join on a fresh socket; the
+// refusals OnChange is told of go to the channel.
+func joinServer(t *testing.T, join func(string, int, uint32) error) (*Server, string, <-chan error) {
+	t.Helper()
+	addr := fmt.Sprintf("@mpipause-ranks-join-test-%d-%s", os.Getpid(), t.Name())
+	s, err := Listen(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := make(chan error, 10)
+	s.Join = join
+	s.OnChange = func(r *Rank, gone bool, err error) {
+		if r == nil && err != nil {
+			refused <- err
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.Serve(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	})
+	return s, addr, refused
+}
+
+// joinOnce is the shim's JOIN: one line, one answer, then the server
+// hangs up (the answer, without its newline, and whether it hung up).
+func joinOnce(t *testing.T, addr, line string) (string, bool) {
+	t.Helper()
+	c, err := net.Dial("unix", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(10 * time.Second))
+	if _, err := fmt.Fprint(c, line); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	reply, err := br.ReadString('\n')
+	if err != nil {
+		t.Fatalf("no answer to %q: %v", line, err)
+	}
+	_, err = br.ReadByte()
+	return strings.TrimSuffix(reply, "\n"), errors.Is(err, io.EOF)
+}
+
+func TestServerJoin(t *testing.T) {
+	me := os.Getpid()
+	type call struct {
+		job string
+		pid int
+		uid uint32
+	}
+
+	t.Run("ok", func(t *testing.T) {
+		calls := make(chan call, 10)
+		s, addr, refused := joinServer(t, func(job string, pid int, uid uint32) error {
+			calls <- call{job, pid, uid}
+			return nil
+		})
+		reply, hungUp := joinOnce(t, addr, fmt.Sprintf("JOIN 1 job=j-7 pid=%d\n", me))
+		if reply != "OK" || !hungUp {
+			t.Errorf("reply %q, hung up %v; want OK and the connection closed", reply, hungUp)
+		}
+		select {
+		case c := <-calls:
+			if c != (call{"j-7", me, uint32(os.Getuid())}) {
+				t.Errorf("Join got %+v", c)
+			}
+		default:
+			t.Error("OK without a Join call")
+		}
+		if len(calls) != 0 || len(refused) != 0 {
+			t.Errorf("%d more Join calls, %d refusals", len(calls), len(refused))
+		}
+		if rs := s.Ranks(""); len(rs) != 0 {
+			t.Errorf("a JOIN registered ranks: %+v", rs)
+		}
+	})
+
+	t.Run("hook error", func(t *testing.T) {
+		_, addr, refused := joinServer(t, func(string, int, uint32) error {
+			return errors.New("cannot move pid into /sys/fs/cgroup/job:\npermission denied")
+		})
+		reply, hungUp := joinOnce(t, addr, fmt.Sprintf("JOIN 1 job=j pid=%d\n", me))
+		if want := "ERR cannot move pid into /sys/fs/cgroup/job: permission denied"; reply != want || !hungUp {
+			t.Errorf("reply %q, hung up %v; want %q and the connection closed", reply, hungUp, want)
+		}
+		wantRefusal(t, refused, "permission denied")
+	})
+
+	t.Run("pid mismatch", func(t *testing.T) {
+		called := make(chan struct{}, 1)
+		_, addr, refused := joinServer(t, func(string, int, uint32) error { called <- struct{}{}; return nil })
+		reply, hungUp := joinOnce(t, addr, fmt.Sprintf("JOIN 1 job=j pid=%d\n", me+1))
+		if want := "ERR pid does not match the connection's credentials"; reply != want || !hungUp {
+			t.Errorf("reply %q, hung up %v; want %q and the connection closed", reply, hungUp, want)
+		}
+		wantRefusal(t, refused, "pid does not match")
+		if len(called) != 0 {
+			t.Error("Join called for a pid that is not the peer's")
+		}
+	})
+
+	t.Run("malformed", func(t *testing.T) {
+		called := make(chan struct{}, 1)
+		_, addr, refused := joinServer(t, func(string, int, uint32) error { called <- struct{}{}; return nil })
+		reply, hungUp := joinOnce(t, addr, fmt.Sprintf("JOIN 1 job=a=b pid=%d\n", me))
+		if !strings.HasPrefix(reply, "ERR JOIN job id") || !hungUp {
+			t.Errorf("reply %q, hung up %v; want an ERR about the job id and the connection closed", reply, hungUp)
+		}
+		wantRefusal(t, refused, "job id")
+		if len(called) != 0 {
+			t.Error("Join called for a malformed JOIN")
+		}
+	})
+
+	t.Run("no hook", func(t *testing.T) {
+		_, addr, refused := joinServer(t, nil)
+		reply, hungUp := joinOnce(t, addr, fmt.Sprintf("JOIN 1 job=j pid=%d\n", me))
+		if want := "ERR joining is not supported here"; reply != want || !hungUp {
+			t.Errorf("reply %q, hung up %v; want %q and the connection closed", reply, hungUp, want)
+		}
+		wantRefusal(t, refused, "not supported")
+	})
+
+	t.Run("hello after join", func(t *testing.T) {
+		s, addr, _ := joinServer(t, func(string, int, uint32) error { return nil })
+		if reply, _ := joinOnce(t, addr, fmt.Sprintf("JOIN 1 job=j pid=%d\n", me)); reply != "OK" {
+			t.Fatalf("JOIN: %q", reply)
+		}
+		c := fakeShim(t, addr, fmt.Sprintf("HELLO 1 job=j rank=0 size=1 pid=%d host=h\n", me))
+		defer c.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == 1 }); err != nil {
+			t.Fatalf("the HELLO after a JOIN did not register: %v", err)
+		}
+		if g, err := s.Ranks("j")[0].State(ctx); err != nil || g.State != "open" {
+			t.Errorf("State: %+v %v", g, err)
+		}
+	})
+}
+
+func wantRefusal(t *testing.T, refused <-chan error, want string) {
+	t.Helper()
+	select {
+	case err := <-refused:
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("OnChange told %q, want it to say %q", err, want)
+		}
+	case <-time.After(5 * time.Second):
+		t.Errorf("OnChange not told of the refusal (%s)", want)
 	}
 }

@@ -10,8 +10,13 @@
 //	netns mpipause-rig(-R)    bridge br0 with one veth port per node
 //	/run/mpipause/rig/R/      state: ns/ (mount and UTS namespaces of the
 //	                          nodes, bound to files), bpf/ (a bpffs, one
-//	                          directory per node), ssh (launcher agent)
+//	                          directory per node), ssh (launcher agent),
+//	                          mpid-nodeK.log and .ready (node K's daemon)
 //	/etc/netns/<netns>/hosts  the node's /etc/hosts
+//	<cgroup2>/mpipause-rig/R/nodeK  the cgroups of node K's daemon
+//
+// Up starts bin/mpid in every node, detached, and waits for their ready
+// files (daemon.go); Down stops them before it kills what is left.
 //
 // The bridge lives in a namespace of its own rather than in the host's, so a
 // rig adds nothing to the host's interfaces, routes or firewall, its traffic

@@ -41,11 +41,15 @@ func (r *Rig) Command(node string, cmd []string, env []string, cwd string) (*Exe
 	if err != nil {
 		return nil, err
 	}
+	return r.nodeCommand(st, i, cmd, r.nodeEnv(env, i, st), cwd)
+}
+
+// nodeCommand is Command for node i of st, with env already the node's.
+func (r *Rig) nodeCommand(st *State, i int, cmd []string, env []string, cwd string) (*Exec, error) {
 	nsenter, err := lookPath("nsenter")
 	if err != nil {
 		return nil, err
 	}
-	env = r.nodeEnv(env, i, st)
 	root, err := r.hostRoot(st, i)
 	if err != nil {
 		return nil, err
@@ -101,6 +105,12 @@ func (r *Rig) hostRoot(st *State, i int) (string, error) {
 
 // nodeEnv returns env with the node's variables set.
 func (r *Rig) nodeEnv(env []string, i int, st *State) []string {
+	return r.buildNodeEnv(env, i, st, true)
+}
+
+// buildNodeEnv is nodeEnv; without preload, it drops LD_PRELOAD altogether
+// instead of adding the finalize fix to it.
+func (r *Rig) buildNodeEnv(env []string, i int, st *State, preloads bool) []string {
 	out := make([]string, 0, len(env)+16)
 	set := map[string]bool{}
 	path, preload := "", ""
@@ -128,7 +138,9 @@ func (r *Rig) nodeEnv(env []string, i int, st *State) []string {
 	out = append(out, "PATH="+path, NameEnv+"="+r.cfg.Name, NodeEnv+"="+NodeName(i))
 	// The finalize fix goes first and the user's preloads (the mpipause
 	// shim, say) still load: LD_PRELOAD is a list, not a choice.
-	if fix := r.finalizeFix(); fix != "" && !strings.Contains(preload, fix) {
+	if !preloads {
+		preload = ""
+	} else if fix := r.finalizeFix(); fix != "" && !strings.Contains(preload, fix) {
 		preload = strings.TrimSuffix(fix+":"+preload, ":")
 	}
 	if preload != "" {

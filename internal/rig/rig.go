@@ -61,8 +61,11 @@ type Config struct {
 	// Exe is the rig binary: `up` runs it in each new node to set up the
 	// node's mounts, and the launcher agent runs it to reach a node.
 	Exe string
-	// BinDir goes first on PATH in node commands (the repository's bin/).
+	// BinDir goes first on PATH in node commands (the repository's bin/);
+	// `up` starts BinDir/mpid in every node.
 	BinDir string
+	// NoMPID: `up` starts no mpid (and does not need one in BinDir).
+	NoMPID bool
 }
 
 // Rig is one named rig on this machine.
@@ -100,6 +103,9 @@ func New(cfg Config) (*Rig, error) {
 	}
 	return &Rig{cfg: cfg}, nil
 }
+
+// Config returns the rig's configuration, defaults filled in.
+func (r *Rig) Config() Config { return r.cfg }
 
 // Name returns the rig's name.
 func (r *Rig) Name() string { return r.cfg.Name }
@@ -158,6 +164,8 @@ type State struct {
 	// HostMountNS is the mount namespace `up` ran in ("mnt:[INODE]"), where
 	// the nodes' namespace files are bound.
 	HostMountNS string `json:"host_mount_ns"`
+	// MPID is the daemon of each node that has one (none with NoMPID).
+	MPID []Daemon `json:"mpid,omitempty"`
 }
 
 // Load reads the state of a rig that is up, or fails with ErrNotUp.
@@ -211,13 +219,21 @@ func (r *Rig) Up(ctx context.Context, n int) (err error) {
 	if n < 1 || n > MaxNodes {
 		return fmt.Errorf("rig up %d: want 1 to %d nodes", n, MaxNodes)
 	}
+	// Before anything is made: a rig without its daemons is not what the
+	// caller asked for.
+	if err := r.checkMPID(); err != nil {
+		return err
+	}
 	release, err := r.lock()
 	if err != nil {
 		return err
 	}
 	defer release()
-	if st, err := r.Load(); err == nil && st.Nodes != n {
-		return fmt.Errorf("rig %s is up with %d nodes; run `rig down` first", r.cfg.Name, st.Nodes)
+	prev, err := r.Load()
+	if err != nil {
+		prev = nil
+	} else if prev.Nodes != n {
+		return fmt.Errorf("rig %s is up with %d nodes; run `rig down` first", r.cfg.Name, prev.Nodes)
 	}
 
 	mounts, err := readMountinfo("/proc/self/mountinfo")
@@ -250,22 +266,24 @@ func (r *Rig) Up(ctx context.Context, n int) (err error) {
 	for i := 0; i < n; i++ {
 		st.Netns = append(st.Netns, r.NodeNetns(i))
 	}
-	b, _ := json.MarshalIndent(st, "", "  ")
-	if err := writeFileAtomic(r.stateFile(), append(b, '\n'), 0o644); err != nil {
-		return fmt.Errorf("write rig state: %w", err)
+	if prev != nil {
+		// Daemons of the previous up: startDaemons keeps the live ones, and
+		// down stops them even when this up goes no further.
+		st.MPID = prev.MPID
+	}
+	if err := r.saveState(&st); err != nil {
+		return err
 	}
 	return r.startDaemons(ctx, &st)
 }
 
-// startDaemons is the hook where `up` will start one mpid per node (with
-// `rig exec nodeK -- mpid --ready-file ...`, detached) and wait for every
-// ready file before returning, so that a test that ran `rig up` can use the
-// daemons at once. Nothing to start yet.
-func (r *Rig) startDaemons(ctx context.Context, st *State) error { return nil }
-
-// stopDaemons is the matching hook for `down`; whatever it leaves running is
-// killed with the rest of the nodes' processes.
-func (r *Rig) stopDaemons(ctx context.Context, st *State) error { return nil }
+func (r *Rig) saveState(st *State) error {
+	b, _ := json.MarshalIndent(st, "", "  ")
+	if err := writeFileAtomic(r.stateFile(), append(b, '\n'), 0o644); err != nil {
+		return fmt.Errorf("write rig state: %w", err)
+	}
+	return nil
+}
 
 // makeStateDir creates the state directory with its two mounts: ns/, a
 // private bind mount of itself (the kernel refuses to bind a mount namespace
@@ -420,21 +438,25 @@ func (r *Rig) Down(ctx context.Context) error {
 	}
 	defer release()
 
-	st, err := r.Load()
-	if err == nil {
+	var errs []error
+	// The daemons first and gently, so they can clean up; a daemon that
+	// does not stop is killed below with the rest of its node.
+	if st, err := r.Load(); err == nil {
 		if err := r.stopDaemons(ctx, st); err != nil {
-			return err
+			errs = append(errs, err)
 		}
 	}
 	names, err := r.findNetns()
 	if err != nil {
-		return err
+		return errors.Join(append(errs, err)...)
 	}
-	var errs []error
 	for _, name := range names {
 		if err := killNetnsProcs(ctx, name); err != nil {
 			errs = append(errs, err)
 		}
+	}
+	if err := r.removeCgroups(); err != nil {
+		errs = append(errs, err)
 	}
 	// The ns/ files: one per node namespace, whatever the state file says.
 	if ents, err := os.ReadDir(r.nsDir()); err == nil {

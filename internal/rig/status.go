@@ -2,6 +2,7 @@ package rig
 
 import (
 	"net/netip"
+	"os"
 
 	"github.com/mpipause/mpipause/internal/nl"
 )
@@ -14,6 +15,11 @@ type NodeStatus struct {
 	Exists bool   `json:"exists"`  // the network namespace is bound
 	LinkUp bool   `json:"link_up"` // eth0 is up and has its address
 	Procs  int    `json:"procs"`   // processes in the node
+	// The node's mpid as recorded by up (0: none, as with --no-mpid), and
+	// whether it runs and has written its ready file.
+	MPIDPid   int  `json:"mpid_pid"`
+	MPIDAlive bool `json:"mpid_alive"`
+	MPIDReady bool `json:"mpid_ready"`
 }
 
 // Status is what `rig status` shows.
@@ -26,7 +32,8 @@ type Status struct {
 }
 
 // Status reports the rig's state as found in the kernel, not only as
-// recorded: a node whose namespace vanished shows as not existing.
+// recorded: a node whose namespace vanished shows as not existing, a
+// recorded mpid that died as not alive (and the rig as not up).
 func (r *Rig) Status() (*Status, error) {
 	s := &Status{Name: r.cfg.Name, Dir: r.Dir(), Bridge: r.BridgeNetns()}
 	st, err := r.Load()
@@ -51,7 +58,12 @@ func (r *Rig) Status() (*Status, error) {
 			pids, _ := netnsPids(ns.Netns)
 			ns.Procs = len(pids)
 		}
-		if !ns.Exists || !ns.LinkUp {
+		if d, ok := st.daemon(ns.Name); ok {
+			ns.MPIDPid, ns.MPIDAlive = d.Pid, d.alive()
+			_, err := os.Stat(d.Ready)
+			ns.MPIDReady = ns.MPIDAlive && err == nil
+		}
+		if !ns.Exists || !ns.LinkUp || ns.MPIDPid != 0 && !ns.MPIDAlive {
 			s.Up = false
 		}
 		s.Nodes = append(s.Nodes, ns)

@@ -12,6 +12,7 @@
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -19,6 +20,8 @@
 #include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/un.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -481,8 +484,282 @@ static void test_signals(void)
 	CHECK(app_tstp == 1, "a SIG_DFL application handler ran");
 }
 
-int main(void)
+// The early JOIN (ctl.c): the formatting and the job id rules.
+static void test_join_line(void)
 {
+	int (*line)(char *, size_t, const char *, long) =
+		(int (*)(char *, size_t, const char *, long))dlsym(RTLD_DEFAULT, "mpipause_test_join_line");
+	CHECK(line != NULL, "no mpipause_test_join_line");
+	char b[256], id128[129], id129[130];
+	memset(id128, 'a', 128), id128[128] = 0;
+	memset(id129, 'a', 129), id129[129] = 0;
+	int n = line(b, sizeof(b), "slurm-42.0", 1234);
+	CHECK(n > 0 && strcmp(b, "JOIN 1 job=slurm-42.0 pid=1234\n") == 0 && (size_t)n == strlen(b), "got %d %s", n, b);
+	n = line(b, sizeof(b), id128, 7);
+	CHECK(n == (int)strlen("JOIN 1 job= pid=7\n") + 128, "a 128-byte id: %d", n);
+	const char *bad[] = {"", "a b", "a=b", "a,b", "a/b", ".", "..", "a\tb", "a\nb", "a\x01", "a\x7f", "caf\xc3\xa9", id129};
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		CHECK(line(b, sizeof(b), bad[i], 7) == -1, "invalid id %zu (%s) accepted", i, bad[i]);
+	CHECK(line(b, sizeof(b), "x", 0) == -1, "pid 0 accepted");
+	CHECK(line(b, 10, "x", 7) == -1, "a line that does not fit accepted");
+}
+
+static int join_seq;
+
+// join_listen listens on a fresh abstract socket standing in for mpid's;
+// its name ("@...") goes to name.
+static int join_listen(char *name, size_t n)
+{
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	snprintf(name, n, "@mpipause-shim-test-%d-%d", (int)getpid(), join_seq++);
+	size_t l = strlen(name);
+	memcpy(a.sun_path, name, l);
+	a.sun_path[0] = 0;
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || bind(fd, (void *)&a, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + l)) < 0 ||
+	    listen(fd, 4) < 0)
+		die("join listen");
+	return fd;
+}
+
+// inherited counts this process's fds above 2 that a child keeps across
+// exec: the child must have exactly these, no more (no fd leaked by JOIN).
+static int inherited(void)
+{
+	int n = 0;
+	for (int fd = 3; fd < 1024; fd++) {
+		int f = fcntl(fd, F_GETFD);
+		n += f >= 0 && !(f & FD_CLOEXEC);
+	}
+	return n;
+}
+
+// spawn re-executes this test with the shim preloaded and only env (plus
+// LD_PRELOAD) in its environment: its constructor does the JOIN, then it
+// checks its fds (main's "--child"). Its stderr goes to *errfd.
+static pid_t spawn(const char *const *env, int *errfd)
+{
+	char *envp[16], pre[1024], want[16];
+	int p[2], k = 0;
+
+	snprintf(pre, sizeof(pre), "LD_PRELOAD=%s", getenv("LD_PRELOAD") ? getenv("LD_PRELOAD") : "");
+	envp[k++] = pre;
+	for (; *env && k < 15; env++)
+		envp[k++] = (char *)*env;
+	envp[k] = NULL;
+	snprintf(want, sizeof(want), "%d", inherited());
+	if (pipe2(p, O_CLOEXEC) < 0)
+		die("pipe");
+	pid_t pid = fork();
+	if (pid < 0)
+		die("fork");
+	if (pid == 0) {
+		char *argv[] = {"gate_test", "--child", want, NULL};
+		dup2(p[1], 2);
+		execve("/proc/self/exe", argv, envp);
+		_exit(127);
+	}
+	close(p[1]);
+	*errfd = p[0];
+	return pid;
+}
+
+// reap waits for the child (at most 10 s) and reads its stderr; the exit
+// status (-1 if it did not end) and how long it ran after the call.
+static int reap(pid_t pid, int errfd, char *out, size_t n, double *secs)
+{
+	struct timespec t0, t1;
+	int st = 0, i;
+	size_t have = 0;
+	ssize_t r;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (i = 0; i < 1000 && waitpid(pid, &st, WNOHANG) == 0; i++)
+		usleep(10000);
+	if (i == 1000) {
+		kill(pid, SIGKILL);
+		waitpid(pid, &st, 0);
+		st = -1;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	if (secs)
+		*secs = (double)(t1.tv_sec - t0.tv_sec) + (t1.tv_nsec - t0.tv_nsec) / 1e9;
+	while (have < n - 1 && (r = read(errfd, out + have, n - 1 - have)) > 0)
+		have += (size_t)r;
+	out[have] = 0;
+	close(errfd);
+	return st == -1 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+}
+
+// take accepts the shim's connection (at most 5 s) and reads its line.
+static int take(int ln, char *line, size_t n)
+{
+	struct pollfd p = {.fd = ln, .events = POLLIN};
+	size_t have = 0;
+
+	line[0] = 0;
+	if (poll(&p, 1, 5000) != 1)
+		return -1;
+	int c = accept4(ln, NULL, NULL, SOCK_CLOEXEC);
+	if (c < 0)
+		return -1;
+	while (have < n - 1 && !memchr(line, '\n', have)) {
+		struct pollfd q = {.fd = c, .events = POLLIN};
+		ssize_t r = poll(&q, 1, 5000) == 1 ? read(c, line + have, n - 1 - have) : -1;
+		if (r <= 0)
+			break;
+		have += (size_t)r;
+		line[have] = 0;
+	}
+	return c;
+}
+
+// pending reports whether anyone connected to ln (without waiting).
+static int pending(int ln)
+{
+	struct pollfd p = {.fd = ln, .events = POLLIN};
+	return poll(&p, 1, 0) == 1;
+}
+
+static int lines(const char *s)
+{
+	int n = 0;
+	for (; *s; s++)
+		n += *s == '\n';
+	return n;
+}
+
+// A rank of a named job sends its JOIN before main; mpid's OK: no word.
+static void test_join_ok(void)
+{
+	char name[64], sockv[96], jobv[200], got[512], want[256], err[1024];
+	char id128[129];
+	memset(id128, 'j', 128), id128[128] = 0;
+	const char *ids[] = {"job-1", id128};
+	const char *ranks[] = {"OMPI_COMM_WORLD_RANK=0", "PMIX_RANK=3"};
+	int ln = join_listen(name, sizeof(name));
+	snprintf(sockv, sizeof(sockv), "MPIPAUSE_MPID_SOCKET=%s", name);
+	for (int i = 0; i < 2; i++) {
+		snprintf(jobv, sizeof(jobv), "MPIPAUSE_JOBID=%s", ids[i]);
+		const char *env[] = {sockv, jobv, ranks[i], NULL};
+		int errfd;
+		pid_t pid = spawn(env, &errfd);
+		int c = take(ln, got, sizeof(got));
+		if (c >= 0) {
+			write(c, "OK\n", 3);
+			close(c);
+		}
+		int st = reap(pid, errfd, err, sizeof(err), NULL);
+		snprintf(want, sizeof(want), "JOIN 1 job=%s pid=%d\n", ids[i], (int)pid);
+		CHECK(c >= 0 && strcmp(got, want) == 0, "mpid got %s, want %s", got, want);
+		CHECK(st == 0, "the rank exited %d: %s", st, err);
+		CHECK(err[0] == 0, "a joined rank printed: %s", err);
+	}
+	close(ln);
+}
+
+// mpid refuses, or does not answer, or is not there: one warning line,
+// and the process runs on; MPIPAUSE_QUIET=1 silences it.
+static void test_join_refused(void)
+{
+	char name[64], sockv[96], got[512], err[1024];
+	int ln = join_listen(name, sizeof(name)), errfd;
+	snprintf(sockv, sizeof(sockv), "MPIPAUSE_MPID_SOCKET=%s", name);
+	const char *env[] = {sockv, "MPIPAUSE_JOBID=j", "PMI_RANK=0", NULL};
+
+	pid_t pid = spawn(env, &errfd);
+	int c = take(ln, got, sizeof(got));
+	if (c >= 0) {
+		write(c, "ERR not a process of this job\n", 30);
+		close(c);
+	}
+	int st = reap(pid, errfd, err, sizeof(err), NULL);
+	CHECK(c >= 0 && strncmp(got, "JOIN 1 job=j pid=", 17) == 0, "mpid got %s", got);
+	CHECK(st == 0, "the refused rank exited %d: %s", st, err);
+	CHECK(lines(err) == 1 && strstr(err, "not a process of this job") && strstr(err, "not be pausable cleanly"),
+	      "want one warning with mpid's reason, got: %s", err);
+
+	// No answer: the rank waits 2 s, no more.
+	double secs;
+	pid = spawn(env, &errfd);
+	c = take(ln, got, sizeof(got));
+	st = reap(pid, errfd, err, sizeof(err), &secs);
+	if (c >= 0)
+		close(c);
+	CHECK(c >= 0, "no JOIN");
+	CHECK(st == 0 && secs > 1.5 && secs < 4, "unanswered: exit %d after %.2f s, want 0 after about 2 s: %s", st,
+	      secs, err);
+	CHECK(lines(err) == 1 && strstr(err, "within 2 s") && strstr(err, "not be pausable cleanly"), "unanswered: %s",
+	      err);
+	close(ln);
+
+	// Nobody listens.
+	pid = spawn(env, &errfd);
+	st = reap(pid, errfd, err, sizeof(err), NULL);
+	CHECK(st == 0, "without mpid the rank exited %d: %s", st, err);
+	CHECK(lines(err) == 1 && strstr(err, "could not join its job's cgroup") && strstr(err, "not be pausable cleanly"),
+	      "without mpid: %s", err);
+	const char *quiet[] = {sockv, "MPIPAUSE_JOBID=j", "PMI_RANK=0", "MPIPAUSE_QUIET=1", NULL};
+	pid = spawn(quiet, &errfd);
+	st = reap(pid, errfd, err, sizeof(err), NULL);
+	CHECK(st == 0 && err[0] == 0, "MPIPAUSE_QUIET=1: exit %d, printed: %s", st, err);
+}
+
+// No JOIN from a launcher daemon (no rank variable), without a job id, or
+// with an invalid one (one warning for that).
+static void test_join_skipped(void)
+{
+	char name[64], sockv[96], err[1024], long_id[160];
+	int ln = join_listen(name, sizeof(name)), errfd;
+	snprintf(sockv, sizeof(sockv), "MPIPAUSE_MPID_SOCKET=%s", name);
+	snprintf(long_id, sizeof(long_id), "MPIPAUSE_JOBID=%0129d", 0);
+	struct {
+		const char *env[4];
+		int warns;
+	} cases[] = {
+		{{sockv, "MPIPAUSE_JOBID=j", NULL}, 0},
+		{{sockv, "MPIPAUSE_JOBID=", "PMI_RANK=0", NULL}, 0},
+		{{sockv, "PMI_RANK=0", NULL}, 0},
+		{{sockv, "MPIPAUSE_JOBID=a b", "SLURM_PROCID=0", NULL}, 1},
+		{{sockv, "MPIPAUSE_JOBID=a=b", "PMI_RANK=0", NULL}, 1},
+		{{sockv, "MPIPAUSE_JOBID=a\x01", "PMI_RANK=0", NULL}, 1},
+		{{sockv, long_id, "PMI_RANK=0", NULL}, 1},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		pid_t pid = spawn(cases[i].env, &errfd);
+		int st = reap(pid, errfd, err, sizeof(err), NULL);
+		int joined = pending(ln);
+		if (joined) {
+			int c = accept4(ln, NULL, NULL, SOCK_CLOEXEC);
+			if (c >= 0)
+				close(c);
+		}
+		CHECK(st == 0, "case %zu: exit %d: %s", i, st, err);
+		CHECK(!joined, "case %zu: the process sent a JOIN", i);
+		CHECK(lines(err) == cases[i].warns && (!cases[i].warns || strstr(err, "not a valid job id")),
+		      "case %zu: want %d warning lines, got: %s", i, cases[i].warns, err);
+	}
+	close(ln);
+}
+
+// child is main for the re-executed test (spawn): the shim's constructor has
+// run; its fds above 2 must be exactly the ones the parent passed on.
+static int child(const char *want)
+{
+	int n = 0;
+	for (int fd = 3; fd < 1024; fd++)
+		n += fcntl(fd, F_GETFD) >= 0;
+	if (n != atoi(want)) {
+		fprintf(stderr, "child: %d fds above 2, want %s\n", n, want);
+		return 3;
+	}
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	if (argc == 3 && strcmp(argv[1], "--child") == 0)
+		return child(argv[2]);
 	gate_close = (void (*)(void))dlsym(RTLD_DEFAULT, "mpipause_gate_close");
 	gate_open = (void (*)(struct mpp_gate_stats *))dlsym(RTLD_DEFAULT, "mpipause_gate_open");
 	gate_state = (void (*)(struct mpp_gate_stats *))dlsym(RTLD_DEFAULT, "mpipause_gate_state");
@@ -502,6 +779,10 @@ int main(void)
 		{"close_with_held", test_close_with_held},
 		{"signal_during_blocked_send", test_signal_during_blocked_send},
 		{"signals", test_signals},
+		{"join_line", test_join_line},
+		{"join_ok", test_join_ok},
+		{"join_refused", test_join_refused},
+		{"join_skipped", test_join_skipped},
 	};
 	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
 		int before = failures;

@@ -1,7 +1,7 @@
 // Command rig runs mpipause's local cluster: N network-namespace "nodes" on
 // one machine (see package internal/rig). kernel-tests/rig is its wrapper.
 //
-//	rig up N                    bring up node0..node{N-1} (idempotent)
+//	rig up [--no-mpid] N        bring up node0..node{N-1}, an mpid in each (idempotent)
 //	rig exec NODE -- CMD...     run CMD in NODE (also from inside a node)
 //	rig status [--json]         show the nodes
 //	rig down                    remove everything (idempotent)
@@ -44,12 +44,15 @@ func main() {
 var errUsage = errors.New("usage")
 
 const usage = `usage: rig [--name NAME] COMMAND
-  up N                    bring up nodes node0..node{N-1} (idempotent)
+  up [--no-mpid] N        bring up nodes node0..node{N-1} and start bin/mpid in
+                          each, waiting until all are ready (idempotent; restarts
+                          dead mpids); --no-mpid starts none
   exec NODE -- CMD...     run CMD in NODE with the MPI launchers set up
   status [--json]         show the rig's nodes
-  down                    stop and remove everything the rig made (idempotent)
+  down                    stop the mpids and remove everything the rig made (idempotent)
   ssh [opts] HOST CMD...  launcher agent: ssh's arguments, runs CMD in HOST
 The rig is "default" unless --name or $MPIPAUSE_RIG names another.
+mpid logs: /run/mpipause/rig/NAME/mpid-nodeK.log (removed by down).
 `
 
 // env is the process environment, injectable for tests.
@@ -106,17 +109,45 @@ func run(ctx context.Context, args []string, e env, stdout, stderr io.Writer) er
 }
 
 func runUp(ctx context.Context, r *rig.Rig, args []string, _ env, stdout io.Writer) error {
-	if len(args) != 1 {
-		return fmt.Errorf("up: want the number of nodes: rig up N")
+	// The flag may come before or after N.
+	var pos []string
+	noMPID := false
+	for _, a := range args {
+		switch a {
+		case "--no-mpid", "-no-mpid":
+			noMPID = true
+		default:
+			if strings.HasPrefix(a, "-") {
+				return fmt.Errorf("up: unknown option %q: rig up [--no-mpid] N", a)
+			}
+			pos = append(pos, a)
+		}
 	}
-	n, err := strconv.Atoi(args[0])
+	if len(pos) != 1 {
+		return fmt.Errorf("up: want the number of nodes: rig up [--no-mpid] N")
+	}
+	n, err := strconv.Atoi(pos[0])
 	if err != nil {
-		return fmt.Errorf("up: %q is not a number of nodes", args[0])
+		return fmt.Errorf("up: %q is not a number of nodes", pos[0])
+	}
+	if noMPID {
+		cfg := r.Config()
+		cfg.NoMPID = true
+		if r, err = rig.New(cfg); err != nil {
+			return err
+		}
 	}
 	if err := r.Up(ctx, n); err != nil {
+		if errors.Is(err, rig.ErrNoMPID) {
+			return fmt.Errorf("up: %w", err) // nothing was made
+		}
 		return fmt.Errorf("up: %w (rig down removes what was made)", err)
 	}
-	fmt.Fprintf(stdout, "rig %s: %d nodes up (node0..node%d)\n", r.Name(), n, n-1)
+	daemons := ", an mpid ready in each"
+	if noMPID {
+		daemons = ", no mpid started"
+	}
+	fmt.Fprintf(stdout, "rig %s: %d nodes up (node0..node%d)%s\n", r.Name(), n, n-1, daemons)
 	return nil
 }
 
@@ -181,15 +212,29 @@ func runStatus(ctx context.Context, r *rig.Rig, args []string, _ env, stdout io.
 	}
 	state := "up"
 	if !s.Up {
-		state = "DEGRADED (rig down, then up again)"
+		state = "DEGRADED (rig up N again repairs it; or rig down, then up)"
 	}
 	fmt.Fprintf(stdout, "rig %s: %s, bridge in netns %s, state in %s\n", s.Name, state, s.Bridge, s.Dir)
 	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tNETNS\tADDRESS\tNETNS OK\tETH0 UP\tPROCS")
+	fmt.Fprintln(tw, "NODE\tNETNS\tADDRESS\tNETNS OK\tETH0 UP\tPROCS\tMPID")
 	for _, n := range s.Nodes {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%v\t%d\n", n.Name, n.Netns, n.Addr, n.Exists, n.LinkUp, n.Procs)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%v\t%v\t%d\t%s\n", n.Name, n.Netns, n.Addr, n.Exists, n.LinkUp, n.Procs, mpidState(n))
 	}
 	return tw.Flush()
+}
+
+// mpidState is the MPID column of status: pid and state, "-" for none.
+func mpidState(n rig.NodeStatus) string {
+	switch {
+	case n.MPIDPid == 0:
+		return "-"
+	case n.MPIDReady:
+		return fmt.Sprintf("%d ready", n.MPIDPid)
+	case n.MPIDAlive:
+		return fmt.Sprintf("%d alive, not ready", n.MPIDPid)
+	default:
+		return fmt.Sprintf("%d DEAD (rig up N restarts it)", n.MPIDPid)
+	}
 }
 
 func runInitNode(ctx context.Context, r *rig.Rig, args []string, _ env, _ io.Writer) error {

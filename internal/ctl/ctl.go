@@ -1,0 +1,319 @@
+// Package ctl is the control channel between the mpipause CLI and the mpid
+// of its node: a unix socket (abstract by default, so one per network
+// namespace, like the rank socket) carrying one JSON request and a stream of
+// JSON replies, one per line: progress lines while a pause or resume runs,
+// then one final line. mpid learns who is asking from SO_PEERCRED, never from
+// the request.
+package ctl
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/ranks"
+)
+
+// Version is the request format's version; mpid refuses others.
+const Version = 1
+
+// DefaultAddr is mpid's control socket unless MPIPAUSE_CTL_SOCKET says
+// otherwise.
+const DefaultAddr = "@mpipause-ctl"
+
+// Addr is the control socket the CLI uses: $MPIPAUSE_CTL_SOCKET or DefaultAddr.
+func Addr() string {
+	if a := os.Getenv("MPIPAUSE_CTL_SOCKET"); a != "" {
+		return a
+	}
+	return DefaultAddr
+}
+
+// Operations.
+const (
+	OpPause  = "pause"
+	OpResume = "resume"
+	OpStatus = "status"
+	OpList   = "list"
+)
+
+// Request is what the CLI asks.
+type Request struct {
+	Version int    `json:"version"`
+	Op      string `json:"op"`
+	Job     string `json:"job,omitempty"`
+	// Timeout bounds the drain of a pause (the --timeout flag); zero takes
+	// mpid's default.
+	Timeout time.Duration `json:"timeout_ns,omitempty"`
+}
+
+// Job states as the CLI shows them.
+const (
+	StateRunning  = "running"
+	StatePausing  = "pausing"
+	StatePaused   = "paused"
+	StateResuming = "resuming"
+	StateFailed   = "failed"
+)
+
+// Phase is the cost of one protocol phase.
+type Phase struct {
+	Name   string  `json:"name"`
+	Rounds int     `json:"rounds"`
+	Ms     float64 `json:"ms"`
+	Err    string  `json:"error,omitempty"`
+}
+
+// Conn is a job connection that held bytes when a report was read.
+type Conn struct {
+	Node      string `json:"node"`
+	Local     string `json:"local"`
+	Remote    string `json:"remote"`
+	SendQueue uint64 `json:"send_queue"`
+	Unread    uint64 `json:"unread"`
+	// Rank owns the local end (-1: not known); Peer is the rank on the
+	// remote end, which is the one not reading when SendQueue is stuck.
+	Rank int `json:"rank"`
+	Peer int `json:"peer_rank"`
+}
+
+// Failure says where and why a pause or resume failed.
+type Failure struct {
+	Phase  string `json:"phase"`
+	Node   string `json:"node,omitempty"`
+	Rank   int    `json:"rank"` // -1 when no single rank is to blame
+	Reason string `json:"reason"`
+	// Conns lists the connections still holding bytes (a drain timeout).
+	Conns []Conn `json:"connections,omitempty"`
+	// NotReading lists the ranks with unread bytes waiting for them.
+	NotReading []int `json:"ranks_not_reading,omitempty"`
+	// Unconfirmed lists nodes the rollback could not confirm.
+	Unconfirmed []string `json:"unconfirmed,omitempty"`
+}
+
+// Job is a job as mpid knows it: what status, list, pause and resume print.
+type Job struct {
+	ID    string `json:"job"`
+	State string `json:"state"`
+	Owner uint32 `json:"owner_uid"`
+	// Ranks is the job's size; Nodes its nodes (from rank 0's registration,
+	// or only this node when rank 0 is elsewhere); LocalRanks the ranks
+	// registered on the answering node.
+	Ranks      int      `json:"ranks"`
+	Nodes      []string `json:"nodes"`
+	LocalRanks []int    `json:"local_ranks,omitempty"`
+	// Coordinator is the node whose mpid runs the job's pauses.
+	Coordinator string `json:"coordinator,omitempty"`
+	// The last pause or resume: connections the final kernel snapshot
+	// checked, the bytes it found queued (zero for a committed pause), the
+	// bytes in flight when the drain began, and the times.
+	Connections   int       `json:"connections"`
+	InflightBytes uint64    `json:"inflight_bytes"`
+	DrainedBytes  uint64    `json:"drained_bytes"`
+	DrainMs       float64   `json:"drain_ms"`
+	TotalMs       float64   `json:"total_ms"`
+	Phases        []Phase   `json:"phases,omitempty"`
+	Failure       *Failure  `json:"failure,omitempty"`
+	Since         time.Time `json:"since,omitzero"`
+	// Unpausable, when set, says why the job cannot be paused cleanly.
+	Unpausable string `json:"unpausable,omitempty"`
+}
+
+// Progress is one step of a running pause or resume.
+type Progress struct {
+	Phase string `json:"phase"`
+	Round int    `json:"round"`
+	Done  bool   `json:"done"`
+	// Nodes is the job's node count, NodesClean how many of them reported
+	// nothing pending in this round.
+	Nodes         int     `json:"nodes"`
+	NodesClean    int     `json:"nodes_clean"`
+	Conns         int     `json:"connections_pending"`
+	InflightBytes uint64  `json:"inflight_bytes"`
+	Ms            float64 `json:"ms"`
+	Err           string  `json:"error,omitempty"`
+}
+
+// Error codes; the CLI maps each to its own exit status.
+const (
+	CodeFailed      = "failed"       // the pause or resume ran and failed (rolled back)
+	CodeBadRequest  = "bad-request"  // malformed request or job id
+	CodeUnknownJob  = "unknown-job"  // no such job on this node
+	CodePermission  = "permission"   // caller is neither root nor the job's owner
+	CodeState       = "state"        // paused job paused again, running job resumed, operation in progress
+	CodeUnavailable = "unavailable"  // mpid unreachable or cannot serve
+	CodeUnpausable  = "unpausable"   // the job cannot be paused cleanly (ranks not under mpid's watch)
+	CodeElsewhere   = "elsewhere"    // the job's coordinator is another node's mpid
+)
+
+// Error is a refusal or a failure.
+type Error struct {
+	Code    string `json:"code"`
+	Message string `json:"message"`
+}
+
+func (e *Error) Error() string { return e.Message }
+
+// Errorf makes an *Error.
+func Errorf(code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// Reply is one line from mpid. Exactly one of its fields is set; every reply
+// but Progress ends the exchange.
+type Reply struct {
+	Progress *Progress `json:"progress,omitempty"`
+	Job      *Job      `json:"job,omitempty"`
+	Jobs     []Job     `json:"jobs,omitempty"`
+	Err      *Error    `json:"error,omitempty"`
+	// Final marks the last line (a list of zero jobs is final too).
+	Final bool `json:"final,omitempty"`
+}
+
+// MaxLine bounds one request or reply line: a report naming every pending
+// connection of a big job is long, a request is not.
+const (
+	MaxRequest = 4 << 10
+	MaxReply   = 16 << 20
+)
+
+// Validate checks a request's shape (not whether the job exists).
+func (r *Request) Validate() error {
+	if r.Version != Version {
+		return Errorf(CodeBadRequest, "control request version %d, this mpid speaks %d: use the mpipause of the same release", r.Version, Version)
+	}
+	switch r.Op {
+	case OpPause, OpResume:
+		if err := ValidJobID(r.Job); err != nil {
+			return err
+		}
+	case OpStatus:
+		if r.Job != "" {
+			if err := ValidJobID(r.Job); err != nil {
+				return err
+			}
+		}
+	case OpList:
+	default:
+		return Errorf(CodeBadRequest, "unknown operation %q", r.Op)
+	}
+	if r.Timeout < 0 {
+		return Errorf(CodeBadRequest, "negative timeout %v", r.Timeout)
+	}
+	return nil
+}
+
+// ValidJobID checks a job id as the shim and mpid accept it
+// (ranks.ValidJobID).
+func ValidJobID(id string) error {
+	if !ranks.ValidJobID(id) {
+		return Errorf(CodeBadRequest, "job id %q: %s", id, ranks.JobIDRule)
+	}
+	return nil
+}
+
+// Do sends req to the mpid at addr and returns the final reply, calling
+// progress (if not nil) for every progress line on the way. A refusal or
+// failure comes back as an *Error. ctx bounds the whole exchange.
+func Do(ctx context.Context, addr string, req Request, progress func(Progress)) (*Reply, error) {
+	req.Version = Version
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "unix", addr)
+	if err != nil {
+		return nil, Errorf(CodeUnavailable, "no mpid at %s: %v (is mpid running on this node? see mpid --help)", addr, unwrapOp(err))
+	}
+	defer c.Close()
+	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
+	defer stop()
+	b, err := json.Marshal(req)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.Write(append(b, '\n')); err != nil {
+		return nil, Errorf(CodeUnavailable, "mpid at %s: %v", addr, unwrapOp(err))
+	}
+	br := bufio.NewReaderSize(c, 64<<10)
+	for {
+		line, err := readLine(br, MaxReply)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			if errors.Is(err, io.EOF) {
+				return nil, Errorf(CodeUnavailable, "mpid at %s closed the connection without an answer (see its log)", addr)
+			}
+			return nil, Errorf(CodeUnavailable, "mpid at %s: %v", addr, unwrapOp(err))
+		}
+		var r Reply
+		if err := json.Unmarshal(line, &r); err != nil {
+			return nil, Errorf(CodeUnavailable, "mpid at %s sent a malformed reply: %v", addr, err)
+		}
+		switch {
+		case r.Progress != nil:
+			if progress != nil {
+				progress(*r.Progress)
+			}
+		case r.Err != nil:
+			return &r, r.Err
+		default:
+			return &r, nil
+		}
+	}
+}
+
+// ReadRequest reads one request line, at most MaxRequest bytes.
+func ReadRequest(br *bufio.Reader) (Request, error) {
+	var req Request
+	line, err := readLine(br, MaxRequest)
+	if err != nil {
+		return req, err
+	}
+	dec := json.NewDecoder(strings.NewReader(string(line)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		return req, Errorf(CodeBadRequest, "malformed control request: %v", err)
+	}
+	return req, req.Validate()
+}
+
+// Write sends one reply line.
+func Write(w io.Writer, r Reply) error {
+	b, err := json.Marshal(r)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+func readLine(br *bufio.Reader, max int) ([]byte, error) {
+	var line []byte
+	for {
+		chunk, isPrefix, err := br.ReadLine()
+		if err != nil {
+			return nil, err
+		}
+		line = append(line, chunk...)
+		if len(line) > max {
+			return nil, Errorf(CodeBadRequest, "line longer than %d bytes", max)
+		}
+		if !isPrefix {
+			return line, nil
+		}
+	}
+}
+
+func unwrapOp(err error) error {
+	var op *net.OpError
+	if errors.As(err, &op) && op.Err != nil {
+		return op.Err
+	}
+	return err
+}

@@ -1,0 +1,621 @@
+// Package mpid is the node daemon: one per node, root. It keeps the registry
+// of the jobs whose ranks registered on this node, moves each rank into its
+// job's cgroup on this node before the rank opens a socket (the shim's JOIN),
+// watches the job's connections with the kernel observer, plays the node role
+// of the pause protocol for its peers (quiesce.Agent over TCP), plays the
+// coordinator role for the jobs whose rank 0 runs here, and answers the
+// mpipause CLI on its control socket.
+package mpid
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/node"
+	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/loader"
+	"github.com/mpipause/mpipause/quiesce"
+	"golang.org/x/sys/unix"
+)
+
+// DefaultPeerPort is the TCP port mpids speak the pause protocol on.
+const DefaultPeerPort = 7170
+
+// Config is a daemon's configuration; main fills it from flags.
+type Config struct {
+	// Node is this node's name: the name peers resolve to reach it, and the
+	// name ranks report as their host.
+	Node string
+	// PeerListen is the TCP address the pause protocol is served on.
+	PeerListen string
+	// PeerPort is the port dialled on other nodes.
+	PeerPort int
+	// RankSocket and CtlSocket are the unix sockets of the shims and of the
+	// CLI ("@name": abstract, one per network namespace).
+	RankSocket string
+	CtlSocket  string
+	// CgroupParent is where job cgroups are made: <v2 root>/<CgroupParent>/<job>.
+	CgroupParent string
+	// FixedCgroup, if set, is a cgroup the launcher already put every job's
+	// ranks in: mpid admits only its processes, moves nobody, and freezes it
+	// whole. For a single job per node (tests, or a scheduler's cgroup).
+	FixedCgroup string
+	// Unpin detaches the jobs' BPF state on exit (default: leave it for the
+	// next mpid).
+	Unpin bool
+	// Drain is the default drain timeout of a pause.
+	Drain time.Duration
+	Log   *slog.Logger
+}
+
+// Daemon is a running mpid.
+type Daemon struct {
+	cfg   Config
+	log   *slog.Logger
+	ranks *ranks.Server
+	agent *quiesce.Agent
+
+	mu   sync.Mutex
+	jobs map[string]*job
+}
+
+// job is what this node knows of one job.
+type job struct {
+	id     string
+	dir    string // cgroup v2 directory of the job's ranks on this node
+	owner  uint32
+	joined int // ranks moved in by JOIN
+	obs    loader.Observer
+	// unwatched, if set, says why the kernel cannot vouch for the job.
+	unwatched string
+	// Coordinator side (rank 0 registered here).
+	state string // ctl.State*
+	busy  bool
+	last  ctl.Job // the last pause or resume's figures
+	since time.Time
+}
+
+// New prepares a daemon; Run starts it.
+func New(cfg Config) (*Daemon, error) {
+	if cfg.Node == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return nil, err
+		}
+		cfg.Node = h
+	}
+	if cfg.PeerPort == 0 {
+		cfg.PeerPort = DefaultPeerPort
+	}
+	if cfg.PeerListen == "" {
+		cfg.PeerListen = ":" + strconv.Itoa(cfg.PeerPort)
+	}
+	if cfg.RankSocket == "" {
+		cfg.RankSocket = ranks.DefaultAddr
+	}
+	if cfg.CtlSocket == "" {
+		cfg.CtlSocket = ctl.DefaultAddr
+	}
+	if cfg.CgroupParent == "" {
+		cfg.CgroupParent = "mpipause"
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	}
+	return &Daemon{cfg: cfg, log: cfg.Log, jobs: map[string]*job{}}, nil
+}
+
+// Run serves until ctx ends. ready is called once every socket listens.
+func (d *Daemon) Run(ctx context.Context, ready func() error) error {
+	if _, err := cgroupv2.Root(); err != nil {
+		return err
+	}
+	if d.cfg.FixedCgroup != "" {
+		dir, err := cgroupv2.Resolve(d.cfg.FixedCgroup)
+		if err != nil {
+			return err
+		}
+		d.cfg.FixedCgroup = dir
+	}
+	rs, err := ranks.Listen(d.cfg.RankSocket)
+	if err != nil {
+		return fmt.Errorf("rank socket %s: %w (is another mpid running in this network namespace?)", d.cfg.RankSocket, err)
+	}
+	d.ranks = rs
+	rs.Admit = d.admit
+	rs.Join = d.join
+	rs.OnChange = d.rankChanged
+	rs.OnEvent = d.rankEvent
+	// A failure below ends the process, which closes what is open.
+	cl, err := listenUnix(d.cfg.CtlSocket)
+	if err != nil {
+		return fmt.Errorf("control socket %s: %w", d.cfg.CtlSocket, err)
+	}
+	pl, err := net.Listen("tcp", d.cfg.PeerListen)
+	if err != nil {
+		return fmt.Errorf("peer port %s: %w", d.cfg.PeerListen, err)
+	}
+	local := &node.Local{Name: d.cfg.Node, Ranks: rs, Observer: d.observer, Cgroup: d.cgroupOf}
+	d.agent = quiesce.NewAgent(local, &quiesce.TCPTransport{Resolve: d.resolve}, quiesce.DefaultRetry)
+
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	errs := make(chan error, 3)
+	var wg sync.WaitGroup
+	wg.Go(func() { errs <- wrap("rank socket", rs.Serve(ctx)) })
+	wg.Go(func() { errs <- wrap("peer port", quiesce.ServeTCP(ctx, pl, d.agent.Handle)) })
+	wg.Go(func() { errs <- wrap("control socket", d.serveCtl(ctx, cl)) })
+	wg.Go(func() { d.sweep(ctx) })
+	d.log.Info("serving", "node", d.cfg.Node, "ranks", d.cfg.RankSocket, "control", d.cfg.CtlSocket,
+		"peers", pl.Addr().String(), "cgroups", d.cgroupParent())
+	if ready != nil {
+		if err := ready(); err != nil {
+			cancel()
+			wg.Wait()
+			return err
+		}
+	}
+	var first error
+	select {
+	case <-ctx.Done():
+	case first = <-errs:
+	}
+	cancel()
+	wg.Wait()
+	d.shutdown()
+	return first
+}
+
+func wrap(what string, err error) error {
+	if err == nil {
+		return nil
+	}
+	return fmt.Errorf("%s: %w", what, err)
+}
+
+func listenUnix(addr string) (*net.UnixListener, error) {
+	if !strings.HasPrefix(addr, "@") {
+		// A path left by a dead daemon would refuse the bind.
+		if fi, err := os.Lstat(addr); err == nil && fi.Mode()&os.ModeSocket != 0 {
+			os.Remove(addr)
+		}
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	if !strings.HasPrefix(addr, "@") {
+		// Anyone may ask; mpid decides per request from the peer's uid.
+		os.Chmod(addr, 0o666)
+	}
+	return ln, nil
+}
+
+// shutdown closes the observers; their pinned state stays unless Unpin.
+func (d *Daemon) shutdown() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for _, j := range d.jobs {
+		d.closeJobLocked(j, d.cfg.Unpin)
+	}
+}
+
+func (d *Daemon) cgroupParent() string {
+	if d.cfg.FixedCgroup != "" {
+		return d.cfg.FixedCgroup
+	}
+	root, _ := cgroupv2.Root()
+	return filepath.Join(root, d.cfg.CgroupParent)
+}
+
+// jobDir is the cgroup of job's ranks on this node.
+func (d *Daemon) jobDir(id string) string {
+	if d.cfg.FixedCgroup != "" {
+		return d.cfg.FixedCgroup
+	}
+	return filepath.Join(d.cgroupParent(), id)
+}
+
+// getJobLocked returns the job, making its record and cgroup if needed.
+func (d *Daemon) getJobLocked(id string, uid uint32) (*job, error) {
+	if err := ctl.ValidJobID(id); err != nil {
+		return nil, err
+	}
+	j := d.jobs[id]
+	if j == nil {
+		dir := d.jobDir(id)
+		if err := cgroupv2.Create(dir); err != nil {
+			return nil, err
+		}
+		j = &job{id: id, dir: dir, owner: uid, state: ctl.StateRunning, since: time.Now()}
+		d.jobs[id] = j
+	}
+	if uid != j.owner && uid != 0 {
+		return nil, fmt.Errorf("job %s belongs to uid %d; uid %d may not join it", id, j.owner, uid)
+	}
+	return j, nil
+}
+
+// openObserverLocked attaches the kernel observer to the job's cgroup.
+func (d *Daemon) openObserverLocked(j *job) error {
+	if j.obs != nil {
+		return nil
+	}
+	obs, err := loader.Open(context.Background(), loader.Config{Cgroup: j.dir, FollowJob: true, Pin: true, Require: loader.KindBPF})
+	if err != nil {
+		return fmt.Errorf("observe job %s: %w", j.id, err)
+	}
+	j.obs = obs
+	return nil
+}
+
+// join moves a rank into its job's cgroup before it opens any socket: the
+// kernel files a socket under its creator's cgroup at creation, for good.
+func (d *Daemon) join(id string, pid int, uid uint32) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.cfg.FixedCgroup != "" {
+		return inCgroup(pid, d.cfg.FixedCgroup)
+	}
+	j, err := d.getJobLocked(id, uid)
+	if err != nil {
+		return err
+	}
+	if err := cgroupv2.AddProc(j.dir, pid); err != nil {
+		return err
+	}
+	j.joined++
+	if err := d.openObserverLocked(j); err != nil {
+		return err
+	}
+	d.log.Info("rank joined", "job", id, "pid", pid, "uid", uid, "cgroup", j.dir)
+	return nil
+}
+
+// admit accepts a rank's HELLO. A rank that did not JOIN first may have
+// sockets the kernel files under another cgroup: it is admitted (it can be
+// frozen) but the job is marked unpausable, because no kernel check could
+// vouch for those sockets.
+func (d *Daemon) admit(r *ranks.Rank) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	j, err := d.getJobLocked(r.Job, r.UID)
+	if err != nil {
+		return err
+	}
+	if err := inCgroup(r.Pid, j.dir); err != nil {
+		if d.cfg.FixedCgroup != "" {
+			return err
+		}
+		if err := cgroupv2.AddProc(j.dir, r.Pid); err != nil {
+			return err
+		}
+		if j.unwatched == "" {
+			j.unwatched = fmt.Sprintf("rank %d (pid %d on %s) registered without joining its job cgroup at start, so the kernel cannot check its connections; launch the job with `mpipause run`", r.Rank, r.Pid, d.cfg.Node)
+		}
+	}
+	return d.openObserverLocked(j)
+}
+
+func (d *Daemon) rankChanged(r *ranks.Rank, gone bool, err error) {
+	switch {
+	case err != nil:
+		d.log.Warn("rank refused", "error", err)
+	case gone:
+		d.log.Info("rank gone", "job", r.Job, "rank", r.Rank, "pid", r.Pid)
+		d.mu.Lock()
+		if j := d.jobs[r.Job]; j != nil {
+			d.maybeEndLocked(j)
+		}
+		d.mu.Unlock()
+	default:
+		d.log.Info("rank registered", "job", r.Job, "rank", r.Rank, "size", r.Size, "pid", r.Pid, "host", r.Host)
+	}
+}
+
+// maybeEndLocked forgets a job once no process of it is left on this node.
+func (d *Daemon) maybeEndLocked(j *job) {
+	if j.busy || len(d.ranks.Ranks(j.id)) > 0 {
+		return
+	}
+	if procs, err := cgroupv2.Procs(j.dir); err != nil || len(procs) > 0 {
+		return
+	}
+	d.log.Info("job ended", "job", j.id)
+	d.closeJobLocked(j, true)
+	delete(d.jobs, j.id)
+	d.agent.Forget(j.id)
+}
+
+func (d *Daemon) closeJobLocked(j *job, unpin bool) {
+	if j.obs != nil {
+		j.obs.Close()
+		j.obs = nil
+		if unpin {
+			if err := loader.Unpin(loader.Config{Cgroup: j.dir}); err != nil {
+				d.log.Warn("unpin", "job", j.id, "error", err)
+			}
+		}
+	}
+	if unpin && d.cfg.FixedCgroup == "" {
+		if procs, err := cgroupv2.Procs(j.dir); err == nil && len(procs) == 0 {
+			if err := cgroupv2.Remove(j.dir); err != nil {
+				d.log.Warn("remove job cgroup", "job", j.id, "error", err)
+			}
+		}
+	}
+}
+
+// sweep ends jobs whose processes all left without a rank's goodbye (a JOIN
+// whose rank died before MPI_Init registered it).
+func (d *Daemon) sweep(ctx context.Context) {
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		d.mu.Lock()
+		for _, j := range d.jobs {
+			d.maybeEndLocked(j)
+		}
+		d.mu.Unlock()
+	}
+}
+
+func (d *Daemon) observer(id string) (loader.Observer, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	j := d.jobs[id]
+	if j == nil {
+		return nil, fmt.Errorf("job %s is not known on %s", id, d.cfg.Node)
+	}
+	if err := d.openObserverLocked(j); err != nil {
+		return nil, err
+	}
+	return j.obs, nil
+}
+
+func (d *Daemon) cgroupOf(id string) (string, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if j := d.jobs[id]; j != nil {
+		return j.dir, nil
+	}
+	return "", fmt.Errorf("job %s is not known on %s", id, d.cfg.Node)
+}
+
+// rankEvent acts on a rank's SIGTSTP or SIGCONT: the whole job pauses or
+// resumes, as `mpipause` would do it. Only the coordinator acts; every rank
+// of a job usually gets the signal (Slurm, a terminal), rank 0 included.
+func (d *Daemon) rankEvent(r *ranks.Rank, ev string) {
+	d.log.Info("rank asks for "+ev, "job", r.Job, "rank", r.Rank, "pid", r.Pid)
+	op := map[string]string{"pause": ctl.OpPause, "resume": ctl.OpResume}[ev]
+	if op == "" {
+		return
+	}
+	go func() {
+		rep, err := d.do(context.Background(), ctl.Request{Version: ctl.Version, Op: op, Job: r.Job}, 0, nil)
+		var ce *ctl.Error
+		switch {
+		case errors.As(err, &ce) && (ce.Code == ctl.CodeElsewhere || ce.Code == ctl.CodeState):
+			d.log.Info(ev+" request left alone", "job", r.Job, "reason", ce.Message)
+		case err != nil:
+			d.log.Warn(ev+" on the rank's request failed", "job", r.Job, "error", err)
+		default:
+			d.log.Info(ev+" on the rank's request", "job", r.Job, "state", rep.State, "total_ms", rep.TotalMs)
+		}
+	}()
+}
+
+// peerUID is the uid of the process at the other end of a unix connection.
+func peerUID(c *net.UnixConn) (uint32, error) {
+	raw, err := c.SyscallConn()
+	if err != nil {
+		return 0, err
+	}
+	var cred *unix.Ucred
+	var cerr error
+	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
+		return 0, err
+	}
+	if cerr != nil {
+		return 0, cerr
+	}
+	return cred.Uid, nil
+}
+
+// inCgroup checks that pid lives in the cgroup v2 directory dir or below,
+// from /proc/PID/cgroup ("0::/path").
+func inCgroup(pid int, dir string) error {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return fmt.Errorf("pid %d: %w", pid, err)
+	}
+	root, err := cgroupv2.Root()
+	if err != nil {
+		return err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(l, "0::"); ok {
+			p = filepath.Join(root, p)
+			if p == dir || strings.HasPrefix(p, dir+"/") {
+				return nil
+			}
+			return fmt.Errorf("pid %d is in %s, not in the job's cgroup %s", pid, p, dir)
+		}
+	}
+	return fmt.Errorf("pid %d: no cgroup v2 entry", pid)
+}
+
+// serveCtl answers the CLI: one request per connection.
+func (d *Daemon) serveCtl(ctx context.Context, ln *net.UnixListener) error {
+	context.AfterFunc(ctx, func() { ln.Close() })
+	for {
+		c, err := ln.AcceptUnix()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		go d.ctlConn(ctx, c)
+	}
+}
+
+func (d *Daemon) ctlConn(ctx context.Context, c *net.UnixConn) {
+	defer c.Close()
+	uid, err := peerUID(c)
+	if err != nil {
+		return
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	req, err := ctl.ReadRequest(bufio.NewReader(c))
+	c.SetReadDeadline(time.Time{})
+	if err != nil {
+		var ce *ctl.Error
+		if !errors.As(err, &ce) {
+			ce = ctl.Errorf(ctl.CodeBadRequest, "control request: %v", err)
+		}
+		ctl.Write(c, ctl.Reply{Err: ce, Final: true})
+		return
+	}
+	// The CLI going away (Ctrl-C) must not cut a pause short: the protocol
+	// finishes or rolls back on its own deadlines either way.
+	var wmu sync.Mutex
+	progress := func(p ctl.Progress) {
+		wmu.Lock()
+		defer wmu.Unlock()
+		c.SetWriteDeadline(time.Now().Add(time.Second))
+		ctl.Write(c, ctl.Reply{Progress: &p})
+	}
+	switch req.Op {
+	case ctl.OpList:
+		ctl.Write(c, ctl.Reply{Jobs: d.list(uid), Final: true})
+		return
+	case ctl.OpStatus:
+		if req.Job == "" {
+			ctl.Write(c, ctl.Reply{Jobs: d.list(uid), Final: true})
+			return
+		}
+	}
+	j, err := d.do(context.WithoutCancel(ctx), req, uid, progress)
+	wmu.Lock()
+	defer wmu.Unlock()
+	c.SetWriteDeadline(time.Now().Add(time.Second))
+	var ce *ctl.Error
+	switch {
+	case errors.As(err, &ce):
+		r := ctl.Reply{Err: ce, Final: true}
+		if j.ID != "" {
+			r.Job = &j
+		}
+		ctl.Write(c, r)
+	case err != nil:
+		ctl.Write(c, ctl.Reply{Err: ctl.Errorf(ctl.CodeFailed, "%v", err), Final: true})
+	default:
+		ctl.Write(c, ctl.Reply{Job: &j, Final: true})
+	}
+}
+
+// list shows the jobs the caller may see: all for root, their own otherwise.
+func (d *Daemon) list(uid uint32) []ctl.Job {
+	d.mu.Lock()
+	ids := make([]string, 0, len(d.jobs))
+	for id, j := range d.jobs {
+		if uid == 0 || uid == j.owner {
+			ids = append(ids, id)
+		}
+	}
+	d.mu.Unlock()
+	slices.Sort(ids)
+	out := []ctl.Job{}
+	for _, id := range ids {
+		if v, err := d.view(id); err == nil {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// view is the job as this node sees it.
+func (d *Daemon) view(id string) (ctl.Job, error) {
+	d.mu.Lock()
+	j := d.jobs[id]
+	if j == nil {
+		d.mu.Unlock()
+		return ctl.Job{}, ctl.Errorf(ctl.CodeUnknownJob, "no job %s on %s: see `mpipause list`", id, d.cfg.Node)
+	}
+	v := j.last
+	v.ID, v.Owner, v.Since, v.Unpausable = j.id, j.owner, j.since, j.unwatched
+	state, coordinated := j.state, false
+	d.mu.Unlock()
+	rs := d.ranks.Ranks(id)
+	v.LocalRanks = nil
+	for _, r := range rs {
+		v.LocalRanks = append(v.LocalRanks, r.Rank)
+		if r.Size > v.Ranks {
+			v.Ranks = r.Size
+		}
+		if r.Rank == 0 {
+			coordinated = true
+			v.Nodes = jobNodes(d.cfg.Node, r.Host, r.Hosts)
+		}
+	}
+	slices.Sort(v.LocalRanks)
+	if coordinated {
+		v.Coordinator = d.cfg.Node
+		v.State = state
+	} else {
+		v.Nodes = []string{d.cfg.Node}
+		v.State = agentState(d.agent, id)
+	}
+	return v, nil
+}
+
+// agentState is a non-coordinator node's idea of the job's state: the last
+// protocol step it ran.
+func agentState(a *quiesce.Agent, id string) string {
+	st, ok := a.State(id)
+	if !ok {
+		return ctl.StateRunning
+	}
+	if st.Err != "" && (st.Kind == quiesce.KindAbort || st.Kind == quiesce.KindResume) {
+		return ctl.StateFailed
+	}
+	switch st.Kind {
+	case quiesce.KindCommit:
+		return ctl.StatePaused
+	case quiesce.KindAbort, quiesce.KindResume:
+		return ctl.StateRunning
+	}
+	return ctl.StatePausing
+}
+
+// jobNodes is the job's node list with the coordinator (this node) first,
+// each node once, in the order rank 0 reported the hosts. Rank 0's own host
+// name is this node, whatever it calls itself (a short name, an FQDN).
+func jobNodes(self, rank0Host string, hosts []string) []string {
+	out := []string{self}
+	for _, h := range hosts {
+		if h != "" && h != rank0Host && !slices.Contains(out, h) {
+			out = append(out, h)
+		}
+	}
+	return out
+}

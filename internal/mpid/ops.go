@@ -1,0 +1,238 @@
+package mpid
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/quiesce"
+)
+
+// do runs a status, pause or resume request of a caller with uid.
+func (d *Daemon) do(ctx context.Context, req ctl.Request, uid uint32, progress func(ctl.Progress)) (ctl.Job, error) {
+	v, err := d.view(req.Job)
+	if err != nil {
+		return ctl.Job{}, err
+	}
+	if uid != 0 && uid != v.Owner {
+		// Nothing about the job, not even its state, goes to a stranger.
+		return ctl.Job{}, ctl.Errorf(ctl.CodePermission, "permission denied: job %s belongs to uid %d (you are uid %d)", req.Job, v.Owner, uid)
+	}
+	if req.Op == ctl.OpStatus {
+		return v, nil
+	}
+	if v.Coordinator == "" {
+		return v, ctl.Errorf(ctl.CodeElsewhere, "job %s: rank 0 is not on %s (ranks here: %s); run mpipause on the node of rank 0, which coordinates the job",
+			req.Job, d.cfg.Node, intList(v.LocalRanks))
+	}
+	switch req.Op {
+	case ctl.OpPause:
+		return d.pause(ctx, req, v, progress)
+	case ctl.OpResume:
+		return d.resume(ctx, req, v, progress)
+	}
+	return v, ctl.Errorf(ctl.CodeBadRequest, "unknown operation %q", req.Op)
+}
+
+// begin marks the job busy for op if its state allows op.
+func (d *Daemon) begin(id, op string) (*job, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	j := d.jobs[id]
+	if j == nil {
+		return nil, ctl.Errorf(ctl.CodeUnknownJob, "job %s ended", id)
+	}
+	if j.busy {
+		return nil, ctl.Errorf(ctl.CodeState, "job %s is %s: wait for it to finish", id, j.state)
+	}
+	switch op {
+	case ctl.OpPause:
+		if j.state == ctl.StatePaused {
+			return nil, ctl.Errorf(ctl.CodeState, "job %s is already paused (since %s); resume it with `mpipause resume %s`",
+				id, j.since.Format(time.TimeOnly), id)
+		}
+		if j.unwatched != "" {
+			return nil, ctl.Errorf(ctl.CodeUnpausable, "job %s cannot be paused cleanly: %s", id, j.unwatched)
+		}
+		j.state = ctl.StatePausing
+	case ctl.OpResume:
+		if j.state == ctl.StateRunning {
+			return nil, ctl.Errorf(ctl.CodeState, "job %s is running, not paused: nothing to resume", id)
+		}
+		j.state = ctl.StateResuming
+	}
+	j.busy = true
+	return j, nil
+}
+
+// end records the outcome of an operation and returns fig as of now.
+func (d *Daemon) end(j *job, state string, fig ctl.Job) ctl.Job {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	j.busy = false
+	j.state = state
+	j.since = time.Now()
+	fig.State, fig.Since = state, j.since
+	j.last = fig
+	d.maybeEndLocked(j)
+	return fig
+}
+
+func (d *Daemon) coordinator(drain time.Duration) *quiesce.Coordinator {
+	if drain <= 0 {
+		drain = d.cfg.Drain
+	}
+	tr := &quiesce.TCPTransport{Resolve: d.resolve}
+	return quiesce.NewCoordinator(tr, quiesce.Options{Drain: drain})
+}
+
+func (d *Daemon) pause(ctx context.Context, req ctl.Request, v ctl.Job, progress func(ctl.Progress)) (ctl.Job, error) {
+	j, err := d.begin(req.Job, ctl.OpPause)
+	if err != nil {
+		return v, err
+	}
+	start := time.Now()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var drained uint64
+	var once sync.Once
+	ctx = quiesce.WithProgress(ctx, func(p quiesce.Progress) {
+		if p.Phase == quiesce.KindDrain && !p.Done {
+			once.Do(func() {
+				drained = p.Report.InflightBytes()
+				// Only the ranks the nodes know can be gated: a rank that has
+				// not registered yet (still in MPI_Init, or without the shim)
+				// would send through the cut.
+				if p.Report.Ranks < v.Ranks {
+					cancel(fmt.Errorf("only %d of the job's %d ranks are registered with mpid (ranks still starting, or started without the shim)", p.Report.Ranks, v.Ranks))
+				}
+			})
+		}
+		if progress != nil {
+			progress(toProgress(p, len(v.Nodes), start))
+		}
+	})
+	res, err := d.coordinator(req.Timeout).Pause(ctx, req.Job, v.Nodes)
+	fig := figures(v, res)
+	fig.DrainedBytes = drained
+	if err == nil {
+		fig = d.end(j, ctl.StatePaused, fig)
+		d.log.Info("paused", "job", req.Job, "nodes", len(v.Nodes), "connections", fig.Connections, "drained_bytes", drained, "total_ms", fig.TotalMs)
+		return fig, nil
+	}
+	fig.State = res.State
+	if fig.State == "" {
+		fig.State = ctl.StateRunning
+	}
+	fig.Failure = failure(err, res, context.Cause(ctx))
+	fig = d.end(j, fig.State, fig)
+	d.log.Warn("pause failed", "job", req.Job, "state", fig.State, "error", fig.Failure.Reason)
+	msg := fmt.Sprintf("pause of job %s failed in %s: %s", req.Job, fig.Failure.Phase, fig.Failure.Reason)
+	if fig.State == ctl.StateRunning {
+		msg += "; rolled back, the job runs on"
+	}
+	return fig, ctl.Errorf(ctl.CodeFailed, "%s", msg)
+}
+
+func (d *Daemon) resume(ctx context.Context, req ctl.Request, v ctl.Job, progress func(ctl.Progress)) (ctl.Job, error) {
+	j, err := d.begin(req.Job, ctl.OpResume)
+	if err != nil {
+		return v, err
+	}
+	start := time.Now()
+	ctx = quiesce.WithProgress(ctx, func(p quiesce.Progress) {
+		if progress != nil {
+			progress(toProgress(p, len(v.Nodes), start))
+		}
+	})
+	res, err := d.coordinator(0).Resume(ctx, req.Job, v.Nodes)
+	fig := figures(v, res)
+	if err == nil {
+		fig = d.end(j, ctl.StateRunning, fig)
+		d.log.Info("resumed", "job", req.Job, "total_ms", fig.TotalMs)
+		return fig, nil
+	}
+	fig.Failure = failure(err, res, nil)
+	fig = d.end(j, ctl.StateFailed, fig)
+	return fig, ctl.Errorf(ctl.CodeFailed, "resume of job %s failed: %s", req.Job, fig.Failure.Reason)
+}
+
+func (d *Daemon) resolve(name string) (string, error) {
+	return fmt.Sprintf("%s:%d", name, d.cfg.PeerPort), nil
+}
+
+func toProgress(p quiesce.Progress, nodes int, start time.Time) ctl.Progress {
+	out := ctl.Progress{Phase: string(p.Phase), Round: p.Round, Done: p.Done, Nodes: nodes, Ms: ms(time.Since(start)), Err: p.Stat.Err}
+	if !p.Done {
+		out.NodesClean = p.Report.Nodes - len(p.Report.Pending)
+		for _, n := range p.Report.Pending {
+			out.Conns += len(n.Conns)
+		}
+		out.InflightBytes = p.Report.InflightBytes()
+	}
+	return out
+}
+
+// figures fills a job view with a result's measurements.
+func figures(v ctl.Job, res quiesce.Result) ctl.Job {
+	v.Connections = res.Report.Checked
+	v.InflightBytes = res.Report.InflightBytes()
+	v.TotalMs = ms(res.Total)
+	v.Phases = nil
+	for _, p := range res.Phases {
+		v.Phases = append(v.Phases, ctl.Phase{Name: string(p.Phase), Rounds: p.Rounds, Ms: ms(p.Elapsed), Err: p.Err})
+		if p.Phase == quiesce.KindDrain {
+			v.DrainMs = ms(p.Elapsed)
+		}
+	}
+	v.Failure = nil
+	return v
+}
+
+// failure explains a failed pause or resume: where, why, and which
+// connections still held bytes.
+func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
+	f := &ctl.Failure{Rank: -1, Reason: err.Error()}
+	var ae *quiesce.AbortError
+	if errors.As(err, &ae) {
+		f.Phase = string(ae.Phase)
+		f.Reason = ae.Cause.Error()
+	}
+	if cause != nil && !errors.Is(cause, context.Canceled) {
+		// Our own reason for cutting the pause short beats "context canceled".
+		f.Reason = cause.Error()
+	}
+	for _, n := range res.Report.Pending {
+		if f.Node == "" {
+			f.Node = n.Node
+		}
+		for _, c := range n.Conns {
+			f.Conns = append(f.Conns, ctl.Conn{Node: c.Node, Local: c.Local, Remote: c.Remote,
+				SendQueue: c.SendQueue, Unread: c.Unread, Rank: c.Rank, Peer: -1})
+		}
+	}
+	for _, n := range res.Unconfirmed {
+		f.Unconfirmed = append(f.Unconfirmed, n.Node)
+	}
+	if f.Phase == "" {
+		f.Phase = string(quiesce.KindResume)
+	}
+	return f
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func intList(xs []int) string {
+	if len(xs) == 0 {
+		return "none"
+	}
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = fmt.Sprint(x)
+	}
+	return strings.Join(s, ",")
+}

@@ -227,12 +227,20 @@ func printJob(w io.Writer, j ctl.Job) {
 				fmt.Fprintf(w, "  ... %d more connections\n", len(f.Conns)-i)
 				break
 			}
-			fmt.Fprintf(w, "  %s %s -> %s: %s unacknowledged, %s unread\n", c.Node, c.Local, c.Remote, bytesStr(c.SendQueue), bytesStr(c.Unread))
+			fmt.Fprintf(w, "  %s %s (rank %s) -> %s (rank %s): %s unacknowledged, %s unread\n",
+				c.Node, c.Local, rankStr(c.Rank), c.Remote, rankStr(c.Peer), bytesStr(c.SendQueue), bytesStr(c.Unread))
 		}
 		if len(f.Unconfirmed) > 0 {
 			fmt.Fprintf(w, "  not confirmed running again on: %s\n", strings.Join(f.Unconfirmed, ","))
 		}
 	}
+}
+
+func rankStr(r int) string {
+	if r < 0 {
+		return "?"
+	}
+	return fmt.Sprint(r)
 }
 
 func lastOp(j ctl.Job) string {
@@ -294,7 +302,7 @@ func (p *progressPrinter) show(pr ctl.Progress) {
 	}
 	state := "ok"
 	if pr.Err != "" {
-		state = "failed: " + pr.Err
+		state = "failed" // the summary says why
 	}
 	rounds := ""
 	if pr.Round > 1 {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -206,13 +207,48 @@ func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
 		// Our own reason for cutting the pause short beats "context canceled".
 		f.Reason = cause.Error()
 	}
+	// The peer of a connection is whoever owns its other end: another
+	// node's pending connection with the addresses swapped, if listed.
+	byEnds := map[[2]string]int{}
+	for _, n := range res.Report.Pending {
+		for _, c := range n.Conns {
+			byEnds[[2]string{c.Local, c.Remote}] = c.Rank
+		}
+	}
+	notReading := map[int]bool{}
+	nodes := 0
 	for _, n := range res.Report.Pending {
 		if f.Node == "" {
 			f.Node = n.Node
 		}
+		if len(n.Conns) > 0 {
+			nodes++
+		}
 		for _, c := range n.Conns {
+			peer, ok := byEnds[[2]string{c.Remote, c.Local}]
+			if !ok {
+				peer = -1
+			}
 			f.Conns = append(f.Conns, ctl.Conn{Node: c.Node, Local: c.Local, Remote: c.Remote,
-				SendQueue: c.SendQueue, Unread: c.Unread, Rank: c.Rank, Peer: -1})
+				SendQueue: c.SendQueue, Unread: c.Unread, Rank: c.Rank, Peer: peer})
+			if c.Unread > 0 && c.Rank >= 0 {
+				notReading[c.Rank] = true
+			}
+		}
+	}
+	for r := range notReading {
+		f.NotReading = append(f.NotReading, r)
+	}
+	slices.Sort(f.NotReading)
+	if len(f.NotReading) == 1 {
+		f.Rank = f.NotReading[0]
+	}
+	if errors.Is(err, quiesce.ErrNotEmpty) && f.Phase == string(quiesce.KindDrain) {
+		// The user's question is who does not read, not the protocol's
+		// round count.
+		f.Reason = fmt.Sprintf("the drain timed out: %s on %s still hold bytes", plural(len(f.Conns), "connection"), plural(nodes, "node"))
+		if len(f.NotReading) > 0 {
+			f.Reason += fmt.Sprintf("; ranks not reading what was sent to them: %s (busy outside MPI?)", intList(f.NotReading))
 		}
 	}
 	for _, n := range res.Unconfirmed {
@@ -235,4 +271,11 @@ func intList(xs []int) string {
 		s[i] = fmt.Sprint(x)
 	}
 	return strings.Join(s, ",")
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/netip"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ranks"
@@ -96,17 +97,33 @@ func (l *Local) kernelReport(ctx context.Context, job string, rep quiesce.NodeRe
 	if err != nil {
 		return rep, err
 	}
-	rep.Ranks = len(l.Ranks.Ranks(job))
+	rs := l.Ranks.Ranks(job)
+	rep.Ranks = len(rs)
+	var held []loader.Conn
 	for _, c := range conns {
 		if (l.Netns != "" && c.Netns != l.Netns) || c.State != loader.StateEstablished {
 			continue
 		}
 		rep.Checked++
-		if c.Empty() {
-			continue
+		if !c.Empty() {
+			held = append(held, c)
+		}
+	}
+	var own map[[2]netip.AddrPort]int
+	if len(held) > 0 {
+		pids := make(map[int]int, len(rs))
+		for _, r := range rs {
+			pids[r.Pid] = r.Rank
+		}
+		own = owners(pids)
+	}
+	for _, c := range held {
+		rank, ok := own[[2]netip.AddrPort{unmap(c.Local), unmap(c.Remote)}]
+		if !ok {
+			rank = -1
 		}
 		rep.Conns = append(rep.Conns, quiesce.Conn{Node: l.Name, Local: c.Local.String(), Remote: c.Remote.String(),
-			SendQueue: uint64(c.SendQueue), Unread: uint64(c.Unread), Rank: -1})
+			SendQueue: uint64(c.SendQueue), Unread: uint64(c.Unread), Rank: rank})
 	}
 	rep.Empty = len(rep.Conns) == 0 && rep.Ungated == 0
 	return rep, nil
@@ -137,3 +154,5 @@ func (l *Local) Open(ctx context.Context, job string) error {
 		return err
 	})
 }
+
+func unmap(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()) }

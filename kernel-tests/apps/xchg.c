@@ -13,11 +13,15 @@
 // process (-x) prints the checksum a correct run must print, whatever the MPI
 // library, the placement or the number of pauses.
 //
-// Usage: xchg [-m a2a|ring] [-n iters] [-s bytes[K|M]] [-w dir] [-t usec] [-x ranks]
+// Usage: xchg [-m a2a|ring] [-n iters] [-s bytes[K|M]] [-w dir] [-t usec] [-S usec] [-x ranks]
 //   -w dir   hold point: after the first iteration (every connection the
 //            pattern needs is established), each rank creates dir/ready.RANK
 //            and then waits until dir/go exists.
 //   -t usec  compute (busy loop) for usec microseconds after each iteration.
+//   -S usec  the last rank computes for usec microseconds, calling no MPI, at
+//            the start of the middle iteration (after printing a line that
+//            says so), while its peers already send it that iteration's
+//            messages: a busy receiver with unread data waiting for it.
 //   -x ranks print the expected checksum for that many ranks, without MPI.
 #include <errno.h>
 #include <fcntl.h>
@@ -40,6 +44,7 @@ struct opts {
 	size_t bytes;
 	const char *hold_dir;
 	long compute_usec;
+	long slow_usec;
 	int expect_ranks;
 };
 
@@ -224,6 +229,11 @@ static int run(const struct opts *o)
 	uint64_t state = initial_state(rank);
 	for (int it = 0; it < o->iters; it++) {
 		int n = 0;
+		if (o->slow_usec > 0 && rank == nranks - 1 && it == o->iters / 2) {
+			printf("xchg: rank %d computes for %ld us\n", rank, o->slow_usec);
+			fflush(stdout);
+			compute(o->slow_usec);
+		}
 		for (int src = 0; src < nranks; src++)
 			if (rbuf[src])
 				MPI_Irecv(rbuf[src], (int)msg_len(o->bytes, src, rank, it), MPI_BYTE, src, it,
@@ -268,14 +278,14 @@ static size_t parse_size(const char *s)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: xchg [-m a2a|ring] [-n iters] [-s bytes[K|M]] [-w holddir] [-t usec] [-x ranks]\n");
+	fprintf(f, "usage: xchg [-m a2a|ring] [-n iters] [-s bytes[K|M]] [-w holddir] [-t usec] [-S usec] [-x ranks]\n");
 }
 
 int main(int argc, char **argv)
 {
 	struct opts o = {.mode = MODE_A2A, .iters = 10, .bytes = 1 << 20};
 	int c;
-	while ((c = getopt(argc, argv, "hm:n:s:w:t:x:")) != -1) {
+	while ((c = getopt(argc, argv, "hm:n:s:w:t:S:x:")) != -1) {
 		switch (c) {
 		case 'm':
 			if (strcmp(optarg, "a2a") == 0)
@@ -298,6 +308,9 @@ int main(int argc, char **argv)
 			break;
 		case 't':
 			o.compute_usec = atol(optarg);
+			break;
+		case 'S':
+			o.slow_usec = atol(optarg);
 			break;
 		case 'x':
 			o.expect_ranks = atoi(optarg);

@@ -1,0 +1,479 @@
+package kerneltests
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/loader"
+)
+
+// rigCgroups is the cgroup under which the rig's mpids make their job
+// cgroups (mpipause-rig/<rig>/<node>/<job>).
+const rigCgroups = "mpipause-rig/" + jobRig
+
+// cliResult is one run of the mpipause command inside a rig node.
+type cliResult struct {
+	stdout, stderr string
+	code           int
+}
+
+// cli runs `mpipause args...` on node (as a user would, inside the node).
+func cli(ctx context.Context, t testing.TB, node string, env []string, args ...string) cliResult {
+	t.Helper()
+	return runInNode(ctx, t, node, env, append([]string{"mpipause"}, args...)...)
+}
+
+// runInNode runs argv inside a rig node.
+func runInNode(ctx context.Context, t testing.TB, node string, env []string, argv ...string) cliResult {
+	t.Helper()
+	cmd := exec.CommandContext(ctx, filepath.Join(binDir(t), "rig"), append([]string{"exec", node, "--"}, argv...)...)
+	cmd.Env = append(append(os.Environ(), "MPIPAUSE_RIG="+jobRig), env...)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	r := cliResult{stdout: out.String(), stderr: errb.String()}
+	var ee *exec.ExitError
+	switch {
+	case errors.As(err, &ee):
+		r.code = ee.ExitCode()
+	case err != nil:
+		t.Fatalf("%v: %v", argv, err)
+	}
+	return r
+}
+
+// jobJSON runs `mpipause OP --json ID` on node0 and decodes the job.
+func jobJSON(ctx context.Context, t testing.TB, op, id string, extra ...string) (ctl.Job, cliResult) {
+	t.Helper()
+	r := cli(ctx, t, "node0", nil, append(append([]string{op, "--json"}, extra...), id)...)
+	var j ctl.Job
+	if err := json.Unmarshal([]byte(r.stdout), &j); err != nil {
+		t.Fatalf("mpipause %s --json %s (exit %d): not JSON: %v\n%s%s", op, id, r.code, err, r.stdout, r.stderr)
+	}
+	return j, r
+}
+
+// runJob launches app on the rig with `mpipause run` on node0, as a user
+// would, and waits for it to print its job id.
+func runJob(ctx context.Context, t testing.TB, lib mpiLib, id, app string, args ...string) *proc {
+	t.Helper()
+	argv := append([]string{filepath.Join(binDir(t), "rig"), "exec", "node0", "--", "mpipause", "run", "--jobid", id, "--"}, lib.launch(app, args...)...)
+	p := start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig}, argv...)
+	waitFor(t, "mpipause run to print the job id", time.Minute, p.done, func() bool {
+		return strings.HasPrefix(p.out.String(), "job "+id+"\n")
+	})
+	return p
+}
+
+// nodeJobCgroups are the job's cgroups on every rig node.
+func nodeJobCgroups(t testing.TB, id string) []string {
+	t.Helper()
+	root, err := cgroupv2.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []string
+	for k := 0; k < jobNodes; k++ {
+		out = append(out, filepath.Join(root, rigCgroups, fmt.Sprintf("node%d", k), id))
+	}
+	return out
+}
+
+// cgroupCPU is the CPU time the processes of dirs have used (cpu.stat
+// usage_usec, which cgroup v2 keeps without any controller enabled).
+func cgroupCPU(t testing.TB, dirs []string) time.Duration {
+	t.Helper()
+	var us int64
+	for _, d := range dirs {
+		b, err := os.ReadFile(filepath.Join(d, "cpu.stat"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "usage_usec "); ok {
+				n, _ := strconv.ParseInt(v, 10, 64)
+				us += n
+			}
+		}
+	}
+	return time.Duration(us) * time.Microsecond
+}
+
+// checkPaused is what must hold at every COMMIT, read independently of mpid:
+// every job connection on every node empty (BPF and sock_diag), every
+// node's job cgroup frozen.
+func checkPaused(ctx context.Context, t testing.TB, what string, j ctl.Job, cgs []string, readers ...loader.Observer) {
+	t.Helper()
+	if j.State != ctl.StatePaused || j.InflightBytes != 0 || j.Connections == 0 || len(j.Nodes) != jobNodes {
+		t.Fatalf("%s: mpipause reports state %q, %d bytes in flight, %d connections checked, nodes %v",
+			what, j.State, j.InflightBytes, j.Connections, j.Nodes)
+	}
+	for _, o := range readers {
+		conns, err := o.Snapshot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !allEmpty(conns) {
+			t.Fatalf("%s: committed, but %s finds bytes queued: %v", what, o.Kind(), nonEmpty(conns))
+		}
+	}
+	for _, cg := range cgs {
+		if f, err := cgroupv2.Frozen(cg); err != nil || !f {
+			t.Fatalf("%s: committed, but %s is not frozen (%v)", what, cg, err)
+		}
+	}
+}
+
+func retransmits(ctx context.Context, obs loader.Observer) uint64 {
+	cs, err := obs.Snapshot(ctx)
+	if err != nil {
+		return 0
+	}
+	var s uint64
+	for _, c := range cs {
+		s += c.Retransmits
+	}
+	return s
+}
+
+// TestPauseResume is the product as a user runs it, on a real 3 x 2 job of
+// each library with a heavy all-to-all of MB-sized messages: `mpipause run`
+// launches it (every rank joins its job cgroup on its node before opening a
+// socket), then `mpipause ID` and `mpipause resume ID` pause and resume it
+// many times at random moments. At every COMMIT two kernel readers of the
+// test's own (a BPF observer and sock_diag) find every job connection on
+// every node empty and every node's job cgroup frozen; the first time, the
+// frozen ranks use no CPU for a second. Then Ctrl-Z (SIGTSTP to `mpipause
+// run`) and SIGTSTP to a rank (what Slurm's suspend sends) pause it the same
+// way. The job ends with the output of an unpaused run.
+func TestPauseResume(t *testing.T) {
+	for _, lib := range mpiLibs {
+		t.Run(lib.name, func(t *testing.T) { testPauseResume(t, lib) })
+	}
+}
+
+func testPauseResume(t *testing.T, lib mpiLib) {
+	bin := binDir(t)
+	sharedRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	obs := jobObserver(ctx, t, rigCgroups)
+	check, err := loader.Open(ctx, loader.Config{Cgroup: rigCgroups, FollowJob: true, Require: loader.KindSockDiag})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer check.Close()
+
+	id := fmt.Sprintf("e2e-%s-%d", lib.name, os.Getpid())
+	app := filepath.Join(bin, "apps", "xchg."+lib.name)
+	args := []string{"-m", "a2a", "-n", strconv.Itoa(envCount("MPIPAUSE_E2E_ITERS", 1800)), "-s", "1M"}
+	job := runJob(ctx, t, lib, id, app, args...)
+	cgs := nodeJobCgroups(t, id)
+	// Whatever happens, the job must not stay frozen past the test.
+	defer cli(context.Background(), t, "node0", nil, "resume", id)
+	waitProgress(ctx, t, obs, job.done, 0, 8<<20)
+	// The bridge of a busy 2-core machine drops packets anyway: the rate of
+	// retransmissions per byte unpaused, for three seconds, is the baseline.
+	r0, s0, t0 := retransmits(ctx, obs), sentBytes(ctx, obs), time.Now()
+	for time.Since(t0) < 3*time.Second {
+		time.Sleep(100 * time.Millisecond)
+	}
+	baseRetrans, baseSent := retransmits(ctx, obs)-r0, sentBytes(ctx, obs)-s0
+
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 1))
+	t.Logf("random moments from seed %d", seed)
+	retrans0, sent0 := retransmits(ctx, obs), sentBytes(ctx, obs)
+	var pauseMs, resumeMs, drainedMB []float64
+	cycles := envCount("MPIPAUSE_PAUSE_CYCLES", 100)
+	for made := 0; made < cycles; {
+		select {
+		case <-job.done:
+			t.Fatalf("the job ended after %d of %d pauses; make it longer (MPIPAUSE_E2E_ITERS)\n%s", made, cycles, job.out.String())
+		default:
+		}
+		// A random moment of the exchange: 0 to 200 ms after the last resume.
+		time.Sleep(time.Duration(rng.IntN(200)) * time.Millisecond)
+		j, r := jobJSON(ctx, t, "pause", id)
+		if r.code != 0 {
+			t.Fatalf("pause %d: exit %d: %s\n%s", made+1, r.code, r.stderr, r.stdout)
+		}
+		what := fmt.Sprintf("pause %d", made+1)
+		checkPaused(ctx, t, what, j, cgs, obs, check)
+		if made == 0 {
+			cpu0, t0 := cgroupCPU(t, cgs), time.Now()
+			for time.Since(t0) < time.Second {
+				time.Sleep(100 * time.Millisecond)
+			}
+			if used := cgroupCPU(t, cgs) - cpu0; used > 20*time.Millisecond {
+				t.Errorf("paused ranks used %v of CPU in %v", used, time.Since(t0))
+			}
+		}
+		pauseMs = append(pauseMs, j.TotalMs)
+		drainedMB = append(drainedMB, float64(j.DrainedBytes)/(1<<20))
+		j, r = jobJSON(ctx, t, "resume", id)
+		if r.code != 0 || j.State != ctl.StateRunning {
+			t.Fatalf("resume %d: exit %d, state %q: %s", made+1, r.code, j.State, r.stderr)
+		}
+		resumeMs = append(resumeMs, j.TotalMs)
+		made++
+	}
+	retrans, sent := retransmits(ctx, obs)-retrans0, sentBytes(ctx, obs)-sent0
+
+	// Ctrl-Z in the terminal of `mpipause run`: SIGTSTP to it.
+	wrapper := wrapperPid(t, id)
+	before := sentBytes(ctx, obs)
+	syscall.Kill(wrapper, syscall.SIGTSTP)
+	waitFor(t, "mpipause run to stop itself after pausing the job", time.Minute, job.done, func() bool { return procState(wrapper) == "T" })
+	j, _ := jobJSON(ctx, t, "status", id)
+	checkPaused(ctx, t, "Ctrl-Z", j, cgs, obs, check)
+	syscall.Kill(wrapper, syscall.SIGCONT) // the shell's fg
+	waitFor(t, "the job to resume after fg", time.Minute, job.done, func() bool {
+		j, _ := jobJSON(ctx, t, "status", id)
+		return j.State == ctl.StateRunning
+	})
+	waitProgress(ctx, t, obs, job.done, before, 4<<20)
+
+	// SIGTSTP to the ranks of one node, as Slurm's suspend sends it.
+	procs, err := cgroupv2.Procs(cgs[0])
+	if err != nil || len(procs) == 0 {
+		t.Fatalf("ranks of node0: %v %v", procs, err)
+	}
+	for _, p := range procs {
+		syscall.Kill(p, syscall.SIGTSTP)
+	}
+	waitFor(t, "SIGTSTP to the ranks to pause the job", time.Minute, job.done, func() bool {
+		j, _ = jobJSON(ctx, t, "status", id)
+		return j.State == ctl.StatePaused
+	})
+	checkPaused(ctx, t, "SIGTSTP to the ranks", j, cgs, obs, check)
+	if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
+		t.Fatalf("resume after SIGTSTP: exit %d %s", r.code, r.stderr)
+	}
+
+	job.finish(ctx, t, fmt.Sprintf("the job paused %d times", cycles+2), serial(t, app, 6, args...))
+	// Nothing of the job is left on the nodes: mpid forgets an ended job.
+	waitFor(t, "the job's cgroups to go", time.Minute, nil, func() bool {
+		for _, cg := range cgs {
+			if _, err := os.Stat(cg); err == nil {
+				return false
+			}
+		}
+		return true
+	})
+	// A retransmission storm (a burst after every thaw, say) would raise
+	// the rate per byte well above the unpaused baseline.
+	perGiB := func(r, s uint64) float64 { return float64(r) / (float64(s)/(1<<30) + 1e-9) }
+	ratio := perGiB(retrans, sent) / max(perGiB(baseRetrans, baseSent), 1)
+	if retrans > 100 && ratio > 3 {
+		t.Errorf("%d TCP retransmissions during %d pauses: %.1f per GiB sent, %.1fx the unpaused rate (%d in %d MiB)",
+			retrans, cycles, perGiB(retrans, sent), ratio, baseRetrans, baseSent>>20)
+	}
+	t.Logf("%d pauses at random moments: pause p50 %.1f ms p99 %.1f ms, resume p50 %.1f ms p99 %.1f ms, drained p50 %.2f MiB; retransmissions %.1f per GiB (%.2fx unpaused); every COMMIT verified empty by BPF and sock_diag; output unchanged",
+		cycles, pct(pauseMs, 0.5), pct(pauseMs, 0.99), pct(resumeMs, 0.5), pct(resumeMs, 0.99), pct(drainedMB, 0.5), perGiB(retrans, sent), ratio)
+}
+
+func pct(xs []float64, q float64) float64 {
+	if len(xs) == 0 {
+		return 0
+	}
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	return s[min(len(s)-1, int(q*float64(len(s))))]
+}
+
+// wrapperPid finds the `mpipause run` process of job id.
+func wrapperPid(t testing.TB, id string) int {
+	t.Helper()
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
+		if err != nil {
+			continue
+		}
+		a := strings.Split(string(b), "\x00")
+		if len(a) > 3 && filepath.Base(a[0]) == "mpipause" && a[1] == "run" && slices.Contains(a, id) {
+			return pid
+		}
+	}
+	t.Fatalf("no mpipause run process for job %s", id)
+	return 0
+}
+
+// procState is the state letter of /proc/PID/stat ("T": stopped).
+func procState(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return ""
+	}
+	f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+	if len(f) == 0 {
+		return ""
+	}
+	return f[0]
+}
+
+// TestPauseBusyRankRollsBack: a pause while one rank is in a long compute
+// phase (no MPI call for 6 s) with its peers' messages unread in its
+// receive queue cannot drain: with --timeout 1s it fails with exit 1, names
+// the rank that does not read and the connections holding bytes, rolls back
+// (no node frozen), and the job completes with unchanged output.
+func TestPauseBusyRankRollsBack(t *testing.T) {
+	for _, lib := range mpiLibs {
+		t.Run(lib.name, func(t *testing.T) {
+			bin := binDir(t)
+			sharedRig(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			id := fmt.Sprintf("busy-%s-%d", lib.name, os.Getpid())
+			app := filepath.Join(bin, "apps", "xchg."+lib.name)
+			args := []string{"-m", "a2a", "-n", "40", "-s", "256K", "-S", "6000000"}
+			job := runJob(ctx, t, lib, id, app, args...)
+			defer cli(context.Background(), t, "node0", nil, "resume", id)
+			waitFor(t, "the last rank's compute phase", 2*time.Minute, job.done, func() bool {
+				return strings.Contains(job.out.String(), "computes for")
+			})
+			j, r := jobJSON(ctx, t, "pause", id, "--timeout", "1s")
+			f := j.Failure
+			if r.code != 1 || j.State != ctl.StateRunning || f == nil {
+				t.Fatalf("pause of a job with a busy rank: exit %d, state %q, failure %+v; want exit 1, running, a failure report\n%s", r.code, j.State, f, r.stdout)
+			}
+			if f.Phase != "DRAIN" || len(f.Conns) == 0 || !slices.Equal(f.NotReading, []int{5}) || f.Rank != 5 {
+				t.Errorf("failure report: phase %s, %d connections, ranks not reading %v, rank %d; want DRAIN, some, [5], 5",
+					f.Phase, len(f.Conns), f.NotReading, f.Rank)
+			}
+			for _, c := range f.Conns {
+				if c.Node != "node2" || c.Unread == 0 || c.Rank != 5 {
+					t.Errorf("connection held: %+v; want node2's rank 5 with unread bytes", c)
+				}
+			}
+			for _, cg := range nodeJobCgroups(t, id) {
+				if fr, err := cgroupv2.Frozen(cg); err != nil || fr {
+					t.Errorf("after the rollback %s is frozen (%v)", cg, err)
+				}
+			}
+			// Human form of the same: one line on stderr, the report on stdout.
+			if lines := strings.Count(strings.TrimSpace(r.stderr), "\n"); lines != 0 {
+				t.Errorf("stderr has %d lines, want 1: %q", lines+1, r.stderr)
+			}
+			job.finish(ctx, t, "the job after a rolled-back pause", serial(t, app, 6, args...))
+		})
+	}
+}
+
+// TestPauseBadInput: every mistake gets one line on stderr, its own exit
+// code and no change of the job's state.
+func TestPauseBadInput(t *testing.T) {
+	bin := binDir(t)
+	sharedRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	lib := mpiLibs[0]
+	hold := t.TempDir()
+	id := fmt.Sprintf("bad-%d", os.Getpid())
+	app := filepath.Join(bin, "apps", "xchg."+lib.name)
+	args := []string{"-m", "a2a", "-n", "4", "-s", "64K", "-w", hold}
+	job := runJob(ctx, t, lib, id, app, args...)
+	defer cli(context.Background(), t, "node0", nil, "resume", id)
+	waitFor(t, "the ranks at the hold point", 2*time.Minute, job.done, func() bool {
+		m, _ := filepath.Glob(filepath.Join(hold, "ready.*"))
+		return len(m) == 6
+	})
+	state := func() string {
+		j, _ := jobJSON(ctx, t, "status", id)
+		return j.State
+	}
+	nobody := asNobody(t)
+	for _, c := range []struct {
+		name  string
+		node  string
+		env   []string
+		argv  []string
+		code  int
+		say   string
+		after string // the job's state afterwards
+	}{
+		{name: "unknown job", argv: []string{"pause", "no-such-job"}, code: 3, say: "no job no-such-job on node0", after: ctl.StateRunning},
+		{name: "unknown job, short form", argv: []string{"no-such-job"}, code: 3, say: "is not a command", after: ctl.StateRunning},
+		{name: "resume of a running job", argv: []string{"resume", id}, code: 5, say: "is running, not paused", after: ctl.StateRunning},
+		{name: "pause", argv: []string{"pause", id}, code: 0, after: ctl.StatePaused},
+		{name: "second pause", argv: []string{id}, code: 5, say: "already paused", after: ctl.StatePaused},
+		{name: "not the coordinator", node: "node1", argv: []string{"pause", id}, code: 8, say: "run mpipause on the node of rank 0", after: ctl.StatePaused},
+		{name: "bad job id", argv: []string{"resume", "a/b"}, code: 2, say: "job id \"a/b\"", after: ctl.StatePaused},
+		{name: "bad timeout", argv: []string{"pause", "--timeout", "-1s", id}, code: 2, say: "--timeout", after: ctl.StatePaused},
+		{name: "no mpid", env: []string{"MPIPAUSE_CTL_SOCKET=@mpipause-kt-nobody"}, argv: []string{"status", id}, code: 6, say: "no mpid at @mpipause-kt-nobody", after: ctl.StatePaused},
+		{name: "another user's job", argv: append(slices.Clone(nobody), "resume", id), code: 4, say: "permission denied", after: ctl.StatePaused},
+		{name: "another user's status", argv: append(slices.Clone(nobody), "status", id), code: 4, say: "permission denied", after: ctl.StatePaused},
+		{name: "resume", argv: []string{"resume", id}, code: 0, after: ctl.StateRunning},
+	} {
+		node := c.node
+		if node == "" {
+			node = "node0"
+		}
+		var r cliResult
+		if filepath.Base(c.argv[0]) == "setpriv" {
+			r = runInNode(ctx, t, node, c.env, c.argv...)
+		} else {
+			r = cli(ctx, t, node, c.env, c.argv...)
+		}
+		if r.code != c.code {
+			t.Errorf("%s: exit %d, want %d\nstdout: %s\nstderr: %s", c.name, r.code, c.code, r.stdout, r.stderr)
+		}
+		if c.say != "" && (!strings.Contains(r.stderr, c.say) || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0) {
+			t.Errorf("%s: stderr %q, want one line saying %q", c.name, r.stderr, c.say)
+		}
+		if s := state(); s != c.after {
+			t.Errorf("%s: the job is %s afterwards, want %s", c.name, s, c.after)
+		}
+	}
+	if err := os.WriteFile(filepath.Join(hold, "go"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	job.finish(ctx, t, "the job after the bad input", serial(t, app, 6, args...))
+}
+
+// asNobody is the command line that runs mpipause as uid 65534: a copy of
+// the binary in a directory anyone may enter (the checkout may be private).
+func asNobody(t testing.TB) []string {
+	t.Helper()
+	setpriv, err := exec.LookPath("setpriv")
+	if err != nil {
+		t.Fatalf("setpriv (util-linux) is needed to act as another user: %v", err)
+	}
+	dir, err := os.MkdirTemp("", "mpipause-kt-nobody-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	b, err := os.ReadFile(filepath.Join(binDir(t), "mpipause"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe := filepath.Join(dir, "mpipause")
+	if err := os.WriteFile(exe, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return []string{setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--", exe}
+}

@@ -10,7 +10,7 @@ PRIV := MPIPAUSE_REQUIRE_PRIV=1
 GENERATED := loader/*_bpfel.go loader/*_bpfel.o
 
 .DEFAULT_GOAL := help
-.PHONY: help deps build generate check-generate test test-unit test-priv test-multinode bench bench-shim bench-stop demo clean
+.PHONY: help deps build generate check-generate test test-unit test-priv test-multinode bench bench-shim bench-pause demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -50,8 +50,8 @@ bench: ## benchmarks: snapshot time for 10,000 sockets, BPF beside sock_diag
 bench-shim: build ## the shim's send-path cost: MPI ping-pong latency and bandwidth with and without it, ratio
 	$(PRIV) bash scripts/bench-shim.sh
 
-bench-stop: build ## what SIGSTOP of every rank leaves in flight, beside the shim's gate draining, same jobs, same run
-	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -run '^$$' -bench Stop -benchtime 1x -timeout 40m ./kernel-tests/
+bench-pause: build ## pause and resume latency (p50, p99) beside SIGSTOP of every rank and the bytes it leaves in flight, same jobs, same run
+	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -run '^$$' -bench Pause -benchtime 1x -timeout 40m ./kernel-tests/
 
 demo: deps build ## run an MPI job on a local 3-node rig and show its connections live
 	@bash scripts/demo.sh

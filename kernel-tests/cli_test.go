@@ -74,6 +74,14 @@ func runJob(ctx context.Context, t testing.TB, lib mpiLib, id, app string, args 
 	t.Helper()
 	argv := append([]string{filepath.Join(binDir(t), "rig"), "exec", "node0", "--", "mpipause", "run", "--jobid", id, "--"}, lib.launch(app, args...)...)
 	p := start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig}, argv...)
+	// A test that stops early kills its job's ranks on every node (before
+	// start's cleanup kills the wrapper), so that nothing of it outlives the
+	// test; a finished job has no cgroups left, and this does nothing.
+	t.Cleanup(func() {
+		for _, cg := range nodeJobCgroups(t, id) {
+			os.WriteFile(filepath.Join(cg, "cgroup.kill"), []byte("1"), 0)
+		}
+	})
 	waitFor(t, "mpipause run to print the job id", time.Minute, p.done, func() bool {
 		return strings.HasPrefix(p.out.String(), "job "+id+"\n")
 	})

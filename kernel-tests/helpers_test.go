@@ -160,6 +160,9 @@ func start(ctx context.Context, t testing.TB, cg string, env []string, argv ...s
 	p := &proc{cmd: exec.CommandContext(ctx, argv[0], argv[1:]...), done: make(chan struct{})}
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+	// Ranks on other nodes inherit the output pipe; if the test ends with
+	// them still running, Wait must not wait for them to close it.
+	p.cmd.WaitDelay = 10 * time.Second
 	if cg != "" {
 		fd, err := os.Open(cg)
 		if err != nil {

@@ -9,6 +9,8 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"sync"
+	"sync/atomic"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ranks"
@@ -45,18 +47,25 @@ func (l *Local) ranksOf(job string) ([]*ranks.Rank, error) {
 	return rs, nil
 }
 
-// eachRank runs fn on every rank of the job registered on this node.
+// eachRank runs fn on every rank of the job registered on this node, all
+// at once: each call waits for a rank's control thread to be scheduled, and
+// one after the other those waits would add up.
 func (l *Local) eachRank(job, what string, fn func(*ranks.Rank) error) error {
 	rs, err := l.ranksOf(job)
 	if err != nil {
 		return err
 	}
-	for _, r := range rs {
-		if err := fn(r); err != nil {
-			return fmt.Errorf("%s of rank %d: %w", what, r.Rank, err)
-		}
+	errs := make([]error, len(rs))
+	var wg sync.WaitGroup
+	for i, r := range rs {
+		wg.Go(func() {
+			if err := fn(r); err != nil {
+				errs[i] = fmt.Errorf("%s of rank %d: %w", what, r.Rank, err)
+			}
+		})
 	}
-	return nil
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // Prepare closes the gate of every rank of the job on this node.
@@ -71,11 +80,16 @@ func (l *Local) Prepare(ctx context.Context, job string) error {
 // Ungated) and reads the job's connections on this node from the kernel.
 func (l *Local) Drain(ctx context.Context, job string) (quiesce.NodeReport, error) {
 	rep := quiesce.NodeReport{Node: l.Name}
+	var ungated atomic.Int64
 	err := l.eachRank(job, "gate state", func(r *ranks.Rank) error {
+		if r.Quiet() {
+			return nil
+		}
 		g, err := r.State(ctx)
-		rep.Ungated += g.Closing
+		ungated.Add(int64(g.Closing))
 		return err
 	})
+	rep.Ungated = int(ungated.Load())
 	if err != nil {
 		return rep, err
 	}

@@ -116,3 +116,35 @@ func (r *Rank) Sockets() []Socket {
 	}
 	return out
 }
+
+// gateClosed is the shim's GATE_CLOSED (shim.h).
+const gateClosed = 1
+
+// Quiet reports, from the state page alone, that the rank's gate is closed
+// and no socket is mid-message: what a STATE request would say, without
+// waking the rank's control thread (which, among busy-polling ranks, can take
+// milliseconds to be scheduled). It says false whenever the page cannot
+// vouch for that, including a short last send on some fd: the page does not
+// know whether that fd is a TCP socket (the shim does), so the caller asks
+// the rank.
+func (r *Rank) Quiet() bool {
+	p := r.page
+	if p == nil {
+		return false
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.mem == nil {
+		return false
+	}
+	if atomic.LoadUint32((*uint32)(unsafe.Pointer(&p.mem[32]))) != gateClosed {
+		return false
+	}
+	short, gated := p.mem[pageHeader:pageHeader+p.fds], p.mem[pageHeader+p.fds:pageHeader+2*p.fds]
+	for fd := 0; fd < p.fds; fd++ {
+		if short[fd] != 0 && gated[fd] == 0 {
+			return false
+		}
+	}
+	return true
+}

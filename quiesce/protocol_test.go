@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -305,5 +306,49 @@ func TestCarryOverKeepsLastConnections(t *testing.T) {
 	}
 	if err := drainTimeout(3, cur); !errors.Is(err, ErrNodeFailed) {
 		t.Fatalf("drain timeout with only unreachable nodes: %v", err)
+	}
+}
+
+// TestProgress: a WithProgress listener hears every round with its report
+// and the end of every phase, in order, and only its own call's.
+func TestProgress(t *testing.T) {
+	c := newCluster(5, 1, Faults{}, fastOpts().Retry)
+	for i, f := range c.fakes {
+		f.left = i % 3 // nodes need up to 2 more drain rounds
+	}
+	co := NewCoordinator(c.net, fastOpts())
+	var seen []string
+	ctx := WithProgress(context.Background(), func(p Progress) {
+		if p.Job != "job1" {
+			t.Errorf("progress of job %q", p.Job)
+		}
+		if p.Done {
+			seen = append(seen, fmt.Sprintf("%s done %d", p.Phase, p.Round))
+		} else {
+			seen = append(seen, fmt.Sprintf("%s %d/%d", p.Phase, p.Report.Nodes-len(p.Report.Pending), p.Report.Nodes))
+		}
+	})
+	res, err := co.Pause(ctx, "job1", c.names)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := []string{"PREPARE 5/5", "PREPARE done 1"}
+	drain := res.Phases[1].Rounds
+	for i := 1; i < drain; i++ {
+		want = append(want, seen[len(want)]) // a round that still found bytes
+	}
+	want = append(want, "DRAIN 5/5", fmt.Sprintf("DRAIN done %d", drain),
+		"FREEZE 5/5", "FREEZE done 1", "VERIFY 5/5", "VERIFY done 1", "COMMIT 5/5", "COMMIT done 1")
+	if strings.Join(seen, ", ") != strings.Join(want, ", ") || drain < 2 {
+		t.Errorf("progress:\n got %v\nwant %v", seen, want)
+	}
+	for i := 2; i < 1+drain; i++ {
+		if !strings.HasPrefix(seen[i], "DRAIN ") || strings.HasSuffix(seen[i], "5/5") && i < drain {
+			t.Errorf("drain round %d: %q", i-1, seen[i])
+		}
+	}
+	// Without a listener nothing is called (and nothing breaks).
+	if _, err := co.Resume(context.Background(), "job1", c.names); err != nil {
+		t.Fatal(err)
 	}
 }

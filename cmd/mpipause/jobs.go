@@ -217,7 +217,7 @@ func printJob(w io.Writer, j ctl.Job) {
 		fmt.Fprintf(w, "  last: %s in %s (%s)\n", lastOp(j), msStr(j.TotalMs), strings.Join(ph, ", "))
 		if j.State == ctl.StatePaused {
 			fmt.Fprintf(w, "  kernel check after the freeze: %d connections, %s queued; %s drained before the freeze\n",
-				j.Connections, bytesStr(j.InflightBytes), bytesStr(j.DrainedBytes))
+				j.Connections, human(j.InflightBytes), human(j.DrainedBytes))
 		}
 	}
 	if f := j.Failure; f != nil {
@@ -228,7 +228,7 @@ func printJob(w io.Writer, j ctl.Job) {
 				break
 			}
 			fmt.Fprintf(w, "  %s %s (rank %s) -> %s (rank %s): %s unacknowledged, %s unread\n",
-				c.Node, c.Local, rankStr(c.Rank), c.Remote, rankStr(c.Peer), bytesStr(c.SendQueue), bytesStr(c.Unread))
+				c.Node, c.Local, rankStr(c.Rank), c.Remote, rankStr(c.Peer), human(c.SendQueue), human(c.Unread))
 		}
 		if len(f.Unconfirmed) > 0 {
 			fmt.Fprintf(w, "  not confirmed running again on: %s\n", strings.Join(f.Unconfirmed, ","))
@@ -268,16 +268,6 @@ func msStr(ms float64) string {
 	return fmt.Sprintf("%.1f ms", ms)
 }
 
-func bytesStr(b uint64) string {
-	switch {
-	case b >= 1<<20:
-		return fmt.Sprintf("%.1f MiB", float64(b)/(1<<20))
-	case b >= 1<<10:
-		return fmt.Sprintf("%.1f KiB", float64(b)/(1<<10))
-	}
-	return fmt.Sprintf("%d bytes", b)
-}
-
 // progressPrinter shows the phases as they finish; on a terminal the drain
 // rounds redraw one line in place.
 type progressPrinter struct {
@@ -291,7 +281,7 @@ func (p *progressPrinter) show(pr ctl.Progress) {
 	if !pr.Done {
 		if p.tty && pr.Phase == "DRAIN" {
 			fmt.Fprintf(p.w, "\r  %-8s round %d: %d/%d nodes empty, %d connections hold %s\x1b[K",
-				pr.Phase, pr.Round, pr.NodesClean, pr.Nodes, pr.Conns, bytesStr(pr.InflightBytes))
+				pr.Phase, pr.Round, pr.NodesClean, pr.Nodes, pr.Conns, human(pr.InflightBytes))
 			p.pending = true
 		}
 		return

@@ -26,7 +26,7 @@ func TestUsage(t *testing.T) {
 		{name: "no args", args: nil, wantCode: 2, wantStderr: "usage: mpipause COMMAND"},
 		{name: "help", args: []string{"--help"}, wantCode: 0, wantStdout: "observe"},
 		{name: "-h", args: []string{"-h"}, wantCode: 0, wantStdout: "usage: mpipause COMMAND"},
-		{name: "unknown command", args: []string{"frobnicate"}, wantCode: 2, wantStderr: `unknown command "frobnicate"`},
+		{name: "unknown option", args: []string{"--frobnicate"}, wantCode: 2, wantStderr: `unknown option "--frobnicate"`},
 		{name: "observe -h", args: []string{"observe", "-h"}, wantCode: 0, wantStdout: "--cgroup"},
 		{name: "observe bad flag", args: []string{"observe", "--nope"}, wantCode: 2, wantStderr: "flag provided but not defined: -nope; see --help"},
 		{name: "observe stray arg", args: []string{"observe", "job1"}, wantCode: 2, wantStderr: `unexpected argument "job1"`},

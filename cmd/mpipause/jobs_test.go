@@ -1,0 +1,220 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/ctl"
+)
+
+// fakeMpid serves the control socket with canned answers, per operation,
+// and records the requests: the CLI's side of the protocol without a
+// kernel or a job.
+type fakeMpid struct {
+	mu       sync.Mutex
+	requests []ctl.Request
+	answer   func(req ctl.Request) []ctl.Reply
+}
+
+func serveFake(t *testing.T, answer func(ctl.Request) []ctl.Reply) *fakeMpid {
+	t.Helper()
+	addr := fmt.Sprintf("@mpipause-test-ctl-%s-%d", t.Name(), time.Now().UnixNano())
+	ln, err := net.Listen("unix", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv("MPIPAUSE_CTL_SOCKET", addr)
+	f := &fakeMpid{answer: answer}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				req, err := ctl.ReadRequest(bufio.NewReader(c))
+				if err != nil {
+					ctl.Write(c, ctl.Reply{Err: ctl.Errorf(ctl.CodeBadRequest, "%v", err), Final: true})
+					return
+				}
+				f.mu.Lock()
+				f.requests = append(f.requests, req)
+				f.mu.Unlock()
+				for _, r := range f.answer(req) {
+					ctl.Write(c, r)
+				}
+			}()
+		}
+	}()
+	t.Cleanup(func() { ln.Close() })
+	return f
+}
+
+var pausedJob = ctl.Job{ID: "j1", State: ctl.StatePaused, Ranks: 6, Nodes: []string{"n0", "n1", "n2"}, LocalRanks: []int{0, 1},
+	Coordinator: "n0", Connections: 36, DrainedBytes: 3 << 20, TotalMs: 52.5, DrainMs: 40,
+	Phases: []ctl.Phase{{Name: "PREPARE", Rounds: 1, Ms: 4}, {Name: "DRAIN", Rounds: 3, Ms: 40}, {Name: "FREEZE", Rounds: 1, Ms: 2},
+		{Name: "VERIFY", Rounds: 1, Ms: 1.5}, {Name: "COMMIT", Rounds: 1, Ms: 1}}}
+
+func TestPauseOutput(t *testing.T) {
+	f := serveFake(t, func(req ctl.Request) []ctl.Reply {
+		return []ctl.Reply{
+			{Progress: &ctl.Progress{Phase: "PREPARE", Round: 1, Done: true, Nodes: 3, Ms: 4}},
+			{Progress: &ctl.Progress{Phase: "DRAIN", Round: 1, Nodes: 3, NodesClean: 1, Conns: 4, InflightBytes: 1 << 20}},
+			{Progress: &ctl.Progress{Phase: "DRAIN", Round: 3, Done: true, Nodes: 3, Ms: 44}},
+			{Job: &pausedJob, Final: true},
+		}
+	})
+	code, out, errOut := runCLI(t, "j1", "--timeout", "2s")
+	if code != 2 || !strings.Contains(errOut, "want exactly one job id") {
+		// Flags come before the job id, as for every command.
+		t.Errorf("flags after the id: exit %d, stderr %q; want 2 and a usage line", code, errOut)
+	}
+	code, out, errOut = runCLI(t, "pause", "--timeout", "2s", "j1")
+	if code != 0 || errOut != "" {
+		t.Fatalf("exit %d, stderr %q", code, errOut)
+	}
+	for _, want := range []string{"pausing job j1", "PREPARE", "DRAIN    3 nodes, 3 rounds  ok", "job j1: paused",
+		"ranks 6 on 3 nodes (n0,n1,n2); here: 0,1", "36 connections, 0 B queued; 3.0 MiB drained"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("output lacks %q:\n%s", want, out)
+		}
+	}
+	if strings.Contains(out, "round 1:") {
+		t.Errorf("drain rounds redrawn on a non-terminal:\n%s", out)
+	}
+	f.mu.Lock()
+	req := f.requests[len(f.requests)-1]
+	f.mu.Unlock()
+	if req.Op != ctl.OpPause || req.Job != "j1" || req.Timeout != 2*time.Second || req.Version != ctl.Version {
+		t.Errorf("request %+v", req)
+	}
+
+	code, out, _ = runCLI(t, "pause", "--json", "j1")
+	var got ctl.Job
+	if err := json.Unmarshal([]byte(out), &got); err != nil || code != 0 {
+		t.Fatalf("--json: exit %d, %v:\n%s", code, err, out)
+	}
+	if got.State != ctl.StatePaused || got.Connections != 36 || got.TotalMs != 52.5 || len(got.Phases) != 5 {
+		t.Errorf("--json decoded %+v", got)
+	}
+	for _, key := range []string{`"job"`, `"state"`, `"ranks"`, `"nodes"`, `"connections"`, `"inflight_bytes"`, `"drain_ms"`, `"total_ms"`} {
+		if !strings.Contains(out, key) {
+			t.Errorf("--json lacks %s", key)
+		}
+	}
+}
+
+// TestRefusals: each refusal from mpid is one line on stderr and its own
+// exit code; with --json it is a JSON object on stdout and the same code.
+func TestRefusals(t *testing.T) {
+	var code string
+	serveFake(t, func(req ctl.Request) []ctl.Reply {
+		return []ctl.Reply{{Err: ctl.Errorf(code, "refused: %s", code), Final: true}}
+	})
+	for c, want := range exitCodes {
+		code = c
+		got, out, errOut := runCLI(t, "resume", "j1")
+		if got != want || errOut != "mpipause resume: refused: "+c+"\n" || out != "resuming job j1\n" {
+			t.Errorf("%s: exit %d (want %d), stdout %q, stderr %q", c, got, want, out, errOut)
+		}
+		got, out, errOut = runCLI(t, "resume", "--json", "j1")
+		var v struct{ Error ctl.Error }
+		if err := json.Unmarshal([]byte(out), &v); err != nil || got != want || v.Error.Code != c || errOut != "" {
+			t.Errorf("%s --json: exit %d, stdout %q (%v), stderr %q", c, got, out, err, errOut)
+		}
+	}
+	code = ctl.CodeUnknownJob
+	if got, _, errOut := runCLI(t, "frobnicate"); got != 3 || !strings.Contains(errOut, `"frobnicate" is not a command`) {
+		t.Errorf("unknown word: exit %d, stderr %q", got, errOut)
+	}
+}
+
+func TestFailedPauseReport(t *testing.T) {
+	failed := pausedJob
+	failed.State = ctl.StateRunning
+	failed.Failure = &ctl.Failure{Phase: "DRAIN", Node: "n2", Rank: 5, NotReading: []int{5},
+		Reason: "the drain timed out: 1 connection on 1 node still hold bytes",
+		Conns:  []ctl.Conn{{Node: "n2", Local: "10.0.0.3:1026", Remote: "10.0.0.1:4000", Unread: 40, Rank: 5, Peer: 0}}}
+	serveFake(t, func(req ctl.Request) []ctl.Reply {
+		return []ctl.Reply{{Job: &failed, Err: ctl.Errorf(ctl.CodeFailed, "pause of job j1 failed in DRAIN: rolled back"), Final: true}}
+	})
+	code, out, errOut := runCLI(t, "pause", "j1")
+	if code != 1 || strings.Count(errOut, "\n") != 1 {
+		t.Errorf("exit %d, stderr %q", code, errOut)
+	}
+	for _, want := range []string{"failed in DRAIN: the drain timed out", "n2 10.0.0.3:1026 (rank 5) -> 10.0.0.1:4000 (rank 0): 0 B unacknowledged, 40 B unread"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("report lacks %q:\n%s", want, out)
+		}
+	}
+}
+
+func TestNoMpid(t *testing.T) {
+	t.Setenv("MPIPAUSE_CTL_SOCKET", "@mpipause-test-nobody-here")
+	for _, args := range [][]string{{"list"}, {"status"}, {"pause", "j"}, {"resume", "j"}, {"run", "--launcher", "hydra", "--shim", "/dev/null", "--", "true"}} {
+		code, _, errOut := runCLI(t, args...)
+		if args[0] == "run" {
+			// The shim is checked first: /dev/null is not a library.
+			if code != 2 || !strings.Contains(errOut, "no shim library") {
+				t.Errorf("%v: exit %d, stderr %q", args, code, errOut)
+			}
+			continue
+		}
+		if code != 6 || !strings.Contains(errOut, "no mpid at @mpipause-test-nobody-here") {
+			t.Errorf("%v: exit %d, stderr %q", args, code, errOut)
+		}
+	}
+}
+
+func TestJobUsage(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"pause"}, "want exactly one job id, got 0"},
+		{[]string{"pause", "a", "b"}, "want exactly one job id, got 2"},
+		{[]string{"pause", "--timeout", "-1s", "j"}, "--timeout -1s"},
+		{[]string{"resume", "a/b"}, `job id "a/b"`},
+		{[]string{"resume", "--timeout", "1s", "j"}, "flag provided but not defined: -timeout"},
+		{[]string{"status", "a", "b"}, "at most one job id"},
+		{[]string{"list", "x"}, `unexpected argument "x"`},
+		{[]string{"run"}, "want a launcher command"},
+		{[]string{"run", "--launcher", "slurm", "--", "srun"}, `--launcher "slurm"`},
+		{[]string{"run", "--jobid", "a b", "--", "mpirun"}, `job id "a b"`},
+	} {
+		code, _, errOut := runCLI(t, tt.args...)
+		if code != 2 || !strings.Contains(errOut, tt.want) || strings.Count(errOut, "\n") != 1 {
+			t.Errorf("%v: exit %d, stderr %q; want 2 and one line with %q", tt.args, code, errOut, tt.want)
+		}
+	}
+}
+
+func TestInject(t *testing.T) {
+	got := inject("openmpi", []string{"mpirun", "-np", "4", "./a"}, "j1", "/x/libmpipause.so")
+	want := "mpirun -x MPIPAUSE_JOBID=j1 -x LD_PRELOAD=/x/libmpipause.so -np 4 ./a"
+	if strings.Join(got, " ") != want {
+		t.Errorf("openmpi: %q, want %q", got, want)
+	}
+	got = inject("hydra", []string{"mpiexec", "-n", "4", "./a"}, "j1", "/x/libmpipause.so")
+	want = "mpiexec -genv MPIPAUSE_JOBID j1 -genv LD_PRELOAD /x/libmpipause.so -n 4 ./a"
+	if strings.Join(got, " ") != want {
+		t.Errorf("hydra: %q, want %q", got, want)
+	}
+	for _, tt := range []struct{ have, want string }{
+		{"", "/s.so"},
+		{"/a.so", "/a.so:/s.so"},
+		{"/a.so /b.so", "/a.so:/b.so:/s.so"},
+		{"/s.so:/a.so", "/s.so:/a.so"},
+	} {
+		if got := preload(tt.have, "/s.so"); got != tt.want {
+			t.Errorf("preload(%q) = %q, want %q", tt.have, got, tt.want)
+		}
+	}
+}

@@ -1,0 +1,53 @@
+package mpid
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/mpipause/mpipause/quiesce"
+)
+
+func TestJobNodes(t *testing.T) {
+	for _, tt := range []struct {
+		self, host string
+		hosts      []string
+		want       []string
+	}{
+		{"n0", "n0", []string{"n0", "n0", "n1", "n2", "n1"}, []string{"n0", "n1", "n2"}},
+		// Rank 0 calls its host by another name than mpid's --node: it is
+		// still this node, not a second one.
+		{"n0", "n0.cluster", []string{"n0.cluster", "n1.cluster"}, []string{"n0", "n1.cluster"}},
+		{"n0", "n0", nil, []string{"n0"}},
+	} {
+		if got := jobNodes(tt.self, tt.host, tt.hosts); !slices.Equal(got, tt.want) {
+			t.Errorf("jobNodes(%s, %s, %v) = %v, want %v", tt.self, tt.host, tt.hosts, got, tt.want)
+		}
+	}
+}
+
+// TestFailureReport: a drain timeout names the connections, the ranks at
+// both ends where known, and the ranks with unread data.
+func TestFailureReport(t *testing.T) {
+	rep := quiesce.Report{Nodes: 3, Pending: []quiesce.NodeReport{
+		{Node: "n1", Conns: []quiesce.Conn{{Node: "n1", Local: "a:1", Remote: "c:3", SendQueue: 100, Rank: 2}}},
+		{Node: "n2", Conns: []quiesce.Conn{
+			{Node: "n2", Local: "c:3", Remote: "a:1", Unread: 100, Rank: 5},
+			{Node: "n2", Local: "c:4", Remote: "b:2", Unread: 7, Rank: 5},
+		}},
+	}}
+	err := &quiesce.AbortError{Job: "j", Phase: quiesce.KindDrain, Cause: fmt.Errorf("%w after 9 drain rounds", quiesce.ErrNotEmpty), Report: rep}
+	f := failure(err, quiesce.Result{Report: rep}, nil)
+	if f.Phase != "DRAIN" || f.Node != "n1" || f.Rank != 5 || !slices.Equal(f.NotReading, []int{5}) || len(f.Conns) != 3 {
+		t.Fatalf("failure %+v", f)
+	}
+	if f.Conns[0].Peer != 5 || f.Conns[1].Peer != 2 || f.Conns[2].Peer != -1 {
+		t.Errorf("peers %d %d %d, want 5 2 -1", f.Conns[0].Peer, f.Conns[1].Peer, f.Conns[2].Peer)
+	}
+	for _, want := range []string{"drain timed out", "3 connections on 2 nodes", "ranks not reading what was sent to them: 5"} {
+		if !strings.Contains(f.Reason, want) {
+			t.Errorf("reason %q lacks %q", f.Reason, want)
+		}
+	}
+}

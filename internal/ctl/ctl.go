@@ -143,14 +143,14 @@ type Progress struct {
 
 // Error codes; the CLI maps each to its own exit status.
 const (
-	CodeFailed      = "failed"       // the pause or resume ran and failed (rolled back)
-	CodeBadRequest  = "bad-request"  // malformed request or job id
-	CodeUnknownJob  = "unknown-job"  // no such job on this node
-	CodePermission  = "permission"   // caller is neither root nor the job's owner
-	CodeState       = "state"        // paused job paused again, running job resumed, operation in progress
-	CodeUnavailable = "unavailable"  // mpid unreachable or cannot serve
-	CodeUnpausable  = "unpausable"   // the job cannot be paused cleanly (ranks not under mpid's watch)
-	CodeElsewhere   = "elsewhere"    // the job's coordinator is another node's mpid
+	CodeFailed      = "failed"      // the pause or resume ran and failed (rolled back)
+	CodeBadRequest  = "bad-request" // malformed request or job id
+	CodeUnknownJob  = "unknown-job" // no such job on this node
+	CodePermission  = "permission"  // caller is neither root nor the job's owner
+	CodeState       = "state"       // paused job paused again, running job resumed, operation in progress
+	CodeUnavailable = "unavailable" // mpid unreachable or cannot serve
+	CodeUnpausable  = "unpausable"  // the job cannot be paused cleanly (ranks not under mpid's watch)
+	CodeElsewhere   = "elsewhere"   // the job's coordinator is another node's mpid
 )
 
 // Error is a refusal or a failure.

@@ -30,7 +30,7 @@ func TestReadRequest(t *testing.T) {
 		`{"version":1,"op":"resume","job":"../x"}`:             `job id "../x"`,
 		`{"version":1,"op":"pause","job":"j","uid":0}`:         "unknown field",
 		`{"version":1,"op":"pause","job":"j","timeout_ns":-1}`: "negative timeout",
-		`not json`:                                             "malformed",
+		`not json`: "malformed",
 		`{"version":1,"op":"list","job":"` + strings.Repeat("a", MaxRequest) + `"}`: "longer than",
 	}
 	for l, want := range bad {

@@ -168,7 +168,8 @@ func retransmits(ctx context.Context, obs loader.Observer) uint64 {
 // every node empty and every node's job cgroup frozen; the first time, the
 // frozen ranks use no CPU for a second. Then Ctrl-Z (SIGTSTP to `mpipause
 // run`) and SIGTSTP to a rank (what Slurm's suspend sends) pause it the same
-// way. The job ends with the output of an unpaused run.
+// way (the SIGTSTP to ranks on a node other than rank 0's, whose mpid passes
+// it to the coordinator). The job ends with the output of an unpaused run.
 func TestPauseResume(t *testing.T) {
 	for _, lib := range mpiLibs {
 		t.Run(lib.name, func(t *testing.T) { testPauseResume(t, lib) })
@@ -257,10 +258,12 @@ func testPauseResume(t *testing.T, lib mpiLib) {
 	})
 	waitProgress(ctx, t, obs, job.done, before, 4<<20)
 
-	// SIGTSTP to the ranks of one node, as Slurm's suspend sends it.
-	procs, err := cgroupv2.Procs(cgs[0])
+	// SIGTSTP to the ranks of one node that is not rank 0's (Slurm's
+	// suspend sends it to every rank; this is the harder case): their mpid
+	// passes the request to the coordinator.
+	procs, err := cgroupv2.Procs(cgs[2])
 	if err != nil || len(procs) == 0 {
-		t.Fatalf("ranks of node0: %v %v", procs, err)
+		t.Fatalf("ranks of node2: %v %v", procs, err)
 	}
 	for _, p := range procs {
 		syscall.Kill(p, syscall.SIGTSTP)
@@ -425,12 +428,15 @@ func TestPauseBadInput(t *testing.T) {
 		{name: "resume of a running job", argv: []string{"resume", id}, code: 5, say: "is running, not paused", after: ctl.StateRunning},
 		{name: "pause", argv: []string{"pause", id}, code: 0, after: ctl.StatePaused},
 		{name: "second pause", argv: []string{id}, code: 5, say: "already paused", after: ctl.StatePaused},
-		{name: "not the coordinator", node: "node1", argv: []string{"pause", id}, code: 8, say: "run mpipause on the node of rank 0", after: ctl.StatePaused},
+		{name: "second pause, from another node", node: "node1", argv: []string{"pause", id}, code: 5, say: "already paused", after: ctl.StatePaused},
 		{name: "bad job id", argv: []string{"resume", "a/b"}, code: 2, say: "job id \"a/b\"", after: ctl.StatePaused},
 		{name: "bad timeout", argv: []string{"pause", "--timeout", "-1s", id}, code: 2, say: "--timeout", after: ctl.StatePaused},
 		{name: "no mpid", env: []string{"MPIPAUSE_CTL_SOCKET=@mpipause-kt-nobody"}, argv: []string{"status", id}, code: 6, say: "no mpid at @mpipause-kt-nobody", after: ctl.StatePaused},
 		{name: "another user's job", argv: append(slices.Clone(nobody), "resume", id), code: 4, say: "permission denied", after: ctl.StatePaused},
 		{name: "another user's status", argv: append(slices.Clone(nobody), "status", id), code: 4, say: "permission denied", after: ctl.StatePaused},
+		{name: "resume, from another node", node: "node2", argv: []string{"resume", id}, code: 0, after: ctl.StateRunning},
+		{name: "pause, from another node", node: "node1", argv: []string{id}, code: 0, after: ctl.StatePaused},
+		{name: "another user's job, from another node", node: "node1", argv: append(slices.Clone(nobody), "resume", id), code: 4, say: "permission denied", after: ctl.StatePaused},
 		{name: "resume", argv: []string{"resume", id}, code: 0, after: ctl.StateRunning},
 	} {
 		node := c.node
@@ -484,4 +490,64 @@ func asNobody(t testing.TB) []string {
 		t.Fatal(err)
 	}
 	return []string{setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", "--", exe}
+}
+
+// TestRankExitsDuringPause: a rank killed while a pause is draining fails
+// the pause with its own exit code (9) and the rank named; the others are
+// rolled back, not left gated or frozen.
+func TestRankExitsDuringPause(t *testing.T) {
+	bin := binDir(t)
+	sharedRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	lib := mpiLibs[0]
+	id := fmt.Sprintf("exit-%d", os.Getpid())
+	app := filepath.Join(bin, "apps", "xchg."+lib.name)
+	// The last rank computes, its peers' data unread: the drain waits.
+	job := runJob(ctx, t, lib, id, app, "-m", "a2a", "-n", "40", "-s", "256K", "-S", "30000000")
+	waitFor(t, "the last rank's compute phase", 2*time.Minute, job.done, func() bool {
+		return strings.Contains(job.out.String(), "computes for")
+	})
+	cgs := nodeJobCgroups(t, id)
+	victims, err := cgroupv2.Procs(cgs[2])
+	if err != nil || len(victims) != 2 {
+		t.Fatalf("ranks on node2: %v %v", victims, err)
+	}
+	pause := exec.CommandContext(ctx, filepath.Join(bin, "rig"), "exec", "node0", "--", "mpipause", "pause", "--json", "--timeout", "60s", id)
+	pause.Env = append(os.Environ(), "MPIPAUSE_RIG="+jobRig)
+	var out, errb bytes.Buffer
+	pause.Stdout, pause.Stderr = &out, &errb
+	if err := pause.Start(); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the pause to be draining", time.Minute, nil, func() bool {
+		j, _ := jobJSON(ctx, t, "status", id)
+		return j.State == ctl.StatePausing
+	})
+	// One of node2's ranks (4 or 5) dies mid-pause.
+	syscall.Kill(victims[0], syscall.SIGKILL)
+	err = pause.Wait()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 9 {
+		t.Fatalf("pause with a rank killed: %v, want exit 9\nstdout: %s\nstderr: %s", err, out.String(), errb.String())
+	}
+	var j ctl.Job
+	if err := json.Unmarshal(out.Bytes(), &j); err != nil || j.Failure == nil {
+		t.Fatalf("--json: %v\n%s", err, out.String())
+	}
+	if j.State == ctl.StatePaused || j.Failure.Rank < 4 || !strings.Contains(j.Failure.Reason, "exited during the pause") {
+		t.Errorf("state %s, failure %+v; want not paused, rank 4 or 5 named as exited", j.State, j.Failure)
+	}
+	for _, cg := range cgs {
+		if f, err := cgroupv2.Frozen(cg); err == nil && f {
+			t.Errorf("%s is frozen after the failed pause", cg)
+		}
+	}
+	// The job itself then fails (its launcher sees a rank killed), which is
+	// the launcher's business; it must end, not hang.
+	select {
+	case <-job.done:
+	case <-time.After(2 * time.Minute):
+		t.Fatalf("the job did not end after one of its ranks was killed:\n%s", job.out.String())
+	}
 }

@@ -81,7 +81,7 @@ static void sanitize(char *s)
 static void attach(void)
 {
 	struct abi a;
-	char id[IDLEN] = "", host[HOSTLEN] = "", hello[256 + 32 * HOSTLEN];
+	char id[IDLEN] = "", host[HOSTLEN] = "", root[HOSTLEN] = "", hello[256 + 33 * HOSTLEN];
 	char *hosts = NULL;
 	int rank = -1, size = 0, have_id;
 
@@ -107,6 +107,13 @@ static void attach(void)
 			}
 			a.bcast(id, IDLEN, a.chr, 0, dup);
 		}
+		// Every rank learns rank 0's host: its mpid coordinates the job,
+		// and the other nodes' mpids pass requests (a rank's SIGTSTP, a
+		// user's pause) to it.
+		if (rank == 0)
+			memcpy(root, host, HOSTLEN);
+		a.bcast(root, HOSTLEN, a.chr, 0, dup);
+		root[HOSTLEN - 1] = 0;
 		if (rank == 0 && size > 0 && size <= 65536)
 			hosts = calloc((size_t)size, HOSTLEN);
 		a.gather(host, HOSTLEN, a.chr, hosts, HOSTLEN, a.chr, 0, dup);
@@ -115,6 +122,10 @@ static void attach(void)
 	sanitize(id);
 	int n = snprintf(hello, sizeof(hello), "HELLO 1 job=%s rank=%d size=%d pid=%d host=%s", id, rank, size,
 			 (int)getpid(), host);
+	if (root[0]) {
+		sanitize(root);
+		n += snprintf(hello + n, sizeof(hello) - n, " root=%s", root);
+	}
 	if (hosts) {
 		// Distinct hosts, in rank order of first appearance.
 		n += snprintf(hello + n, sizeof(hello) - n, " hosts=");

@@ -1,10 +1,12 @@
 package quiesce
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 // ProtocolVersion is the version of the message envelope. A receiver refuses
@@ -24,6 +26,10 @@ const (
 	KindCommit  Kind = "COMMIT"  // the pause holds; nodes record it
 	KindAbort   Kind = "ABORT"   // roll back: thaw, then reopen gates
 	KindResume  Kind = "RESUME"  // thaw, then reopen gates
+	// KindControl is not a protocol step: a node daemon passes a user's
+	// request (pause, resume) for a job to the job's coordinator. Agents
+	// refuse it; the daemon serving the port answers it (Message.Control).
+	KindControl Kind = "CONTROL"
 )
 
 // Valid reports whether k is one of the protocol's kinds.
@@ -52,6 +58,20 @@ type Message struct {
 	// Err is set on a reply when the request itself was refused (bad version,
 	// stale, malformed); per-node failures travel in Report instead.
 	Err string `json:"err,omitempty"`
+	// Control carries a KindControl request and its answer.
+	Control *Control `json:"control,omitempty"`
+}
+
+// Control is a request passed to a job's coordinator and its answer, opaque
+// to the protocol: the daemons define Op and Result.
+type Control struct {
+	Op      string        `json:"op"`
+	UID     uint32        `json:"uid"`
+	Timeout time.Duration `json:"timeout_ns,omitempty"`
+	// Answer: Result is the daemon's report; Code and Message a refusal.
+	Result  json.RawMessage `json:"result,omitempty"`
+	Code    string          `json:"code,omitempty"`
+	Message string          `json:"message,omitempty"`
 }
 
 // Validate checks what a receiver needs before it acts on a request.

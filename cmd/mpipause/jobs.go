@@ -23,14 +23,17 @@ var exitCodes = map[string]int{
 	ctl.CodeUnavailable: 6,
 	ctl.CodeUnpausable:  7,
 	ctl.CodeElsewhere:   8,
+	ctl.CodeRankGone:    9,
 }
 
 const exitCodeHelp = `exit status:
   0  done             1  failed (a pause is rolled back: the job runs on)
   2  bad usage        3  no such job on this node
   4  not your job     5  wrong state (already paused, not paused, busy)
-  6  no mpid here     7  the job cannot be paused cleanly
-  8  ask the node of rank 0, which coordinates the job
+  6  no mpid here (or the job's coordinator does not answer)
+  7  the job cannot be paused cleanly
+  8  the job's coordinator (rank 0's node) is not known on this node
+  9  a rank exited during the pause (rolled back for the others)
 `
 
 type jobFlags struct {
@@ -190,7 +193,7 @@ func listCmd(ctx context.Context, e *env, args []string) error {
 	for _, j := range rep.Jobs {
 		coord := j.Coordinator
 		if coord == "" {
-			coord = "elsewhere"
+			coord = "?"
 		}
 		t.add(j.ID, j.State, j.Since.Local().Format(time.TimeOnly), coord, fmt.Sprint(len(j.Nodes)), fmt.Sprint(j.Ranks), fmt.Sprint(len(j.LocalRanks)))
 	}
@@ -201,8 +204,11 @@ func listCmd(ctx context.Context, e *env, args []string) error {
 // printJob is the human view of a job.
 func printJob(w io.Writer, j ctl.Job) {
 	where := "coordinated here"
-	if j.Coordinator == "" {
+	switch {
+	case j.Coordinator == "":
 		where = "coordinated by the node of rank 0"
+	case j.Coordinator != j.Node:
+		where = "coordinated by " + j.Coordinator
 	}
 	fmt.Fprintf(w, "job %s: %s since %s (%s)\n", j.ID, j.State, j.Since.Local().Format(time.TimeOnly), where)
 	fmt.Fprintf(w, "  ranks %d on %d nodes (%s); here: %s\n", j.Ranks, len(j.Nodes), strings.Join(j.Nodes, ","), ints(j.LocalRanks))

@@ -109,7 +109,9 @@ type Job struct {
 	Ranks      int      `json:"ranks"`
 	Nodes      []string `json:"nodes"`
 	LocalRanks []int    `json:"local_ranks,omitempty"`
-	// Coordinator is the node whose mpid runs the job's pauses.
+	// Node is the node that answered; Coordinator the node whose mpid runs
+	// the job's pauses (rank 0's; empty if not known there).
+	Node        string `json:"node"`
 	Coordinator string `json:"coordinator,omitempty"`
 	// The last pause or resume: connections the final kernel snapshot
 	// checked, the bytes it found queued (zero for a committed pause), the
@@ -150,7 +152,8 @@ const (
 	CodeState       = "state"       // paused job paused again, running job resumed, operation in progress
 	CodeUnavailable = "unavailable" // mpid unreachable or cannot serve
 	CodeUnpausable  = "unpausable"  // the job cannot be paused cleanly (ranks not under mpid's watch)
-	CodeElsewhere   = "elsewhere"   // the job's coordinator is another node's mpid
+	CodeElsewhere   = "elsewhere"   // the job's coordinator is not known here
+	CodeRankGone    = "rank-gone"   // a rank exited during the pause (rolled back)
 )
 
 // Error is a refusal or a failure.

@@ -58,6 +58,8 @@ type Config struct {
 	Unpin bool
 	// Drain is the default drain timeout of a pause.
 	Drain time.Duration
+	// Nice is the scheduling niceness of every mpid thread (0: leave it).
+	Nice int
 	Log   *slog.Logger
 }
 
@@ -123,6 +125,11 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	if _, err := cgroupv2.Root(); err != nil {
 		return err
 	}
+	if d.cfg.Nice != 0 {
+		if err := renice(d.cfg.Nice); err != nil {
+			return err
+		}
+	}
 	if d.cfg.FixedCgroup != "" {
 		dir, err := cgroupv2.Resolve(d.cfg.FixedCgroup)
 		if err != nil {
@@ -156,7 +163,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	errs := make(chan error, 3)
 	var wg sync.WaitGroup
 	wg.Go(func() { errs <- wrap("rank socket", rs.Serve(ctx)) })
-	wg.Go(func() { errs <- wrap("peer port", quiesce.ServeTCP(ctx, pl, d.agent.Handle)) })
+	wg.Go(func() { errs <- wrap("peer port", quiesce.ServeTCP(ctx, pl, d.peer)) })
 	wg.Go(func() { errs <- wrap("control socket", d.serveCtl(ctx, cl)) })
 	wg.Go(func() { d.sweep(ctx) })
 	d.log.Info("serving", "node", d.cfg.Node, "ranks", d.cfg.RankSocket, "control", d.cfg.CtlSocket,
@@ -423,6 +430,31 @@ func (d *Daemon) rankEvent(r *ranks.Rank, ev string) {
 	}()
 }
 
+// renice sets the niceness of every thread of the process. Linux keeps it
+// per thread and a new thread inherits its creator's, so once every thread
+// has it (two passes, for threads made during the first), all later ones
+// do too. mpid wants to run before the ranks it pauses: on a node whose
+// cores are all busy polling, every wake-up of mpid otherwise waits for a
+// rank's time slice to end, and a pause takes a few of them per node.
+func renice(n int) error {
+	for range 2 {
+		tasks, err := os.ReadDir("/proc/self/task")
+		if err != nil {
+			return err
+		}
+		for _, t := range tasks {
+			tid, err := strconv.Atoi(t.Name())
+			if err != nil {
+				continue
+			}
+			if err := unix.Setpriority(unix.PRIO_PROCESS, tid, n); err != nil && !errors.Is(err, unix.ESRCH) {
+				return fmt.Errorf("--nice %d: %w", n, err)
+			}
+		}
+	}
+	return nil
+}
+
 // peerUID is the uid of the process at the other end of a unix connection.
 func peerUID(c *net.UnixConn) (uint32, error) {
 	raw, err := c.SyscallConn()
@@ -576,8 +608,12 @@ func (d *Daemon) view(id string) (ctl.Job, error) {
 			coordinated = true
 			v.Nodes = jobNodes(d.cfg.Node, r.Host, r.Hosts)
 		}
+		if r.Root != "" {
+			v.Coordinator = r.Root
+		}
 	}
 	slices.Sort(v.LocalRanks)
+	v.Node = d.cfg.Node
 	if coordinated {
 		v.Coordinator = d.cfg.Node
 		v.State = state

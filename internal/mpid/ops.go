@@ -2,19 +2,28 @@ package mpid
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/node"
 	"github.com/mpipause/mpipause/quiesce"
 )
 
-// do runs a status, pause or resume request of a caller with uid.
+// do runs a status, pause or resume request of a caller with uid. A pause
+// or resume of a job coordinated elsewhere goes to the coordinator's mpid.
 func (d *Daemon) do(ctx context.Context, req ctl.Request, uid uint32, progress func(ctl.Progress)) (ctl.Job, error) {
+	return d.doAt(ctx, req, uid, progress, true)
+}
+
+func (d *Daemon) doAt(ctx context.Context, req ctl.Request, uid uint32, progress func(ctl.Progress), mayForward bool) (ctl.Job, error) {
 	v, err := d.view(req.Job)
 	if err != nil {
 		return ctl.Job{}, err
@@ -26,9 +35,12 @@ func (d *Daemon) do(ctx context.Context, req ctl.Request, uid uint32, progress f
 	if req.Op == ctl.OpStatus {
 		return v, nil
 	}
-	if v.Coordinator == "" {
-		return v, ctl.Errorf(ctl.CodeElsewhere, "job %s: rank 0 is not on %s (ranks here: %s); run mpipause on the node of rank 0, which coordinates the job",
-			req.Job, d.cfg.Node, intList(v.LocalRanks))
+	if v.Coordinator != d.cfg.Node {
+		if v.Coordinator == "" || !mayForward {
+			return v, ctl.Errorf(ctl.CodeElsewhere, "job %s: rank 0 is not on %s (ranks here: %s) and its node is not known here; run mpipause on the node of rank 0, which coordinates the job",
+				req.Job, d.cfg.Node, intList(v.LocalRanks))
+		}
+		return d.forward(ctx, v.Coordinator, req, uid)
 	}
 	switch req.Op {
 	case ctl.OpPause:
@@ -108,7 +120,7 @@ func (d *Daemon) pause(ctx context.Context, req ctl.Request, v ctl.Job, progress
 				// Only the ranks the nodes know can be gated: a rank that has
 				// not registered yet (still in MPI_Init, or without the shim)
 				// would send through the cut.
-				if p.Report.Ranks < v.Ranks {
+				if p.Report.Ranks < v.Ranks && len(p.Report.Failed()) == 0 {
 					cancel(fmt.Errorf("only %d of the job's %d ranks are registered with mpid (ranks still starting, or started without the shim)", p.Report.Ranks, v.Ranks))
 				}
 			})
@@ -133,10 +145,15 @@ func (d *Daemon) pause(ctx context.Context, req ctl.Request, v ctl.Job, progress
 	fig = d.end(j, fig.State, fig)
 	d.log.Warn("pause failed", "job", req.Job, "state", fig.State, "error", fig.Failure.Reason)
 	msg := fmt.Sprintf("pause of job %s failed in %s: %s", req.Job, fig.Failure.Phase, fig.Failure.Reason)
-	if fig.State == ctl.StateRunning {
+	code := ctl.CodeFailed
+	if strings.Contains(fig.Failure.Reason, node.ErrRankGone.Error()) {
+		// Errors cross the network as text: the node's words are the key.
+		code = ctl.CodeRankGone
+		msg += "; rolled back for the other ranks"
+	} else if fig.State == ctl.StateRunning {
 		msg += "; rolled back, the job runs on"
 	}
-	return fig, ctl.Errorf(ctl.CodeFailed, "%s", msg)
+	return fig, ctl.Errorf(code, "%s", msg)
 }
 
 func (d *Daemon) resume(ctx context.Context, req ctl.Request, v ctl.Job, progress func(ctl.Progress)) (ctl.Job, error) {
@@ -207,6 +224,9 @@ func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
 		// Our own reason for cutting the pause short beats "context canceled".
 		f.Reason = cause.Error()
 	}
+	if m := goneRank.FindStringSubmatch(f.Reason); m != nil {
+		f.Rank, _ = strconv.Atoi(m[1])
+	}
 	// The peer of a connection is whoever owns its other end: another
 	// node's pending connection with the addresses swapped, if listed.
 	byEnds := map[[2]string]int{}
@@ -260,6 +280,9 @@ func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
 	return f
 }
 
+// goneRank finds the rank in node.ErrRankGone's text.
+var goneRank = regexp.MustCompile(`rank (\d+) \(pid \d+\) ` + regexp.QuoteMeta(node.ErrRankGone.Error()))
+
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 
 func intList(xs []int) string {
@@ -278,4 +301,77 @@ func plural(n int, what string) string {
 		return "1 " + what
 	}
 	return fmt.Sprintf("%d %ss", n, what)
+}
+
+// forward passes a pause or resume to the job's coordinator (the mpid of
+// rank 0's node) over the peer port, and returns its answer. The user's uid
+// travels with it: the coordinator applies the same ownership rule.
+// (Nothing authenticates the peers yet: the cluster key is the next issue's.)
+func (d *Daemon) forward(ctx context.Context, to string, req ctl.Request, uid uint32) (ctl.Job, error) {
+	drain := req.Timeout
+	if drain <= 0 {
+		drain = d.cfg.Drain
+	}
+	// The coordinator's own deadlines bound the work; this only bounds a
+	// coordinator that never answers.
+	ctx, cancel := context.WithTimeout(ctx, drain+2*time.Minute)
+	defer cancel()
+	tr := &quiesce.TCPTransport{Resolve: d.resolve}
+	m := quiesce.Message{Version: quiesce.ProtocolVersion, Job: req.Job, Kind: quiesce.KindControl, Nodes: []string{to},
+		Control: &quiesce.Control{Op: req.Op, UID: uid, Timeout: req.Timeout}}
+	rep, err := tr.Call(ctx, to, m)
+	if err == nil && rep.Err != "" {
+		err = errors.New(rep.Err)
+	}
+	if err == nil && rep.Control == nil {
+		err = errors.New("an answer without a result")
+	}
+	if err != nil {
+		return ctl.Job{}, ctl.Errorf(ctl.CodeUnavailable, "job %s is coordinated by mpid on %s (the node of rank 0), which did not answer: %v", req.Job, to, err)
+	}
+	var j ctl.Job
+	if len(rep.Control.Result) > 0 {
+		if err := json.Unmarshal(rep.Control.Result, &j); err != nil {
+			return ctl.Job{}, ctl.Errorf(ctl.CodeUnavailable, "mpid on %s sent a malformed result: %v", to, err)
+		}
+	}
+	if rep.Control.Code != "" {
+		return j, &ctl.Error{Code: rep.Control.Code, Message: rep.Control.Message}
+	}
+	return j, nil
+}
+
+// peer serves the peer port: protocol steps go to the agent, a request
+// passed on by another node's mpid is run here as the coordinator.
+func (d *Daemon) peer(ctx context.Context, m quiesce.Message) (quiesce.Message, error) {
+	if m.Kind != quiesce.KindControl {
+		return d.agent.Handle(ctx, m)
+	}
+	reply := quiesce.Message{Version: quiesce.ProtocolVersion, Job: m.Job, Kind: m.Kind, Reply: true}
+	c := m.Control
+	if m.Version != quiesce.ProtocolVersion || c == nil || (c.Op != ctl.OpPause && c.Op != ctl.OpResume) {
+		reply.Err = "malformed control request"
+		return reply, nil
+	}
+	req := ctl.Request{Version: ctl.Version, Op: c.Op, Job: m.Job, Timeout: c.Timeout}
+	var j ctl.Job
+	err := req.Validate()
+	if err == nil {
+		// As for the CLI: the caller going away does not cut the pause short.
+		j, err = d.doAt(context.WithoutCancel(ctx), req, c.UID, nil, false)
+	}
+	out := &quiesce.Control{Op: c.Op}
+	var ce *ctl.Error
+	switch {
+	case errors.As(err, &ce):
+		out.Code, out.Message = ce.Code, ce.Message
+	case err != nil:
+		out.Code, out.Message = ctl.CodeFailed, err.Error()
+	}
+	if j.ID != "" {
+		out.Result, _ = json.Marshal(j)
+	}
+	reply.Control = out
+	d.log.Info("request from a peer", "job", m.Job, "op", c.Op, "uid", c.UID, "code", out.Code)
+	return reply, nil
 }

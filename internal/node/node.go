@@ -32,6 +32,32 @@ type Local struct {
 	// Cgroup returns the cgroup v2 directory that holds the job's ranks on
 	// this node (the one Freeze freezes).
 	Cgroup func(job string) (string, error)
+
+	mu sync.Mutex
+	// gated is, per job with a pause under way, the ranks Prepare closed
+	// (rank → pid): a rank missing later exited during the pause.
+	gated map[string]map[int]int
+}
+
+// ErrRankGone: a rank of the job exited (or was killed) during the pause.
+var ErrRankGone = errors.New("exited during the pause")
+
+// gone reports the ranks Prepare gated that are no longer registered.
+func (l *Local) gone(job string) error {
+	l.mu.Lock()
+	was := l.gated[job]
+	l.mu.Unlock()
+	now := map[int]bool{}
+	for _, r := range l.Ranks.Ranks(job) {
+		now[r.Rank] = true
+	}
+	var errs []error
+	for rank, pid := range was {
+		if !now[rank] {
+			errs = append(errs, fmt.Errorf("rank %d (pid %d) %w", rank, pid, ErrRankGone))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 var _ quiesce.Node = (*Local)(nil)
@@ -59,7 +85,11 @@ func (l *Local) eachRank(job, what string, fn func(*ranks.Rank) error) error {
 	var wg sync.WaitGroup
 	for i, r := range rs {
 		wg.Go(func() {
-			if err := fn(r); err != nil {
+			err := fn(r)
+			switch {
+			case errors.Is(err, ranks.ErrGone):
+				errs[i] = fmt.Errorf("rank %d (pid %d) %w (at %s)", r.Rank, r.Pid, ErrRankGone, what)
+			case err != nil:
 				errs[i] = fmt.Errorf("%s of rank %d: %w", what, r.Rank, err)
 			}
 		})
@@ -70,6 +100,20 @@ func (l *Local) eachRank(job, what string, fn func(*ranks.Rank) error) error {
 
 // Prepare closes the gate of every rank of the job on this node.
 func (l *Local) Prepare(ctx context.Context, job string) error {
+	rs, err := l.ranksOf(job)
+	if err != nil {
+		return err
+	}
+	was := make(map[int]int, len(rs))
+	for _, r := range rs {
+		was[r.Rank] = r.Pid
+	}
+	l.mu.Lock()
+	if l.gated == nil {
+		l.gated = map[string]map[int]int{}
+	}
+	l.gated[job] = was
+	l.mu.Unlock()
 	return l.eachRank(job, "close gate", func(r *ranks.Rank) error {
 		_, err := r.Close(ctx)
 		return err
@@ -80,6 +124,9 @@ func (l *Local) Prepare(ctx context.Context, job string) error {
 // Ungated) and reads the job's connections on this node from the kernel.
 func (l *Local) Drain(ctx context.Context, job string) (quiesce.NodeReport, error) {
 	rep := quiesce.NodeReport{Node: l.Name}
+	if err := l.gone(job); err != nil {
+		return rep, err
+	}
 	var ungated atomic.Int64
 	err := l.eachRank(job, "gate state", func(r *ranks.Rank) error {
 		if r.Quiet() {
@@ -99,6 +146,9 @@ func (l *Local) Drain(ctx context.Context, job string) (quiesce.NodeReport, erro
 // Verify is the kernel's report after the freeze: the ranks cannot answer
 // now, and need not: only the kernel's queues count (G1).
 func (l *Local) Verify(ctx context.Context, job string) (quiesce.NodeReport, error) {
+	if err := l.gone(job); err != nil {
+		return quiesce.NodeReport{Node: l.Name}, err
+	}
 	return l.kernelReport(ctx, job, quiesce.NodeReport{Node: l.Name})
 }
 
@@ -161,12 +211,24 @@ func (l *Local) Thaw(ctx context.Context, job string) error {
 	return cgroupv2.Thaw(ctx, cg)
 }
 
-// Open reopens every rank's gate; the shims flush what they held.
+// Open reopens every rank's gate; the shims flush what they held. Ranks
+// that exited meanwhile are not its business: a pause they were part of
+// failed on them already (Drain, Verify), and after a COMMIT the job's own
+// launcher sees the loss.
 func (l *Local) Open(ctx context.Context, job string) error {
-	return l.eachRank(job, "open gate", func(r *ranks.Rank) error {
+	err := l.eachRank(job, "open gate", func(r *ranks.Rank) error {
 		_, err := r.Open(ctx)
 		return err
 	})
+	if errors.Is(err, ErrNoRanks) {
+		err = nil // every rank here is gone: nothing to open
+	}
+	if err == nil {
+		l.mu.Lock()
+		delete(l.gated, job)
+		l.mu.Unlock()
+	}
+	return err
 }
 
 func unmap(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()) }

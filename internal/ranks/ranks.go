@@ -48,6 +48,7 @@ type Rank struct {
 	UID   uint32   `json:"uid"`
 	Host  string   `json:"host"`
 	Hosts []string `json:"hosts,omitempty"` // rank 0 only: the job's hosts
+	Root  string   `json:"root,omitempty"`  // the host of rank 0, which coordinates the job
 
 	conn    *net.UnixConn
 	page    *statePage // nil if the shim sent none
@@ -361,7 +362,7 @@ func ValidJobID(s string) bool {
 }
 
 // ParseHello parses "HELLO 1 job=... rank=... size=... pid=... host=...
-// [hosts=a,b]".
+// [root=h] [hosts=a,b]".
 func ParseHello(line string) (*Rank, error) {
 	f := strings.Fields(line)
 	if len(f) < 2 || f[0] != "HELLO" || f[1] != "1" {
@@ -389,6 +390,8 @@ func ParseHello(line string) (*Rank, error) {
 			r.Host = v
 		case "hosts":
 			r.Hosts = strings.Split(v, ",")
+		case "root":
+			r.Root = v
 		}
 		if err != nil {
 			return nil, fmt.Errorf("HELLO field %q: %w", kv, err)

@@ -21,7 +21,11 @@ func TestParseHello(t *testing.T) {
 	if r.Job != "j-1" || r.Rank != 0 || r.Size != 6 || r.Pid != 42 || r.Host != "node0" || strings.Join(r.Hosts, " ") != "node0 node1 node2" {
 		t.Errorf("parsed %+v", r)
 	}
-	for _, bad := range []string{"", "HELLO 2 job=x pid=1", "HELLO 1 job=x", "HELLO 1 pid=3", "HELLO 1 job=x pid=1 rank=one", "HELLO 1 job=x job=y pid=1", "HELLO 1 job=x pid=1 junk"} {
+	r, err = ParseHello("HELLO 1 job=j-1 rank=3 size=6 pid=43 host=node1 root=node0")
+	if err != nil || r.Root != "node0" || r.Hosts != nil {
+		t.Errorf("rank 3: %+v %v", r, err)
+	}
+	for _, bad := range []string{"", "HELLO 2 job=x pid=1", "HELLO 1 job=x pid=1 root=a root=b", "HELLO 1 job=x", "HELLO 1 pid=3", "HELLO 1 job=x pid=1 rank=one", "HELLO 1 job=x job=y pid=1", "HELLO 1 job=x pid=1 junk"} {
 		if _, err := ParseHello(bad); err == nil {
 			t.Errorf("ParseHello(%q) accepted", bad)
 		}

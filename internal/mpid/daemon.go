@@ -60,7 +60,7 @@ type Config struct {
 	Drain time.Duration
 	// Nice is the scheduling niceness of every mpid thread (0: leave it).
 	Nice int
-	Log   *slog.Logger
+	Log  *slog.Logger
 }
 
 // Daemon is a running mpid.

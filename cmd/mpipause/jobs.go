@@ -211,7 +211,7 @@ func printJob(w io.Writer, j ctl.Job) {
 		where = "coordinated by " + j.Coordinator
 	}
 	fmt.Fprintf(w, "job %s: %s since %s (%s)\n", j.ID, j.State, j.Since.Local().Format(time.TimeOnly), where)
-	fmt.Fprintf(w, "  ranks %d on %d nodes (%s); here: %s\n", j.Ranks, len(j.Nodes), strings.Join(j.Nodes, ","), ints(j.LocalRanks))
+	fmt.Fprintf(w, "  ranks %d on %d nodes (%s); here: %s\n", j.Ranks, len(j.Nodes), strings.Join(j.Nodes, ","), ctl.RankList(j.LocalRanks))
 	if j.Unpausable != "" {
 		fmt.Fprintf(w, "  cannot be paused cleanly: %s\n", j.Unpausable)
 	}
@@ -254,17 +254,6 @@ func lastOp(j ctl.Job) string {
 		return "resume"
 	}
 	return "pause"
-}
-
-func ints(xs []int) string {
-	if len(xs) == 0 {
-		return "none"
-	}
-	s := make([]string, len(xs))
-	for i, x := range xs {
-		s[i] = fmt.Sprint(x)
-	}
-	return strings.Join(s, ",")
 }
 
 func msStr(ms float64) string {

@@ -15,6 +15,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"strconv"
 	"strings"
 	"time"
 
@@ -319,4 +320,16 @@ func unwrapOp(err error) error {
 		return op.Err
 	}
 	return err
+}
+
+// RankList writes ranks as "0,1,5", or "none", for messages and reports.
+func RankList(ranks []int) string {
+	if len(ranks) == 0 {
+		return "none"
+	}
+	s := make([]string, len(ranks))
+	for i, r := range ranks {
+		s[i] = strconv.Itoa(r)
+	}
+	return strings.Join(s, ",")
 }

@@ -38,7 +38,7 @@ func (d *Daemon) doAt(ctx context.Context, req ctl.Request, uid uint32, progress
 	if v.Coordinator != d.cfg.Node {
 		if v.Coordinator == "" || !mayForward {
 			return v, ctl.Errorf(ctl.CodeElsewhere, "job %s: rank 0 is not on %s (ranks here: %s) and its node is not known here; run mpipause on the node of rank 0, which coordinates the job",
-				req.Job, d.cfg.Node, intList(v.LocalRanks))
+				req.Job, d.cfg.Node, ctl.RankList(v.LocalRanks))
 		}
 		return d.forward(ctx, v.Coordinator, req, uid)
 	}
@@ -268,7 +268,7 @@ func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
 		// round count.
 		f.Reason = fmt.Sprintf("the drain timed out: %s on %s still hold bytes", plural(len(f.Conns), "connection"), plural(nodes, "node"))
 		if len(f.NotReading) > 0 {
-			f.Reason += fmt.Sprintf("; ranks not reading what was sent to them: %s (busy outside MPI?)", intList(f.NotReading))
+			f.Reason += fmt.Sprintf("; ranks not reading what was sent to them: %s (busy outside MPI?)", ctl.RankList(f.NotReading))
 		}
 	}
 	for _, n := range res.Unconfirmed {
@@ -284,17 +284,6 @@ func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
 var goneRank = regexp.MustCompile(`rank (\d+) \(pid \d+\) ` + regexp.QuoteMeta(node.ErrRankGone.Error()))
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
-
-func intList(xs []int) string {
-	if len(xs) == 0 {
-		return "none"
-	}
-	s := make([]string, len(xs))
-	for i, x := range xs {
-		s[i] = fmt.Sprint(x)
-	}
-	return strings.Join(s, ",")
-}
 
 func plural(n int, what string) string {
 	if n == 1 {

@@ -53,7 +53,7 @@ bench-shim: build ## the shim's send-path cost: MPI ping-pong latency and bandwi
 bench-pause: build ## pause and resume latency (p50, p99) beside SIGSTOP of every rank and the bytes it leaves in flight, same jobs, same run
 	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -run '^$$' -bench Pause -benchtime 1x -timeout 40m ./kernel-tests/
 
-demo: deps build ## run an MPI job on a local 3-node rig and show its connections live
+demo: deps build ## on a local 3-node rig: launch a real MPI job, pause it (kernel-verified), resume it, same result
 	@bash scripts/demo.sh
 
 clean: ## remove build output

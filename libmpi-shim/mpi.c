@@ -81,8 +81,9 @@ static void sanitize(char *s)
 static void attach(void)
 {
 	struct abi a;
-	char id[IDLEN] = "", host[HOSTLEN] = "", root[HOSTLEN] = "", hello[256 + 33 * HOSTLEN];
-	char *hosts = NULL;
+	char id[IDLEN] = "", host[HOSTLEN] = "", root[HOSTLEN] = "", small[256 + 2 * HOSTLEN];
+	char *hosts = NULL, *hello = small;
+	size_t hello_len = sizeof(small);
 	int rank = -1, size = 0, have_id;
 
 	if (load_abi(&a) < 0) {
@@ -114,34 +115,42 @@ static void attach(void)
 			memcpy(root, host, HOSTLEN);
 		a.bcast(root, HOSTLEN, a.chr, 0, dup);
 		root[HOSTLEN - 1] = 0;
-		if (rank == 0 && size > 0 && size <= 65536)
+		if (rank == 0 && size > 0 && size <= 65536) {
 			hosts = calloc((size_t)size, HOSTLEN);
+			// Room for every host: a truncated list would leave nodes
+			// out of every pause (mpid would refuse, short of ranks).
+			char *big = hosts ? malloc(sizeof(small) + (size_t)size * (HOSTLEN + 1)) : NULL;
+			if (big)
+				hello = big, hello_len = sizeof(small) + (size_t)size * (HOSTLEN + 1);
+		}
 		a.gather(host, HOSTLEN, a.chr, hosts, HOSTLEN, a.chr, 0, dup);
 		a.comm_free(&dup);
 	}
 	sanitize(id);
-	int n = snprintf(hello, sizeof(hello), "HELLO 1 job=%s rank=%d size=%d pid=%d host=%s", id, rank, size,
+	int n = snprintf(hello, hello_len, "HELLO 1 job=%s rank=%d size=%d pid=%d host=%s", id, rank, size,
 			 (int)getpid(), host);
 	if (root[0]) {
 		sanitize(root);
-		n += snprintf(hello + n, sizeof(hello) - n, " root=%s", root);
+		n += snprintf(hello + n, hello_len - n, " root=%s", root);
 	}
 	if (hosts) {
 		// Distinct hosts, in rank order of first appearance.
-		n += snprintf(hello + n, sizeof(hello) - n, " hosts=");
+		n += snprintf(hello + n, hello_len - n, " hosts=");
 		int first = 1;
-		for (int i = 0; i < size && n < (int)sizeof(hello) - HOSTLEN - 2; i++) {
+		for (int i = 0; i < size && (size_t)n < hello_len - HOSTLEN - 2; i++) {
 			char *h = hosts + (size_t)i * HOSTLEN;
 			int seen = 0;
 			for (int j = 0; j < i && !seen; j++)
 				seen = strncmp(h, hosts + (size_t)j * HOSTLEN, HOSTLEN) == 0;
 			if (!seen)
-				n += snprintf(hello + n, sizeof(hello) - n, "%s%.*s", first ? "" : ",", HOSTLEN, h), first = 0;
+				n += snprintf(hello + n, hello_len - n, "%s%.*s", first ? "" : ",", HOSTLEN, h), first = 0;
 		}
 		free(hosts);
 	}
-	snprintf(hello + n, sizeof(hello) - n, "\n");
+	snprintf(hello + n, hello_len - n, "\n");
 	mpp_ctl_start(hello);
+	if (hello != small)
+		free(hello);
 }
 
 // attach_once: MPICH's Fortran init calls the C MPI_Init (caught there),

@@ -238,12 +238,16 @@ func hello(c *net.UnixConn, f firstLine) (*Rank, error) {
 	return r, nil
 }
 
+// maxFirstLine bounds a HELLO: rank 0's lists every host of the job, 64
+// bytes at most each, so a 10,000-node job fits.
+const maxFirstLine = 1 << 20
+
 // readLine reads one line byte by byte, so nothing after it is consumed
 // before the buffered reader takes over.
 func readLine(c *net.UnixConn) (string, error) {
 	var b []byte
 	one := make([]byte, 1)
-	for len(b) < 4096 {
+	for len(b) < maxFirstLine {
 		if _, err := c.Read(one); err != nil {
 			return "", err
 		}

@@ -355,3 +355,28 @@ func wantRefusal(t *testing.T, refused <-chan error, want string) {
 		t.Errorf("OnChange not told of the refusal (%s)", want)
 	}
 }
+
+// TestLongHello: rank 0 of a job on thousands of nodes lists them all in
+// its HELLO, and every one of them arrives.
+func TestLongHello(t *testing.T) {
+	addr := fmt.Sprintf("@mpipause-ranks-long-%d", os.Getpid())
+	s, err := Listen(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	go s.Serve(ctx)
+	hosts := make([]string, 5000)
+	for i := range hosts {
+		hosts[i] = fmt.Sprintf("node%05d.cluster.example", i)
+	}
+	c := fakeShim(t, addr, fmt.Sprintf("HELLO 1 job=big rank=0 size=20000 pid=%d host=%s hosts=%s\n", os.Getpid(), hosts[0], strings.Join(hosts, ",")))
+	defer c.Close()
+	if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.Ranks("big")[0].Hosts; len(got) != len(hosts) || got[len(got)-1] != hosts[len(hosts)-1] {
+		t.Errorf("%d hosts arrived, last %q; want %d", len(got), got[len(got)-1], len(hosts))
+	}
+}

@@ -409,6 +409,20 @@ func TestPauseBadInput(t *testing.T) {
 		m, _ := filepath.Glob(filepath.Join(hold, "ready.*"))
 		return len(m) == 6
 	})
+	// mpid raises every rank's shim control thread (nice -10), so that its
+	// requests are served ahead of the ranks' busy polling.
+	waitFor(t, "every rank's shim thread at nice -10", time.Minute, job.done, func() bool {
+		n := 0
+		for _, cg := range nodeJobCgroups(t, id) {
+			pids, _ := cgroupv2.Procs(cg)
+			for _, pid := range pids {
+				if threadNice(pid, "mpipause-ctl") == "-10" {
+					n++
+				}
+			}
+		}
+		return n == 6
+	})
 	state := func() string {
 		j, _ := jobJSON(ctx, t, "status", id)
 		return j.State
@@ -550,4 +564,25 @@ func TestRankExitsDuringPause(t *testing.T) {
 	case <-time.After(2 * time.Minute):
 		t.Fatalf("the job did not end after one of its ranks was killed:\n%s", job.out.String())
 	}
+}
+
+// threadNice is the niceness of pid's thread called name ("" if none).
+func threadNice(pid int, name string) string {
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, task := range tasks {
+		dir := fmt.Sprintf("/proc/%d/task/%s", pid, task.Name())
+		comm, _ := os.ReadFile(dir + "/comm")
+		if strings.TrimSpace(string(comm)) != name {
+			continue
+		}
+		b, err := os.ReadFile(dir + "/stat")
+		if err != nil {
+			return ""
+		}
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) > 16 {
+			return f[16] // field 19 of stat; f[0] is field 3
+		}
+	}
+	return ""
 }

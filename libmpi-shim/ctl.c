@@ -240,6 +240,9 @@ void mpp_ctl_start(const char *hello)
 		goto fail;
 	}
 	have_thread = 1;
+	// mpid finds the thread by this name and raises its priority, so that
+	// its requests are served at once among busy-polling threads.
+	pthread_setname_np(ctl_thread, MPP_CTL_THREAD_NAME);
 	return;
 fail:
 	if (ctl_fd >= 0)

@@ -84,6 +84,10 @@ void mpp_ctl_stop(void);
 // named by MPIPAUSE_JOBID asks mpid to move it into the job's cgroup before
 // it creates any socket (the kernel charges a socket to its creator's
 // cgroup for good). At most JOIN_TIMEOUT_MS; never fails the process.
+// The shim's control thread's name (at most 15 characters): mpid looks for
+// it in /proc/PID/task/*/comm (internal/ranks.CtlThreadName).
+#define MPP_CTL_THREAD_NAME "mpipause-ctl"
+
 #define MPP_JOBID_MAX 128
 #define JOIN_TIMEOUT_MS 2000
 void mpp_ctl_join(void);

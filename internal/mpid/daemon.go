@@ -155,7 +155,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	if err != nil {
 		return fmt.Errorf("peer port %s: %w", d.cfg.PeerListen, err)
 	}
-	local := &node.Local{Name: d.cfg.Node, Ranks: rs, Observer: d.observer, Cgroup: d.cgroupOf}
+	local := &node.Local{Name: d.cfg.Node, Ranks: rs, Observer: d.observer, Cgroup: d.cgroupOf, CtlNice: d.cfg.Nice}
 	d.agent = quiesce.NewAgent(local, &quiesce.TCPTransport{Resolve: d.resolve}, quiesce.DefaultRetry)
 
 	ctx, cancel := context.WithCancel(ctx)
@@ -330,6 +330,18 @@ func (d *Daemon) rankChanged(r *ranks.Rank, gone bool, err error) {
 		d.mu.Unlock()
 	default:
 		d.log.Info("rank registered", "job", r.Job, "rank", r.Rank, "size", r.Size, "pid", r.Pid, "host", r.Host)
+		if d.cfg.Nice != 0 {
+			// The shim starts its control thread right after its HELLO:
+			// give it a moment to appear (a pause boosts it too, if late).
+			go func() {
+				for range 50 {
+					if r.Boost(d.cfg.Nice) {
+						return
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}()
+		}
 	}
 }
 

@@ -32,6 +32,9 @@ type Local struct {
 	// Cgroup returns the cgroup v2 directory that holds the job's ranks on
 	// this node (the one Freeze freezes).
 	Cgroup func(job string) (string, error)
+	// CtlNice, if not 0, is the niceness given to each rank's shim control
+	// thread at its first pause (ranks.Rank.Boost).
+	CtlNice int
 
 	mu sync.Mutex
 	// gated is, per job with a pause under way, the ranks Prepare closed
@@ -115,6 +118,9 @@ func (l *Local) Prepare(ctx context.Context, job string) error {
 	l.gated[job] = was
 	l.mu.Unlock()
 	return l.eachRank(job, "close gate", func(r *ranks.Rank) error {
+		if l.CtlNice != 0 {
+			r.Boost(l.CtlNice)
+		}
 		_, err := r.Close(ctx)
 		return err
 	})

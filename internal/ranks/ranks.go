@@ -27,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -52,6 +53,7 @@ type Rank struct {
 
 	conn    *net.UnixConn
 	page    *statePage // nil if the shim sent none
+	boosted atomic.Bool
 	mu      sync.Mutex // one request at a time
 	replies chan string
 	gone    chan struct{}

@@ -275,8 +275,8 @@ type progressPrinter struct {
 func (p *progressPrinter) show(pr ctl.Progress) {
 	if !pr.Done {
 		if p.tty && pr.Phase == "DRAIN" {
-			fmt.Fprintf(p.w, "\r  %-8s round %d: %d/%d nodes empty, %d connections hold %s\x1b[K",
-				pr.Phase, pr.Round, pr.NodesClean, pr.Nodes, pr.Conns, human(pr.InflightBytes))
+			fmt.Fprintf(p.w, "\r  %-8s round %d: %d/%d nodes empty, %d connections hold %s  (at %s)\x1b[K",
+				pr.Phase, pr.Round, pr.NodesClean, pr.Nodes, pr.Conns, human(pr.InflightBytes), msStr(pr.Ms))
 			p.pending = true
 		}
 		return

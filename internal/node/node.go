@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ranks"
@@ -40,7 +41,16 @@ type Local struct {
 	// gated is, per job with a pause under way, the ranks Prepare closed
 	// (rank → pid): a rank missing later exited during the pause.
 	gated map[string]map[int]int
+	// held is, per job, the connections the last report found holding
+	// bytes, with when they were first seen so. Owners are looked up only
+	// for a connection stuck for stuckAfter: reading /proc/PID/net/tcp walks
+	// the kernel's whole TCP hash table (20-30 ms here), too much for the
+	// rounds of a drain that is going well, and what a failure report needs.
+	held map[string]map[[2]netip.AddrPort]time.Time
 }
+
+// stuckAfter is how long a connection holds bytes before its owner is looked up.
+const stuckAfter = 250 * time.Millisecond
 
 // ErrRankGone: a rank of the job exited (or was killed) during the pause.
 var ErrRankGone = errors.New("exited during the pause")
@@ -179,8 +189,26 @@ func (l *Local) kernelReport(ctx context.Context, job string, rep quiesce.NodeRe
 			held = append(held, c)
 		}
 	}
+	now := make(map[[2]netip.AddrPort]time.Time, len(held))
+	stuck := false
+	t := time.Now()
+	l.mu.Lock()
+	for _, c := range held {
+		k := [2]netip.AddrPort{unmap(c.Local), unmap(c.Remote)}
+		since, ok := l.held[job][k]
+		if !ok {
+			since = t
+		}
+		now[k] = since
+		stuck = stuck || t.Sub(since) >= stuckAfter
+	}
+	if l.held == nil {
+		l.held = map[string]map[[2]netip.AddrPort]time.Time{}
+	}
+	l.held[job] = now
+	l.mu.Unlock()
 	var own map[[2]netip.AddrPort]int
-	if len(held) > 0 {
+	if stuck {
 		pids := make(map[int]int, len(rs))
 		for _, r := range rs {
 			pids[r.Pid] = r.Rank

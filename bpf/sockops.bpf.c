@@ -35,6 +35,29 @@ static __always_inline void record(struct bpf_sock_ops *ctx)
 	c->flags = CONN_F_SOCKOPS;
 }
 
+#ifndef SOL_TCP
+#define SOL_TCP 6
+#endif
+
+/*
+ * A pause commits only when nothing is unacknowledged, and the last small
+ * segment a rank sends before its gate closes is acknowledged by a delayed
+ * ACK: up to 40 ms later when the receiver has nothing to send back, which
+ * was most of a pause's drain on the rig. Capping the delay bounds that
+ * wait; the kernel refuses less than two jiffies (8 ms at HZ=250), hence the
+ * second try. Bulk transfers are unaffected (they ACK every other segment),
+ * an idle connection sends at most one more ACK per cap.
+ */
+static void cap_delayed_ack(struct bpf_sock_ops *ctx)
+{
+	int us = 8000;
+
+	if (bpf_setsockopt(ctx, SOL_TCP, TCP_BPF_DELACK_MAX, &us, sizeof(us)) != 0) {
+		us = 20000; /* HZ=100 */
+		bpf_setsockopt(ctx, SOL_TCP, TCP_BPF_DELACK_MAX, &us, sizeof(us));
+	}
+}
+
 SEC("sockops")
 int mpipause_sockops(struct bpf_sock_ops *ctx)
 {
@@ -47,6 +70,7 @@ int mpipause_sockops(struct bpf_sock_ops *ctx)
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
 	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
 		record(ctx);
+		cap_delayed_ack(ctx);
 		/* Ask for BPF_SOCK_OPS_STATE_CB on every later state change. */
 		bpf_sock_ops_cb_flags_set(ctx,
 					  ctx->bpf_sock_ops_cb_flags | BPF_SOCK_OPS_STATE_CB_FLAG);

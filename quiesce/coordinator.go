@@ -31,7 +31,7 @@ type Options struct {
 var DefaultOptions = Options{
 	Prepare:       5 * time.Second,
 	Drain:         10 * time.Second,
-	DrainInterval: 5 * time.Millisecond,
+	DrainInterval: 2 * time.Millisecond,
 	Freeze:        10 * time.Second,
 	Verify:        5 * time.Second,
 	Commit:        5 * time.Second,

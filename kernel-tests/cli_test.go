@@ -586,3 +586,100 @@ func threadNice(pid int, name string) string {
 	}
 	return ""
 }
+
+// TestCtrlZInTerminal: `mpipause run` on a real terminal (a pty made by
+// script(1)), Ctrl-Z typed into it. The terminal sends SIGTSTP to its
+// foreground process group: `mpipause run` alone, since it puts the
+// launcher in a group of its own (Open MPI's mpirun would turn SIGTSTP into
+// SIGSTOP of the ranks). The job pauses consistently, the command stops
+// itself as a shell expects, the launcher is not stopped; SIGCONT (the
+// shell's fg) resumes the job, which ends with the output of an unpaused run.
+func TestCtrlZInTerminal(t *testing.T) {
+	script, err := exec.LookPath("script")
+	if err != nil {
+		t.Fatalf("script (util-linux) makes the terminal: %v", err)
+	}
+	for _, lib := range mpiLibs {
+		t.Run(lib.name, func(t *testing.T) {
+			bin := binDir(t)
+			sharedRig(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			obs := jobObserver(ctx, t, rigCgroups)
+			check, err := loader.Open(ctx, loader.Config{Cgroup: rigCgroups, FollowJob: true, Require: loader.KindSockDiag})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer check.Close()
+			id := fmt.Sprintf("tty-%s-%d", lib.name, os.Getpid())
+			app := filepath.Join(bin, "apps", "xchg."+lib.name)
+			args := []string{"-m", "a2a", "-n", "400", "-s", "1M"}
+			line := "exec " + shellJoin(append([]string{filepath.Join(bin, "rig"), "exec", "node0", "--", "mpipause", "run", "--jobid", id, "--"}, lib.launch(app, args...)...))
+			p := &proc{cmd: exec.CommandContext(ctx, script, "-q", "-e", "-c", line, "/dev/null"), done: make(chan struct{})}
+			p.cmd.Env = append(os.Environ(), "MPIPAUSE_RIG="+jobRig)
+			p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
+			p.cmd.WaitDelay = 10 * time.Second
+			tty, err := p.cmd.StdinPipe()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := p.cmd.Start(); err != nil {
+				t.Fatal(err)
+			}
+			go func() { p.err = p.cmd.Wait(); close(p.done) }()
+			cgs := nodeJobCgroups(t, id)
+			t.Cleanup(func() {
+				for _, cg := range cgs {
+					os.WriteFile(filepath.Join(cg, "cgroup.kill"), []byte("1"), 0)
+				}
+				tty.Close()
+				p.cmd.Process.Kill()
+				<-p.done
+			})
+			waitFor(t, "the job to start", time.Minute, p.done, func() bool { return strings.Contains(p.out.String(), "job "+id) })
+			waitProgress(ctx, t, obs, p.done, 0, 8<<20)
+			wrapper := wrapperPid(t, id)
+			launcher := childOf(wrapper)
+
+			if _, err := tty.Write([]byte{0x1a}); err != nil { // Ctrl-Z
+				t.Fatal(err)
+			}
+			waitFor(t, "mpipause run to stop itself after the pause", time.Minute, p.done, func() bool { return procState(wrapper) == "T" })
+			j, _ := jobJSON(ctx, t, "status", id)
+			checkPaused(ctx, t, "Ctrl-Z on a terminal", j, cgs, obs, check)
+			if launcher == 0 || procState(launcher) == "T" {
+				t.Errorf("the launcher (pid %d) is stopped or missing: Ctrl-Z reached it", launcher)
+			}
+			// The shell's fg: SIGCONT to the stopped job, here script(1) (which
+			// stops itself when its child stops) and mpipause run.
+			syscall.Kill(p.cmd.Process.Pid, syscall.SIGCONT)
+			syscall.Kill(wrapper, syscall.SIGCONT)
+			p.finish(ctx, t, "the job paused by Ctrl-Z", serial(t, app, 6, args...))
+			if !strings.Contains(p.out.String(), "'fg' resumes it") || !strings.Contains(p.out.String(), "resumed in") {
+				t.Errorf("the terminal did not show the pause and the resume:\n%s", p.out.String())
+			}
+		})
+	}
+}
+
+// shellJoin quotes args for sh -c.
+func shellJoin(args []string) string {
+	q := make([]string, len(args))
+	for i, a := range args {
+		q[i] = "'" + strings.ReplaceAll(a, "'", `'\''`) + "'"
+	}
+	return strings.Join(q, " ")
+}
+
+// childOf is a child process of pid (0 if none), from any of its threads.
+func childOf(pid int) int {
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	for _, task := range tasks {
+		b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/children", pid, task.Name()))
+		if f := strings.Fields(string(b)); len(f) > 0 {
+			c, _ := strconv.Atoi(f[0])
+			return c
+		}
+	}
+	return 0
+}

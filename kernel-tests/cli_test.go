@@ -147,6 +147,20 @@ func checkPaused(ctx context.Context, t testing.TB, what string, j ctl.Job, cgs 
 	}
 }
 
+// rigReaders are the test's own kernel readers of every job on the rig's
+// nodes, independent of mpid's: a BPF observer (attached before the job
+// starts, so its counters see every byte) and sock_diag.
+func rigReaders(ctx context.Context, t testing.TB) (obs, check loader.Observer) {
+	t.Helper()
+	obs = jobObserver(ctx, t, rigCgroups)
+	check, err := loader.Open(ctx, loader.Config{Cgroup: rigCgroups, FollowJob: true, Require: loader.KindSockDiag})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { check.Close() })
+	return obs, check
+}
+
 func retransmits(ctx context.Context, obs loader.Observer) uint64 {
 	cs, err := obs.Snapshot(ctx)
 	if err != nil {
@@ -181,12 +195,7 @@ func testPauseResume(t *testing.T, lib mpiLib) {
 	sharedRig(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
-	obs := jobObserver(ctx, t, rigCgroups)
-	check, err := loader.Open(ctx, loader.Config{Cgroup: rigCgroups, FollowJob: true, Require: loader.KindSockDiag})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer check.Close()
+	obs, check := rigReaders(ctx, t)
 
 	id := fmt.Sprintf("e2e-%s-%d", lib.name, os.Getpid())
 	app := filepath.Join(bin, "apps", "xchg."+lib.name)
@@ -605,12 +614,7 @@ func TestCtrlZInTerminal(t *testing.T) {
 			sharedRig(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
-			obs := jobObserver(ctx, t, rigCgroups)
-			check, err := loader.Open(ctx, loader.Config{Cgroup: rigCgroups, FollowJob: true, Require: loader.KindSockDiag})
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer check.Close()
+			obs, check := rigReaders(ctx, t)
 			id := fmt.Sprintf("tty-%s-%d", lib.name, os.Getpid())
 			app := filepath.Join(bin, "apps", "xchg."+lib.name)
 			args := []string{"-m", "a2a", "-n", "400", "-s", "1M"}

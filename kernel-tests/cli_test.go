@@ -364,6 +364,7 @@ func TestPauseBusyRankRollsBack(t *testing.T) {
 			sharedRig(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
+			obs, _ := rigReaders(ctx, t)
 			id := fmt.Sprintf("busy-%s-%d", lib.name, os.Getpid())
 			app := filepath.Join(bin, "apps", "xchg."+lib.name)
 			args := []string{"-m", "a2a", "-n", "40", "-s", "256K", "-S", "6000000"}
@@ -371,6 +372,12 @@ func TestPauseBusyRankRollsBack(t *testing.T) {
 			defer cli(context.Background(), t, "node0", nil, "resume", id)
 			waitFor(t, "the last rank's compute phase", 2*time.Minute, job.done, func() bool {
 				return strings.Contains(job.out.String(), "computes for")
+			})
+			// Its peers' messages must have reached it, unread: a pause
+			// before they are sent is a clean cut (the peers' shims hold
+			// them) and rightly commits.
+			waitFor(t, "bytes waiting, unread, for the busy rank", time.Minute, job.done, func() bool {
+				return stuckUnread(ctx, t, obs)
 			})
 			j, r := jobJSON(ctx, t, "pause", id, "--timeout", "1s")
 			f := j.Failure
@@ -524,12 +531,16 @@ func TestRankExitsDuringPause(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	lib := mpiLibs[0]
+	obs, _ := rigReaders(ctx, t)
 	id := fmt.Sprintf("exit-%d", os.Getpid())
 	app := filepath.Join(bin, "apps", "xchg."+lib.name)
 	// The last rank computes, its peers' data unread: the drain waits.
 	job := runJob(ctx, t, lib, id, app, "-m", "a2a", "-n", "40", "-s", "256K", "-S", "30000000")
 	waitFor(t, "the last rank's compute phase", 2*time.Minute, job.done, func() bool {
 		return strings.Contains(job.out.String(), "computes for")
+	})
+	waitFor(t, "bytes waiting, unread, for the busy rank", time.Minute, job.done, func() bool {
+		return stuckUnread(ctx, t, obs)
 	})
 	cgs := nodeJobCgroups(t, id)
 	victims, err := cgroupv2.Procs(cgs[2])
@@ -686,4 +697,34 @@ func childOf(pid int) int {
 		}
 	}
 	return 0
+}
+
+// stuckUnread reports a job connection whose unread bytes stay the same
+// for 200 ms: data waiting for a rank that does not read.
+func stuckUnread(ctx context.Context, t testing.TB, obs loader.Observer) bool {
+	t.Helper()
+	snap := func() map[uint64]uint32 {
+		cs, err := obs.Snapshot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := map[uint64]uint32{}
+		for _, c := range cs {
+			if c.Unread > 0 {
+				m[c.Cookie] = c.Unread
+			}
+		}
+		return m
+	}
+	before := snap()
+	if len(before) == 0 {
+		return false
+	}
+	time.Sleep(200 * time.Millisecond) // the span over which "stuck" is judged
+	for k, v := range snap() {
+		if before[k] == v {
+			return true
+		}
+	}
+	return false
 }

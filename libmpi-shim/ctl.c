@@ -5,9 +5,10 @@
 //
 // Protocol (docs/ARCHITECTURE.md, "Rank channel"): text lines. The shim
 // says
-//   HELLO 1 job=<id> rank=<r> size=<n> pid=<pid> host=<name>[ hosts=<h0,h1,...>]
+//   HELLO 1 job=<id> rank=<r> size=<n> pid=<pid> host=<name>[ root=<h>][ hosts=<h0,h1,...>]
 // and then answers each request of mpid with one line:
 //   CLOSE -> CLOSED <state>     STATE -> STATE <state>     OPEN -> OPENED flushed=<n> errors=<n>
+//   REOPEN -> REOPENED, at once, then "EVENT flushed bytes=<n> errors=<n> errno=<e>" after the flush
 // and, unasked, "EVENT pause" / "EVENT resume" when the rank gets SIGTSTP /
 // SIGCONT (sig.c); where <state> is "gate=<open|closed|flushing> gated=<n> closing=<n> held=<bytes>".
 // mpid checks the HELLO's pid against the connection's SO_PEERCRED; the
@@ -190,7 +191,21 @@ static void *serve(void *arg)
 		char *nl;
 		while ((nl = memchr(buf, '\n', have))) {
 			*nl = 0;
-			handle(buf, out, sizeof(out));
+			if (strcmp(buf, "REOPEN") == 0) {
+				// The answer goes before the flush: the rank runs again
+				// as soon as the gate lets sends through (held bytes
+				// first), and a resume need not wait for MiBs to be
+				// read by the peers. The flush's outcome follows.
+				struct mpp_gate_stats st;
+				mpp_gate_flushing();
+				if (send_line("REOPENED\n") < 0)
+					goto gone;
+				mpp_gate_flush(&st);
+				snprintf(out, sizeof(out), "EVENT flushed bytes=%lu errors=%u errno=%d\n", st.flushed,
+					 st.flush_errors, st.flush_errno);
+			} else {
+				handle(buf, out, sizeof(out));
+			}
 			if (send_line(out) < 0)
 				goto gone;
 			have -= (size_t)(nl + 1 - buf);

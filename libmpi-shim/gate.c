@@ -368,14 +368,23 @@ void mpp_gate_close(void)
 	publish_gate(GATE_CLOSED);
 }
 
-void mpp_gate_open(struct mpp_gate_stats *st)
+// mpp_gate_flushing is the first half of reopening: from here on a send
+// goes straight to the kernel unless its socket still has held bytes, which
+// it then queues behind. The application is running again.
+void mpp_gate_flushing(void)
 {
-	memset(st, 0, sizeof(*st));
 	atomic_store_explicit(&mpp_gate, GATE_FLUSHING, memory_order_release);
 	publish_gate(GATE_FLUSHING);
 	pthread_mutex_lock(&hold_mu);
 	pthread_cond_broadcast(&hold_cv); // senders waiting for room go on
 	pthread_mutex_unlock(&hold_mu);
+}
+
+// mpp_gate_flush is the second half: send what was held, in order, then
+// open the gate fully.
+void mpp_gate_flush(struct mpp_gate_stats *st)
+{
+	memset(st, 0, sizeof(*st));
 	for (int fd = 0; fd < nfds; fd++) {
 		struct fdstate *s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire);
 		if (s)
@@ -383,6 +392,12 @@ void mpp_gate_open(struct mpp_gate_stats *st)
 	}
 	atomic_store_explicit(&mpp_gate, GATE_OPEN, memory_order_release);
 	publish_gate(GATE_OPEN);
+}
+
+void mpp_gate_open(struct mpp_gate_stats *st)
+{
+	mpp_gate_flushing();
+	mpp_gate_flush(st);
 }
 
 void mpp_gate_state(struct mpp_gate_stats *st)

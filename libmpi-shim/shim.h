@@ -74,7 +74,9 @@ struct mpp_page {
 int mpp_state_page(void);
 void mpp_gate_init(void);
 void mpp_gate_close(void);
-void mpp_gate_open(struct mpp_gate_stats *st);
+void mpp_gate_open(struct mpp_gate_stats *st); // mpp_gate_flushing + mpp_gate_flush
+void mpp_gate_flushing(void);
+void mpp_gate_flush(struct mpp_gate_stats *st);
 void mpp_gate_state(struct mpp_gate_stats *st);
 // The rank channel to mpid (ctl.c): start after MPI_Init with the HELLO
 // line, stop at MPI_Finalize.

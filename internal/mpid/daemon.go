@@ -423,6 +423,20 @@ func (d *Daemon) cgroupOf(id string) (string, error) {
 // resumes, as `mpipause` would do it. Only the coordinator acts; every rank
 // of a job usually gets the signal (Slurm, a terminal), rank 0 included.
 func (d *Daemon) rankEvent(r *ranks.Rank, ev string) {
+	if strings.HasPrefix(ev, "flushed ") {
+		o, err := ranks.ParseFlushed(ev)
+		switch {
+		case err != nil:
+			d.log.Warn("rank sent a malformed flush report", "job", r.Job, "rank", r.Rank, "error", err)
+		case o.Errors > 0:
+			// A connection the peer closed during the pause: the kernel
+			// would have dropped those bytes too.
+			d.log.Warn("held bytes refused at reopen", "job", r.Job, "rank", r.Rank, "flushed", o.Flushed, "errors", o.Errors, "errno", o.Errno)
+		default:
+			d.log.Debug("held bytes flushed", "job", r.Job, "rank", r.Rank, "flushed", o.Flushed)
+		}
+		return
+	}
 	d.log.Info("rank asks for "+ev, "job", r.Job, "rank", r.Rank, "pid", r.Pid)
 	op := map[string]string{"pause": ctl.OpPause, "resume": ctl.OpResume}[ev]
 	if op == "" {

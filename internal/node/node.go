@@ -250,9 +250,11 @@ func (l *Local) Thaw(ctx context.Context, job string) error {
 // failed on them already (Drain, Verify), and after a COMMIT the job's own
 // launcher sees the loss.
 func (l *Local) Open(ctx context.Context, job string) error {
+	// Reopen, not Open: the rank runs again once its gate lets sends
+	// through; the flush of what it held (MiBs, for MPICH) goes on behind,
+	// in order, and is reported as an event.
 	err := l.eachRank(job, "open gate", func(r *ranks.Rank) error {
-		_, err := r.Open(ctx)
-		return err
+		return r.Reopen(ctx)
 	})
 	if errors.Is(err, ErrNoRanks) {
 		err = nil // every rank here is gone: nothing to open

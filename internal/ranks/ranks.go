@@ -508,6 +508,30 @@ func (r *Rank) Open(ctx context.Context) (Opened, error) {
 	return ParseOpened(line)
 }
 
+// Reopen reopens the rank's gate and returns as soon as the rank sends
+// again (held bytes first, in order); unlike Open it does not wait for the
+// held bytes to be flushed. The flush's outcome comes later as the event
+// "flushed bytes=<n> errors=<n> errno=<e>" (ParseFlushed).
+func (r *Rank) Reopen(ctx context.Context) error {
+	line, err := r.request(ctx, "REOPEN")
+	if err != nil {
+		return err
+	}
+	if line != "REOPENED" {
+		return fmt.Errorf("malformed reply %q", line)
+	}
+	return nil
+}
+
+// ParseFlushed parses the event "flushed bytes=<n> errors=<n> errno=<e>".
+func ParseFlushed(ev string) (Opened, error) {
+	rest, ok := strings.CutPrefix(ev, "flushed ")
+	if !ok {
+		return Opened{}, fmt.Errorf("not a flush report: %q", ev)
+	}
+	return ParseOpened("OPENED " + strings.ReplaceAll(rest, "bytes=", "flushed="))
+}
+
 // ParseOpened parses "OPENED flushed=<n> errors=<n> errno=<e>".
 func ParseOpened(line string) (Opened, error) {
 	kv, err := fields(line, "OPENED")

@@ -42,6 +42,18 @@ func TestParseOpened(t *testing.T) {
 	}
 }
 
+func TestParseFlushed(t *testing.T) {
+	o, err := ParseFlushed("flushed bytes=2621622 errors=1 errno=32")
+	if err != nil || o != (Opened{Flushed: 2621622, Errors: 1, Errno: 32}) {
+		t.Errorf("ParseFlushed: %+v %v", o, err)
+	}
+	for _, bad := range []string{"pause", "flushed", "flushed bytes=x errors=0", "flushed errors=0"} {
+		if _, err := ParseFlushed(bad); err == nil {
+			t.Errorf("ParseFlushed(%q) accepted", bad)
+		}
+	}
+}
+
 func TestParseGate(t *testing.T) {
 	g, err := ParseGate("CLOSED gate=closed gated=3 closing=1 held=100", "CLOSED")
 	if err != nil || g != (Gate{State: "closed", Gated: 3, Closing: 1, Held: 100}) {
@@ -79,6 +91,9 @@ func fakeShim(t *testing.T, addr, hello string) net.Conn {
 			case "OPEN":
 				gate = "open"
 				fmt.Fprintf(c, "OPENED flushed=10 errors=0\n")
+			case "REOPEN":
+				gate = "open"
+				fmt.Fprintf(c, "REOPENED\nEVENT flushed bytes=10 errors=0 errno=0\n")
 			}
 		}
 	}()
@@ -115,6 +130,9 @@ func TestServer(t *testing.T) {
 	g, err := rs[0].Close(ctx)
 	if err != nil || g.State != "closed" || g.Gated != 2 || g.Held != 10 {
 		t.Errorf("Close: %+v %v", g, err)
+	}
+	if err := rs[0].Reopen(ctx); err != nil {
+		t.Errorf("Reopen: %v", err)
 	}
 	if o, err := rs[0].Open(ctx); err != nil || o.Flushed != 10 || o.Errors != 0 {
 		t.Errorf("Open: %+v %v", o, err)

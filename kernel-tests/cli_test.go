@@ -385,8 +385,8 @@ func TestPauseBusyRankRollsBack(t *testing.T) {
 				t.Fatalf("pause of a job with a busy rank: exit %d, state %q, failure %+v; want exit 1, running, a failure report\n%s", r.code, j.State, f, r.stdout)
 			}
 			if f.Phase != "DRAIN" || len(f.Conns) == 0 || !slices.Equal(f.NotReading, []int{5}) || f.Rank != 5 {
-				t.Errorf("failure report: phase %s, %d connections, ranks not reading %v, rank %d; want DRAIN, some, [5], 5",
-					f.Phase, len(f.Conns), f.NotReading, f.Rank)
+				t.Errorf("failure report: phase %s, %d connections, ranks not reading %v, rank %d; want DRAIN, some, [5], 5 (reason: %s)",
+					f.Phase, len(f.Conns), f.NotReading, f.Rank, f.Reason)
 			}
 			for _, c := range f.Conns {
 				if c.Node != "node2" || c.Unread == 0 || c.Rank != 5 {

@@ -55,6 +55,7 @@ type Rank struct {
 	page    *statePage // nil if the shim sent none
 	boosted atomic.Bool
 	mu      sync.Mutex // one request at a time
+	owed    int        // replies still due to requests given up on (under mu)
 	replies chan string
 	gone    chan struct{}
 }
@@ -235,7 +236,9 @@ func hello(c *net.UnixConn, f firstLine) (*Rank, error) {
 	}
 	r.UID = cred.Uid
 	r.conn = c
-	r.replies = make(chan string, 1)
+	// Room for the replies owed to callers that gave up (see request); a
+	// shim that answers more than it was asked is cut off.
+	r.replies = make(chan string, maxOwed)
 	r.gone = make(chan struct{})
 	return r, nil
 }
@@ -465,10 +468,26 @@ func (s *Server) Wait(ctx context.Context, cond func(all []*Rank) bool) error {
 	}
 }
 
+// maxOwed is the room for replies nobody waits for yet. A request is sent
+// only once every earlier reply is in, so at most one is ever owed.
+const maxOwed = 4
+
 // request sends one line and returns the reply.
 func (r *Rank) request(ctx context.Context, req string) (string, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	// The replies to requests whose callers gave up are still coming: they
+	// are this rank's answers in order, and must not pass for this one's.
+	for r.owed > 0 {
+		select {
+		case <-r.replies:
+			r.owed--
+		case <-r.gone:
+			return "", fmt.Errorf("rank %d (pid %d): %w", r.Rank, r.Pid, ErrGone)
+		case <-ctx.Done():
+			return "", ctx.Err()
+		}
+	}
 	if _, err := r.conn.Write([]byte(req + "\n")); err != nil {
 		return "", fmt.Errorf("rank %d (pid %d): %w", r.Rank, r.Pid, ErrGone)
 	}
@@ -478,6 +497,7 @@ func (r *Rank) request(ctx context.Context, req string) (string, error) {
 	case <-r.gone:
 		return "", fmt.Errorf("rank %d (pid %d): %w", r.Rank, r.Pid, ErrGone)
 	case <-ctx.Done():
+		r.owed++
 		return "", ctx.Err()
 	}
 }

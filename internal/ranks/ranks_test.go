@@ -398,3 +398,48 @@ func TestLongHello(t *testing.T) {
 		t.Errorf("%d hosts arrived, last %q; want %d", len(got), got[len(got)-1], len(hosts))
 	}
 }
+
+// TestLateReply: a reply that comes after its caller gave up is not taken
+// for the next request's, and does not cut the rank off.
+func TestLateReply(t *testing.T) {
+	addr := fmt.Sprintf("@mpipause-ranks-late-%d", os.Getpid())
+	s, err := Listen(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	go s.Serve(ctx)
+	c, err := net.Dial("unix", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	fmt.Fprintf(c, "HELLO 1 job=late rank=0 size=1 pid=%d host=h\n", os.Getpid())
+	if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	r := s.Ranks("late")[0]
+	br := bufio.NewReader(c)
+	short, stop := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer stop()
+	if _, err := r.State(short); err == nil {
+		t.Fatal("State answered without a reply")
+	}
+	// The shim answers the first request late, then the second at once.
+	go func() {
+		for _, reply := range []string{"STATE gate=open gated=1 closing=0 held=1\n", "CLOSED gate=closed gated=2 closing=0 held=2\n"} {
+			if _, err := br.ReadString('\n'); err != nil {
+				return
+			}
+			fmt.Fprint(c, reply)
+		}
+	}()
+	g, err := r.Close(ctx)
+	if err != nil || g.State != "closed" || g.Gated != 2 {
+		t.Errorf("Close after a late reply: %+v %v; want its own reply", g, err)
+	}
+	if len(s.Ranks("late")) != 1 {
+		t.Error("the rank was cut off by its late reply")
+	}
+}

@@ -74,18 +74,23 @@ func runJob(ctx context.Context, t testing.TB, lib mpiLib, id, app string, args 
 	t.Helper()
 	argv := append([]string{filepath.Join(binDir(t), "rig"), "exec", "node0", "--", "mpipause", "run", "--jobid", id, "--"}, lib.launch(app, args...)...)
 	p := start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig}, argv...)
-	// A test that stops early kills its job's ranks on every node (before
-	// start's cleanup kills the wrapper), so that nothing of it outlives the
-	// test; a finished job has no cgroups left, and this does nothing.
+	killJobOnCleanup(t, id)
+	waitFor(t, "mpipause run to print the job id", time.Minute, p.done, func() bool {
+		return strings.HasPrefix(p.out.String(), "job "+id+"\n")
+	})
+	return p
+}
+
+// killJobOnCleanup kills job id's ranks on every node when the test ends,
+// before the cleanups registered earlier (which kill the launcher's
+// wrapper), so that nothing of a test that stopped early outlives it; a
+// finished job has no cgroups left, and this does nothing.
+func killJobOnCleanup(t testing.TB, id string) {
 	t.Cleanup(func() {
 		for _, cg := range nodeJobCgroups(t, id) {
 			os.WriteFile(filepath.Join(cg, "cgroup.kill"), []byte("1"), 0)
 		}
 	})
-	waitFor(t, "mpipause run to print the job id", time.Minute, p.done, func() bool {
-		return strings.HasPrefix(p.out.String(), "job "+id+"\n")
-	})
-	return p
 }
 
 // nodeJobCgroups are the job's cgroups on every rig node.
@@ -644,13 +649,11 @@ func TestCtrlZInTerminal(t *testing.T) {
 			go func() { p.err = p.cmd.Wait(); close(p.done) }()
 			cgs := nodeJobCgroups(t, id)
 			t.Cleanup(func() {
-				for _, cg := range cgs {
-					os.WriteFile(filepath.Join(cg, "cgroup.kill"), []byte("1"), 0)
-				}
 				tty.Close()
 				p.cmd.Process.Kill()
 				<-p.done
 			})
+			killJobOnCleanup(t, id) // runs first: cleanups run last-in first-out
 			waitFor(t, "the job to start", time.Minute, p.done, func() bool { return strings.Contains(p.out.String(), "job "+id) })
 			waitProgress(ctx, t, obs, p.done, 0, 8<<20)
 			wrapper := wrapperPid(t, id)

@@ -481,23 +481,6 @@ func renice(n int) error {
 	return nil
 }
 
-// peerUID is the uid of the process at the other end of a unix connection.
-func peerUID(c *net.UnixConn) (uint32, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return 0, err
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
-		return 0, err
-	}
-	if cerr != nil {
-		return 0, cerr
-	}
-	return cred.Uid, nil
-}
-
 // inCgroup checks that pid lives in the cgroup v2 directory dir or below,
 // from /proc/PID/cgroup ("0::/path").
 func inCgroup(pid int, dir string) error {
@@ -538,10 +521,11 @@ func (d *Daemon) serveCtl(ctx context.Context, ln *net.UnixListener) error {
 
 func (d *Daemon) ctlConn(ctx context.Context, c *net.UnixConn) {
 	defer c.Close()
-	uid, err := peerUID(c)
+	cred, err := ranks.PeerCred(c)
 	if err != nil {
 		return
 	}
+	uid := cred.Uid
 	c.SetReadDeadline(time.Now().Add(5 * time.Second))
 	req, err := ctl.ReadRequest(bufio.NewReader(c))
 	c.SetReadDeadline(time.Time{})

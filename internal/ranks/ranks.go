@@ -187,18 +187,25 @@ type firstLine struct {
 }
 
 // first reads a connection's first line and its peer's credentials.
-func first(c *net.UnixConn) (firstLine, error) {
+// PeerCred is what the kernel says of the process at the other end of c:
+// who is asking, whatever the request claims.
+func PeerCred(c *net.UnixConn) (*unix.Ucred, error) {
 	raw, err := c.SyscallConn()
 	if err != nil {
-		return firstLine{}, err
+		return nil, err
 	}
 	var cred *unix.Ucred
 	var cerr error
 	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
-		return firstLine{}, err
+		return nil, err
 	}
-	if cerr != nil {
-		return firstLine{}, cerr
+	return cred, cerr
+}
+
+func first(c *net.UnixConn) (firstLine, error) {
+	cred, err := PeerCred(c)
+	if err != nil {
+		return firstLine{}, err
 	}
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	// The first byte comes with the state page's fd, if the shim sent one.

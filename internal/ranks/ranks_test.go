@@ -377,14 +377,7 @@ func wantRefusal(t *testing.T, refused <-chan error, want string) {
 // TestLongHello: rank 0 of a job on thousands of nodes lists them all in
 // its HELLO, and every one of them arrives.
 func TestLongHello(t *testing.T) {
-	addr := fmt.Sprintf("@mpipause-ranks-long-%d", os.Getpid())
-	s, err := Listen(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	go s.Serve(ctx)
+	s, addr, ctx := serving(t)
 	hosts := make([]string, 5000)
 	for i := range hosts {
 		hosts[i] = fmt.Sprintf("node%05d.cluster.example", i)
@@ -402,14 +395,7 @@ func TestLongHello(t *testing.T) {
 // TestLateReply: a reply that comes after its caller gave up is not taken
 // for the next request's, and does not cut the rank off.
 func TestLateReply(t *testing.T) {
-	addr := fmt.Sprintf("@mpipause-ranks-late-%d", os.Getpid())
-	s, err := Listen(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	go s.Serve(ctx)
+	s, addr, ctx := serving(t)
 	c, err := net.Dial("unix", addr)
 	if err != nil {
 		t.Fatal(err)
@@ -442,4 +428,18 @@ func TestLateReply(t *testing.T) {
 	if len(s.Ranks("late")) != 1 {
 		t.Error("the rank was cut off by its late reply")
 	}
+}
+
+// serving is a Server on a fresh abstract socket, served until the test ends.
+func serving(t *testing.T) (*Server, string, context.Context) {
+	t.Helper()
+	addr := fmt.Sprintf("@mpipause-ranks-%s-%d", t.Name(), os.Getpid())
+	s, err := Listen(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	go s.Serve(ctx)
+	return s, addr, ctx
 }

@@ -372,11 +372,14 @@ func TestPauseBusyRankRollsBack(t *testing.T) {
 			obs, _ := rigReaders(ctx, t)
 			id := fmt.Sprintf("busy-%s-%d", lib.name, os.Getpid())
 			app := filepath.Join(bin, "apps", "xchg."+lib.name)
-			args := []string{"-m", "a2a", "-n", "40", "-s", "256K", "-S", "6000000"}
+			// Rank 5 computes until the test says so: however slow the
+			// machine, the pause meets it busy.
+			busy := t.TempDir()
+			args := []string{"-m", "a2a", "-n", "40", "-s", "256K", "-B", busy}
 			job := runJob(ctx, t, lib, id, app, args...)
 			defer cli(context.Background(), t, "node0", nil, "resume", id)
 			waitFor(t, "the last rank's compute phase", 2*time.Minute, job.done, func() bool {
-				return strings.Contains(job.out.String(), "computes for")
+				return strings.Contains(job.out.String(), "computes until")
 			})
 			// Its peers' messages must have reached it, unread: a pause
 			// before they are sent is a clean cut (the peers' shims hold
@@ -406,6 +409,9 @@ func TestPauseBusyRankRollsBack(t *testing.T) {
 			// Human form of the same: one line on stderr, the report on stdout.
 			if lines := strings.Count(strings.TrimSpace(r.stderr), "\n"); lines != 0 {
 				t.Errorf("stderr has %d lines, want 1: %q", lines+1, r.stderr)
+			}
+			if err := os.WriteFile(filepath.Join(busy, "done"), nil, 0o644); err != nil {
+				t.Fatal(err)
 			}
 			job.finish(ctx, t, "the job after a rolled-back pause", serial(t, app, 6, args...))
 		})
@@ -539,10 +545,11 @@ func TestRankExitsDuringPause(t *testing.T) {
 	obs, _ := rigReaders(ctx, t)
 	id := fmt.Sprintf("exit-%d", os.Getpid())
 	app := filepath.Join(bin, "apps", "xchg."+lib.name)
-	// The last rank computes, its peers' data unread: the drain waits.
-	job := runJob(ctx, t, lib, id, app, "-m", "a2a", "-n", "40", "-s", "256K", "-S", "30000000")
+	// The last rank computes for as long as the test runs, its peers' data
+	// unread: the drain waits.
+	job := runJob(ctx, t, lib, id, app, "-m", "a2a", "-n", "40", "-s", "256K", "-B", t.TempDir())
 	waitFor(t, "the last rank's compute phase", 2*time.Minute, job.done, func() bool {
-		return strings.Contains(job.out.String(), "computes for")
+		return strings.Contains(job.out.String(), "computes until")
 	})
 	waitFor(t, "bytes waiting, unread, for the busy rank", time.Minute, job.done, func() bool {
 		return stuckUnread(ctx, t, obs)

@@ -224,10 +224,15 @@ func (r Report) split() (failed, unreached, holding int) {
 // connections it listed in prev. A round that loses messages near the drain
 // deadline must not erase what the report is for: which connection still
 // held bytes, and whose.
+//
+// A node near the deadline may miss several rounds in a row (each round's
+// forward gets a shrinking share of the time left), so what was carried
+// once is carried again; only a node's own error report has nothing worth
+// keeping.
 func carryOver(prev, cur Report) Report {
 	held := make(map[string]NodeReport)
 	for _, n := range prev.Pending {
-		if n.Err == "" {
+		if n.Err == "" || (n.Unreached && len(n.Conns) > 0) {
 			held[n.Node] = n
 		}
 	}
@@ -237,13 +242,15 @@ func carryOver(prev, cur Report) Report {
 	out := Report{Nodes: cur.Nodes, Checked: cur.Checked, Ranks: cur.Ranks, Pending: make([]NodeReport, len(cur.Pending))}
 	for i, n := range cur.Pending {
 		if p, ok := held[n.Node]; ok && n.Unreached {
-			p.Unreached, p.Err = true, n.Err+" (connections as last reported)"
+			p.Unreached, p.Err = true, strings.TrimSuffix(n.Err, carriedNote)+carriedNote
 			n = p
 		}
 		out.Pending[i] = n
 	}
 	return out
 }
+
+const carriedNote = " (connections as last reported)"
 
 // String is a one-line summary for error messages.
 func (r Report) String() string {

@@ -67,16 +67,17 @@ Resumes a paused job on every node.`,
 	if op == ctl.OpPause {
 		fs.DurationVar(&f.timeout, "timeout", 0, "give up draining after `D` and roll back (default: mpid's, 10s)")
 	}
-	if err := parse(fs, args); err != nil {
+	operands, err := parseMixed(fs, args)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() != 1 {
-		return usageError{fmt.Sprintf("want exactly one job id, got %d arguments; see --help", fs.NArg())}
+	if len(operands) != 1 {
+		return usageError{fmt.Sprintf("want exactly one job id, got %d arguments; see --help", len(operands))}
 	}
 	if f.timeout < 0 {
 		return usageError{fmt.Sprintf("--timeout %v: want a positive duration", f.timeout)}
 	}
-	id := fs.Arg(0)
+	id := operands[0]
 	if err := ctl.ValidJobID(id); err != nil {
 		return usageError{err.Error()}
 	}
@@ -138,13 +139,17 @@ func statusCmd(ctx context.Context, e *env, args []string) error {
 	var asJSON bool
 	fs := newFlags(e, "status", "[--json] [JOBID]\n\nShows a job's state and its last pause or resume; without JOBID, every job on this node you may see.\n\n"+exitCodeHelp)
 	fs.BoolVar(&asJSON, "json", false, "print the result as JSON")
-	if err := parse(fs, args); err != nil {
+	operands, err := parseMixed(fs, args)
+	if err != nil {
 		return err
 	}
-	if fs.NArg() > 1 {
+	if len(operands) > 1 {
 		return usageError{"want at most one job id; see --help"}
 	}
-	req := ctl.Request{Op: ctl.OpStatus, Job: fs.Arg(0)}
+	req := ctl.Request{Op: ctl.OpStatus}
+	if len(operands) == 1 {
+		req.Job = operands[0]
+	}
 	if req.Job != "" {
 		if err := ctl.ValidJobID(req.Job); err != nil {
 			return usageError{err.Error()}

@@ -71,12 +71,15 @@ func TestPauseOutput(t *testing.T) {
 			{Job: &pausedJob, Final: true},
 		}
 	})
-	code, out, errOut := runCLI(t, "j1", "--timeout", "2s")
-	if code != 2 || !strings.Contains(errOut, "want exactly one job id") {
-		// Flags come before the job id, as for every command.
-		t.Errorf("flags after the id: exit %d, stderr %q; want 2 and a usage line", code, errOut)
+	// Options after the job id count as well as before it.
+	code, _, errOut := runCLI(t, "j1", "--timeout", "3s")
+	f.mu.Lock()
+	req := f.requests[len(f.requests)-1]
+	f.mu.Unlock()
+	if code != 0 || errOut != "" || req.Job != "j1" || req.Timeout != 3*time.Second {
+		t.Errorf("options after the id: exit %d, stderr %q, request %+v", code, errOut, req)
 	}
-	code, out, errOut = runCLI(t, "pause", "--timeout", "2s", "j1")
+	code, out, errOut := runCLI(t, "pause", "--timeout", "2s", "j1")
 	if code != 0 || errOut != "" {
 		t.Fatalf("exit %d, stderr %q", code, errOut)
 	}
@@ -90,7 +93,7 @@ func TestPauseOutput(t *testing.T) {
 		t.Errorf("drain rounds redrawn on a non-terminal:\n%s", out)
 	}
 	f.mu.Lock()
-	req := f.requests[len(f.requests)-1]
+	req = f.requests[len(f.requests)-1]
 	f.mu.Unlock()
 	if req.Op != ctl.OpPause || req.Job != "j1" || req.Timeout != 2*time.Second || req.Version != ctl.Version {
 		t.Errorf("request %+v", req)
@@ -180,6 +183,10 @@ func TestJobUsage(t *testing.T) {
 	}{
 		{[]string{"pause"}, "want exactly one job id, got 0"},
 		{[]string{"pause", "a", "b"}, "want exactly one job id, got 2"},
+		{[]string{"pause", "a", "--json", "b"}, "want exactly one job id, got 2"},
+		{[]string{"pause", "j", "--timeout", "-1s"}, "--timeout -1s"},
+		{[]string{"pause", "j", "--bogus"}, "flag provided but not defined: -bogus"},
+		{[]string{"status", "a", "--", "--json"}, "at most one job id"},
 		{[]string{"pause", "--timeout", "-1s", "j"}, "--timeout -1s"},
 		{[]string{"resume", "a/b"}, `job id "a/b"`},
 		{[]string{"resume", "--timeout", "1s", "j"}, "flag provided but not defined: -timeout"},

@@ -164,6 +164,26 @@ func parse(fs *flag.FlagSet, args []string) error {
 	return nil
 }
 
+// parseMixed is parse for commands whose operands are job ids: options may
+// come after them too ('mpipause pause JOB --timeout 1s'), as users of
+// scontrol and kill expect. Only "--" ends the options.
+func parseMixed(fs *flag.FlagSet, args []string) ([]string, error) {
+	var operands []string
+	for {
+		if err := parse(fs, args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return operands, nil
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			return append(operands, rest...), nil
+		}
+		operands, args = append(operands, rest[0]), rest[1:]
+	}
+}
+
 // stringList is a repeatable string flag.
 type stringList []string
 

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -46,7 +47,16 @@ type Local struct {
 	// for a connection stuck for stuckAfter: reading /proc/PID/net/tcp walks
 	// the kernel's whole TCP hash table (20-30 ms here), too much for the
 	// rounds of a drain that is going well, and what a failure report needs.
-	held map[string]map[[2]netip.AddrPort]time.Time
+	// An owner found is kept as long as the connection stays held: a busy
+	// rank keeps its connections stuck for every later round, and a walk per
+	// round made a node's drain step slower than the rounds near the drain
+	// deadline allow.
+	held map[string]map[[2]netip.AddrPort]heldConn
+}
+
+type heldConn struct {
+	since time.Time
+	rank  int // the owner, or -1 if not looked up or not found
 }
 
 // stuckAfter is how long a connection holds bytes before its owner is looked up.
@@ -144,6 +154,7 @@ func (l *Local) Drain(ctx context.Context, job string) (quiesce.NodeReport, erro
 		return rep, err
 	}
 	var ungated atomic.Int64
+	t0 := time.Now()
 	err := l.eachRank(job, "gate state", func(r *ranks.Rank) error {
 		if r.Quiet() {
 			return nil
@@ -156,8 +167,19 @@ func (l *Local) Drain(ctx context.Context, job string) (quiesce.NodeReport, erro
 	if err != nil {
 		return rep, err
 	}
-	return l.kernelReport(ctx, job, rep)
+	t1 := time.Now()
+	rep, err = l.kernelReport(ctx, job, rep)
+	// A drain round is a few milliseconds; one that is not delays every
+	// node's next round, so say where the time went.
+	if d := time.Since(t0); d > slowStep {
+		slog.Warn("slow drain step", "job", job, "ms", d.Milliseconds(),
+			"gates_ms", t1.Sub(t0).Milliseconds(), "kernel_ms", time.Since(t1).Milliseconds(), "error", err)
+	}
+	return rep, err
 }
+
+// slowStep is how long a node's drain step may take before it is logged.
+const slowStep = 100 * time.Millisecond
 
 // Verify is the kernel's report after the freeze: the ranks cannot answer
 // now, and need not: only the kernel's queues count (G1).
@@ -189,37 +211,41 @@ func (l *Local) kernelReport(ctx context.Context, job string, rep quiesce.NodeRe
 			held = append(held, c)
 		}
 	}
-	now := make(map[[2]netip.AddrPort]time.Time, len(held))
-	stuck := false
+	now := make(map[[2]netip.AddrPort]heldConn, len(held))
+	lookup := false
 	t := time.Now()
 	l.mu.Lock()
 	for _, c := range held {
 		k := [2]netip.AddrPort{unmap(c.Local), unmap(c.Remote)}
-		since, ok := l.held[job][k]
+		h, ok := l.held[job][k]
 		if !ok {
-			since = t
+			h = heldConn{since: t, rank: -1}
 		}
-		now[k] = since
-		stuck = stuck || t.Sub(since) >= stuckAfter
+		now[k] = h
+		lookup = lookup || (h.rank < 0 && t.Sub(h.since) >= stuckAfter)
 	}
-	if l.held == nil {
-		l.held = map[string]map[[2]netip.AddrPort]time.Time{}
-	}
-	l.held[job] = now
 	l.mu.Unlock()
-	var own map[[2]netip.AddrPort]int
-	if stuck {
+	if lookup {
 		pids := make(map[int]int, len(rs))
 		for _, r := range rs {
 			pids[r.Pid] = r.Rank
 		}
-		own = owners(pids)
-	}
-	for _, c := range held {
-		rank, ok := own[[2]netip.AddrPort{unmap(c.Local), unmap(c.Remote)}]
-		if !ok {
-			rank = -1
+		own := owners(pids)
+		for k, h := range now {
+			if rank, ok := own[k]; ok {
+				h.rank = rank
+				now[k] = h
+			}
 		}
+	}
+	l.mu.Lock()
+	if l.held == nil {
+		l.held = map[string]map[[2]netip.AddrPort]heldConn{}
+	}
+	l.held[job] = now
+	l.mu.Unlock()
+	for _, c := range held {
+		rank := now[[2]netip.AddrPort{unmap(c.Local), unmap(c.Remote)}].rank
 		rep.Conns = append(rep.Conns, quiesce.Conn{Node: l.Name, Local: c.Local.String(), Remote: c.Remote.String(),
 			SendQueue: uint64(c.SendQueue), Unread: uint64(c.Unread), Rank: rank})
 	}
@@ -262,6 +288,7 @@ func (l *Local) Open(ctx context.Context, job string) error {
 	if err == nil {
 		l.mu.Lock()
 		delete(l.gated, job)
+		delete(l.held, job) // a job's next pause starts its clocks afresh
 		l.mu.Unlock()
 	}
 	return err

@@ -13,7 +13,7 @@
 // process (-x) prints the checksum a correct run must print, whatever the MPI
 // library, the placement or the number of pauses.
 //
-// Usage: xchg [-m a2a|ring] [-n iters] [-s bytes[K|M]] [-w dir] [-t usec] [-S usec] [-x ranks]
+// Usage: xchg [-m a2a|ring] [-n iters] [-s bytes[K|M]] [-w dir] [-t usec] [-S usec] [-B dir] [-x ranks]
 //   -w dir   hold point: after the first iteration (every connection the
 //            pattern needs is established), each rank creates dir/ready.RANK
 //            and then waits until dir/go exists.
@@ -22,6 +22,11 @@
 //            the start of the middle iteration (after printing a line that
 //            says so), while its peers already send it that iteration's
 //            messages: a busy receiver with unread data waiting for it.
+//   -B dir   a busy receiver without races: at the middle iteration the last
+//            rank creates dir/busy and computes until dir/done exists; the
+//            others wait (no MPI) for dir/busy before they send, so what
+//            they send surely arrives while it computes. The test ends the
+//            busy phase by creating dir/done.
 //   -x ranks print the expected checksum for that many ranks, without MPI.
 #include <errno.h>
 #include <fcntl.h>
@@ -44,6 +49,7 @@ struct opts {
 	size_t bytes;
 	const char *hold_dir;
 	long compute_usec;
+	const char *busy_dir;
 	long slow_usec;
 	int expect_ranks;
 };
@@ -200,6 +206,30 @@ static void hold(const char *dir, int rank)
 		nanosleep(&ts, NULL);
 }
 
+// busy_phase is -B: see the usage above.
+static void busy_phase(const char *dir, int rank, int nranks)
+{
+	char busy[4096], done[4096];
+	struct stat st;
+	snprintf(busy, sizeof(busy), "%s/busy", dir);
+	snprintf(done, sizeof(done), "%s/done", dir);
+	if (rank == nranks - 1) {
+		printf("xchg: rank %d computes until %s exists\n", rank, done);
+		fflush(stdout);
+		if (touch(busy) != 0) {
+			fprintf(stderr, "xchg: rank %d: create %s: %s\n", rank, busy, strerror(errno));
+			MPI_Abort(MPI_COMM_WORLD, 1);
+		}
+		// A stat every millisecond of computing: still no MPI call.
+		while (stat(done, &st) != 0)
+			compute(1000);
+		return;
+	}
+	struct timespec ts = {.tv_sec = 0, .tv_nsec = 1000 * 1000};
+	while (stat(busy, &st) != 0)
+		nanosleep(&ts, NULL);
+}
+
 static int run(const struct opts *o)
 {
 	int rank, nranks;
@@ -234,6 +264,8 @@ static int run(const struct opts *o)
 			fflush(stdout);
 			compute(o->slow_usec);
 		}
+		if (o->busy_dir && it == o->iters / 2)
+			busy_phase(o->busy_dir, rank, nranks);
 		for (int src = 0; src < nranks; src++)
 			if (rbuf[src])
 				MPI_Irecv(rbuf[src], (int)msg_len(o->bytes, src, rank, it), MPI_BYTE, src, it,
@@ -278,14 +310,14 @@ static size_t parse_size(const char *s)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: xchg [-m a2a|ring] [-n iters] [-s bytes[K|M]] [-w holddir] [-t usec] [-S usec] [-x ranks]\n");
+	fprintf(f, "usage: xchg [-m a2a|ring] [-n iters] [-s bytes[K|M]] [-w holddir] [-t usec] [-S usec] [-B dir] [-x ranks]\n");
 }
 
 int main(int argc, char **argv)
 {
 	struct opts o = {.mode = MODE_A2A, .iters = 10, .bytes = 1 << 20};
 	int c;
-	while ((c = getopt(argc, argv, "hm:n:s:w:t:S:x:")) != -1) {
+	while ((c = getopt(argc, argv, "hm:n:s:w:t:S:B:x:")) != -1) {
 		switch (c) {
 		case 'm':
 			if (strcmp(optarg, "a2a") == 0)
@@ -311,6 +343,9 @@ int main(int argc, char **argv)
 			break;
 		case 'S':
 			o.slow_usec = atol(optarg);
+			break;
+		case 'B':
+			o.busy_dir = optarg;
 			break;
 		case 'x':
 			o.expect_ranks = atoi(optarg);

@@ -1,12 +1,15 @@
 package kerneltests
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -114,6 +117,12 @@ func TestRigLifecycle(t *testing.T) {
 		}
 		if _, err := os.Stat("/run/mpipause/rig/" + name + "/mpid-" + n.Name + ".ready"); err != nil {
 			t.Errorf("%s's mpid ready file: %v", n.Name, err)
+		}
+		// mpid runs every thread under SCHED_RR (its default
+		// --rt-priority 1), so that its steps are not queued behind
+		// busy-polling ranks.
+		if pol := threadPolicies(n.MPIDPid); len(pol) == 0 || slices.ContainsFunc(pol, func(p string) bool { return p != "2" }) {
+			t.Errorf("%s's mpid threads' scheduling policies %v; want all 2 (SCHED_RR)", n.Name, pol)
 		}
 	}
 	if len(mpids) != 3 {
@@ -248,4 +257,22 @@ func TestRigNoMPID(t *testing.T) {
 	if _, err := os.Stat("/run/mpipause/rig/" + name); !os.IsNotExist(err) {
 		t.Errorf("up without mpid left %s: %v", "/run/mpipause/rig/"+name, err)
 	}
+}
+
+// threadPolicies is the scheduling policy of each thread of pid (field 41
+// of /proc/PID/task/TID/stat: 0 normal, 2 SCHED_RR).
+func threadPolicies(pid int) []string {
+	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	var out []string
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			continue
+		}
+		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
+		if len(f) > 38 {
+			out = append(out, f[38]) // field 41; f[0] is field 3
+		}
+	}
+	return out
 }

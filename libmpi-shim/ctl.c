@@ -8,7 +8,8 @@
 //   HELLO 1 job=<id> rank=<r> size=<n> pid=<pid> host=<name>[ root=<h>][ hosts=<h0,h1,...>]
 // and then answers each request of mpid with one line:
 //   CLOSE -> CLOSED <state>     STATE -> STATE <state>     OPEN -> OPENED flushed=<n> errors=<n>
-//   REOPEN -> REOPENED, at once, then "EVENT flushed bytes=<n> errors=<n> errno=<e>" after the flush
+//   REOPEN [gen] -> REOPENED, at once, then "EVENT flushed bytes=<n> errors=<n> errno=<e>" after the
+//                   flush; "REOPENED stale" (no event) if the gate is open or in another generation
 // and, unasked, "EVENT pause" / "EVENT resume" when the rank gets SIGTSTP /
 // SIGCONT (sig.c); where <state> is "gate=<open|closed|flushing> gated=<n> closing=<n> held=<bytes>".
 // mpid checks the HELLO's pid against the connection's SO_PEERCRED; the
@@ -95,33 +96,39 @@ static int send_line(const char *s)
 	return 0;
 }
 
-// send_hello sends the HELLO line with the state page's fd attached
-// (SCM_RIGHTS) when there is one; mpid maps the page read-only.
-static int send_hello(const char *hello, int pagefd)
+// send_hello sends the HELLO line with the state page's fd and the gate
+// page's fd attached (SCM_RIGHTS), those there are (the gate page only
+// with the state page); mpid maps the state page read-only, the gate page
+// read-write.
+static int send_hello(const char *hello, int pagefd, int gatefd)
 {
 	struct iovec v = {(void *)hello, strlen(hello)};
 	union {
-		char buf[CMSG_SPACE(sizeof(int))];
+		char buf[CMSG_SPACE(2 * sizeof(int))];
 		struct cmsghdr align;
 	} u;
 	struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1};
+	int fds[2] = {pagefd, gatefd}, nfd = pagefd < 0 ? 0 : gatefd < 0 ? 1 : 2;
 	ssize_t r;
 
-	if (pagefd >= 0) {
+	if (nfd > 0) {
 		memset(&u, 0, sizeof(u));
 		m.msg_control = u.buf;
-		m.msg_controllen = sizeof(u.buf);
+		m.msg_controllen = CMSG_SPACE(nfd * sizeof(int));
 		struct cmsghdr *c = CMSG_FIRSTHDR(&m);
 		c->cmsg_level = SOL_SOCKET;
 		c->cmsg_type = SCM_RIGHTS;
-		c->cmsg_len = CMSG_LEN(sizeof(int));
-		memcpy(CMSG_DATA(c), &pagefd, sizeof(int));
+		c->cmsg_len = CMSG_LEN(nfd * sizeof(int));
+		memcpy(CMSG_DATA(c), fds, nfd * sizeof(int));
 	}
 	do
 		r = mpp_real.sendmsg(ctl_fd, &m, MSG_NOSIGNAL);
 	while (r < 0 && errno == EINTR);
+	// Mapped: the fds are no longer needed here.
 	if (pagefd >= 0)
-		mpp_real.close(pagefd); // mapped: the fd is no longer needed here
+		mpp_real.close(pagefd);
+	if (gatefd >= 0)
+		mpp_real.close(gatefd);
 	if (r < 0)
 		return -1;
 	if ((size_t)r < v.iov_len)
@@ -191,23 +198,35 @@ static void *serve(void *arg)
 		char *nl;
 		while ((nl = memchr(buf, '\n', have))) {
 			*nl = 0;
-			if (strcmp(buf, "REOPEN") == 0) {
+			if (strncmp(buf, "REOPEN", 6) == 0 && (buf[6] == 0 || buf[6] == ' ')) {
 				// The answer goes before the flush: the rank runs again
 				// as soon as the gate lets sends through (held bytes
 				// first), and a resume need not wait for MiBs to be
 				// read by the peers. The flush's outcome follows.
+				// "REOPEN <gen>" reopens only that generation's close
+				// (mpid may have flipped the word already, or closed
+				// it again since).
 				struct mpp_gate_stats st;
-				mpp_gate_flushing();
-				if (send_line("REOPENED\n") < 0)
-					goto gone;
-				mpp_gate_flush(&st);
-				snprintf(out, sizeof(out), "EVENT flushed bytes=%lu errors=%u errno=%d\n", st.flushed,
-					 st.flush_errors, st.flush_errno);
+				char *end = NULL;
+				long gen = buf[6] ? strtol(buf + 7, &end, 10) : -1;
+				if (buf[6] && (end == buf + 7 || *end || gen < 0)) {
+					snprintf(out, sizeof(out), "ERROR bad generation\n");
+				} else {
+					int f = mpp_gate_flushing(gen);
+					if (send_line(f < 0 ? "REOPENED stale\n" : "REOPENED\n") < 0)
+						goto gone;
+					if (f < 0)
+						goto next;
+					mpp_gate_flush(&st, f);
+					snprintf(out, sizeof(out), "EVENT flushed bytes=%lu errors=%u errno=%d\n",
+						 st.flushed, st.flush_errors, st.flush_errno);
+				}
 			} else {
 				handle(buf, out, sizeof(out));
 			}
 			if (send_line(out) < 0)
 				goto gone;
+		next:
 			have -= (size_t)(nl + 1 - buf);
 			memmove(buf, nl + 1, have);
 		}
@@ -243,7 +262,8 @@ void mpp_ctl_start(const char *hello)
 		warn("mpipause: %s is not served by root or by this user; not registering\n", name);
 		goto fail;
 	}
-	if (send_hello(hello, mpp_state_page()) < 0) {
+	int pagefd = mpp_state_page();
+	if (send_hello(hello, pagefd, pagefd >= 0 ? mpp_gate_page() : -1) < 0) {
 		warn("mpipause: mpid at %s closed the connection; this rank runs without pause support\n", name);
 		goto fail;
 	}

@@ -26,6 +26,13 @@
 // goes to the kernel: a send that arrives while its socket still has held
 // bytes is appended to them.
 //
+// mpid may write the gate word itself (the shared gate page): closed in a
+// new generation, then flushing in that generation at resume, before it
+// asks for the flush ("REOPEN <gen>"). The shim never reopens a gate of
+// another generation than the one it was asked to, and a flush stops at a
+// chunk boundary when a newer close comes: a resume followed at once by a
+// pause must not see the old resume's flush open the new pause's gate.
+//
 // Receiving, and every fd that is not a TCP socket, is never touched.
 #include "shim.h"
 
@@ -43,7 +50,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
-_Atomic int mpp_gate = GATE_OPEN;
+union mpp_gate_page mpp_gate_pg __attribute__((aligned(MPP_GATE_PAGE_SIZE))); // GATE_OPEN
 
 struct held {
 	struct held *next;
@@ -179,7 +186,7 @@ static void hold_room(size_t n)
 {
 	pthread_mutex_lock(&hold_mu);
 	while (held_total + n > hold_max && held_total > 0 &&
-	       atomic_load_explicit(&mpp_gate, memory_order_acquire) == GATE_CLOSED)
+	       GATE_STATE(atomic_load_explicit(&mpp_gate, memory_order_acquire)) == GATE_CLOSED)
 		pthread_cond_wait(&hold_cv, &hold_mu);
 	held_total += n;
 	pthread_mutex_unlock(&hold_mu);
@@ -247,7 +254,7 @@ ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, ssize_t (*real)(v
 	total = iov_total(iov, iovcnt);
 	pthread_mutex_lock(&s->mu);
 	g = atomic_load_explicit(&mpp_gate, memory_order_acquire);
-	if (g != GATE_CLOSED) {
+	if (GATE_STATE(g) != GATE_CLOSED) {
 		// Open or flushing: bytes held earlier go first.
 		if (s->head || s->flushing)
 			goto hold;
@@ -282,7 +289,7 @@ hold:
 	pthread_mutex_lock(&s->mu);
 	// The gate may have reopened and this socket's queue drained while we
 	// waited for room: then the call goes straight to the kernel.
-	if (atomic_load_explicit(&mpp_gate, memory_order_acquire) != GATE_CLOSED && !s->head && !s->flushing) {
+	if (GATE_STATE(atomic_load_explicit(&mpp_gate, memory_order_acquire)) != GATE_CLOSED && !s->head && !s->flushing) {
 		pthread_mutex_unlock(&s->mu);
 		hold_release(total);
 		r = real(arg);
@@ -324,14 +331,23 @@ static int send_all(int fd, const char *b, size_t n)
 }
 
 // flush_fd sends fd's held bytes in order. New sends to fd are appended
-// behind them meanwhile (s->flushing), so order holds.
-static void flush_fd(struct fdstate *s, struct mpp_gate_stats *st)
+// behind them meanwhile (s->flushing), so order holds. It stops between
+// chunks once the gate word is no longer word (a newer close): what is
+// left stays held, the socket gated, for that pause's resume.
+static void flush_fd(struct fdstate *s, struct mpp_gate_stats *st, int word)
 {
 	pthread_mutex_lock(&s->mu);
 	s->flushing = 1;
 	while (s->head) {
 		struct held *h = s->head;
 		int failed;
+
+		if (atomic_load_explicit(&mpp_gate, memory_order_acquire) != word) {
+			s->flushing = 0;
+			publish(s);
+			pthread_mutex_unlock(&s->mu);
+			return;
+		}
 
 		int to = s->fd; // read under the lock: a close may move it
 		pthread_mutex_unlock(&s->mu);
@@ -362,48 +378,73 @@ static void flush_fd(struct fdstate *s, struct mpp_gate_stats *st)
 	pthread_mutex_unlock(&s->mu);
 }
 
+// mpp_gate_close closes the gate in a new generation (when mpid asks by
+// request; with the gate page, mpid writes the word itself).
 void mpp_gate_close(void)
 {
-	atomic_store_explicit(&mpp_gate, GATE_CLOSED, memory_order_release);
-	publish_gate(GATE_CLOSED);
+	int w = atomic_load_explicit(&mpp_gate, memory_order_acquire);
+	int c = GATE_WORD(GATE_CLOSED, GATE_GEN(w) + 1);
+	atomic_store_explicit(&mpp_gate, c, memory_order_release);
+	publish_gate(c);
 }
 
-// mpp_gate_flushing is the first half of reopening: from here on a send
-// goes straight to the kernel unless its socket still has held bytes, which
-// it then queues behind. The application is running again.
-void mpp_gate_flushing(void)
+// mpp_gate_flushing is the first half of reopening the gate closed in
+// generation gen (-1: the current one): from here on a send goes straight
+// to the kernel unless its socket still has held bytes, which it then
+// queues behind. It returns the flushing word for mpp_gate_flush, or -1 if
+// the gate is open or belongs to another generation: nothing to do.
+int mpp_gate_flushing(long gen)
 {
-	atomic_store_explicit(&mpp_gate, GATE_FLUSHING, memory_order_release);
-	publish_gate(GATE_FLUSHING);
+	int w = atomic_load_explicit(&mpp_gate, memory_order_acquire), f;
+	for (;;) {
+		if (w == GATE_OPEN || (gen >= 0 && GATE_GEN(w) != (unsigned)(gen & 0x1fffffff)))
+			return -1;
+		f = GATE_WORD(GATE_FLUSHING, GATE_GEN(w));
+		if (w == f || atomic_compare_exchange_weak_explicit(&mpp_gate, &w, f, memory_order_acq_rel,
+								    memory_order_acquire))
+			break;
+	}
+	publish_gate(f);
 	pthread_mutex_lock(&hold_mu);
 	pthread_cond_broadcast(&hold_cv); // senders waiting for room go on
 	pthread_mutex_unlock(&hold_mu);
+	return f;
 }
 
 // mpp_gate_flush is the second half: send what was held, in order, then
-// open the gate fully.
-void mpp_gate_flush(struct mpp_gate_stats *st)
+// open the gate, unless a newer close came meanwhile.
+void mpp_gate_flush(struct mpp_gate_stats *st, int word)
 {
 	memset(st, 0, sizeof(*st));
 	for (int fd = 0; fd < nfds; fd++) {
 		struct fdstate *s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire);
 		if (s)
-			flush_fd(s, st);
+			flush_fd(s, st, word);
 	}
-	atomic_store_explicit(&mpp_gate, GATE_OPEN, memory_order_release);
-	publish_gate(GATE_OPEN);
+	if (atomic_compare_exchange_strong_explicit(&mpp_gate, &word, GATE_OPEN, memory_order_acq_rel,
+						    memory_order_acquire))
+		publish_gate(GATE_OPEN);
 }
 
+// mpp_gate_open opens the gate whatever its state and generation, every
+// held byte sent first: the "OPEN" request, and the way out when mpid is
+// gone or MPI is finalizing.
 void mpp_gate_open(struct mpp_gate_stats *st)
 {
-	mpp_gate_flushing();
-	mpp_gate_flush(st);
+	int w = atomic_load_explicit(&mpp_gate, memory_order_acquire);
+	int f = GATE_WORD(GATE_FLUSHING, GATE_GEN(w));
+	atomic_store_explicit(&mpp_gate, f, memory_order_release);
+	publish_gate(f);
+	pthread_mutex_lock(&hold_mu);
+	pthread_cond_broadcast(&hold_cv);
+	pthread_mutex_unlock(&hold_mu);
+	mpp_gate_flush(st, f);
 }
 
 void mpp_gate_state(struct mpp_gate_stats *st)
 {
 	memset(st, 0, sizeof(*st));
-	st->gate = atomic_load_explicit(&mpp_gate, memory_order_acquire);
+	st->gate = GATE_STATE(atomic_load_explicit(&mpp_gate, memory_order_acquire));
 	for (int fd = 0; fd < nfds; fd++) {
 		struct fdstate *s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire);
 		int gated = 0;
@@ -447,7 +488,7 @@ int mpp_close_held(int fd)
 		if (keep >= 0)
 			mpp_real.close(keep);
 		struct mpp_gate_stats st = {0};
-		flush_fd(s, &st);
+		flush_fd(s, &st, atomic_load_explicit(&mpp_gate, memory_order_acquire));
 		return mpp_real.close(fd);
 	}
 	pthread_mutex_lock(&tab_mu);
@@ -516,6 +557,46 @@ int mpp_state_page(void)
 			publish(s);
 			pthread_mutex_unlock(&s->mu);
 		}
+	}
+	return fd;
+}
+
+// mpp_gate_page shares the gate word's page with mpid: a memfd (sealed
+// against resizing, so neither side can make the other's accesses fault)
+// holding the word's current value is mapped over the library's own page,
+// and its fd is returned for the HELLO. -1, and the word stays private,
+// where pages are not the size the library was built for. A forked child
+// gets a private page again (atfork), since mpid speaks to the parent.
+static void gate_page_child(void)
+{
+	int w = atomic_load(&mpp_gate);
+	if (mmap(&mpp_gate_pg, sizeof(mpp_gate_pg), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+		 -1, 0) != MAP_FAILED)
+		atomic_store(&mpp_gate, w);
+}
+
+int mpp_gate_page(void)
+{
+	static int atfork;
+	if (sysconf(_SC_PAGESIZE) != MPP_GATE_PAGE_SIZE)
+		return -1;
+	int fd = memfd_create("mpipause-gate", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return -1;
+	int w = atomic_load(&mpp_gate);
+	if (ftruncate(fd, MPP_GATE_PAGE_SIZE) < 0 || pwrite(fd, &w, sizeof(w), 0) != (ssize_t)sizeof(w) ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 ||
+	    (!atfork && pthread_atfork(NULL, NULL, gate_page_child) != 0)) {
+		mpp_real.close(fd);
+		return -1;
+	}
+	atfork = 1;
+	// The gate does not move while the rank registers (only mpid's requests
+	// move it, and there are none yet), so the copy above stays true.
+	if (mmap(&mpp_gate_pg, sizeof(mpp_gate_pg), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) ==
+	    MAP_FAILED) {
+		mpp_real.close(fd);
+		return -1;
 	}
 	return fd;
 }

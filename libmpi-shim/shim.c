@@ -52,3 +52,21 @@ EXPORT int mpipause_test_join_line(char *b, size_t n, const char *id, long pid)
 {
 	return mpp_join_line(b, n, id, pid);
 }
+
+// mpipause_test_gate_page shares the gate word's page as registering does
+// and returns its fd, for the C tests (which then play mpid's part).
+EXPORT int mpipause_test_gate_page(void)
+{
+	return mpp_gate_page();
+}
+
+// mpipause_test_reopen is the shim's answer to "REOPEN <gen>": 0 if it
+// flushed and reopened, -1 if the gate is open or in another generation.
+EXPORT int mpipause_test_reopen(long gen, struct mpp_gate_stats *st)
+{
+	int f = mpp_gate_flushing(gen);
+	if (f < 0)
+		return -1;
+	mpp_gate_flush(st, f);
+	return 0;
+}

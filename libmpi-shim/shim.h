@@ -13,11 +13,27 @@
 #define EXPORT __attribute__((visibility("default")))
 #define likely(x) __builtin_expect(!!(x), 1)
 
+// The gate word: a state in the low 2 bits and, above them, the generation
+// of the close it belongs to. Open is 0 whatever the generation, so the
+// send path compares the whole word with one constant.
 enum { GATE_OPEN = 0, GATE_CLOSED = 1, GATE_FLUSHING = 2 };
+#define GATE_STATE(w) ((w) & 3)
+#define GATE_GEN(w) (((unsigned)(w) >> 2) & 0x1fffffffu)
+#define GATE_WORD(state, gen) ((int)((((unsigned)(gen) & 0x1fffffffu) << 2) | (unsigned)(state)))
 
 // mpp_gate is what every wrapped send call loads first (relaxed): anything
-// but GATE_OPEN takes the slow path.
-extern _Atomic int mpp_gate;
+// but GATE_OPEN takes the slow path. The word has a page of the library's
+// memory to itself so that registration can map a page shared with mpid
+// over it (mpp_gate_page): mpid then closes and reopens the gate by writing
+// the word, without waiting for this process's control thread to be
+// scheduled, while the send path still loads a fixed address.
+#define MPP_GATE_PAGE_SIZE 4096
+union mpp_gate_page {
+	_Atomic int word;
+	char pad[MPP_GATE_PAGE_SIZE];
+};
+extern union mpp_gate_page mpp_gate_pg;
+#define mpp_gate (mpp_gate_pg.word)
 
 // The real functions, found with dlsym(RTLD_NEXT) at load.
 struct real {
@@ -72,11 +88,12 @@ struct mpp_page {
 	uint32_t pad;
 };
 int mpp_state_page(void);
+int mpp_gate_page(void);
 void mpp_gate_init(void);
 void mpp_gate_close(void);
-void mpp_gate_open(struct mpp_gate_stats *st); // mpp_gate_flushing + mpp_gate_flush
-void mpp_gate_flushing(void);
-void mpp_gate_flush(struct mpp_gate_stats *st);
+void mpp_gate_open(struct mpp_gate_stats *st); // forced: flush everything, then open
+int mpp_gate_flushing(long gen);
+void mpp_gate_flush(struct mpp_gate_stats *st, int word);
 void mpp_gate_state(struct mpp_gate_stats *st);
 // The rank channel to mpid (ctl.c): start after MPI_Init with the HELLO
 // line, stop at MPI_Finalize.

@@ -77,6 +77,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", "mpipause", "cgroup v2 `path` (relative to the v2 mount) under which each job gets its cgroup")
 	fs.StringVar(&cfg.FixedCgroup, "cgroup", "", "instead: a cgroup v2 `path` the launcher already put every rank in; mpid moves nobody and freezes it whole (one job per node)")
 	fs.DurationVar(&cfg.Drain, "drain-timeout", 10*time.Second, "default drain `timeout` of a pause (mpipause --timeout overrides it)")
+	fs.IntVar(&cfg.RTPriority, "rt-priority", 1, "run mpid's threads under SCHED_RR at this `priority` (1..99; 0: not real-time, --nice alone); mpid sleeps but for short steps, and a resume's replies otherwise queue behind the ranks it has just thawed")
 	fs.IntVar(&cfg.Nice, "nice", -10, "scheduling `niceness` of mpid (-20..19; 0 leaves it): below the ranks', so that a pause's steps are not queued behind busy-polling ranks")
 	fs.StringVar(&cfg.readyFile, "ready-file", "", "write this `file` (with mpid's pid) once every socket listens; removed at exit")
 	fs.BoolVar(&cfg.Unpin, "unpin-on-exit", false, "detach and unpin the jobs' BPF state on exit (default: keep it for the next mpid)")
@@ -100,6 +101,9 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	}
 	if cfg.Drain <= 0 {
 		return cfg, fmt.Errorf("--drain-timeout %v: want a positive duration such as 10s", cfg.Drain)
+	}
+	if cfg.RTPriority < 0 || cfg.RTPriority > 99 {
+		return cfg, fmt.Errorf("--rt-priority %d: want 0..99", cfg.RTPriority)
 	}
 	if cfg.Nice < -20 || cfg.Nice > 19 {
 		return cfg, fmt.Errorf("--nice %d: want -20..19", cfg.Nice)

@@ -141,6 +141,9 @@ func (l *Local) Prepare(ctx context.Context, job string) error {
 		if l.CtlNice != 0 {
 			r.Boost(l.CtlNice)
 		}
+		if r.CloseGate() {
+			return nil
+		}
 		_, err := r.Close(ctx)
 		return err
 	})
@@ -280,6 +283,9 @@ func (l *Local) Open(ctx context.Context, job string) error {
 	// through; the flush of what it held (MiBs, for MPICH) goes on behind,
 	// in order, and is reported as an event.
 	err := l.eachRank(job, "open gate", func(r *ranks.Rank) error {
+		if ok, err := r.ReopenGate(); ok || err != nil {
+			return err
+		}
 		return r.Reopen(ctx)
 	})
 	if errors.Is(err, ErrNoRanks) {

@@ -38,11 +38,29 @@ type statePage struct {
 	mem        []byte       // nil once closed
 	fds        int
 	heldOffset int
+	// gate is the shim's gate word's page (union mpp_gate_page), mapped
+	// read-write: mpid closes and reopens the gate by writing the word.
+	// nil if the shim shared none.
+	gate []byte
+	gen  atomic.Uint32 // of mpid's last close
 }
 
-// receivePage takes the fd a shim attached to its HELLO, checks that it is
+// The gate word (shim.h): state in the low 2 bits, the generation of the
+// close above them; open is 0.
+const (
+	gateOpen     = 0
+	gateClosed   = 1
+	gateFlushing = 2
+	gatePageSize = 4096
+	genMask      = 0x1fffffff
+)
+
+func gateWord(state, gen uint32) int32 { return int32((gen&genMask)<<2 | state) }
+
+// receivePage takes the fds a shim attached to its HELLO: the state page,
 // a sealed memfd of the right size (so the rank cannot shrink it under
-// mpid's reads), and maps it read-only. No fd attached: nil, nil.
+// mpid's reads) mapped read-only, and optionally the gate page, sealed the
+// same way, mapped read-write. No fd attached: nil, nil.
 func receivePage(oob []byte) (*statePage, error) {
 	if len(oob) == 0 {
 		return nil, nil
@@ -52,37 +70,49 @@ func receivePage(oob []byte) (*statePage, error) {
 		return nil, fmt.Errorf("control message: %v", err)
 	}
 	fds, err := unix.ParseUnixRights(&msgs[0])
-	if err != nil || len(fds) != 1 {
-		for _, fd := range fds {
-			unix.Close(fd)
-		}
-		return nil, fmt.Errorf("want one fd: %v", err)
+	for _, fd := range fds {
+		defer unix.Close(fd)
 	}
-	fd := fds[0]
-	defer unix.Close(fd)
-	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
-	if err != nil || seals&unix.F_SEAL_SHRINK == 0 {
-		return nil, errors.New("not a memfd sealed against shrinking")
+	if err != nil || len(fds) < 1 || len(fds) > 2 {
+		return nil, fmt.Errorf("want one or two fds: %d, %v", len(fds), err)
 	}
-	var st unix.Stat_t
-	if err := unix.Fstat(fd, &st); err != nil || st.Size < pageHeader || st.Size > 64<<20 {
-		return nil, fmt.Errorf("size %d", st.Size)
-	}
-	mem, err := unix.Mmap(fd, 0, int(st.Size), unix.PROT_READ, unix.MAP_SHARED)
+	mem, err := mapSealed(fds[0], pageHeader, 64<<20, unix.PROT_READ)
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("state page: %w", err)
 	}
 	p := &statePage{mem: mem}
 	le := binary.LittleEndian
 	size := le.Uint64(mem[16:])
 	p.fds = int(le.Uint32(mem[12:]))
 	p.heldOffset = int(le.Uint64(mem[24:]))
-	if string(mem[:8]) != pageMagic || le.Uint32(mem[8:]) != pageVersion || size != uint64(st.Size) ||
+	if string(mem[:8]) != pageMagic || le.Uint32(mem[8:]) != pageVersion || size != uint64(len(mem)) ||
 		p.heldOffset%8 != 0 || pageHeader+2*p.fds > p.heldOffset || p.heldOffset+8*p.fds > len(mem) {
 		unix.Munmap(mem)
 		return nil, errors.New("bad header")
 	}
+	if len(fds) == 2 {
+		gate, err := mapSealed(fds[1], gatePageSize, gatePageSize, unix.PROT_READ|unix.PROT_WRITE)
+		if err != nil {
+			unix.Munmap(mem)
+			return nil, fmt.Errorf("gate page: %w", err)
+		}
+		p.gate = gate
+	}
 	return p, nil
+}
+
+// mapSealed maps a memfd sealed against resizing whose size is within
+// [lo, hi].
+func mapSealed(fd, lo, hi int, prot int) ([]byte, error) {
+	seals, err := unix.FcntlInt(uintptr(fd), unix.F_GET_SEALS, 0)
+	if err != nil || seals&(unix.F_SEAL_SHRINK|unix.F_SEAL_GROW) != unix.F_SEAL_SHRINK|unix.F_SEAL_GROW {
+		return nil, errors.New("not a memfd sealed against resizing")
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil || st.Size < int64(lo) || st.Size > int64(hi) {
+		return nil, fmt.Errorf("size %d", st.Size)
+	}
+	return unix.Mmap(fd, 0, int(st.Size), prot, unix.MAP_SHARED)
 }
 
 func (p *statePage) close() {
@@ -95,6 +125,75 @@ func (p *statePage) close() {
 		unix.Munmap(p.mem)
 		p.mem = nil
 	}
+	if p.gate != nil {
+		unix.Munmap(p.gate)
+		p.gate = nil
+	}
+}
+
+// word is the gate word, or nil. Called under p.mu.
+func (p *statePage) word() *int32 {
+	if p == nil || p.gate == nil {
+		return nil
+	}
+	return (*int32)(unsafe.Pointer(&p.gate[0]))
+}
+
+// CloseGate closes the rank's gate, in a new generation, by writing its
+// gate word, and reports whether it could: false when the shim shared no
+// gate page (then ask it with Close). Unlike Close it wakes nobody: a
+// rank's send calls see the word at their next call.
+func (r *Rank) CloseGate() bool {
+	p := r.page
+	if p == nil {
+		return false
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	w := p.word()
+	if w == nil {
+		return false
+	}
+	// mpid counts the generations: the word forgets its own once open, and
+	// a late "REOPEN <gen>" must never match a later close.
+	atomic.StoreInt32(w, gateWord(gateClosed, p.gen.Add(1)))
+	return true
+}
+
+// ReopenGate lets the rank's sends through again by writing its gate word
+// (closed to flushing, same generation), then asks its shim to flush what it
+// held ("REOPEN <gen>") without waiting for the answer: a send to a socket
+// with held bytes queues behind them until the flush, so order holds, and
+// a rank whose control thread is slow to be scheduled runs meanwhile. The
+// flush's outcome comes as an event. False when the shim shared no gate
+// page (then use Reopen).
+func (r *Rank) ReopenGate() (bool, error) {
+	p := r.page
+	if p == nil {
+		return false, nil
+	}
+	p.mu.RLock()
+	w := p.word()
+	if w == nil {
+		p.mu.RUnlock()
+		return false, nil
+	}
+	old := atomic.LoadInt32(w)
+	p.mu.RUnlock()
+	if old == gateOpen {
+		return true, nil // nothing held: opening an open gate does nothing
+	}
+	gen := uint32(old) >> 2
+	if old&3 == gateClosed {
+		// Only from this very word: the shim may have moved it meanwhile
+		// (a REOPEN of its own, or an OPEN after losing mpid).
+		p.mu.RLock()
+		if w := p.word(); w != nil {
+			atomic.CompareAndSwapInt32(w, old, gateWord(gateFlushing, gen))
+		}
+		p.mu.RUnlock()
+	}
+	return true, r.notify(fmt.Sprintf("REOPEN %d", gen))
 }
 
 // Sockets returns the sockets the rank's state page shows as mid-message,
@@ -121,9 +220,6 @@ func (r *Rank) Sockets() []Socket {
 	return out
 }
 
-// gateClosed is the shim's GATE_CLOSED (shim.h).
-const gateClosed = 1
-
 // Quiet reports, from the state page alone, that the rank's gate is closed
 // and no socket is mid-message: what a STATE request would say, without
 // waking the rank's control thread (which, among busy-polling ranks, can take
@@ -141,7 +237,13 @@ func (r *Rank) Quiet() bool {
 	if p.mem == nil {
 		return false
 	}
-	if atomic.LoadUint32((*uint32)(unsafe.Pointer(&p.mem[32]))) != gateClosed {
+	// The gate page's word when there is one (mpid writes it); the state
+	// page's copy otherwise.
+	if w := p.word(); w != nil {
+		if atomic.LoadInt32(w)&3 != gateClosed {
+			return false
+		}
+	} else if atomic.LoadUint32((*uint32)(unsafe.Pointer(&p.mem[32]))) != gateClosed {
 		return false
 	}
 	short, gated := p.mem[pageHeader:pageHeader+p.fds], p.mem[pageHeader+p.fds:pageHeader+2*p.fds]

@@ -1,8 +1,14 @@
 package ranks
 
 import (
+	"bufio"
 	"encoding/binary"
+	"fmt"
+	"net"
+	"os"
+	"sync/atomic"
 	"testing"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -71,5 +77,126 @@ func TestReceivePage(t *testing.T) {
 	}
 	if p, err := receivePage(nil); p != nil || err != nil {
 		t.Errorf("no fd: %v, %v; want nil, nil", p, err)
+	}
+}
+
+// makeGatePage builds a gate page as the shim does and returns its fd and
+// the test's own mapping of it (the shim's view of the word).
+func makeGatePage(t *testing.T, size int, seal bool) (int, *int32) {
+	t.Helper()
+	fd, err := unix.MemfdCreate("test-gate", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Close(fd) })
+	if err := unix.Ftruncate(fd, int64(size)); err != nil {
+		t.Fatal(err)
+	}
+	if seal {
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, unix.F_SEAL_SHRINK|unix.F_SEAL_GROW); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mem, err := unix.Mmap(fd, 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { unix.Munmap(mem) })
+	return fd, (*int32)(unsafe.Pointer(&mem[0]))
+}
+
+// pageFds is the SCM_RIGHTS message of a state page and a gate page.
+func pageFds(t *testing.T, state []byte, gate int) []byte {
+	t.Helper()
+	msgs, err := unix.ParseSocketControlMessage(state)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fds, err := unix.ParseUnixRights(&msgs[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return unix.UnixRights(fds[0], gate)
+}
+
+// TestGatePage: mpid closes and reopens a rank's gate by writing the word
+// of the page the shim shares, each close in a new generation, asks the
+// shim to flush that generation without waiting for its answer, and reads
+// the gate from the word; a gate page that could change size is refused.
+func TestGatePage(t *testing.T) {
+	s, addr, ctx := serving(t)
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: addr, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	gfd, word := makeGatePage(t, gatePageSize, true)
+	quiet := func(b []byte) { b[pageHeader+5] = 0 } // no socket mid-message
+	hello := fmt.Sprintf("HELLO 1 job=gp rank=0 size=1 pid=%d host=h\n", os.Getpid())
+	if _, _, err := c.WriteMsgUnix([]byte(hello), pageFds(t, makePage(t, 64, true, quiet), gfd), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	r := s.Ranks("gp")[0]
+	if r.Quiet() {
+		t.Error("Quiet with the gate open")
+	}
+	if !r.CloseGate() || atomic.LoadInt32(word) != gateWord(gateClosed, 1) || !r.Quiet() {
+		t.Fatalf("after CloseGate: word %#x, quiet %v", atomic.LoadInt32(word), r.Quiet())
+	}
+	br := bufio.NewReader(c)
+	for gen := uint32(1); gen <= 3; gen++ {
+		if gen > 1 {
+			r.CloseGate()
+		}
+		if got := atomic.LoadInt32(word); got != gateWord(gateClosed, gen) {
+			t.Fatalf("close %d: word %#x", gen, got)
+		}
+		if ok, err := r.ReopenGate(); !ok || err != nil {
+			t.Fatalf("ReopenGate: %v %v", ok, err)
+		}
+		if got := atomic.LoadInt32(word); got != gateWord(gateFlushing, gen) || r.Quiet() {
+			t.Fatalf("reopen %d: word %#x, quiet %v", gen, got, r.Quiet())
+		}
+		if l, err := br.ReadString('\n'); err != nil || l != fmt.Sprintf("REOPEN %d\n", gen) {
+			t.Fatalf("shim asked %q, %v", l, err)
+		}
+		// The shim's flush done: it opens the word itself (CAS), answers
+		// late, and the next request is not confused by that answer.
+		atomic.StoreInt32(word, gateOpen)
+		fmt.Fprint(c, "REOPENED\nEVENT flushed bytes=1 errors=0 errno=0\n")
+	}
+	go func() {
+		if l, err := br.ReadString('\n'); err == nil && l == "STATE\n" {
+			fmt.Fprint(c, "STATE gate=open gated=0 closing=0 held=0\n")
+		}
+	}()
+	if g, err := r.State(ctx); err != nil || g.State != "open" {
+		t.Errorf("State after unanswered reopens: %+v %v", g, err)
+	}
+	if ok, err := r.ReopenGate(); !ok || err != nil || atomic.LoadInt32(word) != gateOpen {
+		t.Errorf("ReopenGate of an open gate: %v %v, word %#x", ok, err, atomic.LoadInt32(word))
+	}
+
+	for name, gate := range map[string]func() int{
+		"unsealed gate page":  func() int { fd, _ := makeGatePage(t, gatePageSize, false); return fd },
+		"gate page too big":   func() int { fd, _ := makeGatePage(t, 2*gatePageSize, true); return fd },
+		"gate page too small": func() int { fd, _ := makeGatePage(t, 64, true); return fd },
+	} {
+		if p, err := receivePage(pageFds(t, makePage(t, 64, true, nil), gate())); err == nil {
+			p.close()
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	// A state page alone is still a shim's (no gate page: mpid asks).
+	p, err := receivePage(makePage(t, 64, true, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	if (&Rank{page: p}).CloseGate() {
+		t.Error("CloseGate without a gate page")
 	}
 }

@@ -210,7 +210,7 @@ func first(c *net.UnixConn) (firstLine, error) {
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	// The first byte comes with the state page's fd, if the shim sent one.
 	b := make([]byte, 1)
-	oob := make([]byte, unix.CmsgSpace(4))
+	oob := make([]byte, unix.CmsgSpace(2*4))
 	n, oobn, _, _, err := c.ReadMsgUnix(b, oob)
 	if err != nil || n != 1 {
 		return firstLine{}, fmt.Errorf("HELLO: %v", err)
@@ -475,9 +475,11 @@ func (s *Server) Wait(ctx context.Context, cond func(all []*Rank) bool) error {
 	}
 }
 
-// maxOwed is the room for replies nobody waits for yet. A request is sent
-// only once every earlier reply is in, so at most one is ever owed.
-const maxOwed = 4
+// maxOwed is the room for replies nobody waits for yet: a request is sent
+// only once every earlier reply is in, and notify collects those already
+// there before it sends, so only the notifications of a few quick pause and
+// resume cycles can be outstanding at once.
+const maxOwed = 16
 
 // request sends one line and returns the reply.
 func (r *Rank) request(ctx context.Context, req string) (string, error) {
@@ -544,9 +546,33 @@ func (r *Rank) Reopen(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	if line != "REOPENED" {
+	// "stale": the gate was open already, which is no failure.
+	if line != "REOPENED" && line != "REOPENED stale" {
 		return fmt.Errorf("malformed reply %q", line)
 	}
+	return nil
+}
+
+// notify sends a request whose answer nobody waits for: it is owed, and the
+// next request consumes it first (see request).
+func (r *Rank) notify(req string) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for collected := false; r.owed > 0 && !collected; {
+		select {
+		case <-r.replies:
+			r.owed--
+		default:
+			collected = true
+		}
+	}
+	if r.owed >= maxOwed {
+		return fmt.Errorf("rank %d (pid %d): %d answers overdue", r.Rank, r.Pid, r.owed)
+	}
+	if _, err := r.conn.Write([]byte(req + "\n")); err != nil {
+		return fmt.Errorf("rank %d (pid %d): %w", r.Rank, r.Pid, ErrGone)
+	}
+	r.owed++
 	return nil
 }
 

@@ -18,6 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -126,6 +127,46 @@ static int recv_check(int fd, size_t n, unsigned id, uint64_t *at)
 		n -= r;
 	}
 	return 0;
+}
+
+// mpid's side of the gate page: it closes the gate by writing the shared
+// word (a new generation each time), and a reopen of an older generation
+// (a late "REOPEN <gen>") neither opens the gate nor sends a held byte.
+static void test_gate_page(void)
+{
+	int (*page_fd)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_gate_page");
+	int (*reopen)(long, struct mpp_gate_stats *) =
+		(int (*)(long, struct mpp_gate_stats *))dlsym(RTLD_DEFAULT, "mpipause_test_reopen");
+	int s[2], fd;
+	unsigned char b[5000];
+	uint64_t sent = 0, got = 0;
+	struct mpp_gate_stats st;
+
+	CHECK(page_fd && reopen, "test entry points missing");
+	fd = page_fd();
+	CHECK(fd >= 0, "gate page: %d", fd);
+	_Atomic int *word = mmap(NULL, MPP_GATE_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	CHECK(word != MAP_FAILED, "map the gate page");
+	tcp_pair(s, 0);
+	for (unsigned gen = 1; gen <= 2; gen++) {
+		atomic_store(word, GATE_WORD(GATE_CLOSED, gen)); // mpid's close
+		fill(b, sizeof(b), 4, sent);
+		CHECK(send(s[0], b, sizeof(b), 0) == (ssize_t)sizeof(b), "send under mpid's close %u", gen);
+		sent += sizeof(b);
+		CHECK(settled(s[0], s[1]) == 0, "held bytes reached the kernel under close %u", gen);
+	}
+	CHECK(reopen(1, &st) == -1 && atomic_load(word) == GATE_WORD(GATE_CLOSED, 2),
+	      "a reopen of generation 1 under generation 2's close: word %#x", atomic_load(word));
+	CHECK(settled(s[0], s[1]) == 0, "a stale reopen sent held bytes");
+	atomic_store(word, GATE_WORD(GATE_FLUSHING, 2)); // mpid's reopen
+	CHECK(reopen(2, &st) == 0 && st.flushed == 2 * sizeof(b), "flush: %lu bytes", st.flushed);
+	CHECK(atomic_load(word) == GATE_OPEN, "after the flush the word is %#x, want open", atomic_load(word));
+	CHECK(recv_check(s[1], sent, 4, &got) == 0, "held bytes in order");
+	CHECK(reopen(2, &st) == -1, "a second reopen of an open gate did something");
+	munmap((void *)word, MPP_GATE_PAGE_SIZE);
+	close(fd);
+	close(s[0]);
+	close(s[1]);
 }
 
 // Gate open: results and errno are the kernel's own.
@@ -783,6 +824,7 @@ int main(int argc, char **argv)
 		{"join_ok", test_join_ok},
 		{"join_refused", test_join_refused},
 		{"join_skipped", test_join_skipped},
+		{"gate_page", test_gate_page},
 	};
 	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
 		int before = failures;

@@ -110,7 +110,7 @@ func benchPause(b *testing.B, lib mpiLib) {
 
 		j, r := jobJSON(ctx, b, "pause", id)
 		if r.code != 0 || j.State != ctl.StatePaused {
-			b.Fatalf("pause %d: exit %d: %s", i+1, r.code, r.stderr)
+			b.Fatalf("pause %d: exit %d: %s%s", i+1, r.code, r.stderr, r.stdout)
 		}
 		pauseT = append(pauseT, j.TotalMs)
 		for _, p := range j.Phases {

@@ -33,7 +33,8 @@
 // chunk boundary when a newer close comes: a resume followed at once by a
 // pause must not see the old resume's flush open the new pause's gate.
 //
-// Receiving, and every fd that is not a TCP socket, is never touched.
+// Receiving is never gated, and no fd but a TCP socket is held. While the
+// gate is not open, a read that got bytes asks for a quick ACK (wrap.c).
 #include "shim.h"
 
 #include <errno.h>
@@ -99,6 +100,11 @@ void mpp_resolve(void)
 	mpp_real.write = next_sym("write");
 	mpp_real.writev = next_sym("writev");
 	mpp_real.close = next_sym("close");
+	mpp_real.recv = next_sym("recv");
+	mpp_real.recvfrom = next_sym("recvfrom");
+	mpp_real.recvmsg = next_sym("recvmsg");
+	mpp_real.read = next_sym("read");
+	mpp_real.readv = next_sym("readv");
 }
 
 void mpp_gate_init(void)

@@ -7,6 +7,8 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <string.h>
 
 #define GATE_IS_OPEN() likely(atomic_load_explicit(&mpp_gate, memory_order_relaxed) == GATE_OPEN)
@@ -171,4 +173,60 @@ EXPORT int close(int fd)
 	if (GATE_IS_OPEN())
 		return REAL(close)(fd);
 	return mpp_close_held(fd);
+}
+
+// The receive side is never gated. While the gate is not open (a pause
+// draining), a read that got bytes asks the kernel to acknowledge at once
+// (TCP_QUICKACK: the pending delayed ACK goes now, and the socket leaves
+// its ping-pong mode): the drain waits for "nothing unacknowledged" on the
+// sender's side, and the receiver's delayed ACK of the last segments read
+// otherwise holds that queue for up to the delayed-ACK timeout (8 ms under
+// the sockops cap). On a socket that is not TCP the call just fails. Open
+// gate: one load after the real call, nothing else.
+static __attribute__((noinline)) void quickack(int fd)
+{
+	int saved = errno, one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
+	errno = saved;
+}
+
+#define RECEIVED(fd, r)                                  \
+	do {                                             \
+		if (!GATE_IS_OPEN() && (r) > 0)          \
+			quickack(fd);                    \
+	} while (0)
+
+EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags)
+{
+	ssize_t r = REAL(recv)(fd, buf, len, flags);
+	RECEIVED(fd, r);
+	return r;
+}
+
+EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *from, socklen_t *fromlen)
+{
+	ssize_t r = REAL(recvfrom)(fd, buf, len, flags, from, fromlen);
+	RECEIVED(fd, r);
+	return r;
+}
+
+EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
+{
+	ssize_t r = REAL(recvmsg)(fd, msg, flags);
+	RECEIVED(fd, r);
+	return r;
+}
+
+EXPORT ssize_t read(int fd, void *buf, size_t len)
+{
+	ssize_t r = REAL(read)(fd, buf, len);
+	RECEIVED(fd, r);
+	return r;
+}
+
+EXPORT ssize_t readv(int fd, const struct iovec *iov, int iovcnt)
+{
+	ssize_t r = REAL(readv)(fd, iov, iovcnt);
+	RECEIVED(fd, r);
+	return r;
 }

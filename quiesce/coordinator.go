@@ -16,9 +16,13 @@ type Options struct {
 	Drain time.Duration `json:"drain_ns"`
 	// DrainInterval is the pause between DRAIN rounds that found bytes.
 	DrainInterval time.Duration `json:"drain_interval_ns"`
-	Freeze        time.Duration `json:"freeze_ns"`
-	Verify        time.Duration `json:"verify_ns"`
-	Commit        time.Duration `json:"commit_ns"`
+	// DrainWait, if not 0, is how long each node may hold its DRAIN answer
+	// while its queues drain (Message.Wait); at most a quarter of the drain
+	// time left. 0: nodes answer at once, and rounds poll.
+	DrainWait time.Duration `json:"drain_wait_ns,omitempty"`
+	Freeze    time.Duration `json:"freeze_ns"`
+	Verify    time.Duration `json:"verify_ns"`
+	Commit    time.Duration `json:"commit_ns"`
 	// Abort bounds the rollback. It runs even when the caller's context is
 	// cancelled, because leaving ranks frozen is the worse outcome (G3).
 	Abort  time.Duration `json:"abort_ns"`
@@ -186,6 +190,12 @@ func (c *Coordinator) newRun(job string, nodes []string) (*run, error) {
 func (r *run) round(ctx context.Context, kind Kind) (Report, error) {
 	r.seq++
 	req := Message{Version: ProtocolVersion, Job: r.job, Epoch: r.epoch, Seq: r.seq, Kind: kind, Nodes: r.nodes}
+	if (kind == KindDrain || kind == KindFreeze) && r.c.opt.DrainWait > 0 {
+		req.Wait = r.c.opt.DrainWait
+		if dl, ok := ctx.Deadline(); ok {
+			req.Wait = min(req.Wait, time.Until(dl)/4)
+		}
+	}
 	rep, err := call(ctx, r.c.tr, r.c.opt.Retry, r.nodes[0], req)
 	if err != nil {
 		return Report{}, fmt.Errorf("%s round: %w", kind, err)

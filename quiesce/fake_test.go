@@ -14,14 +14,20 @@ import (
 type fakeNode struct {
 	name string
 
-	mu         sync.Mutex
-	gatesOpen  bool
-	frozen     bool
-	left       int  // drain rounds with closed gates until empty
-	stuck      bool // never drains (a rank computing, not reading)
-	dirty      bool // drains, but the kernel check after freeze finds bytes
-	fail       Kind // this step always fails
-	thawFails  int  // the first thawFails Thaws fail
+	mu        sync.Mutex
+	gatesOpen bool
+	frozen    bool
+	left      int  // drain rounds with closed gates until empty
+	stuck     bool // never drains (a rank computing, not reading)
+	dirty     bool // drains, but the kernel check after freeze finds bytes
+	fail      Kind // this step always fails
+	thawFails int  // the first thawFails Thaws fail
+	// late bytes arrive right after the node's first empty DRAIN answer
+	// (another node's last bytes, crossing): its next late checks find
+	// them, and a freeze before they are read leaves them for VERIFY.
+	late       int
+	saidEmpty  bool
+	frozeDirty bool
 	calls      map[string]int
 	lastVerify *NodeReport
 	breaches   []string
@@ -76,6 +82,13 @@ func (f *fakeNode) Drain(ctx context.Context, job string) (NodeReport, error) {
 	if f.left > 0 {
 		f.left--
 	}
+	if r.Empty && f.late > 0 {
+		if f.saidEmpty {
+			f.late--
+			return NodeReport{Conns: []Conn{{Local: f.name + ":1002", Remote: "peer:2002", Unread: 9, Rank: 4}}}, nil
+		}
+		f.saidEmpty = true
+	}
 	return r, nil
 }
 
@@ -89,6 +102,7 @@ func (f *fakeNode) Freeze(ctx context.Context, job string) error {
 		f.breach("freeze with open gates")
 	}
 	f.frozen = true
+	f.frozeDirty = f.saidEmpty && f.late > 0
 	return nil
 }
 
@@ -103,7 +117,7 @@ func (f *fakeNode) Verify(ctx context.Context, job string) (NodeReport, error) {
 		f.breach("verify while running")
 	}
 	r := f.report()
-	if f.dirty {
+	if f.dirty || f.frozeDirty {
 		r = NodeReport{Conns: []Conn{{Local: f.name + ":1001", Remote: "peer:2001", Unread: 1, Rank: -1}}}
 	}
 	f.lastVerify = &r

@@ -60,7 +60,18 @@ type Message struct {
 	Err string `json:"err,omitempty"`
 	// Control carries a KindControl request and its answer.
 	Control *Control `json:"control,omitempty"`
+	// Wait, on a DRAIN request, lets each node hold its answer until its
+	// report is empty or Wait has passed, checking every DrainPoll: the
+	// drain's end is then seen within a local check instead of a protocol
+	// round. On FREEZE, a node first waits up to Wait for its queues to be
+	// empty again (Agent.settle). 0: answer at once, freeze at once. A node
+	// that does not know the field does so, which is still correct.
+	Wait time.Duration `json:"wait_ns,omitempty"`
 }
+
+// DrainPoll is how often a node waiting on a DRAIN (Message.Wait) checks
+// its queues: a kernel snapshot each time, so not much more often.
+const DrainPoll = time.Millisecond
 
 // Control is a request passed to a job's coordinator and its answer, opaque
 // to the protocol: the daemons define Op and Result.
@@ -131,6 +142,10 @@ type NodeReport struct {
 	// job's ranks on the node: what a clean report vouches for.
 	Checked int `json:"checked,omitempty"`
 	Ranks   int `json:"ranks,omitempty"`
+	// Drained, on a DRAIN answer, is what the node's connections held at
+	// its first check of the round: with Message.Wait the answer comes once
+	// they are empty, and this is what the wait drained.
+	Drained uint64 `json:"drained,omitempty"`
 }
 
 // Clean reports whether the node has nothing pending and no error. A node
@@ -147,9 +162,10 @@ type Report struct {
 	Nodes int `json:"nodes"`
 	// Pending lists the nodes that are not clean, sorted by node name.
 	Pending []NodeReport `json:"pending,omitempty"`
-	// Checked and Ranks sum the nodes' counts.
-	Checked int `json:"checked,omitempty"`
-	Ranks   int `json:"ranks,omitempty"`
+	// Checked, Ranks and Drained sum the nodes' counts.
+	Checked int    `json:"checked,omitempty"`
+	Ranks   int    `json:"ranks,omitempty"`
+	Drained uint64 `json:"drained,omitempty"`
 }
 
 // Add accounts for one node's report.
@@ -157,6 +173,7 @@ func (r *Report) Add(n NodeReport) {
 	r.Nodes++
 	r.Checked += n.Checked
 	r.Ranks += n.Ranks
+	r.Drained += n.Drained
 	if !n.Clean() {
 		r.Pending = append(r.Pending, n)
 	}
@@ -169,6 +186,7 @@ func (r *Report) Merge(o Report) {
 	r.Nodes += o.Nodes
 	r.Checked += o.Checked
 	r.Ranks += o.Ranks
+	r.Drained += o.Drained
 	r.Pending = append(r.Pending, o.Pending...)
 	slices.SortStableFunc(r.Pending, func(a, b NodeReport) int { return strings.Compare(a.Node, b.Node) })
 }

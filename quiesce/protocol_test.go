@@ -365,3 +365,77 @@ func TestProgress(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestDrainWait: with DrainWait, nodes hold their DRAIN answers until they
+// are empty, so a drain that needs several local checks is one round; a
+// node that never drains still times the pause out with its connection
+// named, and the rollback is not held up by the waiting node.
+func TestDrainWait(t *testing.T) {
+	c := newCluster(7, 1, Faults{}, fastOpts().Retry)
+	for i, f := range c.fakes {
+		f.left = i % 4 // up to 3 more checks before empty
+	}
+	o := fastOpts()
+	o.DrainWait = 2 * time.Second
+	var drained []uint64
+	ctx := WithProgress(context.Background(), func(p Progress) {
+		if p.Phase == KindDrain && !p.Done {
+			drained = append(drained, p.Report.Drained)
+		}
+	})
+	res, err := NewCoordinator(c.net, o).Pause(ctx, "j", c.names)
+	if err != nil {
+		t.Fatalf("pause: %v", err)
+	}
+	// What the waits drained is still reported: 107 bytes at the first
+	// check of each of the 5 nodes that were not empty yet.
+	if len(drained) != 1 || drained[0] != 5*107 {
+		t.Errorf("drained per round %v, want [%d]", drained, 5*107)
+	}
+	checkPaused(t, c)
+	for _, p := range res.Phases {
+		if p.Phase == KindDrain && p.Rounds != 1 {
+			t.Errorf("DRAIN took %d rounds, want 1 with nodes waiting until empty", p.Rounds)
+		}
+	}
+
+	// Bytes that cross after a node answered empty: the node waits for its
+	// ranks to read them before it freezes, and the pause holds; without
+	// waiting answers (and so without that wait) the freeze catches them
+	// and VERIFY rolls the pause back.
+	for _, wait := range []time.Duration{o.DrainWait, 0} {
+		c = newCluster(7, 1, Faults{}, fastOpts().Retry)
+		c.fakes[3].late = 2
+		ow := o
+		ow.DrainWait = wait
+		_, err = NewCoordinator(c.net, ow).Pause(context.Background(), "j", c.names)
+		if wait > 0 && err != nil {
+			t.Errorf("late bytes with waiting answers: %v", err)
+		}
+		var ae *AbortError
+		if wait == 0 && (!errors.As(err, &ae) || ae.Phase != KindVerify) {
+			t.Errorf("late bytes without waiting answers: %v; want a rollback at VERIFY", err)
+		}
+	}
+
+	c = newCluster(7, 1, Faults{}, fastOpts().Retry)
+	c.fakes[5].stuck = true
+	o.Drain = 200 * time.Millisecond
+	res, err = NewCoordinator(c.net, o).Pause(context.Background(), "j", c.names)
+	var ae *AbortError
+	if !errors.As(err, &ae) || !errors.Is(err, ErrNotEmpty) || ae.Phase != KindDrain {
+		t.Fatalf("want AbortError in DRAIN wrapping ErrNotEmpty, got %v", err)
+	}
+	if ae.Report.InflightBytes() != 107 {
+		t.Errorf("report does not name the stuck connection: %+v", ae.Report)
+	}
+	checkRolledBack(t, c)
+	// Each round's wait is capped at a quarter of the drain time left, so
+	// a stuck node answers several times before the deadline (its report
+	// is what the user sees) instead of once, after it.
+	for _, p := range res.Phases {
+		if p.Phase == KindDrain && p.Rounds < 3 {
+			t.Errorf("DRAIN with a stuck node: %d rounds; the wait was not capped by the deadline", p.Rounds)
+		}
+	}
+}

@@ -169,6 +169,43 @@ static void test_gate_page(void)
 	close(s[1]);
 }
 
+// Receiving under a closed gate: every read call returns what the kernel's
+// returns, bytes and errno (the shim only asks for a quick ACK after a
+// read that got bytes); a pipe reads as ever.
+static void test_receive_under_closed_gate(void)
+{
+	int s[2], p[2];
+	unsigned char b[3000], r[3000];
+	uint64_t sent = 0, got = 0;
+	struct mpp_gate_stats st;
+
+	tcp_pair(s, 0);
+	fill(b, sizeof(b), 5, 0);
+	CHECK(send(s[0], b, sizeof(b), 0) == (ssize_t)sizeof(b), "send before close");
+	sent = sizeof(b);
+	CHECK(settled(s[0], s[1]) == (int)sizeof(b), "bytes waiting before close");
+	gate_close();
+	CHECK(recv_check(s[1], 1000, 5, &got) == 0, "recv under a closed gate");
+	CHECK(read(s[1], r, 1000) == 1000 && memcmp(r, b + 1000, 1000) == 0, "read under a closed gate");
+	struct iovec v[2] = {{r, 500}, {r + 500, 500}};
+	CHECK(readv(s[1], v, 2) == 1000 && memcmp(r, b + 2000, 1000) == 0, "readv under a closed gate");
+	got += 2000;
+	nonblock(s[1]);
+	errno = 0;
+	CHECK(recv(s[1], r, 1, 0) == -1 && errno == EAGAIN, "empty non-blocking recv: errno %d", errno);
+	errno = 0;
+	CHECK(read(-1, r, 1) == -1 && errno == EBADF, "read of a bad fd: errno %d", errno);
+	if (pipe(p) < 0)
+		die("pipe");
+	CHECK(write(p[1], "xy", 2) == 2 && read(p[0], r, 2) == 2 && r[0] == 'x', "pipe under a closed gate");
+	gate_open(&st);
+	CHECK(got == sent, "read %llu of %llu", (unsigned long long)got, (unsigned long long)sent);
+	close(p[0]);
+	close(p[1]);
+	close(s[0]);
+	close(s[1]);
+}
+
 // Gate open: results and errno are the kernel's own.
 static void test_passthrough(void)
 {
@@ -825,6 +862,7 @@ int main(int argc, char **argv)
 		{"join_refused", test_join_refused},
 		{"join_skipped", test_join_skipped},
 		{"gate_page", test_gate_page},
+		{"receive_under_closed_gate", test_receive_under_closed_gate},
 	};
 	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
 		int before = failures;

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -16,6 +17,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/quiesce"
 )
 
 // TestMpidAdmitsJobRanks runs the real mpid and a real MPI program with the
@@ -30,7 +32,8 @@ func TestMpidAdmitsJobRanks(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
-	mpid := start(ctx, t, "", nil, filepath.Join(bin, "mpid"), "--cgroup", cg, "--ready-file", ready, "--rank-socket", sock, "--unpin-on-exit")
+	mpid := start(ctx, t, "", nil, filepath.Join(bin, "mpid"), "--cgroup", cg, "--ready-file", ready, "--rank-socket", sock, "--unpin-on-exit",
+		"--cluster-key", newKeyFile(t), "--peer-port", fmt.Sprint(testPeerPort()))
 	log := &mpid.out
 	defer func() {
 		mpid.cmd.Process.Signal(syscall.SIGTERM) // unpins
@@ -268,4 +271,88 @@ func TestShimMalformedRequests(t *testing.T) {
 	atHold(t, hold, 1, p)
 	release(t, hold)
 	p.finish(ctx, t, "the rank after a bad peer", serial(t, filepath.Join(bin, "apps", "xchg.mpich"), 1, "-n", "3", "-s", "1K"))
+}
+
+// newKeyFile makes a cluster key with mpid keygen, as a user would.
+func newKeyFile(t *testing.T) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "cluster.key")
+	if out, err := exec.Command(filepath.Join(binDir(t), "mpid"), "keygen", path).CombinedOutput(); err != nil {
+		t.Fatalf("mpid keygen: %v\n%s", err, out)
+	}
+	return path
+}
+
+// testPeerPort is a peer port for an mpid of the test's own, in the host's
+// network namespace, away from the default one.
+func testPeerPort() int { return 20000 + os.Getpid()%20000 }
+
+// TestMpidClusterKey: mpid refuses to start without a usable cluster key
+// (one line saying what to do, exit 2), and its peer port serves only peers
+// that hold the key: a client without it or with another key gets nothing
+// done and is logged, without the key.
+func TestMpidClusterKey(t *testing.T) {
+	bin := binDir(t)
+	mpid := filepath.Join(bin, "mpid")
+	key := newKeyFile(t)
+	loose := filepath.Join(t.TempDir(), "loose.key")
+	b, _ := os.ReadFile(key)
+	os.WriteFile(loose, b, 0o644)
+	os.Chmod(loose, 0o644)
+	for name, c := range map[string]struct {
+		args []string
+		say  string
+	}{
+		"no key file":       {[]string{"--cluster-key", filepath.Join(t.TempDir(), "none")}, "mpid keygen"},
+		"loose mode":        {[]string{"--cluster-key", loose}, "chmod 600"},
+		"keygen over a key": {[]string{"keygen", key}, "never overwritten"},
+	} {
+		out, err := exec.Command(mpid, c.args...).CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 || !strings.Contains(string(out), c.say) {
+			t.Errorf("%s: %v, output %q; want exit 2 and one line saying %q", name, err, out, c.say)
+		}
+		if strings.Contains(string(out), strings.TrimSpace(string(b))) {
+			t.Errorf("%s: the key appears in the output", name)
+		}
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	port := testPeerPort() + 1
+	ready := filepath.Join(t.TempDir(), "ready")
+	d := start(ctx, t, "", nil, mpid, "--cluster-key", key, "--peer-port", fmt.Sprint(port), "--ready-file", ready,
+		"--rank-socket", fmt.Sprintf("@mpipause-kt-key-r-%d", os.Getpid()), "--ctl-socket", fmt.Sprintf("@mpipause-kt-key-c-%d", os.Getpid()),
+		"--cgroup-parent", "mpipause-kt-key")
+	defer func() {
+		d.cmd.Process.Signal(syscall.SIGTERM)
+		<-d.done
+	}()
+	waitFor(t, "mpid's ready file", time.Minute, d.done, func() bool {
+		_, err := os.Stat(ready)
+		return err == nil
+	})
+	addr := fmt.Sprintf("127.0.0.1:%d", port)
+	req := quiesce.Message{Version: quiesce.ProtocolVersion, Job: "nojob", Epoch: 1, Seq: 1, Kind: quiesce.KindControl, Nodes: []string{addr},
+		Control: &quiesce.Control{Op: "pause", UID: 0}}
+	other, _ := quiesce.GenerateKey()
+	good, err := quiesce.LoadKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, tr := range map[string]*quiesce.TCPTransport{"no key": {}, "another key": {Key: other}} {
+		if _, err := tr.Call(ctx, addr, req); err == nil {
+			t.Errorf("%s: the peer port answered", name)
+		}
+	}
+	// The holder of the key is answered (about a job that does not exist).
+	if rep, err := (&quiesce.TCPTransport{Key: good}).Call(ctx, addr, req); err != nil || rep.Control == nil || rep.Control.Code != "unknown-job" {
+		t.Errorf("with the key: %+v, %v; want the answer that there is no such job", rep, err)
+	}
+	waitFor(t, "mpid to log the refused peer", 10*time.Second, d.done, func() bool {
+		return strings.Contains(d.out.String(), "does not authenticate")
+	})
+	if strings.Contains(d.out.String(), strings.TrimSpace(string(b))) {
+		t.Error("the key appears in mpid's log")
+	}
 }

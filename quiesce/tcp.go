@@ -3,6 +3,7 @@ package quiesce
 import (
 	"bufio"
 	"context"
+	"crypto/hmac"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
@@ -32,6 +33,10 @@ type Hello struct {
 	Version int    `json:"version"`
 	// Err is set by a server that refuses the client.
 	Err string `json:"err,omitempty"`
+	// Nonce is the sender's fresh nonce when it authenticates (auth.go);
+	// Proof, in the server's hello, shows that it holds the cluster key.
+	Nonce []byte `json:"nonce,omitempty"`
+	Proof []byte `json:"proof,omitempty"`
 }
 
 // frame carries a message and, on requests, the time the sender still waits:
@@ -44,10 +49,18 @@ type frame struct {
 	Msg          Message `json:"msg"`
 }
 
-func writeFrame(w io.Writer, v any) error {
+func writeFrame(w io.Writer, v any) error { return writeSealed(w, nil, v) }
+
+func readFrame(r io.Reader, v any) error { return readSealed(r, nil, v) }
+
+// writeSealed writes v as a frame, with its MAC when s is not nil.
+func writeSealed(w io.Writer, s *session, v any) error {
 	b, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("encode frame: %w", err)
+	}
+	if s != nil {
+		b = s.seal(b)
 	}
 	if len(b) > MaxFrame {
 		return fmt.Errorf("frame of %d bytes exceeds %d", len(b), MaxFrame)
@@ -61,7 +74,9 @@ func writeFrame(w io.Writer, v any) error {
 	return nil
 }
 
-func readFrame(r io.Reader, v any) error {
+// readSealed reads a frame into v, checking its MAC first when s is not
+// nil: nothing of a frame that fails it is decoded.
+func readSealed(r io.Reader, s *session, v any) error {
 	var hdr [4]byte
 	if _, err := io.ReadFull(r, hdr[:]); err != nil {
 		return fmt.Errorf("read frame header: %w", err)
@@ -73,6 +88,12 @@ func readFrame(r io.Reader, v any) error {
 	b := make([]byte, n)
 	if _, err := io.ReadFull(r, b); err != nil {
 		return fmt.Errorf("read frame body: %w", err)
+	}
+	if s != nil {
+		var err error
+		if b, err = s.open(b); err != nil {
+			return err
+		}
 	}
 	if err := json.Unmarshal(b, v); err != nil {
 		return fmt.Errorf("decode frame: %w", err)
@@ -89,6 +110,10 @@ type TCPTransport struct {
 	Resolve func(name string) (string, error)
 	// Dialer is used for connections; the zero value is fine.
 	Dialer net.Dialer
+	// Key, if set, authenticates every connection (auth.go): the server
+	// must prove it holds the same key, and every frame is MACed. nil
+	// speaks the unauthenticated protocol, for tests.
+	Key *Key
 }
 
 // Call implements Transport.
@@ -115,21 +140,40 @@ func (t *TCPTransport) Call(ctx context.Context, to string, req Message) (Messag
 		_ = conn.SetDeadline(dl)
 	}
 	br := bufio.NewReader(conn)
-	if err := writeFrame(conn, Hello{Magic: HelloMagic, Version: ProtocolVersion}); err != nil {
+	mine := Hello{Magic: HelloMagic, Version: ProtocolVersion}
+	if t.Key != nil {
+		if mine.Nonce, err = newNonce(); err != nil {
+			return Message{}, err
+		}
+	}
+	if err := writeFrame(conn, mine); err != nil {
 		return Message{}, t.fail(ctx, to, err)
 	}
 	var h Hello
 	if err := readFrame(br, &h); err != nil {
 		return Message{}, t.fail(ctx, to, err)
 	}
-	if h.Magic != HelloMagic || h.Version != ProtocolVersion || h.Err != "" {
-		return Message{}, fmt.Errorf("%s: %w: hello %+v", to, ErrVersion, h)
+	if h.Err != "" && h.Magic == HelloMagic && h.Version == ProtocolVersion {
+		return Message{}, fmt.Errorf("%s refused the connection: %s", to, h.Err)
 	}
-	if err := writeFrame(conn, f); err != nil {
+	if h.Magic != HelloMagic || h.Version != ProtocolVersion || h.Err != "" {
+		return Message{}, fmt.Errorf("%s: %w: hello magic %q version %d: %s", to, ErrVersion, h.Magic, h.Version, h.Err)
+	}
+	var s *session
+	if t.Key != nil {
+		if len(h.Nonce) != nonceSize || len(h.Proof) == 0 {
+			return Message{}, fmt.Errorf("%s: %w: it does not authenticate (started without the cluster key?)", to, ErrAuth)
+		}
+		s = newSession(t.Key, mine.Nonce, h.Nonce, true)
+		if !hmac.Equal(h.Proof, s.proof()) {
+			return Message{}, fmt.Errorf("%s: %w: it does not hold this node's cluster key", to, ErrAuth)
+		}
+	}
+	if err := writeSealed(conn, s, f); err != nil {
 		return Message{}, t.fail(ctx, to, err)
 	}
 	var rep frame
-	if err := readFrame(br, &rep); err != nil {
+	if err := readSealed(br, s, &rep); err != nil {
 		return Message{}, t.fail(ctx, to, err)
 	}
 	return rep.Msg, nil
@@ -144,9 +188,25 @@ func (t *TCPTransport) fail(ctx context.Context, to string, err error) error {
 	return fmt.Errorf("call %s: %w", to, err)
 }
 
-// ServeTCP serves h on ln until ctx is done, then closes ln and waits for the
-// connections it accepted to finish their current request.
+// ServerOptions configure ServeTCPWith.
+type ServerOptions struct {
+	// Key, if set, is required of every client (see TCPTransport.Key);
+	// nil serves the unauthenticated protocol, for tests.
+	Key *Key
+	// Log, if set, hears every client refused or cut off for failing
+	// authentication, with its address. Never with key material.
+	Log func(msg string, args ...any)
+}
+
+// ServeTCP serves h on ln without authentication until ctx is done; see
+// ServeTCPWith.
 func ServeTCP(ctx context.Context, ln net.Listener, h Handler) error {
+	return ServeTCPWith(ctx, ln, h, ServerOptions{})
+}
+
+// ServeTCPWith serves h on ln until ctx is done, then closes ln and waits
+// for the connections it accepted to finish their current request.
+func ServeTCPWith(ctx context.Context, ln net.Listener, h Handler, o ServerOptions) error {
 	var wg sync.WaitGroup
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
@@ -159,14 +219,19 @@ func ServeTCP(ctx context.Context, ln net.Listener, h Handler) error {
 			}
 			return fmt.Errorf("accept: %w", err)
 		}
-		wg.Go(func() { serveConn(ctx, conn, h) })
+		wg.Go(func() { serveConn(ctx, conn, h, o) })
 	}
 }
 
-func serveConn(ctx context.Context, conn net.Conn, h Handler) {
+func serveConn(ctx context.Context, conn net.Conn, h Handler, o ServerOptions) {
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
+	logf := func(msg string, err error) {
+		if o.Log != nil {
+			o.Log(msg, "peer", conn.RemoteAddr().String(), "error", err)
+		}
+	}
 	br := bufio.NewReader(conn)
 	// The hello must come quickly: a silent peer should not hold a goroutine.
 	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
@@ -179,13 +244,32 @@ func serveConn(ctx context.Context, conn net.Conn, h Handler) {
 			Err: fmt.Sprintf("speak version %d, got %q version %d", ProtocolVersion, hello.Magic, hello.Version)})
 		return
 	}
-	if err := writeFrame(conn, Hello{Magic: HelloMagic, Version: ProtocolVersion}); err != nil {
+	mine := Hello{Magic: HelloMagic, Version: ProtocolVersion}
+	var s *session
+	if o.Key != nil {
+		if len(hello.Nonce) != nonceSize {
+			_ = writeFrame(conn, Hello{Magic: HelloMagic, Version: ProtocolVersion,
+				Err: "this node requires the cluster key (mpid --cluster-key)"})
+			logf("peer refused: it does not authenticate", ErrAuth)
+			return
+		}
+		var err error
+		if mine.Nonce, err = newNonce(); err != nil {
+			return
+		}
+		s = newSession(o.Key, hello.Nonce, mine.Nonce, false)
+		mine.Proof = s.proof()
+	}
+	if err := writeFrame(conn, mine); err != nil {
 		return
 	}
 	for {
 		_ = conn.SetReadDeadline(time.Time{})
 		var f frame
-		if err := readFrame(br, &f); err != nil {
+		if err := readSealed(br, s, &f); err != nil {
+			if errors.Is(err, ErrAuth) {
+				logf("peer frame rejected; connection closed", err)
+			}
 			return // EOF: the client is done
 		}
 		rctx, cancel := ctx, context.CancelFunc(func() {})
@@ -202,7 +286,7 @@ func serveConn(ctx context.Context, conn net.Conn, h Handler) {
 			rep = Message{Version: ProtocolVersion, Job: f.Msg.Job, Epoch: f.Msg.Epoch, Seq: f.Msg.Seq,
 				Kind: f.Msg.Kind, Reply: true, Err: err.Error()}
 		}
-		if err := writeFrame(conn, frame{Msg: rep}); err != nil {
+		if err := writeSealed(conn, s, frame{Msg: rep}); err != nil {
 			return
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/signal"
@@ -18,19 +19,41 @@ import (
 	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/internal/mpid"
 	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/quiesce"
 )
 
 type config struct {
 	mpid.Config
 	readyFile string
+	keyFile   string
 }
 
+// DefaultKeyFile is where mpid looks for the cluster key.
+const DefaultKeyFile = "/etc/mpipause/cluster.key"
+
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "keygen" {
+		if err := keygen(os.Args[2:], os.Stdout); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				os.Exit(0)
+			}
+			fmt.Fprintf(os.Stderr, "mpid keygen: %v\n", err)
+			os.Exit(2)
+		}
+		return
+	}
 	cfg, err := parseFlags(os.Args[1:], os.Stdout)
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
 	}
 	if err != nil {
+		fmt.Fprintf(os.Stderr, "mpid: %v\n", err)
+		os.Exit(2)
+	}
+	if cfg.ClusterKey, err = quiesce.LoadKey(cfg.keyFile); err != nil {
+		if errors.Is(err, fs.ErrNotExist) {
+			err = fmt.Errorf("no cluster key at %s: make one with 'mpid keygen %s' and copy it to every node (mode 0600), or point --cluster-key at it", cfg.keyFile, cfg.keyFile)
+		}
 		fmt.Fprintf(os.Stderr, "mpid: %v\n", err)
 		os.Exit(2)
 	}
@@ -56,11 +79,17 @@ func main() {
 }
 
 const usage = `usage: mpid [options]
+       mpid keygen [FILE]
 
 mpipause's node daemon: run one as root on every node of the cluster. It moves
 the ranks of jobs started with 'mpipause run' into a cgroup per job, watches
 their TCP connections with eBPF, and pauses and resumes them with the other
 nodes' mpids (TCP port 7170). The mpipause command talks to it.
+
+The mpids of a cluster authenticate each other with a shared key: make it
+once with 'mpid keygen' (default file ` + DefaultKeyFile + `) and copy it to
+every node, mode 0600; every frame between mpids is then authenticated, and a
+peer without the key is refused.
 
 options:
 `
@@ -79,6 +108,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.DurationVar(&cfg.Drain, "drain-timeout", 10*time.Second, "default drain `timeout` of a pause (mpipause --timeout overrides it)")
 	fs.IntVar(&cfg.RTPriority, "rt-priority", 1, "run mpid's threads under SCHED_RR at this `priority` (1..99; 0: not real-time, --nice alone); mpid sleeps but for short steps, and a resume's replies otherwise queue behind the ranks it has just thawed")
 	fs.IntVar(&cfg.Nice, "nice", -10, "scheduling `niceness` of mpid (-20..19; 0 leaves it): below the ranks', so that a pause's steps are not queued behind busy-polling ranks")
+	fs.StringVar(&cfg.keyFile, "cluster-key", DefaultKeyFile, "the cluster key `file` shared by every node's mpid (mode 0600; make one with mpid keygen)")
 	fs.StringVar(&cfg.readyFile, "ready-file", "", "write this `file` (with mpid's pid) once every socket listens; removed at exit")
 	fs.BoolVar(&cfg.Unpin, "unpin-on-exit", false, "detach and unpin the jobs' BPF state on exit (default: keep it for the next mpid)")
 	// flag prints the usage on every error; only -h gets it here, a mistake
@@ -123,5 +153,45 @@ func writeReady(path string) error {
 	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("write ready file: %w", err)
 	}
+	return nil
+}
+
+const keygenUsage = `usage: mpid keygen [FILE]
+
+Writes a new random cluster key to FILE (default ` + DefaultKeyFile + `),
+mode 0600, and never over an existing file. Copy the same file to every node
+of the cluster; mpid reads it with --cluster-key.
+`
+
+// keygen writes a new cluster key file.
+func keygen(args []string, out io.Writer) error {
+	fs := flag.NewFlagSet("mpid keygen", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			fmt.Fprint(out, keygenUsage)
+			return err
+		}
+		return fmt.Errorf("%v; see mpid keygen --help", err)
+	}
+	if fs.NArg() > 1 {
+		return fmt.Errorf("want at most one file, got %d arguments; see mpid keygen --help", fs.NArg())
+	}
+	path := DefaultKeyFile
+	if fs.NArg() == 1 {
+		path = fs.Arg(0)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	k, err := quiesce.GenerateKey()
+	if err != nil {
+		return err
+	}
+	if err := quiesce.WriteKeyFile(path, k); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "wrote a new cluster key to %s (mode 0600): copy it to every node\n", path)
 	return nil
 }

@@ -60,6 +60,10 @@ type Config struct {
 	Drain time.Duration
 	// Nice is the scheduling niceness of every mpid thread (0: leave it).
 	Nice int
+	// ClusterKey authenticates the peer port both ways (quiesce auth.go):
+	// mpid refuses peers without it, and peers that do not prove it.
+	// Required: New fails without it.
+	ClusterKey *quiesce.Key
 	// RTPriority, if not 0, puts every mpid thread under SCHED_RR at this
 	// priority (1..99); where the kernel refuses, mpid logs it and runs
 	// with Nice alone.
@@ -96,6 +100,9 @@ type job struct {
 
 // New prepares a daemon; Run starts it.
 func New(cfg Config) (*Daemon, error) {
+	if cfg.ClusterKey == nil {
+		return nil, errors.New("no cluster key: the peer port is never served unauthenticated")
+	}
 	if cfg.Node == "" {
 		h, err := os.Hostname()
 		if err != nil {
@@ -164,14 +171,16 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 		return fmt.Errorf("peer port %s: %w", d.cfg.PeerListen, err)
 	}
 	local := &node.Local{Name: d.cfg.Node, Ranks: rs, Observer: d.observer, Cgroup: d.cgroupOf, CtlNice: d.cfg.Nice}
-	d.agent = quiesce.NewAgent(local, &quiesce.TCPTransport{Resolve: d.resolve}, quiesce.DefaultRetry)
+	d.agent = quiesce.NewAgent(local, d.transport(), quiesce.DefaultRetry)
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	errs := make(chan error, 3)
 	var wg sync.WaitGroup
 	wg.Go(func() { errs <- wrap("rank socket", rs.Serve(ctx)) })
-	wg.Go(func() { errs <- wrap("peer port", quiesce.ServeTCP(ctx, pl, d.peer)) })
+	wg.Go(func() {
+		errs <- wrap("peer port", quiesce.ServeTCPWith(ctx, pl, d.peer, quiesce.ServerOptions{Key: d.cfg.ClusterKey, Log: d.log.Warn}))
+	})
 	wg.Go(func() { errs <- wrap("control socket", d.serveCtl(ctx, cl)) })
 	wg.Go(func() { d.sweep(ctx) })
 	d.log.Info("serving", "node", d.cfg.Node, "ranks", d.cfg.RankSocket, "control", d.cfg.CtlSocket,

@@ -99,7 +99,7 @@ func (d *Daemon) coordinator(drain time.Duration) *quiesce.Coordinator {
 	if drain <= 0 {
 		drain = d.cfg.Drain
 	}
-	tr := &quiesce.TCPTransport{Resolve: d.resolve}
+	tr := d.transport()
 	// Nodes hold their DRAIN answers while they drain (checking every
 	// quiesce.DrainPoll): the end of a drain is seen a millisecond after it
 	// happens instead of at the next protocol round (2 ms apart, 2-3 ms
@@ -181,6 +181,12 @@ func (d *Daemon) resume(ctx context.Context, req ctl.Request, v ctl.Job, progres
 	fig.Failure = failure(err, res, nil)
 	fig = d.end(j, ctl.StateFailed, fig)
 	return fig, ctl.Errorf(ctl.CodeFailed, "resume of job %s failed: %s", req.Job, fig.Failure.Reason)
+}
+
+// transport is the peer port's client side, authenticated with the
+// cluster key.
+func (d *Daemon) transport() *quiesce.TCPTransport {
+	return &quiesce.TCPTransport{Resolve: d.resolve, Key: d.cfg.ClusterKey}
 }
 
 func (d *Daemon) resolve(name string) (string, error) {
@@ -309,7 +315,7 @@ func (d *Daemon) forward(ctx context.Context, to string, req ctl.Request, uid ui
 	// coordinator that never answers.
 	ctx, cancel := context.WithTimeout(ctx, drain+2*time.Minute)
 	defer cancel()
-	tr := &quiesce.TCPTransport{Resolve: d.resolve}
+	tr := d.transport()
 	m := quiesce.Message{Version: quiesce.ProtocolVersion, Job: req.Job, Kind: quiesce.KindControl, Nodes: []string{to},
 		Control: &quiesce.Control{Op: req.Op, UID: uid, Timeout: req.Timeout}}
 	rep, err := tr.Call(ctx, to, m)

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/quiesce"
 )
 
 // MPIDBinary is the node daemon's file name in BinDir.
@@ -99,7 +100,23 @@ func (r *Rig) MPIDArgs(i, n int) []string {
 		"--node", NodeName(i),
 		"--cgroup-parent", r.CgroupDir(i),
 		"--ready-file", r.readyFile(i),
+		"--cluster-key", r.KeyFile(),
 	}
+}
+
+// KeyFile is the rig's cluster key, shared by its mpids (written by up).
+func (r *Rig) KeyFile() string { return filepath.Join(r.Dir(), "cluster.key") }
+
+// ensureKey writes the rig's cluster key unless it has one.
+func (r *Rig) ensureKey() error {
+	if _, err := os.Stat(r.KeyFile()); err == nil {
+		return nil
+	}
+	k, err := quiesce.GenerateKey()
+	if err != nil {
+		return err
+	}
+	return quiesce.WriteKeyFile(r.KeyFile(), k)
 }
 
 // daemon returns the recorded daemon of node, if any.
@@ -152,6 +169,9 @@ func (r *Rig) startDaemons(ctx context.Context, st *State) error {
 				return err
 			}
 		}
+	}
+	if err := r.ensureKey(); err != nil {
+		return fmt.Errorf("rig cluster key: %w", err)
 	}
 	// The daemon gets what `rig exec` gives a command, but no preload: the
 	// finalize fix (and a caller's shim) are for MPI ranks, not for mpid.

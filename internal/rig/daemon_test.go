@@ -18,6 +18,7 @@ import (
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/nl"
 	"github.com/mpipause/mpipause/internal/testutil"
+	"github.com/mpipause/mpipause/quiesce"
 )
 
 // TestMain lets the test binary stand in for the rig binary: Up runs
@@ -130,9 +131,15 @@ func TestDaemonsLifecycle(t *testing.T) {
 			t.Errorf("%s: ready file: %v", node, err)
 		}
 		base := strings.TrimSuffix(r.readyFile(i), ".ready")
-		wantArgs := fmt.Sprintf("--node %s --cgroup-parent mpipause-rig/%s/%s --ready-file %s", node, r.Name(), node, r.readyFile(i))
+		wantArgs := fmt.Sprintf("--node %s --cgroup-parent mpipause-rig/%s/%s --ready-file %s --cluster-key %s", node, r.Name(), node, r.readyFile(i), r.KeyFile())
 		if got := readTrim(t, base+".args"); got != wantArgs {
 			t.Errorf("%s: args %q, want %q", node, got, wantArgs)
+		}
+		// One key for the rig's mpids, private to root.
+		if st, err := os.Stat(r.KeyFile()); err != nil || st.Mode().Perm() != 0o600 {
+			t.Errorf("rig cluster key: %v %v; want a 0600 file", st, err)
+		} else if _, err := quiesce.LoadKey(r.KeyFile()); err != nil {
+			t.Errorf("rig cluster key: %v", err)
 		}
 		if got := readTrim(t, base+".hostname"); got != node {
 			t.Errorf("%s: daemon's host name %q", node, got)

@@ -10,7 +10,7 @@ PRIV := MPIPAUSE_REQUIRE_PRIV=1
 GENERATED := loader/*_bpfel.go loader/*_bpfel.o
 
 .DEFAULT_GOAL := help
-.PHONY: help deps build generate check-generate test test-unit test-priv test-multinode bench bench-shim bench-pause demo clean
+.PHONY: help deps build generate check-generate test test-unit test-fuzz test-priv test-multinode bench bench-shim bench-pause demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -31,12 +31,26 @@ generate: ## regenerate BPF objects and Go bindings from bpf/*.c (needs clang)
 check-generate: ## fail if regenerating BPF objects changes anything committed
 	@bash scripts/check-generate.sh
 
-test: deps build check-generate test-unit test-priv test-multinode ## install what is missing and run every test tier
+test: deps build check-generate test-unit test-fuzz test-priv test-multinode ## install what is missing and run every test tier
 	@echo "make test: all tiers passed"
 
 test-unit: ## tier 1: unit tests with every capability dropped (must pass unprivileged), and the shim's C tests
 	env -u CI -u MPIPAUSE_REQUIRE_PRIV setpriv --inh-caps=-all --bounding-set=-all -- $(GO) test -count=1 ./...
 	setpriv --inh-caps=-all --bounding-set=-all -- $(MAKE) -s -C libmpi-shim OUT=$(BIN) test
+
+# Every decoder of bytes from the network or another process, as package:target.
+FUZZ_TARGETS := internal/ranks:FuzzParseHello internal/ranks:FuzzParseJoin internal/ranks:FuzzParseReply \
+	internal/ranks:FuzzStatePage internal/ctl:FuzzReadRequest internal/ctl:FuzzDecodeReply \
+	quiesce:FuzzReadFrame quiesce:FuzzServeConn
+FUZZ_TIME ?= 5s
+
+test-fuzz: ## fuzz every decoder for FUZZ_TIME each (unprivileged); new failures land in testdata/fuzz
+	@for t in $(FUZZ_TARGETS); do \
+		echo "fuzz $${t%%:*} $${t##*:} for $(FUZZ_TIME)"; \
+		env -u CI -u MPIPAUSE_REQUIRE_PRIV setpriv --inh-caps=-all --bounding-set=-all -- \
+			$(GO) test -run '^$$' -fuzz "^$${t##*:}$$" -fuzztime $(FUZZ_TIME) ./$${t%%:*}/ > /tmp/mpipause-fuzz.log 2>&1 \
+			|| { grep -v '^fuzz: elapsed' /tmp/mpipause-fuzz.log | tail -20; exit 1; }; \
+	done
 
 test-priv: ## tier 2: privileged kernel tests (BPF, sock_diag, cgroups, netns); fail, not skip, without root
 	$(PRIV) $(GO) test -count=1 -timeout 15m ./loader/... ./internal/... ./cmd/...

@@ -255,8 +255,8 @@ func Do(ctx context.Context, addr string, req Request, progress func(Progress)) 
 			}
 			return nil, Errorf(CodeUnavailable, "mpid at %s: %v", addr, unwrapOp(err))
 		}
-		var r Reply
-		if err := json.Unmarshal(line, &r); err != nil {
+		r, err := decodeReply(line)
+		if err != nil {
 			return nil, Errorf(CodeUnavailable, "mpid at %s sent a malformed reply: %v", addr, err)
 		}
 		switch {
@@ -270,6 +270,25 @@ func Do(ctx context.Context, addr string, req Request, progress func(Progress)) 
 			return &r, nil
 		}
 	}
+}
+
+// decodeReply decodes one reply line: a progress line (not final), or a
+// final answer with a job, a list of jobs, or an error (with the job's
+// report, if a pause ran). Anything else is malformed rather than read in
+// some order.
+func decodeReply(line []byte) (Reply, error) {
+	var r Reply
+	if err := json.Unmarshal(line, &r); err != nil {
+		return r, err
+	}
+	answer := r.Job != nil || r.Jobs != nil || r.Err != nil
+	if (r.Progress != nil && (answer || r.Final)) || (r.Progress == nil && !r.Final) || (r.Job != nil && r.Jobs != nil) {
+		return r, errors.New("not one progress line or one final answer")
+	}
+	if r.Err != nil && r.Err.Code == "" {
+		return r, errors.New("an error without a code")
+	}
+	return r, nil
 }
 
 // ReadRequest reads one request line, at most MaxRequest bytes.

@@ -80,15 +80,10 @@ func receivePage(oob []byte) (*statePage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("state page: %w", err)
 	}
-	p := &statePage{mem: mem}
-	le := binary.LittleEndian
-	size := le.Uint64(mem[16:])
-	p.fds = int(le.Uint32(mem[12:]))
-	p.heldOffset = int(le.Uint64(mem[24:]))
-	if string(mem[:8]) != pageMagic || le.Uint32(mem[8:]) != pageVersion || size != uint64(len(mem)) ||
-		p.heldOffset%8 != 0 || pageHeader+2*p.fds > p.heldOffset || p.heldOffset+8*p.fds > len(mem) {
+	p, err := checkPage(mem)
+	if err != nil {
 		unix.Munmap(mem)
-		return nil, errors.New("bad header")
+		return nil, err
 	}
 	if len(fds) == 2 {
 		gate, err := mapSealed(fds[1], gatePageSize, gatePageSize, unix.PROT_READ|unix.PROT_WRITE)
@@ -99,6 +94,25 @@ func receivePage(oob []byte) (*statePage, error) {
 		p.gate = gate
 	}
 	return p, nil
+}
+
+// checkPage checks a state page's header against the page's real size:
+// every array it describes must lie inside mem, whatever the rank wrote.
+func checkPage(mem []byte) (*statePage, error) {
+	if len(mem) < pageHeader {
+		return nil, errors.New("bad header: page too small")
+	}
+	le := binary.LittleEndian
+	size := le.Uint64(mem[16:])
+	fds := uint64(le.Uint32(mem[12:]))
+	held := le.Uint64(mem[24:])
+	// In uint64, and each bound before it is used in the next, so that no
+	// header can overflow the arithmetic into a small number.
+	if string(mem[:8]) != pageMagic || le.Uint32(mem[8:]) != pageVersion || size != uint64(len(mem)) ||
+		held%8 != 0 || held > size || pageHeader+2*fds > held || 8*fds > size-held {
+		return nil, errors.New("bad header")
+	}
+	return &statePage{mem: mem, fds: int(fds), heldOffset: int(held)}, nil
 }
 
 // mapSealed maps a memfd sealed against resizing whose size is within

@@ -416,6 +416,14 @@ func ParseHello(line string) (*Rank, error) {
 	if r.Job == "" || r.Pid <= 0 {
 		return nil, fmt.Errorf("HELLO without job or pid: %q", line)
 	}
+	// The same rules as everywhere a job id or rank comes in: what mpid
+	// builds paths and reports from must hold whatever a process sends.
+	if !ValidJobID(r.Job) {
+		return nil, fmt.Errorf("HELLO job id %q: %s", r.Job, JobIDRule)
+	}
+	if r.Size <= 0 || r.Rank < 0 || r.Rank >= r.Size {
+		return nil, fmt.Errorf("HELLO rank %d of size %d", r.Rank, r.Size)
+	}
 	return r, nil
 }
 
@@ -598,7 +606,7 @@ func ParseOpened(line string) (Opened, error) {
 	if v, ok := kv["errno"]; ok {
 		o.Errno, e3 = strconv.Atoi(v)
 	}
-	if errors.Join(e1, e2, e3) != nil {
+	if errors.Join(e1, e2, e3) != nil || o.Errors < 0 {
 		return Opened{}, fmt.Errorf("malformed reply %q", line)
 	}
 	return o, nil
@@ -624,7 +632,8 @@ func ParseGate(line, verb string) (Gate, error) {
 	g.Gated, e1 = strconv.Atoi(kv["gated"])
 	g.Closing, e2 = strconv.Atoi(kv["closing"])
 	g.Held, e3 = strconv.ParseUint(kv["held"], 10, 64)
-	if g.State == "" || errors.Join(e1, e2, e3) != nil {
+	okState := g.State == "open" || g.State == "closed" || g.State == "flushing"
+	if !okState || errors.Join(e1, e2, e3) != nil || g.Gated < 0 || g.Closing < 0 {
 		return Gate{}, fmt.Errorf("malformed reply %q", line)
 	}
 	return g, nil

@@ -1,0 +1,101 @@
+package ranks
+
+import (
+	"encoding/binary"
+	"strings"
+	"testing"
+)
+
+// Every decoder of bytes another process sends mpid has a fuzz target
+// (`make test-fuzz` runs each for a bounded time; testdata/fuzz holds the
+// corpus). Each checks, beyond not panicking, what the callers rely on in
+// what the decoder accepts.
+
+func FuzzParseHello(f *testing.F) {
+	f.Add("HELLO 1 job=j rank=0 size=2 pid=42 host=h\n")
+	f.Add("HELLO 1 job=j rank=1 size=2 pid=42 host=h root=r hosts=a,b,c")
+	f.Add("HELLO 1 job=../x rank=0 size=1 pid=1 host=h")
+	f.Add("HELLO 1 job=j rank=-1 size=0 pid=1 host=h rank=2")
+	f.Fuzz(func(t *testing.T, line string) {
+		r, err := ParseHello(line)
+		if err != nil {
+			return
+		}
+		if !ValidJobID(r.Job) || r.Pid <= 0 || r.Size <= 0 || r.Rank < 0 || r.Rank >= r.Size {
+			t.Fatalf("accepted %q as %+v", line, r)
+		}
+	})
+}
+
+func FuzzParseJoin(f *testing.F) {
+	f.Add("JOIN 1 job=j pid=42\n")
+	f.Add("JOIN 1 pid=42 job=a.b-c")
+	f.Add("JOIN 1 job=.. pid=1")
+	f.Add("JOIN 1 job=j pid=042")
+	f.Fuzz(func(t *testing.T, line string) {
+		job, pid, err := ParseJoin(line)
+		if err != nil {
+			return
+		}
+		if !ValidJobID(job) || pid <= 0 || strings.ContainsAny(job, "/= \n") {
+			t.Fatalf("accepted %q as job %q pid %d", line, job, pid)
+		}
+	})
+}
+
+// FuzzParseReply: the shim's answers to mpid's requests and its events.
+func FuzzParseReply(f *testing.F) {
+	f.Add("CLOSED gate=closed gated=2 closing=0 held=10")
+	f.Add("STATE gate=open gated=0 closing=1 held=0")
+	f.Add("OPENED flushed=10 errors=0 errno=0")
+	f.Add("flushed bytes=3 errors=1 errno=32")
+	f.Add("STATE gate=closed gated=-1 closing=99999999999999999999 held=x")
+	f.Fuzz(func(t *testing.T, line string) {
+		for _, verb := range []string{"CLOSED", "STATE"} {
+			if g, err := ParseGate(line, verb); err == nil {
+				if g.Gated < 0 || g.Closing < 0 {
+					t.Fatalf("accepted %q as %+v", line, g)
+				}
+				if g.State != "open" && g.State != "closed" && g.State != "flushing" {
+					t.Fatalf("accepted %q with gate %q", line, g.State)
+				}
+			}
+		}
+		if o, err := ParseOpened(line); err == nil && o.Errors < 0 {
+			t.Fatalf("accepted %q as %+v", line, o)
+		}
+		ParseFlushed(line)
+	})
+}
+
+// FuzzStatePage: a state page's header is the rank's to write; whatever it
+// says, mpid's reads of the page stay inside it.
+func FuzzStatePage(f *testing.F) {
+	page := func(fds, size, held uint64) []byte {
+		b := make([]byte, size)
+		copy(b, pageMagic)
+		le := binary.LittleEndian
+		le.PutUint32(b[8:], pageVersion)
+		le.PutUint32(b[12:], uint32(fds))
+		le.PutUint64(b[16:], size)
+		le.PutUint64(b[24:], held)
+		return b
+	}
+	f.Add(page(4, 80, 48))
+	f.Add(page(64, 688, 176))
+	f.Add(page(1<<31, 64, 48))
+	f.Add(page(3, 64, 1<<63))
+	f.Fuzz(func(t *testing.T, mem []byte) {
+		p, err := checkPage(mem)
+		if err != nil {
+			return
+		}
+		r := &Rank{page: p}
+		for _, s := range r.Sockets() {
+			if s.FD < 0 || s.FD >= p.fds {
+				t.Fatalf("socket %+v outside %d fds", s, p.fds)
+			}
+		}
+		r.Quiet()
+	})
+}

@@ -1,0 +1,73 @@
+package quiesce
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// FuzzReadFrame: a frame's length and body come from the network.
+func FuzzReadFrame(f *testing.F) {
+	var b bytes.Buffer
+	writeFrame(&b, frame{TimeoutNanos: 5, Msg: Message{Version: ProtocolVersion, Job: "j", Epoch: 1, Seq: 1, Kind: KindDrain, Nodes: []string{"a", "b"}}})
+	f.Add(b.Bytes())
+	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
+	f.Add([]byte{0, 0, 0, 2, '{', '}'})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var fr frame
+		if err := readFrame(bytes.NewReader(in), &fr); err != nil {
+			return
+		}
+		if err := fr.Msg.Validate(); err == nil && (fr.Msg.Job == "" || len(fr.Msg.Nodes) == 0) {
+			t.Fatalf("validated %+v", fr.Msg)
+		}
+	})
+}
+
+// FuzzServeConn: whatever a client without the cluster key sends to a
+// server that has one, no request reaches the handler.
+func FuzzServeConn(f *testing.F) {
+	var b bytes.Buffer
+	writeFrame(&b, Hello{Magic: HelloMagic, Version: ProtocolVersion, Nonce: make([]byte, nonceSize)})
+	writeFrame(&b, frame{Msg: Message{Version: ProtocolVersion, Job: "j", Epoch: 1, Seq: 1, Kind: KindPrepare, Nodes: []string{"a"}}})
+	f.Add(b.Bytes())
+	b.Reset()
+	writeFrame(&b, Hello{Magic: HelloMagic, Version: ProtocolVersion})
+	f.Add(b.Bytes())
+	key, err := GenerateKey()
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var called atomic.Bool
+		h := func(ctx context.Context, m Message) (Message, error) {
+			called.Store(true)
+			return Message{}, nil
+		}
+		client, server := net.Pipe()
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			serveConn(context.Background(), server, h, ServerOptions{Key: key})
+		}()
+		go func() {
+			// Drain what the server writes, so that it never blocks.
+			buf := make([]byte, 4096)
+			for {
+				if _, err := client.Read(buf); err != nil {
+					return
+				}
+			}
+		}()
+		client.SetWriteDeadline(time.Now().Add(time.Second))
+		client.Write(in)
+		client.Close()
+		<-done
+		if called.Load() {
+			t.Fatalf("an unauthenticated client reached the handler with %q", in)
+		}
+	})
+}

@@ -33,6 +33,11 @@ type Agent struct {
 	mu   sync.Mutex
 	jobs map[string]*jobState
 	work busy // flights still running
+
+	// LeaseGrace overrides DefaultLeaseGrace (set before serving); OnExpire,
+	// if set, hears every rollback a lease made, with its outcome.
+	LeaseGrace time.Duration
+	OnExpire   func(job string, err error)
 }
 
 type jobState struct {
@@ -43,7 +48,18 @@ type jobState struct {
 	newest  key
 	flights map[key]*flight
 	state   NodeState
+	// lease, while a pause is under way here, rolls the job back on this
+	// node if no next step comes (see LeaseGrace); expired is the epoch of
+	// the last pause it rolled back, whose steps are refused from then on.
+	lease   *time.Timer
+	expired uint64
 }
+
+// DefaultLeaseGrace is how long after a pause step's deadline a node waits
+// for the next step before it rolls the job back on its own: a coordinator
+// that died or lost the node mid-pause must not leave its ranks gated or
+// frozen for ever (G3). A committed pause holds without a lease.
+const DefaultLeaseGrace = 2 * time.Second
 
 type flight struct {
 	done  chan struct{}
@@ -105,6 +121,12 @@ func (a *Agent) Handle(ctx context.Context, req Message) (Message, error) {
 	}
 	f, dup := js.flights[k]
 	if !dup {
+		if req.Epoch <= js.expired && req.Kind != KindAbort && req.Kind != KindResume {
+			a.mu.Unlock()
+			reply.Err = fmt.Sprintf("%v: %s of epoch %d: this node rolled that pause back when its lease expired (no step came in time)",
+				ErrStale, req.Kind, req.Epoch)
+			return reply, nil
+		}
 		if newest := js.newest; k.less(newest) {
 			a.mu.Unlock()
 			reply.Err = fmt.Sprintf("%v: %s epoch %d seq %d, node is at epoch %d seq %d",
@@ -224,6 +246,7 @@ func (a *Agent) local(ctx context.Context, js *jobState, req Message) NodeReport
 		return NodeReport{Node: self, Err: fmt.Sprintf("%s: %v: superseded", req.Kind, ErrStale)}
 	}
 	rep, err := a.run(ctx, req)
+	a.renew(js, req, ctx)
 	var drained uint64
 	for _, c := range rep.Conns {
 		drained += c.SendQueue + c.Unread
@@ -266,6 +289,62 @@ func (a *Agent) local(ctx context.Context, js *jobState, req Message) NodeReport
 	js.state = st
 	a.mu.Unlock()
 	return rep
+}
+
+// renew arms the job's lease after a pause step (PREPARE to VERIFY): it
+// expires LeaseGrace after the step's deadline unless another step comes.
+// Any other step (COMMIT, ABORT, RESUME) ends the lease.
+func (a *Agent) renew(js *jobState, req Message, ctx context.Context) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if js.lease != nil {
+		js.lease.Stop()
+		js.lease = nil
+	}
+	switch req.Kind {
+	case KindPrepare, KindDrain, KindFreeze, KindVerify:
+	default:
+		return
+	}
+	dl, ok := ctx.Deadline()
+	if !ok {
+		dl = time.Now().Add(DefaultRoundDeadline)
+	}
+	grace := a.LeaseGrace
+	if grace <= 0 {
+		grace = DefaultLeaseGrace
+	}
+	k := key{req.Epoch, req.Seq}
+	js.lease = time.AfterFunc(time.Until(dl)+grace, func() { a.expire(req.Job, js, k) })
+}
+
+// expire rolls the job back on this node (thaw, then reopen the gates) when
+// the pause step k was the last one it heard of, and refuses that pause's
+// later steps: a coordinator that comes back must start again.
+func (a *Agent) expire(job string, js *jobState, k key) {
+	js.step.Lock()
+	defer js.step.Unlock()
+	a.mu.Lock()
+	if js.newest != k || js.lease == nil {
+		a.mu.Unlock()
+		return // a newer step came, or ended the lease
+	}
+	js.lease = nil
+	js.expired = k.epoch
+	a.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), DefaultRoundDeadline)
+	defer cancel()
+	err := errors.Join(a.node.Thaw(ctx, job), a.node.Open(ctx, job))
+	st := NodeState{Kind: KindAbort, Epoch: k.epoch, Seq: k.seq, Err: "lease expired: no step came from the coordinator"}
+	if err != nil {
+		st.Err += "; rollback: " + err.Error()
+	}
+	a.mu.Lock()
+	js.state = st
+	a.mu.Unlock()
+	if a.OnExpire != nil {
+		a.OnExpire(job, err)
+	}
 }
 
 // settle waits, at most req.Wait, until this node's queues are empty again

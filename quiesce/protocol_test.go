@@ -439,3 +439,63 @@ func TestDrainWait(t *testing.T) {
 		}
 	}
 }
+
+// TestLeaseRollsBack: a node that hears no step after FREEZE (its
+// coordinator died) thaws and reopens on its own once the step's deadline
+// and the grace have passed, and refuses that pause's later steps; an ABORT
+// is still served. A COMMIT ends the lease: the pause holds.
+func TestLeaseRollsBack(t *testing.T) {
+	f := newFake("n0")
+	a := NewAgent(f, nil, fastOpts().Retry)
+	a.LeaseGrace = 10 * time.Millisecond
+	expired := make(chan error, 1)
+	a.OnExpire = func(job string, err error) { expired <- err }
+	step := func(kind Kind, seq uint64, d time.Duration) Message {
+		ctx, cancel := context.WithTimeout(context.Background(), d)
+		defer cancel()
+		rep, err := a.Handle(ctx, Message{Version: ProtocolVersion, Job: "j", Epoch: 1, Seq: seq, Kind: kind, Nodes: []string{"n0"}})
+		if err != nil {
+			t.Fatalf("%s: %v", kind, err)
+		}
+		return rep
+	}
+	step(KindPrepare, 1, time.Second)
+	step(KindDrain, 2, time.Second)
+	step(KindFreeze, 3, 50*time.Millisecond)
+	if s := f.state(); !s.frozen || s.gatesOpen {
+		t.Fatalf("after FREEZE: %+v", s)
+	}
+	select {
+	case err := <-expired:
+		if err != nil {
+			t.Fatalf("lease rollback: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the lease never expired")
+	}
+	checkRolledBack(t, &cluster{fakes: []*fakeNode{f}})
+	if st, _ := a.State("j"); st.Kind != KindAbort || !strings.Contains(st.Err, "lease expired") {
+		t.Errorf("node state after the lease: %+v", st)
+	}
+	if rep := step(KindVerify, 4, time.Second); !strings.Contains(rep.Err, "lease expired") || f.calls["verify"] != 0 {
+		t.Errorf("VERIFY after the lease: %q, %d verifies run", rep.Err, f.calls["verify"])
+	}
+	if rep := step(KindAbort, 5, time.Second); rep.Err != "" || rep.Report == nil || !rep.Report.Empty() {
+		t.Errorf("ABORT after the lease: %+v", rep)
+	}
+
+	// A committed pause holds: COMMIT leaves no lease armed.
+	g := newFake("n0")
+	b := NewAgent(g, nil, fastOpts().Retry)
+	for i, kind := range []Kind{KindPrepare, KindDrain, KindFreeze, KindVerify, KindCommit} {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		b.Handle(ctx, Message{Version: ProtocolVersion, Job: "j", Epoch: 1, Seq: uint64(i + 1), Kind: kind, Nodes: []string{"n0"}})
+		cancel()
+	}
+	b.mu.Lock()
+	armed := b.jobs["j"].lease != nil
+	b.mu.Unlock()
+	if armed || !g.state().frozen {
+		t.Errorf("after COMMIT: lease armed %v, frozen %v; want no lease and the job frozen", armed, g.state().frozen)
+	}
+}

@@ -172,6 +172,15 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	}
 	local := &node.Local{Name: d.cfg.Node, Ranks: rs, Observer: d.observer, Cgroup: d.cgroupOf, CtlNice: d.cfg.Nice}
 	d.agent = quiesce.NewAgent(local, d.transport(), quiesce.DefaultRetry)
+	d.agent.OnExpire = func(job string, err error) {
+		// The coordinator died or lost this node mid-pause: the agent
+		// thawed and reopened the job here on its own (G3).
+		if err != nil {
+			d.log.Error("pause abandoned by its coordinator; rolling back here failed", "job", job, "error", err)
+			return
+		}
+		d.log.Warn("pause abandoned by its coordinator (no step in time); rolled back here", "job", job)
+	}
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()

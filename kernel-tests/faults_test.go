@@ -2,6 +2,7 @@ package kerneltests
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/ctl"
 )
 
 // TestCoordinatorDiesMidPause: the coordinator's mpid (node0) is killed
@@ -79,4 +81,78 @@ func TestCoordinatorDiesMidPause(t *testing.T) {
 		t.Fatal(err)
 	}
 	job.finish(ctx, t, "the job after its coordinator died mid-pause", serial(t, app, 6, args...))
+}
+
+// TestMpidRestartWhilePaused (G5): the mpids of the coordinator (node0) and
+// of node2 are killed while a job is paused and started again. The job
+// stays frozen throughout; the new mpids find it (paused, with its nodes on
+// the coordinator, from the record written at COMMIT); a second pause is
+// refused as such; `mpipause resume` resumes it on every node; its output is
+// that of an unpaused run.
+func TestMpidRestartWhilePaused(t *testing.T) {
+	bin := binDir(t)
+	sharedRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	t.Cleanup(func() {
+		if out, err := rigCommand(context.Background(), jobRig, "up", fmt.Sprint(jobNodes)); err != nil {
+			t.Errorf("rig up to restart the mpids: %v\n%s", err, out)
+		}
+	})
+	obs, _ := rigReaders(ctx, t)
+	lib := mpiLibs[0]
+	id := fmt.Sprintf("restart-%d", os.Getpid())
+	app := filepath.Join(bin, "apps", "xchg."+lib.name)
+	args := []string{"-m", "a2a", "-n", "1500", "-s", "256K"}
+	job := runJob(ctx, t, lib, id, app, args...)
+	waitProgress(ctx, t, obs, job.done, sentBytes(ctx, obs), 8<<20)
+	if j, r := jobJSON(ctx, t, "pause", id); r.code != 0 || j.State != ctl.StatePaused {
+		t.Fatalf("pause: exit %d, state %q\n%s", r.code, j.State, r.stderr)
+	}
+	st := statusOf(t, jobRig)
+	for _, i := range []int{0, 2} {
+		pid := st.Nodes[i].MPIDPid
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatalf("kill %s's mpid: %v", st.Nodes[i].Name, err)
+		}
+		waitFor(t, st.Nodes[i].Name+"'s mpid to be gone", time.Minute, nil, func() bool {
+			return syscall.Kill(pid, 0) != nil || procState(pid) == "Z"
+		})
+	}
+	frozen := func(when string) {
+		for _, cg := range nodeJobCgroups(t, id) {
+			if fr, err := cgroupv2.Frozen(cg); err != nil || !fr {
+				t.Errorf("%s: %s not frozen (%v)", when, cg, err)
+			}
+		}
+	}
+	frozen("with two mpids down")
+	mustRig(t, jobRig, "up", fmt.Sprint(jobNodes))
+	frozen("after the mpids restarted")
+
+	j, r := jobJSON(ctx, t, "status", id)
+	if r.code != 0 || j.State != ctl.StatePaused || j.Coordinator != "node0" || len(j.Nodes) != 3 || j.Ranks != 6 {
+		t.Errorf("status on the restarted coordinator: exit %d, %+v", r.code, j)
+	}
+	r2 := cli(ctx, t, "node2", nil, "status", "--json", id)
+	var j2 ctl.Job
+	if err := json.Unmarshal([]byte(r2.stdout), &j2); err != nil || j2.State != ctl.StatePaused {
+		t.Errorf("status on restarted node2: %v, %s%s", err, r2.stdout, r2.stderr)
+	}
+	if _, r := jobJSON(ctx, t, "pause", id); r.code != 5 {
+		t.Errorf("a second pause after the restart: exit %d, want 5 (already paused)\n%s", r.code, r.stderr)
+	}
+	if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
+		t.Fatalf("resume after the restart: exit %d, %+v\n%s", r.code, j, r.stderr)
+	}
+	for _, cg := range nodeJobCgroups(t, id) {
+		if fr, err := cgroupv2.Frozen(cg); err != nil || fr {
+			t.Errorf("after the resume %s is frozen (%v)", cg, err)
+		}
+	}
+	b, _ := os.ReadFile(filepath.Join("/run/mpipause/rig", jobRig, "mpid-node0.log"))
+	if !strings.Contains(string(b), "adopted a job left by the previous mpid") {
+		t.Error("node0's new mpid did not say it adopted the job")
+	}
+	job.finish(ctx, t, "the job paused across an mpid restart", serial(t, app, 6, args...))
 }

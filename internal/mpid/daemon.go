@@ -60,6 +60,9 @@ type Config struct {
 	Drain time.Duration
 	// Nice is the scheduling niceness of every mpid thread (0: leave it).
 	Nice int
+	// StateDir holds the records of paused jobs that let a restarted mpid
+	// resume them (G5); default /run/mpipause/mpid-<Node>.
+	StateDir string
 	// ClusterKey authenticates the peer port both ways (quiesce auth.go):
 	// mpid refuses peers without it, and peers that do not prove it.
 	// Required: New fails without it.
@@ -96,6 +99,13 @@ type job struct {
 	busy  bool
 	last  ctl.Job // the last pause or resume's figures
 	since time.Time
+	// adopted: found at start, left by a previous mpid (state.go); what its
+	// ranks' registrations told the old mpid comes from its record.
+	adopted     bool
+	nodes       []string
+	coordinator string
+	size        int
+	localRanks  []int
 }
 
 // New prepares a daemon; Run starts it.
@@ -181,6 +191,8 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 		}
 		d.log.Warn("pause abandoned by its coordinator (no step in time); rolled back here", "job", job)
 	}
+
+	d.adopt()
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -380,6 +392,7 @@ func (d *Daemon) maybeEndLocked(j *job) {
 		return
 	}
 	d.log.Info("job ended", "job", j.id)
+	d.dropRecord(j.id)
 	d.closeJobLocked(j, true)
 	delete(d.jobs, j.id)
 	d.agent.Forget(j.id)
@@ -647,8 +660,21 @@ func (d *Daemon) view(id string) (ctl.Job, error) {
 	v := j.last
 	v.ID, v.Owner, v.Since, v.Unpausable = j.id, j.owner, j.since, j.unwatched
 	state, coordinated := j.state, false
+	adopted, nodes, coordinator, size, local := j.adopted, j.nodes, j.coordinator, j.size, j.localRanks
 	d.mu.Unlock()
 	rs := d.ranks.Ranks(id)
+	if adopted && len(rs) == 0 {
+		// What the ranks told the previous mpid, from its record.
+		v.Node, v.Ranks, v.LocalRanks, v.Coordinator = d.cfg.Node, size, local, coordinator
+		v.Nodes, v.State = nodes, state
+		if coordinator != d.cfg.Node {
+			v.Nodes = []string{d.cfg.Node}
+			if _, ok := d.agent.State(id); ok {
+				v.State = agentState(d.agent, id)
+			}
+		}
+		return v, nil
+	}
 	v.LocalRanks = nil
 	for _, r := range rs {
 		v.LocalRanks = append(v.LocalRanks, r.Rank)

@@ -138,6 +138,9 @@ func (d *Daemon) pause(ctx context.Context, req ctl.Request, v ctl.Job, progress
 	fig.DrainedBytes = drained
 	if err == nil {
 		fig = d.end(j, ctl.StatePaused, fig)
+		d.mu.Lock()
+		d.saveLocked(j, v)
+		d.mu.Unlock()
 		d.log.Info("paused", "job", req.Job, "nodes", len(v.Nodes), "connections", fig.Connections, "drained_bytes", drained, "total_ms", fig.TotalMs)
 		return fig, nil
 	}
@@ -175,6 +178,7 @@ func (d *Daemon) resume(ctx context.Context, req ctl.Request, v ctl.Job, progres
 	fig := figures(v, res)
 	if err == nil {
 		fig = d.end(j, ctl.StateRunning, fig)
+		d.dropRecord(req.Job)
 		d.log.Info("resumed", "job", req.Job, "total_ms", fig.TotalMs)
 		return fig, nil
 	}

@@ -156,3 +156,72 @@ func TestMpidRestartWhilePaused(t *testing.T) {
 	}
 	job.finish(ctx, t, "the job paused across an mpid restart", serial(t, app, 6, args...))
 }
+
+// TestNodeMpidDiesMidPause: node2's mpid is killed while a pause drains (its
+// rank 5 does not read) and started again. The pause rolls back on every
+// node and its report names node2; the restarted mpid finds the job; nothing
+// stays frozen or gated, and the job finishes with the output of an
+// unpaused run.
+func TestNodeMpidDiesMidPause(t *testing.T) {
+	bin := binDir(t)
+	sharedRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	t.Cleanup(func() {
+		if out, err := rigCommand(context.Background(), jobRig, "up", fmt.Sprint(jobNodes)); err != nil {
+			t.Errorf("rig up to restart node2's mpid: %v\n%s", err, out)
+		}
+	})
+	obs, _ := rigReaders(ctx, t)
+	lib := mpiLibs[0]
+	id := fmt.Sprintf("nodedies-%d", os.Getpid())
+	app := filepath.Join(bin, "apps", "xchg."+lib.name)
+	busy := t.TempDir()
+	args := []string{"-m", "a2a", "-n", "40", "-s", "256K", "-B", busy}
+	job := runJob(ctx, t, lib, id, app, args...)
+	waitFor(t, "the last rank's compute phase", 2*time.Minute, job.done, func() bool {
+		return strings.Contains(job.out.String(), "computes until")
+	})
+	waitFor(t, "bytes waiting, unread, for the busy rank", time.Minute, job.done, func() bool {
+		return stuckUnread(ctx, t, obs)
+	})
+	victim := statusOf(t, jobRig).Nodes[2].MPIDPid
+	pause := start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig},
+		filepath.Join(bin, "rig"), "exec", "node0", "--", "mpipause", "pause", "--json", "--timeout", "3s", id)
+	waitFor(t, "the pause to start", time.Minute, pause.done, func() bool {
+		j, _ := jobJSON(ctx, t, "status", id)
+		return j.State == ctl.StatePausing
+	})
+	if err := syscall.Kill(victim, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill node2's mpid: %v", err)
+	}
+	waitFor(t, "node2's mpid to be gone", time.Minute, nil, func() bool {
+		return syscall.Kill(victim, 0) != nil || procState(victim) == "Z"
+	})
+	mustRig(t, jobRig, "up", fmt.Sprint(jobNodes))
+	<-pause.done
+	var j ctl.Job
+	out := pause.out.String()
+	if a, b := strings.Index(out, "{"), strings.LastIndex(out, "}"); a >= 0 && b > a {
+		out = out[a : b+1] // the JSON object, without what rig exec may add
+	}
+	if err := json.Unmarshal([]byte(out), &j); err != nil {
+		t.Fatalf("pause --json: %v\n%s", err, pause.out.String())
+	}
+	if pause.err == nil || j.State == ctl.StatePaused || j.Failure == nil || !strings.Contains(j.Failure.Reason+j.Failure.Node, "node2") {
+		t.Errorf("pause with node2's mpid killed: %v, state %q, failure %+v; want a failure naming node2", pause.err, j.State, j.Failure)
+	}
+	t.Logf("failure report: phase %s, node %s: %s", j.Failure.Phase, j.Failure.Node, j.Failure.Reason)
+	for _, cg := range nodeJobCgroups(t, id) {
+		if fr, err := cgroupv2.Frozen(cg); err != nil || fr {
+			t.Errorf("after the rollback %s is frozen (%v)", cg, err)
+		}
+	}
+	if s, r := jobJSON(ctx, t, "status", id); r.code != 0 || s.State != ctl.StateRunning {
+		t.Errorf("status after the rollback: exit %d, state %q", r.code, s.State)
+	}
+	if err := os.WriteFile(filepath.Join(busy, "done"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	job.finish(ctx, t, "the job after node2's mpid died mid-pause", serial(t, app, 6, args...))
+}

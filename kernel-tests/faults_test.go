@@ -211,6 +211,12 @@ func TestNodeMpidDiesMidPause(t *testing.T) {
 	if pause.err == nil || j.State == ctl.StatePaused || j.Failure == nil || !strings.Contains(j.Failure.Reason+j.Failure.Node, "node2") {
 		t.Errorf("pause with node2's mpid killed: %v, state %q, failure %+v; want a failure naming node2", pause.err, j.State, j.Failure)
 	}
+	// Whether the restarted mpid or none answered node2's DRAIN, the
+	// report says what happened there.
+	if !strings.Contains(j.Failure.Reason, "mpid restarted") && !strings.Contains(j.Failure.Reason, "unreachable") &&
+		!strings.Contains(j.Failure.Reason, "node2:") {
+		t.Errorf("failure reason %q does not say what happened on node2", j.Failure.Reason)
+	}
 	t.Logf("failure report: phase %s, node %s: %s", j.Failure.Phase, j.Failure.Node, j.Failure.Reason)
 	for _, cg := range nodeJobCgroups(t, id) {
 		if fr, err := cgroupv2.Frozen(cg); err != nil || fr {

@@ -180,7 +180,15 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	if err != nil {
 		return fmt.Errorf("peer port %s: %w", d.cfg.PeerListen, err)
 	}
-	local := &node.Local{Name: d.cfg.Node, Ranks: rs, Observer: d.observer, Cgroup: d.cgroupOf, CtlNice: d.cfg.Nice}
+	local := &node.Local{Name: d.cfg.Node, Ranks: rs, Observer: d.observer, Cgroup: d.cgroupOf, CtlNice: d.cfg.Nice,
+		NoRanks: func(id string) string {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			if j := d.jobs[id]; j != nil && j.adopted {
+				return j.unwatched
+			}
+			return ""
+		}}
 	d.agent = quiesce.NewAgent(local, d.transport(), quiesce.DefaultRetry)
 	d.agent.OnExpire = func(job string, err error) {
 		// The coordinator died or lost this node mid-pause: the agent

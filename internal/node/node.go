@@ -37,6 +37,9 @@ type Local struct {
 	// CtlNice, if not 0, is the niceness given to each rank's shim control
 	// thread at its first pause (ranks.Rank.Boost).
 	CtlNice int
+	// NoRanks, if set, says why a job known here has no registered rank
+	// (an mpid restarted since they registered), for the error that names it.
+	NoRanks func(job string) string
 
 	mu sync.Mutex
 	// gated is, per job with a pause under way, the ranks Prepare closed
@@ -91,6 +94,11 @@ var ErrNoRanks = errors.New("no rank of the job is registered here")
 func (l *Local) ranksOf(job string) ([]*ranks.Rank, error) {
 	rs := l.Ranks.Ranks(job)
 	if len(rs) == 0 {
+		if l.NoRanks != nil {
+			if why := l.NoRanks(job); why != "" {
+				return nil, fmt.Errorf("node %s, job %s: %w (%s)", l.Name, job, ErrNoRanks, why)
+			}
+		}
 		return nil, fmt.Errorf("node %s, job %s: %w", l.Name, job, ErrNoRanks)
 	}
 	return rs, nil

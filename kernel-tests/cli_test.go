@@ -365,28 +365,12 @@ func procState(pid int) string {
 func TestPauseBusyRankRollsBack(t *testing.T) {
 	for _, lib := range mpiLibs {
 		t.Run(lib.name, func(t *testing.T) {
-			bin := binDir(t)
 			sharedRig(t)
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
-			obs, _ := rigReaders(ctx, t)
 			id := fmt.Sprintf("busy-%s-%d", lib.name, os.Getpid())
-			app := filepath.Join(bin, "apps", "xchg."+lib.name)
-			// Rank 5 computes until the test says so: however slow the
-			// machine, the pause meets it busy.
-			busy := t.TempDir()
-			args := []string{"-m", "a2a", "-n", "40", "-s", "256K", "-B", busy}
-			job := runJob(ctx, t, lib, id, app, args...)
+			job := startBusyJob(ctx, t, lib, id)
 			defer cli(context.Background(), t, "node0", nil, "resume", id)
-			waitFor(t, "the last rank's compute phase", 2*time.Minute, job.done, func() bool {
-				return strings.Contains(job.out.String(), "computes until")
-			})
-			// Its peers' messages must have reached it, unread: a pause
-			// before they are sent is a clean cut (the peers' shims hold
-			// them) and rightly commits.
-			waitFor(t, "bytes waiting, unread, for the busy rank", time.Minute, job.done, func() bool {
-				return stuckUnread(ctx, t, obs)
-			})
 			j, r := jobJSON(ctx, t, "pause", id, "--timeout", "1s")
 			f := j.Failure
 			if r.code != 1 || j.State != ctl.StateRunning || f == nil {
@@ -410,10 +394,7 @@ func TestPauseBusyRankRollsBack(t *testing.T) {
 			if lines := strings.Count(strings.TrimSpace(r.stderr), "\n"); lines != 0 {
 				t.Errorf("stderr has %d lines, want 1: %q", lines+1, r.stderr)
 			}
-			if err := os.WriteFile(filepath.Join(busy, "done"), nil, 0o644); err != nil {
-				t.Fatal(err)
-			}
-			job.finish(ctx, t, "the job after a rolled-back pause", serial(t, app, 6, args...))
+			job.end(ctx, t, "the job after a rolled-back pause")
 		})
 	}
 }
@@ -541,19 +522,10 @@ func TestRankExitsDuringPause(t *testing.T) {
 	sharedRig(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	lib := mpiLibs[0]
-	obs, _ := rigReaders(ctx, t)
 	id := fmt.Sprintf("exit-%d", os.Getpid())
-	app := filepath.Join(bin, "apps", "xchg."+lib.name)
 	// The last rank computes for as long as the test runs, its peers' data
 	// unread: the drain waits.
-	job := runJob(ctx, t, lib, id, app, "-m", "a2a", "-n", "40", "-s", "256K", "-B", t.TempDir())
-	waitFor(t, "the last rank's compute phase", 2*time.Minute, job.done, func() bool {
-		return strings.Contains(job.out.String(), "computes until")
-	})
-	waitFor(t, "bytes waiting, unread, for the busy rank", time.Minute, job.done, func() bool {
-		return stuckUnread(ctx, t, obs)
-	})
+	job := startBusyJob(ctx, t, mpiLibs[0], id)
 	cgs := nodeJobCgroups(t, id)
 	victims, err := cgroupv2.Procs(cgs[2])
 	if err != nil || len(victims) != 2 {
@@ -737,4 +709,54 @@ func stuckUnread(ctx context.Context, t testing.TB, obs loader.Observer) bool {
 		}
 	}
 	return false
+}
+
+// busyJob is a 3x2 xchg job whose last rank computes, calling no MPI, until
+// end is called, with its peers' messages waiting unread for it: a pause
+// cannot drain it (xchg -B).
+type busyJob struct {
+	*proc
+	app  string
+	args []string
+	dir  string
+}
+
+// startBusyJob launches a busy job and returns once its last rank computes
+// and bytes wait, unread, for it.
+func startBusyJob(ctx context.Context, t *testing.T, lib mpiLib, id string) *busyJob {
+	t.Helper()
+	obs, _ := rigReaders(ctx, t)
+	b := &busyJob{app: filepath.Join(binDir(t), "apps", "xchg."+lib.name), dir: t.TempDir()}
+	b.args = []string{"-m", "a2a", "-n", "40", "-s", "256K", "-B", b.dir}
+	b.proc = runJob(ctx, t, lib, id, b.app, b.args...)
+	waitFor(t, "the last rank's compute phase", 2*time.Minute, b.done, func() bool {
+		return strings.Contains(b.out.String(), "computes until")
+	})
+	// Its peers' messages must have reached it, unread: a pause before
+	// they are sent is a clean cut (the peers' shims hold them) and
+	// rightly commits.
+	waitFor(t, "bytes waiting, unread, for the busy rank", time.Minute, b.done, func() bool {
+		return stuckUnread(ctx, t, obs)
+	})
+	return b
+}
+
+// end lets the busy rank go on and checks that the job finishes with the
+// output of an unpaused run.
+func (b *busyJob) end(ctx context.Context, t *testing.T, what string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(b.dir, "done"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b.finish(ctx, t, what, serial(t, b.app, 6, b.args...))
+}
+
+// repairRigOnCleanup restarts, when the test ends, the rig's mpids that the
+// test killed: the other tests share the rig.
+func repairRigOnCleanup(t *testing.T) {
+	t.Cleanup(func() {
+		if out, err := rigCommand(context.Background(), jobRig, "up", fmt.Sprint(jobNodes)); err != nil {
+			t.Errorf("rig up to restart the mpids: %v\n%s", err, out)
+		}
+	})
 }

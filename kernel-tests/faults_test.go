@@ -26,25 +26,9 @@ func TestCoordinatorDiesMidPause(t *testing.T) {
 	sharedRig(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	// The rig's other tests need node0's mpid back, whatever happens here.
-	t.Cleanup(func() {
-		if out, err := rigCommand(context.Background(), jobRig, "up", fmt.Sprint(jobNodes)); err != nil {
-			t.Errorf("rig up to restart node0's mpid: %v\n%s", err, out)
-		}
-	})
-	obs, _ := rigReaders(ctx, t)
-	lib := mpiLibs[0]
+	repairRigOnCleanup(t)
 	id := fmt.Sprintf("coorddies-%d", os.Getpid())
-	app := filepath.Join(bin, "apps", "xchg."+lib.name)
-	busy := t.TempDir()
-	args := []string{"-m", "a2a", "-n", "40", "-s", "256K", "-B", busy}
-	job := runJob(ctx, t, lib, id, app, args...)
-	waitFor(t, "the last rank's compute phase", 2*time.Minute, job.done, func() bool {
-		return strings.Contains(job.out.String(), "computes until")
-	})
-	waitFor(t, "bytes waiting, unread, for the busy rank", time.Minute, job.done, func() bool {
-		return stuckUnread(ctx, t, obs)
-	})
+	job := startBusyJob(ctx, t, mpiLibs[0], id)
 
 	logs := map[string]string{}
 	var coord int
@@ -77,10 +61,7 @@ func TestCoordinatorDiesMidPause(t *testing.T) {
 			t.Errorf("%s frozen after the rollback (%v)", cg, err)
 		}
 	}
-	if err := os.WriteFile(filepath.Join(busy, "done"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	job.finish(ctx, t, "the job after its coordinator died mid-pause", serial(t, app, 6, args...))
+	job.end(ctx, t, "the job after its coordinator died mid-pause")
 }
 
 // TestMpidRestartWhilePaused (G5): the mpids of the coordinator (node0) and
@@ -94,11 +75,7 @@ func TestMpidRestartWhilePaused(t *testing.T) {
 	sharedRig(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	t.Cleanup(func() {
-		if out, err := rigCommand(context.Background(), jobRig, "up", fmt.Sprint(jobNodes)); err != nil {
-			t.Errorf("rig up to restart the mpids: %v\n%s", err, out)
-		}
-	})
+	repairRigOnCleanup(t)
 	obs, _ := rigReaders(ctx, t)
 	lib := mpiLibs[0]
 	id := fmt.Sprintf("restart-%d", os.Getpid())
@@ -167,24 +144,9 @@ func TestNodeMpidDiesMidPause(t *testing.T) {
 	sharedRig(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	t.Cleanup(func() {
-		if out, err := rigCommand(context.Background(), jobRig, "up", fmt.Sprint(jobNodes)); err != nil {
-			t.Errorf("rig up to restart node2's mpid: %v\n%s", err, out)
-		}
-	})
-	obs, _ := rigReaders(ctx, t)
-	lib := mpiLibs[0]
+	repairRigOnCleanup(t)
 	id := fmt.Sprintf("nodedies-%d", os.Getpid())
-	app := filepath.Join(bin, "apps", "xchg."+lib.name)
-	busy := t.TempDir()
-	args := []string{"-m", "a2a", "-n", "40", "-s", "256K", "-B", busy}
-	job := runJob(ctx, t, lib, id, app, args...)
-	waitFor(t, "the last rank's compute phase", 2*time.Minute, job.done, func() bool {
-		return strings.Contains(job.out.String(), "computes until")
-	})
-	waitFor(t, "bytes waiting, unread, for the busy rank", time.Minute, job.done, func() bool {
-		return stuckUnread(ctx, t, obs)
-	})
+	job := startBusyJob(ctx, t, mpiLibs[0], id)
 	victim := statusOf(t, jobRig).Nodes[2].MPIDPid
 	pause := start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig},
 		filepath.Join(bin, "rig"), "exec", "node0", "--", "mpipause", "pause", "--json", "--timeout", "3s", id)
@@ -226,8 +188,5 @@ func TestNodeMpidDiesMidPause(t *testing.T) {
 	if s, r := jobJSON(ctx, t, "status", id); r.code != 0 || s.State != ctl.StateRunning {
 		t.Errorf("status after the rollback: exit %d, state %q", r.code, s.State)
 	}
-	if err := os.WriteFile(filepath.Join(busy, "done"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	job.finish(ctx, t, "the job after node2's mpid died mid-pause", serial(t, app, 6, args...))
+	job.end(ctx, t, "the job after node2's mpid died mid-pause")
 }

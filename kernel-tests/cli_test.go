@@ -385,11 +385,7 @@ func TestPauseBusyRankRollsBack(t *testing.T) {
 					t.Errorf("connection held: %+v; want node2's rank 5 with unread bytes", c)
 				}
 			}
-			for _, cg := range nodeJobCgroups(t, id) {
-				if fr, err := cgroupv2.Frozen(cg); err != nil || fr {
-					t.Errorf("after the rollback %s is frozen (%v)", cg, err)
-				}
-			}
+			checkFrozen(t, id, false, "after the rollback")
 			// Human form of the same: one line on stderr, the report on stdout.
 			if lines := strings.Count(strings.TrimSpace(r.stderr), "\n"); lines != 0 {
 				t.Errorf("stderr has %d lines, want 1: %q", lines+1, r.stderr)
@@ -759,4 +755,15 @@ func repairRigOnCleanup(t *testing.T) {
 			t.Errorf("rig up to restart the mpids: %v\n%s", err, out)
 		}
 	})
+}
+
+// checkFrozen fails the test unless every node's cgroup of job id is frozen
+// (want) or thawed (!want), as the kernel says.
+func checkFrozen(t *testing.T, id string, want bool, when string) {
+	t.Helper()
+	for _, cg := range nodeJobCgroups(t, id) {
+		if fr, err := cgroupv2.Frozen(cg); err != nil || fr != want {
+			t.Errorf("%s: %s frozen %v (%v), want %v", when, cg, fr, err, want)
+		}
+	}
 }

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
 )
 
@@ -56,11 +55,7 @@ func TestCoordinatorDiesMidPause(t *testing.T) {
 			return strings.Contains(string(b), "pause abandoned by its coordinator (no step in time); rolled back here")
 		})
 	}
-	for _, cg := range nodeJobCgroups(t, id) {
-		if fr, err := cgroupv2.Frozen(cg); err != nil || fr {
-			t.Errorf("%s frozen after the rollback (%v)", cg, err)
-		}
-	}
+	checkFrozen(t, id, false, "after the rollback")
 	job.end(ctx, t, "the job after its coordinator died mid-pause")
 }
 
@@ -96,16 +91,9 @@ func TestMpidRestartWhilePaused(t *testing.T) {
 			return syscall.Kill(pid, 0) != nil || procState(pid) == "Z"
 		})
 	}
-	frozen := func(when string) {
-		for _, cg := range nodeJobCgroups(t, id) {
-			if fr, err := cgroupv2.Frozen(cg); err != nil || !fr {
-				t.Errorf("%s: %s not frozen (%v)", when, cg, err)
-			}
-		}
-	}
-	frozen("with two mpids down")
+	checkFrozen(t, id, true, "with two mpids down")
 	mustRig(t, jobRig, "up", fmt.Sprint(jobNodes))
-	frozen("after the mpids restarted")
+	checkFrozen(t, id, true, "after the mpids restarted")
 
 	j, r := jobJSON(ctx, t, "status", id)
 	if r.code != 0 || j.State != ctl.StatePaused || j.Coordinator != "node0" || len(j.Nodes) != 3 || j.Ranks != 6 {
@@ -122,11 +110,7 @@ func TestMpidRestartWhilePaused(t *testing.T) {
 	if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
 		t.Fatalf("resume after the restart: exit %d, %+v\n%s", r.code, j, r.stderr)
 	}
-	for _, cg := range nodeJobCgroups(t, id) {
-		if fr, err := cgroupv2.Frozen(cg); err != nil || fr {
-			t.Errorf("after the resume %s is frozen (%v)", cg, err)
-		}
-	}
+	checkFrozen(t, id, false, "after the resume")
 	b, _ := os.ReadFile(filepath.Join("/run/mpipause/rig", jobRig, "mpid-node0.log"))
 	if !strings.Contains(string(b), "adopted a job left by the previous mpid") {
 		t.Error("node0's new mpid did not say it adopted the job")
@@ -180,11 +164,7 @@ func TestNodeMpidDiesMidPause(t *testing.T) {
 		t.Errorf("failure reason %q does not say what happened on node2", j.Failure.Reason)
 	}
 	t.Logf("failure report: phase %s, node %s: %s", j.Failure.Phase, j.Failure.Node, j.Failure.Reason)
-	for _, cg := range nodeJobCgroups(t, id) {
-		if fr, err := cgroupv2.Frozen(cg); err != nil || fr {
-			t.Errorf("after the rollback %s is frozen (%v)", cg, err)
-		}
-	}
+	checkFrozen(t, id, false, "after the rollback")
 	if s, r := jobJSON(ctx, t, "status", id); r.code != 0 || s.State != ctl.StateRunning {
 		t.Errorf("status after the rollback: exit %d, state %q", r.code, s.State)
 	}

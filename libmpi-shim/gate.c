@@ -394,6 +394,16 @@ void mpp_gate_close(void)
 	publish_gate(c);
 }
 
+// now_flushing follows the gate word's move to flushing word f: the state
+// page shows it, and senders waiting for room (hold_room) go on.
+static void now_flushing(int f)
+{
+	publish_gate(f);
+	pthread_mutex_lock(&hold_mu);
+	pthread_cond_broadcast(&hold_cv);
+	pthread_mutex_unlock(&hold_mu);
+}
+
 // mpp_gate_flushing is the first half of reopening the gate closed in
 // generation gen (-1: the current one): from here on a send goes straight
 // to the kernel unless its socket still has held bytes, which it then
@@ -403,17 +413,14 @@ int mpp_gate_flushing(long gen)
 {
 	int w = atomic_load_explicit(&mpp_gate, memory_order_acquire), f;
 	for (;;) {
-		if (w == GATE_OPEN || (gen >= 0 && GATE_GEN(w) != (unsigned)(gen & 0x1fffffff)))
+		if (w == GATE_OPEN || (gen >= 0 && GATE_GEN(w) != ((unsigned long)gen & GATE_GEN_MASK)))
 			return -1;
 		f = GATE_WORD(GATE_FLUSHING, GATE_GEN(w));
 		if (w == f || atomic_compare_exchange_weak_explicit(&mpp_gate, &w, f, memory_order_acq_rel,
 								    memory_order_acquire))
 			break;
 	}
-	publish_gate(f);
-	pthread_mutex_lock(&hold_mu);
-	pthread_cond_broadcast(&hold_cv); // senders waiting for room go on
-	pthread_mutex_unlock(&hold_mu);
+	now_flushing(f);
 	return f;
 }
 
@@ -440,10 +447,7 @@ void mpp_gate_open(struct mpp_gate_stats *st)
 	int w = atomic_load_explicit(&mpp_gate, memory_order_acquire);
 	int f = GATE_WORD(GATE_FLUSHING, GATE_GEN(w));
 	atomic_store_explicit(&mpp_gate, f, memory_order_release);
-	publish_gate(f);
-	pthread_mutex_lock(&hold_mu);
-	pthread_cond_broadcast(&hold_cv);
-	pthread_mutex_unlock(&hold_mu);
+	now_flushing(f);
 	mpp_gate_flush(st, f);
 }
 

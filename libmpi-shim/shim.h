@@ -17,9 +17,10 @@
 // of the close it belongs to. Open is 0 whatever the generation, so the
 // send path compares the whole word with one constant.
 enum { GATE_OPEN = 0, GATE_CLOSED = 1, GATE_FLUSHING = 2 };
+#define GATE_GEN_MASK 0x1fffffffu
 #define GATE_STATE(w) ((w) & 3)
-#define GATE_GEN(w) (((unsigned)(w) >> 2) & 0x1fffffffu)
-#define GATE_WORD(state, gen) ((int)((((unsigned)(gen) & 0x1fffffffu) << 2) | (unsigned)(state)))
+#define GATE_GEN(w) (((unsigned)(w) >> 2) & GATE_GEN_MASK)
+#define GATE_WORD(state, gen) ((int)((((unsigned)(gen) & GATE_GEN_MASK) << 2) | (unsigned)(state)))
 
 // mpp_gate is what every wrapped send call loads first (relaxed): anything
 // but GATE_OPEN takes the slow path. The word has a page of the library's

@@ -261,15 +261,11 @@ func (a *Agent) local(ctx context.Context, js *jobState, req Message) NodeReport
 				until = half
 			}
 		}
-		for err == nil && !rep.Empty && time.Now().Add(DrainPoll).Before(until) {
+		rep, err = a.drainUntil(ctx, req.Job, rep, err, until, func() bool {
 			a.mu.Lock()
-			superseded := k.less(js.newest)
-			a.mu.Unlock()
-			if superseded || sleep(ctx, DrainPoll) != nil {
-				break
-			}
-			rep, err = a.run(ctx, req)
-		}
+			defer a.mu.Unlock()
+			return k.less(js.newest)
+		})
 	}
 	if req.Kind == KindDrain {
 		rep.Drained = drained
@@ -357,13 +353,21 @@ func (a *Agent) expire(job string, js *jobState, k key) {
 // the node's running ranks read them. Without this wait the freeze would
 // catch them and the pause roll back. VERIFY still checks every node.
 func (a *Agent) settle(ctx context.Context, req Message) {
-	until := time.Now().Add(req.Wait)
-	for time.Now().Before(until) {
-		rep, err := a.node.Drain(ctx, req.Job)
-		if err != nil || rep.Clean() || sleep(ctx, DrainPoll) != nil {
-			return
+	rep, err := a.node.Drain(ctx, req.Job)
+	a.drainUntil(ctx, req.Job, rep, err, time.Now().Add(req.Wait), func() bool { return false })
+}
+
+// drainUntil checks the job's queues on this node every DrainPoll, from
+// the check rep (or its error), until they are empty, until has passed,
+// ctx ends or stop says to give way; it returns the last check.
+func (a *Agent) drainUntil(ctx context.Context, job string, rep NodeReport, err error, until time.Time, stop func() bool) (NodeReport, error) {
+	for err == nil && !rep.Clean() && time.Now().Add(DrainPoll).Before(until) {
+		if stop() || sleep(ctx, DrainPoll) != nil {
+			break
 		}
+		rep, err = a.node.Drain(ctx, job)
 	}
+	return rep, err
 }
 
 func (a *Agent) run(ctx context.Context, req Message) (NodeReport, error) {

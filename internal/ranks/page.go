@@ -153,11 +153,9 @@ func (p *statePage) word() *int32 {
 	return (*int32)(unsafe.Pointer(&p.gate[0]))
 }
 
-// CloseGate closes the rank's gate, in a new generation, by writing its
-// gate word, and reports whether it could: false when the shim shared no
-// gate page (then ask it with Close). Unlike Close it wakes nobody: a
-// rank's send calls see the word at their next call.
-func (r *Rank) CloseGate() bool {
+// withWord runs fn on the rank's gate word under the page's read lock (a
+// close of the page waits for it); false if the shim shared no gate page.
+func (r *Rank) withWord(fn func(w *int32)) bool {
 	p := r.page
 	if p == nil {
 		return false
@@ -168,10 +166,20 @@ func (r *Rank) CloseGate() bool {
 	if w == nil {
 		return false
 	}
-	// mpid counts the generations: the word forgets its own once open, and
-	// a late "REOPEN <gen>" must never match a later close.
-	atomic.StoreInt32(w, gateWord(gateClosed, p.gen.Add(1)))
+	fn(w)
 	return true
+}
+
+// CloseGate closes the rank's gate, in a new generation, by writing its
+// gate word, and reports whether it could: false when the shim shared no
+// gate page (then ask it with Close). Unlike Close it wakes nobody: a
+// rank's send calls see the word at their next call.
+func (r *Rank) CloseGate() bool {
+	return r.withWord(func(w *int32) {
+		// mpid counts the generations: the word forgets its own once open,
+		// and a late "REOPEN <gen>" must never match a later close.
+		atomic.StoreInt32(w, gateWord(gateClosed, r.page.gen.Add(1)))
+	})
 }
 
 // ReopenGate lets the rank's sends through again by writing its gate word
@@ -182,32 +190,33 @@ func (r *Rank) CloseGate() bool {
 // flush's outcome comes as an event. False when the shim shared no gate
 // page (then use Reopen).
 func (r *Rank) ReopenGate() (bool, error) {
-	p := r.page
-	if p == nil {
-		return false, nil
-	}
-	p.mu.RLock()
-	w := p.word()
-	if w == nil {
-		p.mu.RUnlock()
-		return false, nil
-	}
-	old := atomic.LoadInt32(w)
-	p.mu.RUnlock()
-	if old == gateOpen {
-		return true, nil // nothing held: opening an open gate does nothing
-	}
-	gen := uint32(old) >> 2
-	if old&3 == gateClosed {
-		// Only from this very word: the shim may have moved it meanwhile
-		// (a REOPEN of its own, or an OPEN after losing mpid).
-		p.mu.RLock()
-		if w := p.word(); w != nil {
+	var gen uint32
+	open := false
+	if !r.withWord(func(w *int32) {
+		old := atomic.LoadInt32(w)
+		if old == gateOpen {
+			open = true // nothing held: opening an open gate does nothing
+			return
+		}
+		gen = uint32(old) >> 2
+		if old&3 == gateClosed {
+			// Only from this very word: the shim may have moved it
+			// meanwhile (a REOPEN of its own, or an OPEN after losing mpid).
 			atomic.CompareAndSwapInt32(w, old, gateWord(gateFlushing, gen))
 		}
-		p.mu.RUnlock()
+	}) {
+		return false, nil
+	}
+	if open {
+		return true, nil
 	}
 	return true, r.notify(fmt.Sprintf("REOPEN %d", gen))
+}
+
+// flags are the page's per-fd "last call short" and "gated" bytes. Called
+// under p.mu with p.mem mapped.
+func (p *statePage) flags() (short, gated []byte) {
+	return p.mem[pageHeader : pageHeader+p.fds], p.mem[pageHeader+p.fds : pageHeader+2*p.fds]
 }
 
 // Sockets returns the sockets the rank's state page shows as mid-message,
@@ -224,7 +233,7 @@ func (r *Rank) Sockets() []Socket {
 		return nil
 	}
 	var out []Socket
-	short, gated := p.mem[pageHeader:pageHeader+p.fds], p.mem[pageHeader+p.fds:pageHeader+2*p.fds]
+	short, gated := p.flags()
 	for fd := 0; fd < p.fds; fd++ {
 		held := atomic.LoadUint64((*uint64)(unsafe.Pointer(&p.mem[p.heldOffset+8*fd])))
 		if short[fd] != 0 || gated[fd] != 0 || held != 0 {
@@ -260,7 +269,7 @@ func (r *Rank) Quiet() bool {
 	} else if atomic.LoadUint32((*uint32)(unsafe.Pointer(&p.mem[32]))) != gateClosed {
 		return false
 	}
-	short, gated := p.mem[pageHeader:pageHeader+p.fds], p.mem[pageHeader+p.fds:pageHeader+2*p.fds]
+	short, gated := p.flags()
 	for fd := 0; fd < p.fds; fd++ {
 		if short[fd] != 0 && gated[fd] == 0 {
 			return false

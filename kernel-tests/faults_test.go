@@ -115,6 +115,16 @@ func TestMpidRestartWhilePaused(t *testing.T) {
 	if !strings.Contains(string(b), "adopted a job left by the previous mpid") {
 		t.Error("node0's new mpid did not say it adopted the job")
 	}
+	// Running again, the ranks register with the new mpids (their shims
+	// retry), and the job can be paused again, cleanly.
+	waitRegisteredAgain(ctx, t, id, job.done)
+	if j, r = jobJSON(ctx, t, "pause", id); r.code != 0 {
+		t.Fatalf("pause after the ranks registered again: exit %d\n%s", r.code, r.stderr)
+	}
+	checkPaused(ctx, t, "the pause after the restart", j, nodeJobCgroups(t, id), obs)
+	if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
+		t.Fatalf("second resume: exit %d, %+v\n%s", r.code, j, r.stderr)
+	}
 	job.finish(ctx, t, "the job paused across an mpid restart", serial(t, app, 6, args...))
 }
 
@@ -169,4 +179,18 @@ func TestNodeMpidDiesMidPause(t *testing.T) {
 		t.Errorf("status after the rollback: exit %d, state %q", r.code, s.State)
 	}
 	job.end(ctx, t, "the job after node2's mpid died mid-pause")
+}
+
+// waitRegisteredAgain waits until the job's ranks on every node have
+// registered with restarted mpids: the coordinator no longer calls the job
+// unpausable.
+func waitRegisteredAgain(ctx context.Context, t *testing.T, id string, done <-chan struct{}) {
+	t.Helper()
+	var last ctl.Job
+	waitFor(t, "the ranks to register again", time.Minute, done, func() bool {
+		j, r := jobJSON(ctx, t, "status", id)
+		last = j
+		return r.code == 0 && j.Unpausable == "" && j.Ranks == 6
+	})
+	t.Logf("registered again: %d ranks, state %s", last.Ranks, last.State)
 }

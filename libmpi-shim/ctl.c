@@ -17,7 +17,9 @@
 //
 // Without an mpid the program runs exactly as without the shim, after one
 // line on stderr (MPIPAUSE_QUIET=1 silences it). If mpid goes away while
-// the gate is closed, the gate reopens: a job is never left stuck.
+// the gate is closed, the gate reopens: a job is never left stuck. The
+// shim then registers again, with the same HELLO and pages, as soon as an
+// mpid answers (attempts back off to one a second).
 //
 // Before all that, from the library's constructor, a rank of a job that
 // names itself (MPIPAUSE_JOBID) asks mpid once to move it into the job's
@@ -30,6 +32,7 @@
 #include "shim.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdint.h>
 #include <stddef.h>
@@ -45,6 +48,14 @@ static int ctl_fd = -1;
 static pthread_t ctl_thread;
 static int have_thread;
 static _Atomic int stopping; // MPI_Finalize closed the channel, not mpid
+// ctl_fd changes when the channel is lost and made again (serve), while
+// mpp_ctl_stop may hang it up from another thread.
+static pthread_mutex_t ctl_mu = PTHREAD_MUTEX_INITIALIZER;
+// Kept for registering again with a restarted mpid: the same HELLO and the
+// same two pages, so the new mpid sees this rank exactly as the old one did.
+static char *hello_line;
+static int page_fd = -1, gate_fd = -1;
+static int wake[2] = {-1, -1}; // mpp_ctl_stop ends the wait between attempts
 
 static void warn(const char *fmt, const char *arg)
 {
@@ -99,7 +110,7 @@ static int send_line(const char *s)
 // send_hello sends the HELLO line with the state page's fd and the gate
 // page's fd attached (SCM_RIGHTS), those there are (the gate page only
 // with the state page); mpid maps the state page read-only, the gate page
-// read-write.
+// read-write. The fds stay open here, for a restarted mpid.
 static int send_hello(const char *hello, int pagefd, int gatefd)
 {
 	struct iovec v = {(void *)hello, strlen(hello)};
@@ -124,11 +135,6 @@ static int send_hello(const char *hello, int pagefd, int gatefd)
 	do
 		r = mpp_real.sendmsg(ctl_fd, &m, MSG_NOSIGNAL);
 	while (r < 0 && errno == EINTR);
-	// Mapped: the fds are no longer needed here.
-	if (pagefd >= 0)
-		mpp_real.close(pagefd);
-	if (gatefd >= 0)
-		mpp_real.close(gatefd);
 	if (r < 0)
 		return -1;
 	if ((size_t)r < v.iov_len)
@@ -166,13 +172,13 @@ static void handle(const char *req, char *out, size_t n)
 	}
 }
 
-// serve answers mpid's requests and passes the signals the handler saw on
-// as unsolicited "EVENT pause" / "EVENT resume" lines.
-static void *serve(void *arg)
+// serve_conn answers mpid's requests and passes the signals the handler
+// saw on as unsolicited "EVENT pause" / "EVENT resume" lines, until the
+// channel ends.
+static void serve_conn(int sigfd)
 {
 	char buf[256], out[256];
 	size_t have = 0;
-	int sigfd = (int)(intptr_t)arg;
 
 	for (;;) {
 		struct pollfd p[2] = {{.fd = ctl_fd, .events = POLLIN}, {.fd = sigfd, .events = POLLIN}};
@@ -234,13 +240,91 @@ static void *serve(void *arg)
 			break; // a line longer than any request: not mpid
 	}
 gone:
-	// Hang up, so that mpid (or whatever spoke) sees the channel end; the fd
-	// itself is closed by mpp_ctl_stop.
+	// Hang up, so that mpid (or whatever spoke) sees the channel end.
 	shutdown(ctl_fd, SHUT_RDWR);
-	if (!atomic_load(&stopping) && atomic_load(&mpp_gate) != GATE_OPEN) {
-		struct mpp_gate_stats st;
-		mpp_gate_open(&st);
-		warn("mpipause: lost mpid while paused; the send gate is open again (%s)\n", "the rank goes on");
+}
+
+// connect_mpid opens a channel to mpid at a, checks who serves it and
+// registers (HELLO): the fd, or -1 with why in why.
+static int connect_mpid(const struct sockaddr_un *a, socklen_t l, const char **why)
+{
+	struct ucred cr;
+	socklen_t cl = sizeof(cr);
+	int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	*why = "mpipause: no mpid at %s; this rank runs without pause support\n";
+	if (fd < 0 || connect(fd, (const struct sockaddr *)a, l) < 0)
+		goto fail;
+	*why = "mpipause: %s is not served by root or by this user; not registering\n";
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || (cr.uid != 0 && cr.uid != getuid()))
+		goto fail;
+	pthread_mutex_lock(&ctl_mu);
+	ctl_fd = fd;
+	pthread_mutex_unlock(&ctl_mu);
+	if (send_hello(hello_line, page_fd, gate_fd) < 0) {
+		*why = "mpipause: mpid at %s closed the connection; this rank runs without pause support\n";
+		pthread_mutex_lock(&ctl_mu);
+		ctl_fd = -1;
+		pthread_mutex_unlock(&ctl_mu);
+		goto fail;
+	}
+	return fd;
+fail:
+	if (fd >= 0)
+		close(fd);
+	return -1;
+}
+
+// again waits for a restarted mpid and registers with it: 0 once it has,
+// -1 if the rank stopped first. Attempts back off to one a second; a
+// signal seen meanwhile has nobody to be told to.
+static int again(int sigfd)
+{
+	struct sockaddr_un a;
+	const char *name, *why;
+	socklen_t l = sock_addr(&a, &name);
+	int ms = 50;
+
+	for (;;) {
+		struct pollfd p[2] = {{.fd = wake[0], .events = POLLIN}, {.fd = sigfd, .events = POLLIN}};
+		int r = poll(p, sigfd >= 0 ? 2 : 1, ms);
+		if (atomic_load(&stopping) || (r > 0 && (p[0].revents & POLLIN)))
+			return -1;
+		if (r > 0 && (p[1].revents & POLLIN)) {
+			char c;
+			while (read(sigfd, &c, 1) == 1)
+				;
+		}
+		if (r != 0)
+			continue;
+		if (connect_mpid(&a, l, &why) >= 0)
+			return 0;
+		ms = ms < 1000 ? ms * 2 : 1000;
+	}
+}
+
+// serve runs the channel; when mpid goes away it reopens a closed gate (a
+// job is never left stuck) and registers again with the next mpid, which
+// finds the job's cgroup and this rank's pages as they were.
+static void *serve(void *arg)
+{
+	int sigfd = (int)(intptr_t)arg;
+
+	for (;;) {
+		serve_conn(sigfd);
+		if (atomic_load(&stopping))
+			break;
+		pthread_mutex_lock(&ctl_mu);
+		close(ctl_fd);
+		ctl_fd = -1;
+		pthread_mutex_unlock(&ctl_mu);
+		if (atomic_load(&mpp_gate) != GATE_OPEN) {
+			struct mpp_gate_stats st;
+			mpp_gate_open(&st);
+			warn("mpipause: lost mpid while paused; the send gate is open again (%s)\n", "the rank goes on");
+		}
+		if (again(sigfd) < 0)
+			break;
 	}
 	return NULL;
 }
@@ -248,23 +332,18 @@ gone:
 void mpp_ctl_start(const char *hello)
 {
 	struct sockaddr_un a;
-	const char *name;
+	const char *name, *why;
 	socklen_t l = sock_addr(&a, &name);
-	struct ucred cr;
-	socklen_t cl = sizeof(cr);
 
-	ctl_fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (ctl_fd < 0 || connect(ctl_fd, (struct sockaddr *)&a, l) < 0) {
-		warn("mpipause: no mpid at %s; this rank runs without pause support\n", name);
+	hello_line = strdup(hello);
+	if (!hello_line || pipe2(wake, O_CLOEXEC | O_NONBLOCK) < 0) {
+		warn("mpipause: out of resources (%s); this rank runs without pause support\n", strerror(errno));
 		goto fail;
 	}
-	if (getsockopt(ctl_fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || (cr.uid != 0 && cr.uid != getuid())) {
-		warn("mpipause: %s is not served by root or by this user; not registering\n", name);
-		goto fail;
-	}
-	int pagefd = mpp_state_page();
-	if (send_hello(hello, pagefd, pagefd >= 0 ? mpp_gate_page() : -1) < 0) {
-		warn("mpipause: mpid at %s closed the connection; this rank runs without pause support\n", name);
+	page_fd = mpp_state_page();
+	gate_fd = page_fd >= 0 ? mpp_gate_page() : -1;
+	if (connect_mpid(&a, l, &why) < 0) {
+		warn(why, name);
 		goto fail;
 	}
 	int sigfd = mpp_signals_install();
@@ -289,15 +368,21 @@ fail:
 // opened first so that nothing stays held past MPI_Finalize.
 void mpp_ctl_stop(void)
 {
-	if (ctl_fd < 0)
+	if (!have_thread)
 		return;
 	atomic_store(&stopping, 1);
 	mpp_signals_restore();
-	shutdown(ctl_fd, SHUT_RDWR);
-	if (have_thread)
-		pthread_join(ctl_thread, NULL);
+	pthread_mutex_lock(&ctl_mu);
+	if (ctl_fd >= 0)
+		shutdown(ctl_fd, SHUT_RDWR);
+	pthread_mutex_unlock(&ctl_mu);
+	if (write(wake[1], "", 1) < 0) {
+		// The thread polls "stopping" at least once a second anyway.
+	}
+	pthread_join(ctl_thread, NULL);
 	have_thread = 0;
-	close(ctl_fd);
+	if (ctl_fd >= 0)
+		close(ctl_fd);
 	ctl_fd = -1;
 	if (atomic_load(&mpp_gate) != GATE_OPEN) {
 		struct mpp_gate_stats st;

@@ -20,6 +20,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
@@ -100,8 +101,11 @@ type job struct {
 	last  ctl.Job // the last pause or resume's figures
 	since time.Time
 	// adopted: found at start, left by a previous mpid (state.go); what its
-	// ranks' registrations told the old mpid comes from its record.
+	// ranks' registrations told the old mpid comes from its record, until
+	// they register again. missing: the adopted ranks (pids) that have not
+	// registered again yet; the job cannot be paused before they have.
 	adopted     bool
+	missing     map[int]bool
 	nodes       []string
 	coordinator string
 	size        int
@@ -181,11 +185,11 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 		return fmt.Errorf("peer port %s: %w", d.cfg.PeerListen, err)
 	}
 	local := &node.Local{Name: d.cfg.Node, Ranks: rs, Observer: d.observer, Cgroup: d.cgroupOf, CtlNice: d.cfg.Nice,
-		NoRanks: func(id string) string {
+		Unready: func(id string) string {
 			d.mu.Lock()
 			defer d.mu.Unlock()
-			if j := d.jobs[id]; j != nil && j.adopted {
-				return j.unwatched
+			if j := d.jobs[id]; j != nil {
+				return d.missingLocked(j)
 			}
 			return ""
 		}}
@@ -360,7 +364,47 @@ func (d *Daemon) admit(r *ranks.Rank) error {
 			j.unwatched = fmt.Sprintf("rank %d (pid %d on %s) registered without joining its job cgroup at start, so the kernel cannot check its connections; launch the job with `mpipause run`", r.Rank, r.Pid, d.cfg.Node)
 		}
 	}
+	if j.adopted && j.missing[r.Pid] {
+		delete(j.missing, r.Pid)
+		if d.missingLocked(j) == "" {
+			d.log.Info("every rank of the adopted job registered again; it can be paused", "job", j.id)
+			j.adopted = false
+		}
+	}
 	return d.openObserverLocked(j)
+}
+
+// missingLocked says why an adopted job cannot be paused yet: some of the
+// ranks the previous mpid had registered have not registered with this one
+// (a shim does so as soon as it runs: a paused job's after its resume).
+// Ranks that have exited meanwhile are not waited for.
+func (d *Daemon) missingLocked(j *job) string {
+	if !j.adopted {
+		return ""
+	}
+	var pids []int
+	for pid := range j.missing {
+		if syscall.Kill(pid, 0) != nil {
+			delete(j.missing, pid)
+			continue
+		}
+		pids = append(pids, pid)
+	}
+	if len(pids) == 0 {
+		return ""
+	}
+	slices.Sort(pids)
+	return fmt.Sprintf("mpid on %s restarted since its ranks registered, and %s (pid %s) not registered again yet; "+
+		"a rank does as soon as it runs (resume the job first if it is paused)",
+		d.cfg.Node, plural(len(pids), "rank"), joinInts(pids))
+}
+
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
 }
 
 func (d *Daemon) rankChanged(r *ranks.Rank, gone bool, err error) {
@@ -667,6 +711,9 @@ func (d *Daemon) view(id string) (ctl.Job, error) {
 	}
 	v := j.last
 	v.ID, v.Owner, v.Since, v.Unpausable = j.id, j.owner, j.since, j.unwatched
+	if v.Unpausable == "" {
+		v.Unpausable = d.missingLocked(j)
+	}
 	state, coordinated := j.state, false
 	adopted, nodes, coordinator, size, local := j.adopted, j.nodes, j.coordinator, j.size, j.localRanks
 	d.mu.Unlock()

@@ -71,6 +71,9 @@ func (d *Daemon) begin(id, op string) (*job, error) {
 		if j.unwatched != "" {
 			return nil, ctl.Errorf(ctl.CodeUnpausable, "job %s cannot be paused cleanly: %s", id, j.unwatched)
 		}
+		if why := d.missingLocked(j); why != "" {
+			return nil, ctl.Errorf(ctl.CodeUnpausable, "job %s cannot be paused yet: %s", id, why)
+		}
 		j.state = ctl.StatePausing
 	case ctl.OpResume:
 		if j.state == ctl.StateRunning {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/ranks"
 )
 
 // G5 (durable): a paused job stays paused across a restart of mpid. The
@@ -176,8 +177,14 @@ func (d *Daemon) adopt() {
 			continue
 		}
 		frozen, _ := cgroupv2.Frozen(cg)
-		j := &job{id: id, dir: cg, state: ctl.StateRunning, since: time.Now(), adopted: true,
-			unwatched: "mpid restarted since its ranks registered: it can resume the job but not pause it again"}
+		j := &job{id: id, dir: cg, state: ctl.StateRunning, since: time.Now(), adopted: true, missing: map[int]bool{}}
+		for _, pid := range procs {
+			// A registered rank runs the shim's control thread; the
+			// launcher's daemons and the ranks' own children do not.
+			if ranks.CtlThread(pid) != 0 {
+				j.missing[pid] = true
+			}
+		}
 		if frozen {
 			j.state = ctl.StatePaused
 		}
@@ -189,7 +196,7 @@ func (d *Daemon) adopt() {
 			j.owner = procOwner(procs[0])
 		}
 		d.jobs[id] = j
-		d.log.Warn("adopted a job left by the previous mpid", "job", id, "state", j.state, "cgroup", cg,
+		d.log.Warn("adopted a job left by the previous mpid", "job", id, "state", j.state, "cgroup", cg, "ranks", len(j.missing),
 			"coordinator", j.coordinator, "nodes", strings.Join(j.nodes, ","))
 	}
 	for id := range recs {

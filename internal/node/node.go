@@ -37,9 +37,10 @@ type Local struct {
 	// CtlNice, if not 0, is the niceness given to each rank's shim control
 	// thread at its first pause (ranks.Rank.Boost).
 	CtlNice int
-	// NoRanks, if set, says why a job known here has no registered rank
-	// (an mpid restarted since they registered), for the error that names it.
-	NoRanks func(job string) string
+	// Unready, if set, says why a job known here cannot be gated yet
+	// although some of its ranks may be registered (an mpid restarted and
+	// not all of them have registered again): a pause of it fails here.
+	Unready func(job string) string
 
 	mu sync.Mutex
 	// gated is, per job with a pause under way, the ranks Prepare closed
@@ -91,14 +92,14 @@ var _ quiesce.Node = (*Local)(nil)
 // ErrNoRanks: no rank of the job is registered on this node.
 var ErrNoRanks = errors.New("no rank of the job is registered here")
 
+// NotReadyError: the job's ranks here cannot all be gated yet, for Why.
+type NotReadyError struct{ Why string }
+
+func (e *NotReadyError) Error() string { return "not ready: " + e.Why }
+
 func (l *Local) ranksOf(job string) ([]*ranks.Rank, error) {
 	rs := l.Ranks.Ranks(job)
 	if len(rs) == 0 {
-		if l.NoRanks != nil {
-			if why := l.NoRanks(job); why != "" {
-				return nil, fmt.Errorf("node %s, job %s: %w (%s)", l.Name, job, ErrNoRanks, why)
-			}
-		}
 		return nil, fmt.Errorf("node %s, job %s: %w", l.Name, job, ErrNoRanks)
 	}
 	return rs, nil
@@ -131,6 +132,14 @@ func (l *Local) eachRank(job, what string, fn func(*ranks.Rank) error) error {
 
 // Prepare closes the gate of every rank of the job on this node.
 func (l *Local) Prepare(ctx context.Context, job string) error {
+	// Only closing waits for every rank: a rank not registered again
+	// could not be gated, while opening and thawing what is registered
+	// is always right.
+	if l.Unready != nil {
+		if why := l.Unready(job); why != "" {
+			return fmt.Errorf("node %s, job %s: %w", l.Name, job, &NotReadyError{why})
+		}
+	}
 	rs, err := l.ranksOf(job)
 	if err != nil {
 		return err

@@ -282,30 +282,39 @@ func (r *Rank) Quiet() bool {
 // (MPP_CTL_THREAD_NAME in libmpi-shim/shim.h).
 const CtlThreadName = "mpipause-ctl"
 
-// Boost sets the niceness of the rank's shim control thread, found by its
-// name among the rank's threads, once per rank (a thread keeps it). The
-// thread sleeps but for mpid's requests; raised, a request is served as it
-// comes instead of after the time slices of the rank's busy-polling threads
-// (MPICH's never sleep). It reports whether the thread was found.
-func (r *Rank) Boost(nice int) bool {
-	if r.boosted.Load() {
-		return true
-	}
-	dir := fmt.Sprintf("/proc/%d/task", r.Pid)
+// CtlThread is the thread id of pid's shim control thread, found by its
+// name among pid's threads; 0 if it has none (not a registered rank).
+func CtlThread(pid int) int {
+	dir := fmt.Sprintf("/proc/%d/task", pid)
 	tasks, err := os.ReadDir(dir)
 	if err != nil {
-		return false
+		return 0
 	}
 	for _, t := range tasks {
 		comm, err := os.ReadFile(filepath.Join(dir, t.Name(), "comm"))
 		if err != nil || strings.TrimSpace(string(comm)) != CtlThreadName {
 			continue
 		}
-		tid, err := strconv.Atoi(t.Name())
-		if err == nil && unix.Setpriority(unix.PRIO_PROCESS, tid, nice) == nil {
-			r.boosted.Store(true)
-			return true
+		if tid, err := strconv.Atoi(t.Name()); err == nil {
+			return tid
 		}
+	}
+	return 0
+}
+
+// Boost sets the niceness of the rank's shim control thread once per rank
+// (a thread keeps it). The thread sleeps but for mpid's requests; raised, a
+// request is served as it comes instead of after the time slices of the
+// rank's busy-polling threads (MPICH's never sleep). It reports whether
+// the thread was found.
+func (r *Rank) Boost(nice int) bool {
+	if r.boosted.Load() {
+		return true
+	}
+	tid := CtlThread(r.Pid)
+	if tid != 0 && unix.Setpriority(unix.PRIO_PROCESS, tid, nice) == nil {
+		r.boosted.Store(true)
+		return true
 	}
 	return false
 }

@@ -10,7 +10,7 @@ PRIV := MPIPAUSE_REQUIRE_PRIV=1
 GENERATED := loader/*_bpfel.go loader/*_bpfel.o
 
 .DEFAULT_GOAL := help
-.PHONY: help deps build generate check-generate test test-unit test-fuzz test-priv test-multinode bench bench-shim bench-pause demo clean
+.PHONY: help deps build generate check-generate test test-unit test-fuzz test-priv test-multinode test-faults bench bench-shim bench-pause demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -60,6 +60,11 @@ test-priv: ## tier 2: privileged kernel tests (BPF, sock_diag, cgroups, netns); 
 
 test-multinode: build ## tier 3: real Open MPI and MPICH jobs on the netns rig
 	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -count=1 -timeout 25m -v ./kernel-tests/... 2>&1 | tee /tmp/mpipause-multinode.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:'; exit $${PIPESTATUS[0]}
+
+FAULT_TRIALS ?= 5
+test-faults: build ## the fault table: each fault injected FAULT_TRIALS (5) times in each pause phase on the rig, outcomes counted (also in test-multinode, 3 times)
+	$(PRIV) MPIPAUSE_BIN=$(BIN) MPIPAUSE_FAULT_TRIALS=$(FAULT_TRIALS) $(GO) test -count=1 -timeout 60m -v -run '^TestFaultTable$$' ./kernel-tests/ 2>&1 \
+		| tee /tmp/mpipause-faults.log | grep -E '^(--- |PASS|FAIL|ok|panic)|faults[:|]' | sed 's/^ *faulttable_test.go:[0-9]*: //'; exit $${PIPESTATUS[0]}
 
 bench: ## benchmarks: snapshot time for 10,000 sockets, BPF beside sock_diag
 	$(PRIV) $(GO) test -run '^$$' -bench . -benchtime 20x ./loader/ ./internal/nl/

@@ -182,15 +182,40 @@ func TestNodeMpidDiesMidPause(t *testing.T) {
 }
 
 // waitRegisteredAgain waits until the job's ranks on every node have
-// registered with restarted mpids: the coordinator no longer calls the job
-// unpausable.
+// registered with restarted mpids: no node calls the job unpausable (each
+// knows only its own ranks), and the coordinator counts all six.
 func waitRegisteredAgain(ctx context.Context, t *testing.T, id string, done <-chan struct{}) {
 	t.Helper()
 	var last ctl.Job
-	waitFor(t, "the ranks to register again", time.Minute, done, func() bool {
+	why := ""
+	ready := func() bool {
 		j, r := jobJSON(ctx, t, "status", id)
 		last = j
-		return r.code == 0 && j.Unpausable == "" && j.Ranks == 6
-	})
+		if r.code != 0 || j.Unpausable != "" || j.Ranks != 6 {
+			why = fmt.Sprintf("node0: exit %d, %d ranks, unpausable %q", r.code, j.Ranks, j.Unpausable)
+			return false
+		}
+		for k := 1; k < jobNodes; k++ {
+			r := cli(ctx, t, fmt.Sprintf("node%d", k), nil, "status", "--json", id)
+			var n ctl.Job
+			if r.code != 0 || json.Unmarshal([]byte(r.stdout), &n) != nil || n.Unpausable != "" {
+				why = fmt.Sprintf("node%d: exit %d, unpausable %q %s", k, r.code, n.Unpausable, r.stderr)
+				return false
+			}
+		}
+		return true
+	}
+	deadline := time.Now().Add(time.Minute)
+	for !ready() {
+		select {
+		case <-done:
+			t.Fatalf("job %s ended while waiting for its ranks to register again", id)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("job %s: its ranks did not register again within 1 min: %s", id, why)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 	t.Logf("registered again: %d ranks, state %s", last.Ranks, last.State)
 }

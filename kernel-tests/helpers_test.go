@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/mpid"
 	"github.com/mpipause/mpipause/internal/testutil"
 	"github.com/mpipause/mpipause/loader"
 )
@@ -37,7 +38,11 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	// The shared rig's mpids get the failpoint directory of the fault
+	// table (faulttable_test.go); without its files it does nothing.
+	os.Setenv(mpid.FailpointsEnv, failpointRoot)
 	code := m.Run()
+	os.RemoveAll(failpointRoot)
 	if jobRigUp {
 		if out, err := rigCommand(context.Background(), jobRig, "down"); err != nil {
 			fmt.Fprintf(os.Stderr, "rig %s down: %v\n%s", jobRig, err, out)

@@ -53,6 +53,11 @@ type jobState struct {
 	// the last pause it rolled back, whose steps are refused from then on.
 	lease   *time.Timer
 	expired uint64
+	// prepared is the epoch of the last pause this agent ran PREPARE for:
+	// its later steps need it. An agent that did not (its mpid restarted
+	// mid-pause) would otherwise drain, freeze and commit ranks whose
+	// gates it never closed, and a message could be cut in half (G1).
+	prepared uint64
 }
 
 // DefaultLeaseGrace is how long after a pause step's deadline a node waits
@@ -245,7 +250,26 @@ func (a *Agent) local(ctx context.Context, js *jobState, req Message) NodeReport
 		// now could undo it, e.g. freeze a node the ABORT has just thawed.
 		return NodeReport{Node: self, Err: fmt.Sprintf("%s: %v: superseded", req.Kind, ErrStale)}
 	}
-	rep, err := a.run(ctx, req)
+	var rep NodeReport
+	var err error
+	switch req.Kind {
+	case KindPrepare:
+		a.mu.Lock()
+		js.prepared = req.Epoch
+		a.mu.Unlock()
+		rep, err = a.run(ctx, req)
+	case KindDrain, KindFreeze, KindVerify, KindCommit:
+		a.mu.Lock()
+		prepared := js.prepared == req.Epoch
+		a.mu.Unlock()
+		if !prepared {
+			err = fmt.Errorf("%w: this node never ran the PREPARE of this pause (its mpid restarted since?)", ErrNotPrepared)
+			break
+		}
+		rep, err = a.run(ctx, req)
+	default:
+		rep, err = a.run(ctx, req)
+	}
 	a.renew(js, req, ctx)
 	var drained uint64
 	for _, c := range rep.Conns {
@@ -386,6 +410,9 @@ func (a *Agent) run(ctx context.Context, req Message) (NodeReport, error) {
 	case KindVerify:
 		return a.node.Verify(ctx, job)
 	case KindCommit:
+		if c, ok := a.node.(Committer); ok {
+			return ack, c.Commit(ctx, job)
+		}
 		return ack, nil
 	case KindAbort, KindResume:
 		// Both are attempted even if the thaw fails: open gates on a frozen

@@ -92,6 +92,13 @@ func (f *fakeNode) Drain(ctx context.Context, job string) (NodeReport, error) {
 	return r, nil
 }
 
+// Commit is where mpid records the pause; a failed one must roll it back.
+func (f *fakeNode) Commit(ctx context.Context, job string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.enter("commit", KindCommit)
+}
+
 func (f *fakeNode) Freeze(ctx context.Context, job string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -329,6 +329,9 @@ var (
 	ErrNotEmpty = errors.New("quiesce: job not empty")
 	// ErrNodeFailed: a node failed a step or could not be reached.
 	ErrNodeFailed = errors.New("quiesce: node failed")
+	// ErrNotPrepared: a later step of a pause reached a node that did not
+	// run its PREPARE.
+	ErrNotPrepared = errors.New("quiesce: pause not prepared here")
 	// ErrIncomplete: a round's reply does not account for every node.
 	ErrIncomplete = errors.New("quiesce: incomplete round")
 )

@@ -36,3 +36,11 @@ type Node interface {
 	// so the shims can flush held data as soon as the gates open.
 	Open(ctx context.Context, job string) error
 }
+
+// Committer is a Node that must act on COMMIT (mpid records the pause, so
+// that a restart finds it): the COMMIT is acknowledged only once Commit has
+// returned nil, and a failed Commit rolls the pause back everywhere, like
+// any COMMIT that does not reach every node.
+type Committer interface {
+	Commit(ctx context.Context, job string) error
+}

@@ -158,7 +158,7 @@ func TestVerifyNotEmptyAborts(t *testing.T) {
 }
 
 func TestNodeFailureAborts(t *testing.T) {
-	for _, k := range []Kind{KindPrepare, KindDrain, KindFreeze, KindVerify} {
+	for _, k := range []Kind{KindPrepare, KindDrain, KindFreeze, KindVerify, KindCommit} {
 		c := newCluster(6, 1, Faults{}, fastOpts().Retry)
 		c.fakes[3].fail = k
 		c.fakes[5].thawFails = 1 // the rollback itself needs a second round
@@ -498,4 +498,49 @@ func TestLeaseRollsBack(t *testing.T) {
 	if armed || !g.state().frozen {
 		t.Errorf("after COMMIT: lease armed %v, frozen %v; want no lease and the job frozen", armed, g.state().frozen)
 	}
+}
+
+// TestRestartedAgentRefusesUnpreparedSteps: an agent that did not run a
+// pause's PREPARE (its mpid restarted mid-pause) refuses the pause's later
+// steps without touching the node, so ranks whose gates it never closed
+// are not drained, frozen and committed; a new pause (epoch) works.
+func TestRestartedAgentRefusesUnpreparedSteps(t *testing.T) {
+	f := newFake("n0")
+	a := NewAgent(f, nil, fastOpts().Retry)
+	step := func(kind Kind, epoch, seq uint64) Message {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		rep, err := a.Handle(ctx, Message{Version: ProtocolVersion, Job: "j", Epoch: epoch, Seq: seq, Kind: kind, Nodes: []string{"n0"}})
+		if err != nil {
+			t.Fatalf("%s: %v", kind, err)
+		}
+		return rep
+	}
+	for i, kind := range []Kind{KindDrain, KindFreeze, KindVerify, KindCommit} {
+		if e := errText(step(kind, 1, uint64(i+2))); !strings.Contains(e, ErrNotPrepared.Error()) {
+			t.Errorf("%s of an unprepared pause: %q, want %q", kind, e, ErrNotPrepared)
+		}
+	}
+	if f.calls["drain"]+f.calls["freeze"]+f.calls["verify"]+f.calls["commit"] != 0 || f.state().frozen {
+		t.Errorf("the node was touched: %v, frozen %v", f.calls, f.state().frozen)
+	}
+	for i, kind := range []Kind{KindPrepare, KindDrain, KindFreeze, KindVerify, KindCommit} {
+		if e := errText(step(kind, 2, uint64(i+1))); e != "" {
+			t.Errorf("%s of a new pause: %q", kind, e)
+		}
+	}
+	if !f.state().frozen {
+		t.Error("the new pause did not freeze the node")
+	}
+}
+
+// errText is every error a reply carries, its own and its nodes'.
+func errText(m Message) string {
+	s := m.Err
+	if m.Report != nil {
+		for _, n := range m.Report.Failed() {
+			s += n.Err
+		}
+	}
+	return s
 }

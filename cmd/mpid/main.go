@@ -60,6 +60,7 @@ func main() {
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	cfg.Failpoints = os.Getenv(mpid.FailpointsEnv)
 	d, err := mpid.New(cfg.Config)
 	if err == nil {
 		err = d.Run(ctx, func() error {
@@ -90,6 +91,10 @@ The mpids of a cluster authenticate each other with a shared key: make it
 once with 'mpid keygen' (default file ` + DefaultKeyFile + `) and copy it to
 every node, mode 0600; every frame between mpids is then authenticated, and a
 peer without the key is refused.
+
+environment:
+  ` + mpid.FailpointsEnv + `  for mpipause's fault tests only: a directory of points where
+                       mpid holds inside a pause step (see internal/mpid/node.go)
 
 options:
 `

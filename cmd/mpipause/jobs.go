@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/quiesce"
 )
 
 // Exit codes beyond 0 (done), 1 (the operation failed), 2 (bad usage):
@@ -93,6 +94,14 @@ Resumes a paused job on every node.`,
 	})
 	if pr != nil {
 		pr.finish()
+	}
+	var ce *ctl.Error
+	if op == ctl.OpPause && errors.As(err, &ce) && ce.Lost {
+		// The coordinator went away mid-pause: what happens next is not a
+		// mystery, and the user should not have to read the design to know.
+		ce.Message += fmt.Sprintf("; if the pause was under way, every node rolls it back on its own once its step's deadline "+
+			"and a grace of %v have passed, and a restarted mpid thaws what it finds frozen without a committed pause; "+
+			"check with `mpipause status %s`", quiesce.DefaultLeaseGrace, id)
 	}
 	return printReply(e, f.json, rep, err)
 }

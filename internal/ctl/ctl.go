@@ -161,6 +161,9 @@ const (
 type Error struct {
 	Code    string `json:"code"`
 	Message string `json:"message"`
+	// Lost: mpid took the request and went away before answering; what it
+	// had started may be under way (client side only).
+	Lost bool `json:"-"`
 }
 
 func (e *Error) Error() string { return e.Message }
@@ -251,7 +254,9 @@ func Do(ctx context.Context, addr string, req Request, progress func(Progress)) 
 				return nil, ctx.Err()
 			}
 			if errors.Is(err, io.EOF) {
-				return nil, Errorf(CodeUnavailable, "mpid at %s closed the connection without an answer (see its log)", addr)
+				e := Errorf(CodeUnavailable, "mpid at %s closed the connection without an answer (see its log)", addr)
+				e.Lost = true
+				return nil, e
 			}
 			return nil, Errorf(CodeUnavailable, "mpid at %s: %v", addr, unwrapOp(err))
 		}

@@ -72,6 +72,9 @@ type Config struct {
 	// priority (1..99); where the kernel refuses, mpid logs it and runs
 	// with Nice alone.
 	RTPriority int
+	// Failpoints, if set, is the failpoint directory (FailpointsEnv, whose
+	// <Node> subdirectory this mpid reads), for the fault tests only.
+	Failpoints string
 	Log        *slog.Logger
 }
 
@@ -84,6 +87,8 @@ type Daemon struct {
 
 	mu   sync.Mutex
 	jobs map[string]*job
+	// done closes when Run ends: background work stops.
+	done <-chan struct{}
 }
 
 // job is what this node knows of one job.
@@ -184,7 +189,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	if err != nil {
 		return fmt.Errorf("peer port %s: %w", d.cfg.PeerListen, err)
 	}
-	local := &node.Local{Name: d.cfg.Node, Ranks: rs, Observer: d.observer, Cgroup: d.cgroupOf, CtlNice: d.cfg.Nice,
+	local := &localNode{d: d, fp: d.failpoints(), Local: &node.Local{Name: d.cfg.Node, Ranks: rs, Observer: d.observer, Cgroup: d.cgroupOf, CtlNice: d.cfg.Nice,
 		Unready: func(id string) string {
 			d.mu.Lock()
 			defer d.mu.Unlock()
@@ -192,7 +197,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 				return d.missingLocked(j)
 			}
 			return ""
-		}}
+		}}}
 	d.agent = quiesce.NewAgent(local, d.transport(), quiesce.DefaultRetry)
 	d.agent.OnExpire = func(job string, err error) {
 		// The coordinator died or lost this node mid-pause: the agent
@@ -208,6 +213,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
+	d.done = ctx.Done()
 	errs := make(chan error, 3)
 	var wg sync.WaitGroup
 	wg.Go(func() { errs <- wrap("rank socket", rs.Serve(ctx)) })
@@ -786,4 +792,11 @@ func jobNodes(self, rank0Host string, hosts []string) []string {
 		}
 	}
 	return out
+}
+
+func (d *Daemon) failpoints() failpoints {
+	if d.cfg.Failpoints == "" {
+		return failpoints{}
+	}
+	return failpoints{dir: filepath.Join(d.cfg.Failpoints, d.cfg.Node), log: d.log}
 }

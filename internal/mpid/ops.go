@@ -128,7 +128,7 @@ func (d *Daemon) pause(ctx context.Context, req ctl.Request, v ctl.Job, progress
 				// not registered yet (still in MPI_Init, or without the shim)
 				// would send through the cut.
 				if p.Report.Ranks < v.Ranks && len(p.Report.Failed()) == 0 {
-					cancel(fmt.Errorf("only %d of the job's %d ranks are registered with mpid (ranks still starting, or started without the shim)", p.Report.Ranks, v.Ranks))
+					cancel(fmt.Errorf("only %d of the job's %d ranks are registered with mpid (the others exited, are still starting, or run without the shim)", p.Report.Ranks, v.Ranks))
 				}
 			})
 		}
@@ -154,6 +154,9 @@ func (d *Daemon) pause(ctx context.Context, req ctl.Request, v ctl.Job, progress
 	fig.Failure = failure(err, res, context.Cause(ctx))
 	fig = d.end(j, fig.State, fig)
 	d.log.Warn("pause failed", "job", req.Job, "state", fig.State, "error", fig.Failure.Reason)
+	if fig.State == ctl.StateFailed {
+		go d.confirmRollback(req.Job, v.Nodes)
+	}
 	msg := fmt.Sprintf("pause of job %s failed in %s: %s", req.Job, fig.Failure.Phase, fig.Failure.Reason)
 	code := ctl.CodeFailed
 	if strings.Contains(fig.Failure.Reason, node.ErrRankGone.Error()) {
@@ -189,6 +192,54 @@ func (d *Daemon) resume(ctx context.Context, req ctl.Request, v ctl.Job, progres
 	fig = d.end(j, ctl.StateFailed, fig)
 	return fig, ctl.Errorf(ctl.CodeFailed, "resume of job %s failed: %s", req.Job, fig.Failure.Reason)
 }
+
+// confirmRollback goes on rolling back a failed pause whose rollback some
+// node did not confirm (its mpid was down, or its link): those nodes thaw
+// on their own (lease, or at their mpid's restart), and this finds out, so
+// that the job's state becomes the truth (running) without a user's
+// resume. It gives way to any operation a user starts and stops when the
+// job is running or gone, or after rollbackRetries attempts.
+func (d *Daemon) confirmRollback(id string, nodes []string) {
+	delay := time.Second
+	for range rollbackRetries {
+		select {
+		case <-d.done:
+			return
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 30*time.Second)
+		d.mu.Lock()
+		j := d.jobs[id]
+		ok := j != nil && !j.busy && j.state == ctl.StateFailed
+		var last ctl.Job
+		if ok {
+			j.busy, last = true, j.last
+		}
+		d.mu.Unlock()
+		if !ok {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		res, err := d.coordinator(0).Resume(ctx, id, nodes)
+		cancel()
+		if err == nil {
+			if last.Failure != nil {
+				f := *last.Failure
+				f.Unconfirmed = nil // confirmed now
+				last.Failure = &f
+			}
+			d.end(j, ctl.StateRunning, last)
+			d.dropRecord(id)
+			d.log.Info("rollback of the failed pause now confirmed on every node; the job runs", "job", id)
+			return
+		}
+		d.end(j, ctl.StateFailed, last)
+		d.log.Warn("rollback of the failed pause still not confirmed", "job", id, "unconfirmed", len(res.Unconfirmed), "error", err)
+	}
+}
+
+// rollbackRetries bounds confirmRollback: about half an hour.
+const rollbackRetries = 64
 
 // transport is the peer port's client side, authenticated with the
 // cluster key.

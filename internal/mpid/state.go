@@ -1,6 +1,7 @@
 package mpid
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
@@ -144,9 +145,10 @@ func (d *Daemon) dropRecord(id string) {
 }
 
 // adopt brings back, at start, the jobs whose cgroups outlived the previous
-// mpid: paused if the kernel says the cgroup is frozen, running otherwise.
-// Their ranks registered with the old mpid, so they can be resumed but not
-// paused again (unpausable, with the reason).
+// mpid: paused if the cgroup is frozen and a committed pause is recorded,
+// thawed if it is frozen without one (the pause never committed), running
+// otherwise. Their ranks registered with the old mpid; the job can be
+// paused again once all of them have registered with this one.
 func (d *Daemon) adopt() {
 	if d.cfg.FixedCgroup != "" {
 		return
@@ -177,6 +179,18 @@ func (d *Daemon) adopt() {
 			continue
 		}
 		frozen, _ := cgroupv2.Frozen(cg)
+		if _, committed := recs[id]; frozen && !committed {
+			// Frozen, but no pause committed here: the previous mpid died
+			// inside a pause (after FREEZE, before COMMIT), which the
+			// coordinator has rolled back, or will, on the other nodes.
+			// The ranks' gates reopen as their shims lose the old mpid.
+			if err := cgroupv2.Thaw(context.Background(), cg); err != nil {
+				d.log.Error("job frozen by a pause that never committed here; thaw failed", "job", id, "error", err)
+			} else {
+				frozen = false
+				d.log.Warn("job frozen by a pause that never committed here (mpid died inside it): thawed", "job", id)
+			}
+		}
 		j := &job{id: id, dir: cg, state: ctl.StateRunning, since: time.Now(), adopted: true, missing: map[int]bool{}}
 		for _, pid := range procs {
 			// A registered rank runs the shim's control thread; the

@@ -13,7 +13,7 @@
 // process (-x) prints the checksum a correct run must print, whatever the MPI
 // library, the placement or the number of pauses.
 //
-// Usage: xchg [-m a2a|ring] [-n iters] [-s bytes[K|M]] [-w dir] [-t usec] [-S usec] [-B dir] [-x ranks]
+// Usage: xchg [-m a2a|ring] [-n iters] [-s bytes[K|M]] [-w dir] [-t usec] [-S usec] [-B dir] [-E dir] [-x ranks]
 //   -w dir   hold point: after the first iteration (every connection the
 //            pattern needs is established), each rank creates dir/ready.RANK
 //            and then waits until dir/go exists.
@@ -27,6 +27,10 @@
 //            others wait (no MPI) for dir/busy before they send, so what
 //            they send surely arrives while it computes. The test ends the
 //            busy phase by creating dir/done.
+//   -E dir   until told: rank 0 looks for dir/stop after every iteration and
+//            all ranks stop after the one where it appeared (at most -n
+//            iterations); the result line gives the iterations run, and
+//            -x with -n that many prints what it must be.
 //   -x ranks print the expected checksum for that many ranks, without MPI.
 #include <errno.h>
 #include <fcntl.h>
@@ -50,6 +54,7 @@ struct opts {
 	const char *hold_dir;
 	long compute_usec;
 	const char *busy_dir;
+	const char *stop_dir;
 	long slow_usec;
 	int expect_ranks;
 };
@@ -206,6 +211,20 @@ static void hold(const char *dir, int rank)
 		nanosleep(&ts, NULL);
 }
 
+// told_to_stop is -E: rank 0 looks, every rank learns its answer.
+static int told_to_stop(const char *dir, int rank)
+{
+	char path[4096];
+	struct stat st;
+	int stop = 0;
+	if (rank == 0) {
+		snprintf(path, sizeof(path), "%s/stop", dir);
+		stop = stat(path, &st) == 0;
+	}
+	MPI_Bcast(&stop, 1, MPI_INT, 0, MPI_COMM_WORLD);
+	return stop;
+}
+
 // busy_phase is -B: see the usage above.
 static void busy_phase(const char *dir, int rank, int nranks)
 {
@@ -256,6 +275,7 @@ static int run(const struct opts *o)
 		}
 	}
 
+	struct opts done = *o; // as run: -E may end it early
 	uint64_t state = initial_state(rank);
 	for (int it = 0; it < o->iters; it++) {
 		int n = 0;
@@ -284,12 +304,16 @@ static int run(const struct opts *o)
 		if (it == 0 && o->hold_dir)
 			hold(o->hold_dir, rank);
 		compute(o->compute_usec);
+		if (o->stop_dir && told_to_stop(o->stop_dir, rank)) {
+			done.iters = it + 1;
+			break;
+		}
 	}
 
 	uint64_t *all = rank == 0 ? calloc((size_t)nranks, sizeof(*all)) : NULL;
 	MPI_Gather(&state, 1, MPI_UINT64_T, all, 1, MPI_UINT64_T, 0, MPI_COMM_WORLD);
 	if (rank == 0)
-		print_result(o, nranks, combine(all, nranks));
+		print_result(&done, nranks, combine(all, nranks));
 	return 0;
 }
 
@@ -310,14 +334,14 @@ static size_t parse_size(const char *s)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: xchg [-m a2a|ring] [-n iters] [-s bytes[K|M]] [-w holddir] [-t usec] [-S usec] [-B dir] [-x ranks]\n");
+	fprintf(f, "usage: xchg [-m a2a|ring] [-n iters] [-s bytes[K|M]] [-w holddir] [-t usec] [-S usec] [-B dir] [-E dir] [-x ranks]\n");
 }
 
 int main(int argc, char **argv)
 {
 	struct opts o = {.mode = MODE_A2A, .iters = 10, .bytes = 1 << 20};
 	int c;
-	while ((c = getopt(argc, argv, "hm:n:s:w:t:S:B:x:")) != -1) {
+	while ((c = getopt(argc, argv, "hm:n:s:w:t:S:B:E:x:")) != -1) {
 		switch (c) {
 		case 'm':
 			if (strcmp(optarg, "a2a") == 0)
@@ -346,6 +370,9 @@ int main(int argc, char **argv)
 			break;
 		case 'B':
 			o.busy_dir = optarg;
+			break;
+		case 'E':
+			o.stop_dir = optarg;
 			break;
 		case 'x':
 			o.expect_ranks = atoi(optarg);

@@ -1,0 +1,489 @@
+package kerneltests
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/loader"
+)
+
+// failpointRoot is where the shared rig's mpids look for failpoints
+// (internal/mpid/node.go): TestMain puts it in the environment `rig up`
+// hands them.
+var failpointRoot = "/run/mpipause/failpoints-" + jobRig
+
+// Outcomes of a fault trial.
+const (
+	outRolledBack = "rolled back"
+	outCompleted  = "completed"
+	outStuck      = "stuck"
+)
+
+// faultRow is one fault of the table: inject runs while the victim node's
+// mpid holds at the failpoint (the phase, before or after its local step),
+// and returns what to undo once the pause has ended. allowed are the
+// outcomes that are right for it; stuck never is.
+type faultRow struct {
+	name    string
+	node    int // where the failpoint holds
+	allowed []string
+	// perTrialJob: the fault ends the job (a rank killed).
+	perTrialJob bool
+	// noReport: the fault takes the coordinator, and with it the report;
+	// the pause command can only say that it lost its mpid.
+	noReport bool
+	inject      func(ctx context.Context, t *testing.T, tr *trial)
+}
+
+// trial is one injection: the job, the pause under way, the failpoint.
+type trial struct {
+	row   *faultRow
+	phase string
+	id    string
+	job   *proc
+	pause *proc
+	fp    string // failpoint file
+	rng   *rand.Rand
+	// after runs once the pause command has returned (heal a link, ...).
+	after func()
+	// victimRank is the rank a rank fault killed.
+	victimRank int
+}
+
+type cell struct{ trials, rolled, completed, stuck, wrong int }
+
+// TestFaultTable injects each fault at a random point of each pause phase
+// (the point: before or after the victim node's own step of that phase,
+// plus a random delay), many times, on real Open MPI and MPICH jobs, and
+// prints the table: fault x phase x trials x outcome, and the jobs whose
+// output differed from an unpaused run. Stuck and differed must be 0, and
+// every outcome must be one the fault allows (G3: rolled back everywhere or
+// completed everywhere, never split; a pause with a node lost rolls back).
+// MPIPAUSE_FAULT_TRIALS sets the trials per cell (default 3),
+// MPIPAUSE_FAULT_SEED the random seed (printed).
+func TestFaultTable(t *testing.T) {
+	bin := binDir(t)
+	sharedRig(t)
+	repairRigOnCleanup(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	defer cancel()
+	obs, _ := rigReaders(ctx, t)
+	trials := envCount("MPIPAUSE_FAULT_TRIALS", 3)
+	seed := uint64(time.Now().UnixNano())
+	if s, err := strconv.ParseUint(os.Getenv("MPIPAUSE_FAULT_SEED"), 10, 64); err == nil {
+		seed = s
+	}
+	t.Logf("faults: %d trials per cell, seed %d (MPIPAUSE_FAULT_SEED)", trials, seed)
+	rng := rand.New(rand.NewPCG(seed, 1))
+	phases := []string{"PREPARE", "DRAIN", "FREEZE"}
+	rows := faultRows(bin)
+	table := map[string]map[string]*cell{}
+	differed, jobs, finished := 0, 0, 0
+	libIdx := 0
+	for ri := range rows {
+		row := &rows[ri]
+		table[row.name] = map[string]*cell{}
+		for _, phase := range phases {
+			c := &cell{}
+			table[row.name][phase] = c
+			lib := mpiLibs[libIdx%len(mpiLibs)]
+			libIdx++
+			var job *faultJob
+			for k := 0; k < trials; k++ {
+				if job == nil {
+					jobs++
+					job = startFaultJob(ctx, t, lib, fmt.Sprintf("ft%d-%d-%s-%d", os.Getpid(), ri, strings.ToLower(phase), k))
+				}
+				tr := &trial{row: row, phase: phase, id: job.id, job: job.proc, rng: rng}
+				out, why := runTrial(ctx, t, obs, tr)
+				c.trials++
+				switch out {
+				case outRolledBack:
+					c.rolled++
+				case outCompleted:
+					c.completed++
+				default:
+					c.stuck++
+				}
+				if !contains(row.allowed, out) && out != outStuck {
+					c.wrong++
+				}
+				t.Logf("faults: %-28s %-7s trial %d (%s): %s%s", row.name, phase, k+1, lib.name, out, why)
+				if out == outStuck {
+					// Nothing more can be learnt from this job.
+					t.Errorf("%s in %s: stuck%s", row.name, phase, why)
+					job.kill(t)
+					job = nil
+					continue
+				}
+				if row.perTrialJob {
+					job.waitEnd(ctx, t)
+					job = nil
+				}
+			}
+			if job != nil {
+				finished++
+				if !job.finish(ctx, t) {
+					differed++
+				}
+			}
+		}
+	}
+	printTable(t, rows, phases, table, jobs, finished, differed)
+	for _, row := range rows {
+		for _, p := range phases {
+			c := table[row.name][p]
+			if c.stuck > 0 || c.wrong > 0 {
+				t.Errorf("%s in %s: %d stuck, %d outcomes it does not allow (allowed: %s)", row.name, p, c.stuck, c.wrong, strings.Join(row.allowed, ", "))
+			}
+		}
+	}
+	if differed > 0 {
+		t.Errorf("%d jobs finished with output that differs from an unpaused run", differed)
+	}
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
+}
+
+func printTable(t *testing.T, rows []faultRow, phases []string, table map[string]map[string]*cell, jobs, finished, differed int) {
+	t.Logf("faults | %-28s | %-7s | %6s | %11s | %9s | %5s", "fault", "phase", "trials", "rolled back", "completed", "stuck")
+	for _, row := range rows {
+		for _, p := range phases {
+			c := table[row.name][p]
+			t.Logf("faults | %-28s | %-7s | %6d | %11d | %9d | %5d", row.name, p, c.trials, c.rolled, c.completed, c.stuck)
+		}
+	}
+	t.Logf("faults | jobs whose output differed from an unpaused run: %d of %d finished (%d jobs in all; those with a rank killed end by design)", differed, finished, jobs)
+}
+
+// faultRows are the faults of issue 5: mpid killed on a node (and started
+// again at once: the pause rolls back, or completes if the new mpid and its
+// re-registered ranks answered within the phase's deadline) and on the
+// coordinator, a node's link cut (healed inside the deadline, or not), a
+// rank killed.
+func faultRows(bin string) []faultRow {
+	return []faultRow{
+		{name: "mpid SIGKILL, node2", node: 2, allowed: []string{outRolledBack, outCompleted}, inject: killMpid},
+		{name: "coordinator mpid SIGKILL", node: 0, allowed: []string{outRolledBack}, noReport: true, inject: killMpid},
+		{name: "node2 link cut, heals", node: 2, allowed: []string{outRolledBack, outCompleted}, inject: cutLink(true)},
+		{name: "node2 link cut, stays cut", node: 2, allowed: []string{outRolledBack}, inject: cutLink(false)},
+		{name: "rank SIGKILL on node2", node: 2, allowed: []string{outRolledBack}, perTrialJob: true, inject: killRank},
+	}
+}
+
+// runTrial arms the failpoint, starts the pause, injects the fault at it
+// and judges the outcome; a completed pause is resumed.
+func runTrial(ctx context.Context, t *testing.T, obs loader.Observer, tr *trial) (string, string) {
+	t.Helper()
+	node := fmt.Sprintf("node%d", tr.row.node)
+	where := []string{"before", "after"}[tr.rng.IntN(2)]
+	dir := filepath.Join(failpointRoot, node)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	tr.fp = filepath.Join(dir, tr.phase)
+	os.Remove(tr.fp + ".reached")
+	if err := os.WriteFile(tr.fp, []byte(where), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(tr.fp)
+	before := sentBytes(ctx, obs)
+	tr.pause = start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig}, filepath.Join(binDir(t), "rig"), "exec", "node0", "--",
+		"mpipause", "pause", "--json", "--timeout", "3s", tr.id)
+	reached := false
+	waitFor(t, "the failpoint "+node+"/"+tr.phase+" ("+where+")", time.Minute, nil, func() bool {
+		if _, err := os.Stat(tr.fp + ".reached"); err == nil {
+			reached = true
+			return true
+		}
+		select {
+		case <-tr.pause.done:
+			return true
+		default:
+			return false
+		}
+	})
+	if !reached {
+		t.Fatalf("%s: the pause ended before %s's mpid reached %s (%s): were the rig's mpids started with %s set?\n%s",
+			tr.row.name, node, tr.phase, where, "MPIPAUSE_FAILPOINTS", tr.pause.out.String())
+	}
+	// A random point inside the hold: the rest of the protocol waits on it.
+	time.Sleep(time.Duration(tr.rng.IntN(30)) * time.Millisecond)
+	tr.row.inject(ctx, t, tr)
+	os.Remove(tr.fp)
+	select {
+	case <-tr.pause.done:
+	case <-time.After(2 * time.Minute):
+		return outStuck, ": the pause command did not return in 2 min"
+	}
+	if tr.after != nil {
+		tr.after()
+	}
+	j, jerr := pauseResult(tr.pause)
+	out, why := judge(ctx, t, obs, tr, j, jerr, before)
+	return out, fmt.Sprintf(" (at %s %s; pause: %s)", where, tr.phase, pauseSummary(tr.pause, j, jerr)) + why
+}
+
+// pauseResult decodes the pause command's JSON (rig exec may add lines).
+func pauseResult(p *proc) (ctl.Job, error) {
+	var j ctl.Job
+	out := p.out.String()
+	if a, b := strings.Index(out, "{"), strings.LastIndex(out, "}"); a >= 0 && b > a {
+		out = out[a : b+1]
+	}
+	err := json.Unmarshal([]byte(out), &j)
+	return j, err
+}
+
+func pauseSummary(p *proc, j ctl.Job, err error) string {
+	code := 0
+	if p.err != nil {
+		code = -1
+		if ee, ok := p.err.(*exec.ExitError); ok {
+			code = ee.ExitCode()
+		}
+	}
+	if err != nil {
+		return fmt.Sprintf("exit %d, no JSON", code)
+	}
+	if j.Failure != nil {
+		return fmt.Sprintf("exit %d, %s, failed in %s on %s: %.160s", code, j.State, j.Failure.Phase, j.Failure.Node, j.Failure.Reason)
+	}
+	return fmt.Sprintf("exit %d, %s", code, j.State)
+}
+
+// judge waits (bounded) for the job to settle on every node and names
+// the outcome: completed (the pause reported success, every node frozen,
+// every connection empty as the test's own kernel readers see it; then
+// resumed), rolled back (the pause reported failure, nothing frozen, the
+// job sending again), or stuck (anything else: a split state, a node left
+// frozen or gated).
+func judge(ctx context.Context, t *testing.T, obs loader.Observer, tr *trial, j ctl.Job, jerr error, before uint64) (string, string) {
+	cgs := nodeJobCgroups(t, tr.id)
+	frozen := func() (n int) {
+		for _, cg := range cgs {
+			if f, err := cgroupv2.Frozen(cg); err == nil && f {
+				n++
+			}
+		}
+		return n
+	}
+	ok := tr.pause.err == nil && jerr == nil && j.State == ctl.StatePaused
+	if ok {
+		if n := frozen(); n != len(cgs) {
+			return outStuck, fmt.Sprintf(": the pause says paused, %d of %d nodes frozen", n, len(cgs))
+		}
+		conns, err := obs.Snapshot(ctx)
+		if err != nil || !allEmpty(conns) {
+			return outStuck, fmt.Sprintf(": committed with bytes in flight: %v %v", err, nonEmpty(conns))
+		}
+		if jr, r := jobJSON(ctx, t, "resume", tr.id); r.code != 0 || jr.State != ctl.StateRunning {
+			return outStuck, fmt.Sprintf(": resume exit %d: %s", r.code, r.stderr)
+		}
+		return outCompleted, ""
+	}
+	if !tr.row.noReport && (jerr != nil || j.Failure == nil) {
+		return outStuck, fmt.Sprintf(": the pause failed without a failure report (state %q)", j.State)
+	}
+	if tr.row.noReport && !strings.Contains(tr.pause.out.String(), "rolls it back on its own") {
+		t.Errorf("the pause command, its mpid gone, does not say what happens next:\n%s", tr.pause.out.String())
+	}
+	// The nodes' own rollbacks (leases) may still be under way.
+	deadline := time.Now().Add(30 * time.Second)
+	for frozen() > 0 {
+		if time.Now().After(deadline) {
+			return outStuck, fmt.Sprintf(": %d nodes still frozen 30 s after the pause failed", frozen())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if tr.row.perTrialJob {
+		// The job lost a rank: its launcher ends it; nothing of it may be
+		// left frozen meanwhile (checked above), and the report must name
+		// the rank.
+		if j.Failure == nil || !strings.Contains(j.Failure.Reason, "rank") {
+			return outStuck, ": the report does not name the killed rank"
+		}
+		return outRolledBack, ""
+	}
+	// Every rank sends again (an a2a exchange needs all of them): no gate
+	// was left closed.
+	deadline = time.Now().Add(time.Minute)
+	for sentBytes(ctx, obs) < before+4<<20 {
+		select {
+		case <-tr.job.done:
+			return outStuck, ": the job ended during the trial:\n" + tr.job.out.String()
+		default:
+		}
+		if time.Now().After(deadline) {
+			return outStuck, ": the job did not send again within 1 min of the rollback"
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return outRolledBack, ""
+}
+
+// killMpid kills the victim node's mpid at the failpoint and starts it
+// again once the pause has returned; the next trial first waits for the
+// job's ranks to register with it again.
+func killMpid(ctx context.Context, t *testing.T, tr *trial) {
+	node := fmt.Sprintf("node%d", tr.row.node)
+	pid := statusOf(t, jobRig).Nodes[tr.row.node].MPIDPid
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill %s's mpid: %v", node, err)
+	}
+	waitFor(t, node+"'s mpid to be gone", time.Minute, nil, func() bool {
+		return syscall.Kill(pid, 0) != nil || procState(pid) == "Z"
+	})
+	// Started again at once, as systemd would: the coordinator's rollback
+	// reaches the new mpid (else it retries for its whole 30 s deadline,
+	// then in the background).
+	os.Remove(tr.fp)
+	mustRig(t, jobRig, "up", fmt.Sprint(jobNodes))
+	tr.after = func() {
+		// The restarted mpid finds the job and brings it to its state:
+		// running (the pause never committed), its ranks registered
+		// again, pausable again.
+		// A rollback the dead node could not confirm is confirmed by
+		// the coordinator in the background once the node is back.
+		waitRegisteredAgain(ctx, t, tr.id, tr.job.done)
+		waitFor(t, "the job's status to settle (running, or paused if the pause completed)", time.Minute, tr.job.done, func() bool {
+			j, r := jobJSON(ctx, t, "status", tr.id)
+			return r.code == 0 && (j.State == ctl.StateRunning || j.State == ctl.StatePaused)
+		})
+	}
+}
+
+// cutLink takes the victim node's port on the rig's bridge down; heal:
+// up again after a random 50-500 ms (inside every deadline), else once
+// the pause has returned (the node has rolled back on its own by then).
+func cutLink(heal bool) func(ctx context.Context, t *testing.T, tr *trial) {
+	return func(ctx context.Context, t *testing.T, tr *trial) {
+		port := fmt.Sprintf("veth%d", tr.row.node)
+		link(t, port, "down")
+		if heal {
+			time.Sleep(time.Duration(50+tr.rng.IntN(450)) * time.Millisecond)
+			link(t, port, "up")
+			return
+		}
+		// Released, the node runs its step but cannot answer; with no
+		// next step it rolls back on its own once the step's deadline
+		// and the lease's grace have passed (its mpid says so). Healed
+		// then, the coordinator's ABORT reaches it and is confirmed.
+		os.Remove(tr.fp)
+		logf := filepath.Join("/run/mpipause/rig", jobRig, "mpid-node"+strconv.Itoa(tr.row.node)+".log")
+		rolled := func() int {
+			b, _ := os.ReadFile(logf)
+			return strings.Count(string(b), "rolled back here")
+		}
+		n := rolled()
+		waitFor(t, "the cut-off node to roll back on its own", time.Minute, nil, func() bool { return rolled() > n })
+		link(t, port, "up")
+	}
+}
+
+func link(t *testing.T, port, state string) {
+	t.Helper()
+	out, err := exec.Command("ip", "-n", "mpipause-rig-"+jobRig, "link", "set", port, state).CombinedOutput()
+	if err != nil {
+		t.Fatalf("ip link set %s %s: %v\n%s", port, state, err, out)
+	}
+}
+
+// killRank kills one of the job's ranks on the victim node.
+func killRank(ctx context.Context, t *testing.T, tr *trial) {
+	cg := nodeJobCgroups(t, tr.id)[tr.row.node]
+	procs, err := cgroupv2.Procs(cg)
+	if err != nil || len(procs) == 0 {
+		t.Fatalf("ranks in %s: %v %v", cg, procs, err)
+	}
+	sort.Ints(procs)
+	if err := syscall.Kill(procs[tr.rng.IntN(len(procs))], syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// faultJob is an xchg job that runs until told to stop (-E), so that it
+// outlives any number of trials, and then prints how many iterations it ran.
+type faultJob struct {
+	*proc
+	id, app, stop string
+	args          []string
+}
+
+func startFaultJob(ctx context.Context, t *testing.T, lib mpiLib, id string) *faultJob {
+	t.Helper()
+	f := &faultJob{id: id, app: filepath.Join(binDir(t), "apps", "xchg."+lib.name), stop: t.TempDir()}
+	f.args = []string{"-m", "a2a", "-s", "128K", "-t", "2000"}
+	f.proc = runJob(ctx, t, lib, id, f.app, append(f.args, "-n", "1000000", "-E", f.stop)...)
+	obs, _ := rigReaders(ctx, t)
+	waitProgress(ctx, t, obs, f.done, sentBytes(ctx, obs), 4<<20)
+	waitRegisteredAgain(ctx, t, id, f.done)
+	return f
+}
+
+var itersRE = regexp.MustCompile(`iters=(\d+)`)
+
+// finish stops the job and reports whether it printed what an unpaused
+// run of as many iterations prints.
+func (f *faultJob) finish(ctx context.Context, t *testing.T) bool {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(f.stop, "stop"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-f.done:
+	case <-ctx.Done():
+		t.Errorf("job %s did not stop: %v", f.id, ctx.Err())
+		return false
+	}
+	m := itersRE.FindStringSubmatch(f.out.String())
+	if f.err != nil || m == nil {
+		t.Errorf("job %s failed: %v\n%s", f.id, f.err, f.out.String())
+		return false
+	}
+	want := serial(t, f.app, 6, append(f.args, "-n", m[1])...)
+	if got, w := checksum(f.out.String()), checksum(want); got == "" || got != w {
+		t.Errorf("job %s printed %q after %s iterations; an unpaused run %q", f.id, got, m[1], w)
+		return false
+	}
+	return true
+}
+
+// waitEnd waits for a job that lost a rank to end (its launcher aborts it).
+func (f *faultJob) waitEnd(ctx context.Context, t *testing.T) {
+	select {
+	case <-f.done:
+	case <-time.After(time.Minute):
+		t.Errorf("job %s did not end within 1 min of losing a rank", f.id)
+		f.kill(t)
+	}
+}
+
+func (f *faultJob) kill(t *testing.T) {
+	for _, cg := range nodeJobCgroups(t, f.id) {
+		os.WriteFile(filepath.Join(cg, "cgroup.kill"), []byte("1"), 0)
+	}
+	f.cmd.Process.Kill()
+	<-f.done
+}

@@ -1,0 +1,141 @@
+package kerneltests
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/ctl"
+)
+
+// TestConcurrentJobs (issue 5, load): 20 jobs at once on the rig, half Open
+// MPI, half MPICH, each paused and resumed several times from four "shells"
+// working at the same time, from node0 and node1 (which forwards to the
+// coordinator), with status calls on the other shells' jobs in between.
+// Every pause must commit with all three of its job's cgroups frozen, every
+// resume must run, and every job must finish with the output of an unpaused
+// run. MPIPAUSE_LOAD_JOBS and MPIPAUSE_LOAD_ROUNDS change the 20 and 3.
+func TestConcurrentJobs(t *testing.T) {
+	bin := binDir(t)
+	sharedRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	njobs, rounds, shells := envCount("MPIPAUSE_LOAD_JOBS", 20), envCount("MPIPAUSE_LOAD_ROUNDS", 3), 4
+	type loadJob struct {
+		*faultJob
+		hold string
+	}
+	jobs := make([]*loadJob, njobs)
+	t0 := time.Now()
+	for i := range jobs {
+		lib := mpiLibs[i%len(mpiLibs)]
+		f := &faultJob{id: fmt.Sprintf("load%d-%02d", os.Getpid(), i), app: filepath.Join(bin, "apps", "xchg."+lib.name), stop: t.TempDir()}
+		// Light on purpose: 120 ranks share two cores.
+		f.args = []string{"-m", "ring", "-s", "32K", "-t", "3000"}
+		hold := t.TempDir()
+		f.proc = runJob(ctx, t, lib, f.id, f.app, append(f.args, "-n", "1000000", "-E", f.stop, "-w", hold)...)
+		jobs[i] = &loadJob{f, hold}
+	}
+	for _, j := range jobs {
+		atHold(t, j.hold, 6, j.proc)
+	}
+	for _, j := range jobs {
+		release(t, j.hold)
+	}
+	t.Logf("%d jobs (%d ranks) running after %v", njobs, 6*njobs, time.Since(t0).Round(time.Millisecond))
+
+	var mu sync.Mutex
+	var problems []string
+	problem := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		problems = append(problems, fmt.Sprintf(format, args...))
+	}
+	var pauses, resumes, statuses int
+	var pauseMs []float64
+	var wg sync.WaitGroup
+	for s := range shells {
+		wg.Go(func() {
+			for r := range rounds {
+				for i := s; i < njobs; i += shells {
+					id := jobs[i].id
+					node := fmt.Sprintf("node%d", (r+i)%2) // node1 forwards
+					j, code, stderr := cliJSON(ctx, bin, node, "pause", "--timeout", "30s", id)
+					mu.Lock()
+					pauses++
+					mu.Unlock()
+					if code != 0 || j.State != ctl.StatePaused {
+						problem("shell %d: pause %s from %s: exit %d, state %q: %s", s, id, node, code, j.State, stderr)
+						continue
+					}
+					mu.Lock()
+					pauseMs = append(pauseMs, j.TotalMs)
+					mu.Unlock()
+					for _, cg := range nodeJobCgroups(t, id) {
+						if f, err := cgroupv2.Frozen(cg); err != nil || !f {
+							problem("shell %d: %s committed, but %s is not frozen (%v)", s, id, cg, err)
+						}
+					}
+					other := jobs[(i+1+r)%njobs].id
+					if _, code, stderr := cliJSON(ctx, bin, "node1", "status", other); code != 0 {
+						problem("shell %d: status %s: exit %d: %s", s, other, code, stderr)
+					}
+					j, code, stderr = cliJSON(ctx, bin, node, "resume", id)
+					mu.Lock()
+					statuses++
+					resumes++
+					mu.Unlock()
+					if code != 0 || j.State != ctl.StateRunning {
+						problem("shell %d: resume %s from %s: exit %d, state %q: %s", s, id, node, code, j.State, stderr)
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	sort.Float64s(pauseMs)
+	t.Logf("%d pauses, %d resumes, %d status calls from %d shells; pause p50 %.1f ms, max %.1f ms",
+		pauses, resumes, statuses, shells, pct(pauseMs, 50), pct(pauseMs, 100))
+	for _, p := range problems {
+		t.Error(p)
+	}
+	differed := 0
+	for _, j := range jobs {
+		if !j.finish(ctx, t) {
+			differed++
+		}
+	}
+	t.Logf("%d of %d jobs finished with the output of an unpaused run", njobs-differed, njobs)
+}
+
+// cliJSON runs `mpipause OP --json ARGS` in a rig node without a testing.T,
+// for tests that run the CLI from several goroutines.
+func cliJSON(ctx context.Context, bin, node, op string, args ...string) (ctl.Job, int, string) {
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, "rig"), append([]string{"exec", node, "--", "mpipause", op, "--json"}, args...)...)
+	cmd.Env = append(os.Environ(), "MPIPAUSE_RIG="+jobRig)
+	var out, errb bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errb
+	err := cmd.Run()
+	code := 0
+	var ee *exec.ExitError
+	if errors.As(err, &ee) {
+		code = ee.ExitCode()
+	} else if err != nil {
+		return ctl.Job{}, -1, err.Error()
+	}
+	var j ctl.Job
+	if e := json.Unmarshal(out.Bytes(), &j); e != nil {
+		return j, code, fmt.Sprintf("not JSON (%v): %s%s", e, out.String(), errb.String())
+	}
+	return j, code, errb.String() + out.String()
+}

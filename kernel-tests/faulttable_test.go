@@ -429,6 +429,7 @@ type faultJob struct {
 	*proc
 	id, app, stop string
 	args          []string
+	ranks         int // 6 unless set
 }
 
 func startFaultJob(ctx context.Context, t *testing.T, lib mpiLib, id string) *faultJob {
@@ -462,7 +463,11 @@ func (f *faultJob) finish(ctx context.Context, t *testing.T) bool {
 		t.Errorf("job %s failed: %v\n%s", f.id, f.err, f.out.String())
 		return false
 	}
-	want := serial(t, f.app, 6, append(f.args, "-n", m[1])...)
+	ranks := f.ranks
+	if ranks == 0 {
+		ranks = 6
+	}
+	want := serial(t, f.app, ranks, append(f.args, "-n", m[1])...)
 	if got, w := checksum(f.out.String()), checksum(want); got == "" || got != w {
 		t.Errorf("job %s printed %q after %s iterations; an unpaused run %q", f.id, got, m[1], w)
 		return false

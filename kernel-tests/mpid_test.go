@@ -85,7 +85,8 @@ func TestMpidAdmitsJobRanks(t *testing.T) {
 }
 
 // TestShimSurvivesMpidLoss: mpid goes away while a rank's gate is closed;
-// the rank reopens its gate, says so once, and finishes correctly.
+// the rank reopens its gate, says so once, registers with the next mpid on
+// the same socket (whose gate word works), and finishes correctly.
 func TestShimSurvivesMpidLoss(t *testing.T) {
 	bin := binDir(t)
 	sock := fmt.Sprintf("@mpipause-kt-loss-%d", os.Getpid())
@@ -116,6 +117,31 @@ func TestShimSurvivesMpidLoss(t *testing.T) {
 		return strings.Contains(p.out.String(), "mpipause: lost mpid while paused; the send gate is open again")
 	})
 	atHold(t, hold, 1, p)
+	// A new mpid on the same socket: the shim registers again, same pid,
+	// and its gate answers the new mpid.
+	srv2, err := ranks.Listen(sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv2Ctx, stopSrv2 := context.WithCancel(ctx)
+	defer stopSrv2()
+	go srv2.Serve(srv2Ctx)
+	if err := srv2.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
+		t.Fatalf("the shim did not register with the new mpid: %v", err)
+	}
+	r2 := srv2.Ranks("loss")[0]
+	if r2.Pid != r.Pid {
+		t.Errorf("registered again as pid %d, was %d", r2.Pid, r.Pid)
+	}
+	if ok := r2.CloseGate(); !ok {
+		t.Error("no gate page shared with the new mpid")
+	}
+	if g, err := r2.State(ctx); err != nil || g.State != "closed" {
+		t.Fatalf("state under the new mpid: %+v %v", g, err)
+	}
+	if ok, err := r2.ReopenGate(); !ok || err != nil {
+		t.Fatalf("reopen under the new mpid: %v %v", ok, err)
+	}
 	release(t, hold)
 	p.finish(ctx, t, "the rank after losing mpid", serial(t, filepath.Join(bin, "apps", "xchg.mpich"), 1, "-n", "3", "-s", "1K"))
 	if n := strings.Count(p.out.String(), "mpipause:"); n != 1 {

@@ -13,11 +13,13 @@
 // process (-x) prints the checksum a correct run must print, whatever the MPI
 // library, the placement or the number of pauses.
 //
-// Usage: xchg [-m a2a|ring] [-n iters] [-s bytes[K|M]] [-w dir] [-t usec] [-S usec] [-B dir] [-E dir] [-x ranks]
+// Usage: xchg [-m a2a|ring] [-n iters] [-s bytes[K|M]] [-w dir] [-t usec] [-z usec] [-S usec] [-B dir] [-E dir] [-x ranks]
 //   -w dir   hold point: after the first iteration (every connection the
 //            pattern needs is established), each rank creates dir/ready.RANK
 //            and then waits until dir/go exists.
 //   -t usec  compute (busy loop) for usec microseconds after each iteration.
+//   -z usec  sleep for usec microseconds after each iteration (many jobs
+//            sharing few cores).
 //   -S usec  the last rank computes for usec microseconds, calling no MPI, at
 //            the start of the middle iteration (after printing a line that
 //            says so), while its peers already send it that iteration's
@@ -53,6 +55,7 @@ struct opts {
 	size_t bytes;
 	const char *hold_dir;
 	long compute_usec;
+	long sleep_usec;
 	const char *busy_dir;
 	const char *stop_dir;
 	long slow_usec;
@@ -304,6 +307,10 @@ static int run(const struct opts *o)
 		if (it == 0 && o->hold_dir)
 			hold(o->hold_dir, rank);
 		compute(o->compute_usec);
+		if (o->sleep_usec > 0) {
+			struct timespec z = {.tv_sec = o->sleep_usec / 1000000, .tv_nsec = o->sleep_usec % 1000000 * 1000};
+			nanosleep(&z, NULL);
+		}
 		if (o->stop_dir && told_to_stop(o->stop_dir, rank)) {
 			done.iters = it + 1;
 			break;
@@ -334,14 +341,14 @@ static size_t parse_size(const char *s)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: xchg [-m a2a|ring] [-n iters] [-s bytes[K|M]] [-w holddir] [-t usec] [-S usec] [-B dir] [-E dir] [-x ranks]\n");
+	fprintf(f, "usage: xchg [-m a2a|ring] [-n iters] [-s bytes[K|M]] [-w holddir] [-t usec] [-z usec] [-S usec] [-B dir] [-E dir] [-x ranks]\n");
 }
 
 int main(int argc, char **argv)
 {
 	struct opts o = {.mode = MODE_A2A, .iters = 10, .bytes = 1 << 20};
 	int c;
-	while ((c = getopt(argc, argv, "hm:n:s:w:t:S:B:E:x:")) != -1) {
+	while ((c = getopt(argc, argv, "hm:n:s:w:t:z:S:B:E:x:")) != -1) {
 		switch (c) {
 		case 'm':
 			if (strcmp(optarg, "a2a") == 0)
@@ -364,6 +371,9 @@ int main(int argc, char **argv)
 			break;
 		case 't':
 			o.compute_usec = atol(optarg);
+			break;
+		case 'z':
+			o.sleep_usec = atol(optarg);
 			break;
 		case 'S':
 			o.slow_usec = atol(optarg);

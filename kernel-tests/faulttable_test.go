@@ -46,7 +46,7 @@ type faultRow struct {
 	// noReport: the fault takes the coordinator, and with it the report;
 	// the pause command can only say that it lost its mpid.
 	noReport bool
-	inject      func(ctx context.Context, t *testing.T, tr *trial)
+	inject   func(ctx context.Context, t *testing.T, tr *trial)
 }
 
 // trial is one injection: the job, the pause under way, the failpoint.

@@ -187,35 +187,20 @@ func TestNodeMpidDiesMidPause(t *testing.T) {
 func waitRegisteredAgain(ctx context.Context, t *testing.T, id string, done <-chan struct{}) {
 	t.Helper()
 	var last ctl.Job
-	why := ""
-	ready := func() bool {
+	waitForWhy(t, "job "+id+"'s ranks to register again", time.Minute, done, func() (bool, string) {
 		j, r := jobJSON(ctx, t, "status", id)
 		last = j
 		if r.code != 0 || j.Unpausable != "" || j.Ranks != 6 {
-			why = fmt.Sprintf("node0: exit %d, %d ranks, unpausable %q", r.code, j.Ranks, j.Unpausable)
-			return false
+			return false, fmt.Sprintf("node0: exit %d, %d ranks, unpausable %q", r.code, j.Ranks, j.Unpausable)
 		}
 		for k := 1; k < jobNodes; k++ {
 			r := cli(ctx, t, fmt.Sprintf("node%d", k), nil, "status", "--json", id)
 			var n ctl.Job
 			if r.code != 0 || json.Unmarshal([]byte(r.stdout), &n) != nil || n.Unpausable != "" {
-				why = fmt.Sprintf("node%d: exit %d, unpausable %q %s", k, r.code, n.Unpausable, r.stderr)
-				return false
+				return false, fmt.Sprintf("node%d: exit %d, unpausable %q %s", k, r.code, n.Unpausable, r.stderr)
 			}
 		}
-		return true
-	}
-	deadline := time.Now().Add(time.Minute)
-	for !ready() {
-		select {
-		case <-done:
-			t.Fatalf("job %s ended while waiting for its ranks to register again", id)
-		default:
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("job %s: its ranks did not register again within 1 min: %s", id, why)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+		return true, ""
+	})
 	t.Logf("registered again: %d ranks, state %s", last.Ranks, last.State)
 }

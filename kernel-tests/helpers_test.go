@@ -114,15 +114,29 @@ func sharedRig(t testing.TB) {
 // readiness check on state the test can see, never a fixed sleep.
 func waitFor(t testing.TB, what string, timeout time.Duration, stop <-chan struct{}, cond func() bool) {
 	t.Helper()
+	waitForWhy(t, what, timeout, stop, func() (bool, string) { return cond(), "" })
+}
+
+// waitForWhy is waitFor whose condition also says why it does not hold
+// yet; the last reason goes into the failure.
+func waitForWhy(t testing.TB, what string, timeout time.Duration, stop <-chan struct{}, cond func() (bool, string)) {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
-	for !cond() {
+	for {
+		ok, why := cond()
+		if ok {
+			return
+		}
+		if why != "" {
+			why = ": " + why
+		}
 		select {
 		case <-stop:
-			t.Fatalf("gave up waiting for %s: the job ended", what)
+			t.Fatalf("gave up waiting for %s: the job ended%s", what, why)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("gave up waiting for %s after %v", what, timeout)
+			t.Fatalf("gave up waiting for %s after %v%s", what, timeout, why)
 		}
 		time.Sleep(20 * time.Millisecond)
 	}

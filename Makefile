@@ -47,13 +47,15 @@ FUZZ_TARGETS := internal/ranks:FuzzParseHello internal/ranks:FuzzParseJoin inter
 # (go.dev/issue/75804), which would be a CI failure with no input behind it.
 FUZZ_TIME ?= 100000x
 
-test-fuzz: ## fuzz every decoder FUZZ_TIME (100000 inputs) each, unprivileged; new failures land in testdata/fuzz
+test-fuzz: ## fuzz every decoder FUZZ_TIME (100000 inputs) each, and the shim's with libFuzzer, unprivileged; new failures land in testdata/fuzz
 	@for t in $(FUZZ_TARGETS); do \
 		echo "fuzz $${t%%:*} $${t##*:} for $(FUZZ_TIME)"; \
 		env -u CI -u MPIPAUSE_REQUIRE_PRIV setpriv --inh-caps=-all --bounding-set=-all -- \
 			$(GO) test -run '^$$' -fuzz "^$${t##*:}$$" -fuzztime $(FUZZ_TIME) ./$${t%%:*}/ > /tmp/mpipause-fuzz.log 2>&1 \
 			|| { grep -v '^fuzz: elapsed' /tmp/mpipause-fuzz.log | tail -20; exit 1; }; \
 	done
+	@echo "fuzz libmpi-shim request decoder (libFuzzer)"
+	@setpriv --inh-caps=-all --bounding-set=-all -- $(MAKE) -s -C libmpi-shim OUT=$(BIN) fuzz
 
 test-priv: ## tier 2: privileged kernel tests (BPF, sock_diag, cgroups, netns); fail, not skip, without root
 	$(PRIV) $(GO) test -count=1 -timeout 15m ./loader/... ./internal/... ./cmd/...

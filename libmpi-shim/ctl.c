@@ -30,6 +30,7 @@
 // opens its sockets, or mpid, which watches the job's sockets by cgroup,
 // never sees them.
 #include "shim.h"
+#include "req.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -155,21 +156,51 @@ static void state_line(char *b, size_t n, const char *verb)
 		 st.held);
 }
 
-// handle answers one request line of mpid into out.
-static void handle(const char *req, char *out, size_t n)
+// answer serves one request line of mpid: -1 if the channel failed.
+static int answer(char *line, size_t n, void *arg)
 {
-	if (strcmp(req, "CLOSE") == 0) {
+	char out[256];
+	long gen;
+	(void)arg;
+	switch (mpp_parse_request(line, n, &gen)) {
+	case MPP_REQ_REOPEN: {
+		// The answer goes before the flush: the rank runs again as soon as
+		// the gate lets sends through (held bytes first), and a resume need
+		// not wait for MiBs to be read by the peers. The flush's outcome
+		// follows. "REOPEN <gen>" reopens only that generation's close (mpid
+		// may have flipped the word already, or closed it again since).
+		struct mpp_gate_stats st;
+		int f = mpp_gate_flushing(gen);
+		if (send_line(f < 0 ? "REOPENED stale\n" : "REOPENED\n") < 0)
+			return -1;
+		if (f < 0)
+			return 0;
+		mpp_gate_flush(&st, f);
+		snprintf(out, sizeof(out), "EVENT flushed bytes=%lu errors=%u errno=%d\n", st.flushed, st.flush_errors,
+			 st.flush_errno);
+		break;
+	}
+	case MPP_REQ_BAD_GEN:
+		snprintf(out, sizeof(out), "ERROR bad generation\n");
+		break;
+	case MPP_REQ_CLOSE:
 		mpp_gate_close();
-		state_line(out, n, "CLOSED");
-	} else if (strcmp(req, "STATE") == 0) {
-		state_line(out, n, "STATE");
-	} else if (strcmp(req, "OPEN") == 0) {
+		state_line(out, sizeof(out), "CLOSED");
+		break;
+	case MPP_REQ_STATE:
+		state_line(out, sizeof(out), "STATE");
+		break;
+	case MPP_REQ_OPEN: {
 		struct mpp_gate_stats st;
 		mpp_gate_open(&st);
-		snprintf(out, n, "OPENED flushed=%lu errors=%u errno=%d\n", st.flushed, st.flush_errors, st.flush_errno);
-	} else {
-		snprintf(out, n, "ERROR unknown request\n");
+		snprintf(out, sizeof(out), "OPENED flushed=%lu errors=%u errno=%d\n", st.flushed, st.flush_errors,
+			 st.flush_errno);
+		break;
 	}
+	default:
+		snprintf(out, sizeof(out), "ERROR unknown request\n");
+	}
+	return send_line(out);
 }
 
 // serve_conn answers mpid's requests and passes the signals the handler
@@ -177,7 +208,7 @@ static void handle(const char *req, char *out, size_t n)
 // channel ends.
 static void serve_conn(int sigfd)
 {
-	char buf[256], out[256];
+	char buf[256];
 	size_t have = 0;
 
 	for (;;) {
@@ -200,42 +231,10 @@ static void serve_conn(int sigfd)
 			continue;
 		if (r <= 0)
 			break;
-		have += r;
-		char *nl;
-		while ((nl = memchr(buf, '\n', have))) {
-			*nl = 0;
-			if (strncmp(buf, "REOPEN", 6) == 0 && (buf[6] == 0 || buf[6] == ' ')) {
-				// The answer goes before the flush: the rank runs again
-				// as soon as the gate lets sends through (held bytes
-				// first), and a resume need not wait for MiBs to be
-				// read by the peers. The flush's outcome follows.
-				// "REOPEN <gen>" reopens only that generation's close
-				// (mpid may have flipped the word already, or closed
-				// it again since).
-				struct mpp_gate_stats st;
-				char *end = NULL;
-				long gen = buf[6] ? strtol(buf + 7, &end, 10) : -1;
-				if (buf[6] && (end == buf + 7 || *end || gen < 0)) {
-					snprintf(out, sizeof(out), "ERROR bad generation\n");
-				} else {
-					int f = mpp_gate_flushing(gen);
-					if (send_line(f < 0 ? "REOPENED stale\n" : "REOPENED\n") < 0)
-						goto gone;
-					if (f < 0)
-						goto next;
-					mpp_gate_flush(&st, f);
-					snprintf(out, sizeof(out), "EVENT flushed bytes=%lu errors=%u errno=%d\n",
-						 st.flushed, st.flush_errors, st.flush_errno);
-				}
-			} else {
-				handle(buf, out, sizeof(out));
-			}
-			if (send_line(out) < 0)
-				goto gone;
-		next:
-			have -= (size_t)(nl + 1 - buf);
-			memmove(buf, nl + 1, have);
-		}
+		ssize_t left = mpp_each_line(buf, have + (size_t)r, answer, NULL);
+		if (left < 0)
+			goto gone;
+		have = (size_t)left;
 		if (have == sizeof(buf) - 1)
 			break; // a line longer than any request: not mpid
 	}

@@ -7,6 +7,7 @@ set -euo pipefail
 pkgs=(
 	make gcc gfortran pkg-config # build (gfortran: the Fortran test program)
 	clang llvm libbpf-dev bpftool # BPF objects (make generate) and inspection
+	libclang-rt-14-dev           # libFuzzer, for the shim's C fuzz target
 	openmpi-bin libopenmpi-dev   # Open MPI 4.1 (mpirun.openmpi, mpicc.openmpi)
 	mpich libmpich-dev           # MPICH 4.0 ch4:ucx (mpiexec.mpich, mpicc.mpich)
 	iproute2 util-linux procps   # ip netns, unshare/nsenter/setpriv, ps/pkill

@@ -1,0 +1,31 @@
+// SPDX-License-Identifier: Apache-2.0
+#ifndef MPP_REQ_H
+#define MPP_REQ_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+// mpid's requests (docs/ARCHITECTURE.md, "Rank channel").
+enum mpp_req {
+	MPP_REQ_UNKNOWN,
+	MPP_REQ_CLOSE,
+	MPP_REQ_STATE,
+	MPP_REQ_OPEN,
+	MPP_REQ_REOPEN,  // gen: the generation, or -1 for any
+	MPP_REQ_BAD_GEN, // "REOPEN x" with x not a generation
+};
+
+// Generations live in 29 bits of the gate word (GATE_GEN_MASK); anything
+// larger is not one.
+#define MPP_GEN_MAX 0x1fffffffL
+
+// mpp_each_line calls fn on each complete line at the start of buf (have
+// bytes), NUL-terminated in place of its '\n', with its length, and moves
+// the bytes after the last one to the front. It returns the bytes left, or
+// -1 as soon as fn returns < 0.
+ssize_t mpp_each_line(char *buf, size_t have, int (*fn)(char *line, size_t n, void *arg), void *arg);
+
+// mpp_parse_request decodes one request line (n bytes, without its '\n').
+enum mpp_req mpp_parse_request(const char *line, size_t n, long *gen);
+
+#endif

@@ -209,11 +209,14 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 		d.log.Warn("pause abandoned by its coordinator (no step in time); rolled back here", "job", job)
 	}
 
-	d.adopt()
+	interrupted := d.adopt()
 
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	d.done = ctx.Done()
+	for _, f := range interrupted {
+		go f()
+	}
 	errs := make(chan error, 3)
 	var wg sync.WaitGroup
 	wg.Go(func() { errs <- wrap("rank socket", rs.Serve(ctx)) })

@@ -114,6 +114,12 @@ func (n *localNode) Open(ctx context.Context, job string) error {
 func (d *Daemon) recordCommit(id string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if r, err := readRecord(recordPath(d.stateDir(), id)); err == nil && r.State == ctl.StatePausing {
+		// This is the coordinator, whose pause is still under way: the
+		// pause holds only once every node has committed, when it says so
+		// in its record; if it dies before, its successor rolls back.
+		return nil
+	}
 	r := record{Version: recordVersion, Job: id, State: ctl.StatePaused, Since: time.Now(), Nodes: []string{d.cfg.Node}}
 	if j := d.jobs[id]; j != nil {
 		r.Owner = j.owner

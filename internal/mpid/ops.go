@@ -136,6 +136,13 @@ func (d *Daemon) pause(ctx context.Context, req ctl.Request, v ctl.Job, progress
 			progress(toProgress(p, len(v.Nodes), start))
 		}
 	})
+	// Recorded before any node is touched: if this mpid dies mid-pause,
+	// some nodes may have committed and others rolled back on their leases;
+	// its successor finds this record and rolls the pause back everywhere
+	// (adopt), since nobody was told it held.
+	d.mu.Lock()
+	d.saveLocked(j, v)
+	d.mu.Unlock()
 	res, err := d.coordinator(req.Timeout).Pause(ctx, req.Job, v.Nodes)
 	fig := figures(v, res)
 	fig.DrainedBytes = drained
@@ -155,7 +162,10 @@ func (d *Daemon) pause(ctx context.Context, req ctl.Request, v ctl.Job, progress
 	fig = d.end(j, fig.State, fig)
 	d.log.Warn("pause failed", "job", req.Job, "state", fig.State, "error", fig.Failure.Reason)
 	if fig.State == ctl.StateFailed {
+		// The record stays until the rollback is confirmed everywhere.
 		go d.confirmRollback(req.Job, v.Nodes)
+	} else {
+		d.dropRecord(req.Job)
 	}
 	msg := fmt.Sprintf("pause of job %s failed in %s: %s", req.Job, fig.Failure.Phase, fig.Failure.Reason)
 	code := ctl.CodeFailed

@@ -127,7 +127,8 @@ func readRecord(path string) (record, error) {
 	return r, nil
 }
 
-// saveLocked records j's committed pause (coordinator only).
+// saveLocked records j on the coordinator: its pause under way (state
+// pausing, written before the first step) or committed (state paused).
 func (d *Daemon) saveLocked(j *job, v ctl.Job) {
 	r := record{Version: recordVersion, Job: j.id, Owner: j.owner, State: j.state, Since: j.since,
 		Nodes: v.Nodes, Coordinator: v.Coordinator, Ranks: v.Ranks, LocalRanks: v.LocalRanks, Last: j.last}
@@ -147,11 +148,13 @@ func (d *Daemon) dropRecord(id string) {
 // adopt brings back, at start, the jobs whose cgroups outlived the previous
 // mpid: paused if the cgroup is frozen and a committed pause is recorded,
 // thawed if it is frozen without one (the pause never committed), running
-// otherwise. Their ranks registered with the old mpid; the job can be
-// paused again once all of them have registered with this one.
-func (d *Daemon) adopt() {
+// otherwise; a pause the previous mpid was coordinating is rolled back on
+// every node (the returned work, to run once mpid serves). Their ranks
+// registered with the old mpid; the job can be paused again once all of
+// them have registered with this one.
+func (d *Daemon) adopt() (interrupted []func()) {
 	if d.cfg.FixedCgroup != "" {
-		return
+		return nil
 	}
 	dir := d.stateDir()
 	recs := map[string]record{}
@@ -206,6 +209,15 @@ func (d *Daemon) adopt() {
 			j.owner, j.since, j.last = r.Owner, r.Since, r.Last
 			j.nodes, j.coordinator, j.size, j.localRanks = r.Nodes, r.Coordinator, r.Ranks, r.LocalRanks
 			delete(recs, id)
+			if r.State == ctl.StatePausing {
+				// This node coordinated a pause and died inside it: some
+				// nodes may hold it (COMMIT reached them), others not.
+				// Nobody was told it held, so it is rolled back everywhere.
+				j.state = ctl.StateFailed
+				nodes := r.Nodes
+				interrupted = append(interrupted, func() { d.confirmRollback(id, nodes) })
+				d.log.Warn("found a pause this node was coordinating when its mpid died: rolling it back on every node", "job", id, "nodes", strings.Join(nodes, ","))
+			}
 		} else {
 			j.owner = procOwner(procs[0])
 		}
@@ -218,6 +230,7 @@ func (d *Daemon) adopt() {
 		d.log.Info("the recorded job ended while mpid was down", "job", id)
 		d.dropRecord(id)
 	}
+	return interrupted
 }
 
 func procOwner(pid int) uint32 {

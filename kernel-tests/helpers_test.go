@@ -26,10 +26,11 @@ import (
 
 // jobRig is the rig the MPI tests share; rig tests of their own use other
 // names, so a user's default rig is never touched.
-const (
-	jobRig   = "kt"
-	jobNodes = 3
-)
+const jobRig = "kt"
+
+// jobNodes is the shared rig's size: 3, or MPIPAUSE_RIG_NODES for the
+// benchmarks' 4 x 4 jobs (make bench); the tests' jobs use nodes 0 to 2.
+var jobNodes = envCount("MPIPAUSE_RIG_NODES", 3)
 
 var (
 	jobRigOnce sync.Once

@@ -13,7 +13,10 @@
 // process (-x) prints the checksum a correct run must print, whatever the MPI
 // library, the placement or the number of pauses.
 //
-// Usage: xchg [-m a2a|ring] [-n iters] [-s bytes[K|M]] [-w dir] [-t usec] [-z usec] [-S usec] [-B dir] [-E dir] [-x ranks]
+// Usage: xchg [-m a2a|ring|pair] [-f] [-n iters] [-s bytes[K|M]] [-w dir] [-t usec] [-z usec] [-S usec] [-B dir] [-E dir] [-x ranks]
+//   -m pair  ranks 2k and 2k+1 exchange one message each way per iteration:
+//            with a small -s, a latency-bound ping-pong.
+//   -f       every message is exactly -s bytes (not irregular).
 //   -w dir   hold point: after the first iteration (every connection the
 //            pattern needs is established), each rank creates dir/ready.RANK
 //            and then waits until dir/go exists.
@@ -47,7 +50,7 @@
 
 #include <mpi.h>
 
-enum mode { MODE_A2A, MODE_RING };
+enum mode { MODE_A2A, MODE_RING, MODE_PAIR };
 
 struct opts {
 	enum mode mode;
@@ -73,10 +76,14 @@ static uint64_t mix64(uint64_t x)
 	return x;
 }
 
+static int fixed_len; // -f
+
 // msg_len is the irregular size of the message from src to dst in iteration
-// it: 0, 1/4, ..., 5/4 of the base size.
+// it: 0, 1/4, ..., 5/4 of the base size; with -f, the base size.
 static size_t msg_len(size_t base, int src, int dst, int it)
 {
+	if (fixed_len)
+		return base;
 	unsigned k = (unsigned)(src * 7 + dst * 3 + it * 5) % 6;
 	return base / 4 * k;
 }
@@ -87,6 +94,8 @@ static int is_peer(enum mode m, int nranks, int src, int dst)
 		return 0;
 	if (m == MODE_RING)
 		return dst == (src + 1) % nranks;
+	if (m == MODE_PAIR)
+		return dst == (src ^ 1);
 	return 1;
 }
 
@@ -137,7 +146,7 @@ static uint64_t combine(const uint64_t *states, int nranks)
 
 static const char *mode_name(enum mode m)
 {
-	return m == MODE_RING ? "ring" : "a2a";
+	return m == MODE_RING ? "ring" : m == MODE_PAIR ? "pair" : "a2a";
 }
 
 static void print_result(const struct opts *o, int nranks, uint64_t sum)
@@ -341,20 +350,25 @@ static size_t parse_size(const char *s)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: xchg [-m a2a|ring] [-n iters] [-s bytes[K|M]] [-w holddir] [-t usec] [-z usec] [-S usec] [-B dir] [-E dir] [-x ranks]\n");
+	fprintf(f, "usage: xchg [-m a2a|ring|pair] [-f] [-n iters] [-s bytes[K|M]] [-w holddir] [-t usec] [-z usec] [-S usec] [-B dir] [-E dir] [-x ranks]\n");
 }
 
 int main(int argc, char **argv)
 {
 	struct opts o = {.mode = MODE_A2A, .iters = 10, .bytes = 1 << 20};
 	int c;
-	while ((c = getopt(argc, argv, "hm:n:s:w:t:z:S:B:E:x:")) != -1) {
+	while ((c = getopt(argc, argv, "hfm:n:s:w:t:z:S:B:E:x:")) != -1) {
 		switch (c) {
+		case 'f':
+			fixed_len = 1;
+			break;
 		case 'm':
 			if (strcmp(optarg, "a2a") == 0)
 				o.mode = MODE_A2A;
 			else if (strcmp(optarg, "ring") == 0)
 				o.mode = MODE_RING;
+			else if (strcmp(optarg, "pair") == 0)
+				o.mode = MODE_PAIR;
 			else {
 				usage(stderr);
 				return 2;

@@ -45,7 +45,8 @@ func TestMain(m *testing.M) {
 //	read ID N          -> ok            (exactly N bytes)
 //	peek ID N          -> ok GOT        (recv MSG_PEEK|MSG_WAITALL)
 //	close ID           -> ok
-//	mass ADDR N        -> ok            (N loopback connections to itself)
+//	mass ADDR N        -> ok TOTAL      (N more loopback connections to itself;
+//	                                     TOTAL sockets of all mass calls held)
 func helperMain(in io.Reader, out io.Writer) int {
 	var (
 		ln    net.Listener
@@ -126,7 +127,9 @@ func helperMain(in io.Reader, out io.Writer) int {
 			}
 		case "mass":
 			n, _ := strconv.Atoi(f[2])
-			keep, err = mass(f[1], n)
+			var more []net.Conn
+			more, err = mass(f[1], n, len(keep))
+			keep = append(keep, more...)
 			reply = strconv.Itoa(len(keep))
 		default:
 			err = fmt.Errorf("unknown command %q", f[0])
@@ -174,14 +177,14 @@ func peek(c *net.TCPConn, n int) (int, error) {
 	return got, rerr
 }
 
-// mass makes n loopback connections to a listener of its own and keeps
-// both ends open: 2n sockets.
-func mass(addr string, n int) ([]net.Conn, error) {
+// mass makes n loopback connections to a listener of its own and returns
+// both ends, open: 2n sockets, beside the held ones already open.
+func mass(addr string, n, held int) ([]net.Conn, error) {
 	var lim unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &lim); err != nil {
 		return nil, err
 	}
-	if need := uint64(2*n + 64); lim.Max < need {
+	if need := uint64(held + 2*n + 64); lim.Max < need {
 		lim.Max = need // root may raise the hard limit
 	}
 	lim.Cur = lim.Max

@@ -113,6 +113,34 @@ func TestConnFromRecord(t *testing.T) {
 	}
 }
 
+func TestConns(t *testing.T) {
+	// Namespaces 2 and 4 are not watched; runs of one namespace, and a
+	// namespace coming back after another, as a pass over the map yields.
+	var recs []record
+	for i, ino := range []uint32{1, 1, 2, 3, 3, 1, 4, 4, 3} {
+		recs = append(recs, record{Cookie: uint64(i), Netns: ino})
+	}
+	got := conns(recs, map[uint32]string{1: "a", 3: "c"}, 0)
+	type cn struct {
+		Cookie uint64
+		Netns  string
+	}
+	var short []cn
+	for _, c := range got {
+		short = append(short, cn{c.Cookie, c.Netns})
+	}
+	want := []cn{{0, "a"}, {1, "a"}, {3, "c"}, {4, "c"}, {5, "a"}, {8, "c"}}
+	if diff := cmp.Diff(want, short); diff != "" {
+		t.Errorf("conns (-want +got):\n%s", diff)
+	}
+	if got := conns(nil, nil, 0); len(got) != 0 {
+		t.Errorf("conns of no records: %d", len(got))
+	}
+	if got := conns(recs[2:3], map[uint32]string{1: "a"}, 0); len(got) != 0 {
+		t.Errorf("conns of an unwatched namespace's record: %v", got)
+	}
+}
+
 func TestReadRecords(t *testing.T) {
 	var in []record
 	for i := range 1000 {
@@ -213,9 +241,6 @@ func BenchmarkConvert10k(b *testing.B) {
 	}
 	labels := map[uint32]string{1: "n"}
 	for b.Loop() {
-		out := make([]Conn, 0, len(recs))
-		for i := range recs {
-			out = append(out, recs[i].conn(labels[recs[i].Netns], 0))
-		}
+		conns(recs, labels, 0)
 	}
 }

@@ -10,6 +10,9 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"os"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -69,8 +72,11 @@ const stuckAfter = 250 * time.Millisecond
 // ErrRankGone: a rank of the job exited (or was killed) during the pause.
 var ErrRankGone = errors.New("exited during the pause")
 
-// gone reports the ranks Prepare gated that are no longer registered.
-func (l *Local) gone(job string) error {
+// gone reports the ranks Prepare gated that are no longer registered;
+// with kernel set, also those the kernel says are dead or dying (see
+// dying), which the registry learns only once mpid has read the end of
+// their channel.
+func (l *Local) gone(job string, kernel bool) error {
 	l.mu.Lock()
 	was := l.gated[job]
 	l.mu.Unlock()
@@ -80,11 +86,49 @@ func (l *Local) gone(job string) error {
 	}
 	var errs []error
 	for rank, pid := range was {
-		if !now[rank] {
+		if !now[rank] || (kernel && dying(pid)) {
 			errs = append(errs, fmt.Errorf("rank %d (pid %d) %w", rank, pid, ErrRankGone))
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// dying says whether process pid is gone, a zombie, or has a SIGKILL
+// pending. VERIFY must not commit a job with a rank killed while frozen:
+// the kill wakes the rank only to exit, and its channel to mpid closes some
+// milliseconds later (on a loaded node, after VERIFY has run), so the
+// registry alone let such a pause commit with a rank about to vanish. The
+// pending bit is what kill(2) leaves at once (complete_signal adds SIGKILL
+// to every thread's pending set, proc(5): SigPnd, ShdPnd).
+func dying(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return true
+	}
+	return statusDying(string(b))
+}
+
+// statusDying is dying's reading of a /proc/PID/status text.
+func statusDying(s string) bool {
+	const sigkill = 1 << (9 - 1)
+	for _, line := range strings.Split(s, "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if !ok {
+			continue
+		}
+		v = strings.TrimSpace(v)
+		switch k {
+		case "State":
+			if strings.HasPrefix(v, "Z") || strings.HasPrefix(v, "X") {
+				return true
+			}
+		case "SigPnd", "ShdPnd":
+			if m, err := strconv.ParseUint(v, 16, 64); err == nil && m&sigkill != 0 {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 var _ quiesce.Node = (*Local)(nil)
@@ -170,7 +214,7 @@ func (l *Local) Prepare(ctx context.Context, job string) error {
 // Ungated) and reads the job's connections on this node from the kernel.
 func (l *Local) Drain(ctx context.Context, job string) (quiesce.NodeReport, error) {
 	rep := quiesce.NodeReport{Node: l.Name}
-	if err := l.gone(job); err != nil {
+	if err := l.gone(job, false); err != nil {
 		return rep, err
 	}
 	var ungated atomic.Int64
@@ -204,7 +248,7 @@ const slowStep = 100 * time.Millisecond
 // Verify is the kernel's report after the freeze: the ranks cannot answer
 // now, and need not: only the kernel's queues count (G1).
 func (l *Local) Verify(ctx context.Context, job string) (quiesce.NodeReport, error) {
-	if err := l.gone(job); err != nil {
+	if err := l.gone(job, true); err != nil {
 		return quiesce.NodeReport{Node: l.Name}, err
 	}
 	return l.kernelReport(ctx, job, quiesce.NodeReport{Node: l.Name})

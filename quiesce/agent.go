@@ -97,6 +97,18 @@ func (a *Agent) Forget(job string) {
 	delete(a.jobs, job)
 }
 
+// Pausing says whether a pause of job is under way here: a step from
+// PREPARE to VERIFY ran and neither COMMIT, ABORT, RESUME nor the lease's
+// own rollback has ended it. A daemon keeps such a job known (no Forget)
+// even when its last process here exits, so that the pause's next step
+// finds the ranks gone and says so, and its rollback finds the job.
+func (a *Agent) Pausing(job string) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	js, ok := a.jobs[job]
+	return ok && js.lease != nil
+}
+
 // Wait blocks until no request is being served. A request's work can outlive
 // its caller (it is bounded by the request's deadline), so this is how a
 // daemon shutting down, or a test, knows no local step is still to come.

@@ -444,9 +444,13 @@ func (d *Daemon) rankChanged(r *ranks.Rank, gone bool, err error) {
 	}
 }
 
-// maybeEndLocked forgets a job once no process of it is left on this node.
+// maybeEndLocked forgets a job once no process of it is left on this node
+// and no pause of it is under way here. A pause whose ranks here all died
+// mid-way must still find the job: its next step then names the ranks that
+// exited (not "never prepared here", as a forgotten job did), and its
+// rollback finds the cgroup to thaw; sweep ends the job after that.
 func (d *Daemon) maybeEndLocked(j *job) {
-	if j.busy || len(d.ranks.Ranks(j.id)) > 0 {
+	if j.busy || len(d.ranks.Ranks(j.id)) > 0 || d.agent.Pausing(j.id) {
 		return
 	}
 	if procs, err := cgroupv2.Procs(j.dir); err != nil || len(procs) > 0 {

@@ -248,7 +248,7 @@ ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, ssize_t (*real)(v
 	struct fdstate *s;
 	size_t total;
 	ssize_t r;
-	int g;
+	int g, first;
 
 	if (!is_tcp(fd))
 		return real(arg);
@@ -283,8 +283,16 @@ ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, ssize_t (*real)(v
 		}
 		return r;
 	}
+	first = !s->gated;
 	s->gated = 1;
 	publish(s);
+	// The send held here would have carried the ACK of what this rank last
+	// read on the socket; held, it leaves that ACK to the delayed-ACK timer
+	// (up to 8 ms under the sockops cap), and the peer's send queue, which
+	// the drain waits to see empty, waits with it. In a ping-pong that was
+	// most of a pause's DRAIN. Once per socket and pause.
+	if (first)
+		mpp_quickack(fd);
 hold:
 	if (total == 0) {
 		pthread_mutex_unlock(&s->mu);

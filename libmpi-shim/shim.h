@@ -124,5 +124,8 @@ int mpp_signals_install(void);
 void mpp_signals_restore(void);
 
 ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, ssize_t (*real)(void *), void *arg);
+// mpp_quickack sends fd's pending delayed ACK now (TCP_QUICKACK); errno is
+// kept, and on a socket that is not TCP it does nothing.
+void mpp_quickack(int fd);
 
 #endif

@@ -183,7 +183,7 @@ EXPORT int close(int fd)
 // otherwise holds that queue for up to the delayed-ACK timeout (8 ms under
 // the sockops cap). On a socket that is not TCP the call just fails. Open
 // gate: one load after the real call, nothing else.
-static __attribute__((noinline)) void quickack(int fd)
+__attribute__((noinline)) void mpp_quickack(int fd)
 {
 	int saved = errno, one = 1;
 	setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
@@ -193,7 +193,7 @@ static __attribute__((noinline)) void quickack(int fd)
 #define RECEIVED(fd, r)                                  \
 	do {                                             \
 		if (!GATE_IS_OPEN() && (r) > 0)          \
-			quickack(fd);                    \
+			mpp_quickack(fd);                \
 	} while (0)
 
 EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags)

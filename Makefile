@@ -10,7 +10,7 @@ PRIV := MPIPAUSE_REQUIRE_PRIV=1
 GENERATED := loader/*_bpfel.go loader/*_bpfel.o
 
 .DEFAULT_GOAL := help
-.PHONY: help deps build generate check-generate test test-unit test-fuzz test-priv test-multinode test-faults bench bench-shim bench-pause demo clean
+.PHONY: help deps build generate check-generate test test-unit test-fuzz test-priv test-multinode test-faults bench demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -66,16 +66,24 @@ test-multinode: build ## tier 3: real Open MPI and MPICH jobs on the netns rig
 FAULT_TRIALS ?= 5
 test-faults: build ## the fault table: each fault injected FAULT_TRIALS (5) times in each pause phase on the rig, outcomes counted (also in test-multinode, 3 times)
 	$(PRIV) MPIPAUSE_BIN=$(BIN) MPIPAUSE_FAULT_TRIALS=$(FAULT_TRIALS) $(GO) test -count=1 -timeout 60m -v -run '^TestFaultTable$$' ./kernel-tests/ 2>&1 \
-		| tee /tmp/mpipause-faults.log | grep -E '^(--- |PASS|FAIL|ok|panic)|faults[:|]' | sed 's/^ *faulttable_test.go:[0-9]*: //'; exit $${PIPESTATUS[0]}
+		| tee /tmp/mpipause-faults.log | grep -E '^(--- |PASS|FAIL|ok|panic)|faults ?[:|]' | sed 's/^ *faulttable_test.go:[0-9]*: //'; exit $${PIPESTATUS[0]}
 
-bench: ## benchmarks: snapshot time for 10,000 sockets, BPF beside sock_diag
-	$(PRIV) $(GO) test -run '^$$' -bench . -benchtime 20x ./loader/ ./internal/nl/
-
-bench-shim: build ## the shim's send-path cost: MPI ping-pong latency and bandwidth with and without it, ratio
-	$(PRIV) bash scripts/bench-shim.sh
-
-bench-pause: build ## pause and resume latency (p50, p99) beside SIGSTOP of every rank and the bytes it leaves in flight, same jobs, same run
-	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -run '^$$' -bench Pause -benchtime 1x -timeout 40m ./kernel-tests/
+BENCH_DIR ?= bench-results
+BENCH_ENV = $(PRIV) MPIPAUSE_BIN=$(BIN) MPIPAUSE_BENCH_DIR=$(abspath $(BENCH_DIR))
+bench: deps build ## the benchmark suite (not in make test, ~30 min): prints one table; CSV and SVG plots in BENCH_DIR (bench-results)
+	@rm -rf $(BENCH_DIR) && mkdir -p $(BENCH_DIR); rc=0; \
+	step() { echo "bench: $$1" >&2; shift; "$$@" 2>&1 | tee -a $(BENCH_DIR)/bench.log | { grep -E '^(Benchmark|--- FAIL|FAIL|panic|bench: |pause |overhead |snapshot |scale )|_test.go:' || true; }; \
+		[ $${PIPESTATUS[0]} -eq 0 ] || { echo "bench: that step FAILED (see $(BENCH_DIR)/bench.log)" >&2; rc=1; }; }; \
+	step "coordination at scale (quiesce, 16 to 4096 simulated nodes)" \
+		env $(BENCH_ENV) $(GO) test -run '^$$' -bench '^BenchmarkScale$$' -benchtime 1x -timeout 20m ./quiesce/; \
+	step "observer snapshot cost (100 to 10,000 sockets)" \
+		env $(BENCH_ENV) $(GO) test -run '^$$' -bench '^BenchmarkSnapshot$$' -benchtime 20x -timeout 20m ./loader/; \
+	step "steady-state overhead of shim and BPF (ping-pong on the rig)" \
+		env $(BENCH_ENV) $(GO) test -run '^$$' -bench '^BenchmarkOverhead$$' -benchtime 1x -timeout 30m ./kernel-tests/; \
+	step "pause and resume beside SIGSTOP and cgroup freeze (rig, 12 jobs)" \
+		env $(BENCH_ENV) MPIPAUSE_RIG_NODES=4 $(GO) test -run '^$$' -bench '^BenchmarkPause$$' -benchtime 1x -timeout 60m ./kernel-tests/; \
+	$(GO) run ./internal/bench/benchtable $(BENCH_DIR) || rc=1; \
+	exit $$rc
 
 demo: deps build ## on a local 3-node rig: launch a real MPI job, pause it (kernel-verified), resume it, same result
 	@bash scripts/demo.sh

@@ -66,9 +66,12 @@ type jobState struct {
 // frozen for ever (G3). A committed pause holds without a lease.
 const DefaultLeaseGrace = 2 * time.Second
 
+// flight is a request being served, or served, on this node: reply is
+// final once done is closed.
 type flight struct {
 	done  chan struct{}
 	reply Message
+	rep   Report // what reply.Report points to, in the same allocation
 }
 
 // NewAgent returns an Agent that runs local steps on node and forwards
@@ -123,46 +126,13 @@ func (a *Agent) Wait() { a.work.wait() }
 // retransmissions of a finished one get the cached reply: a round runs each
 // node's local step at most once.
 func (a *Agent) Handle(ctx context.Context, req Message) (Message, error) {
-	reply := Message{Version: ProtocolVersion, Job: req.Job, Epoch: req.Epoch, Seq: req.Seq, Kind: req.Kind, Reply: true}
 	if err := req.Validate(); err != nil {
-		reply.Err = err.Error()
-		return reply, nil
+		return refusal(&req, err.Error()), nil
 	}
-	k := key{req.Epoch, req.Seq}
-
-	a.mu.Lock()
-	js := a.jobs[req.Job]
-	if js == nil {
-		js = &jobState{flights: make(map[key]*flight)}
-		a.jobs[req.Job] = js
+	js, f, dup, why := a.admit(&req)
+	if why != "" {
+		return refusal(&req, why), nil
 	}
-	f, dup := js.flights[k]
-	if !dup {
-		if req.Epoch <= js.expired && req.Kind != KindAbort && req.Kind != KindResume {
-			a.mu.Unlock()
-			reply.Err = fmt.Sprintf("%v: %s of epoch %d: this node rolled that pause back when its lease expired (no step came in time)",
-				ErrStale, req.Kind, req.Epoch)
-			return reply, nil
-		}
-		if newest := js.newest; k.less(newest) {
-			a.mu.Unlock()
-			reply.Err = fmt.Sprintf("%v: %s epoch %d seq %d, node is at epoch %d seq %d",
-				ErrStale, req.Kind, req.Epoch, req.Seq, newest.epoch, newest.seq)
-			return reply, nil
-		}
-		// Older flights can go: their senders have moved on, and a late
-		// copy of one is now refused as stale rather than served.
-		for old := range js.flights {
-			if old.less(k) {
-				delete(js.flights, old)
-			}
-		}
-		js.newest = k
-		f = &flight{done: make(chan struct{})}
-		js.flights[k] = f
-	}
-	a.mu.Unlock()
-
 	if !dup {
 		// The work is bounded by the request's deadline, not by the caller's
 		// patience: a retransmission may come on another attempt and must
@@ -173,14 +143,7 @@ func (a *Agent) Handle(ctx context.Context, req Message) (Message, error) {
 		}
 		fctx, cancel := context.WithDeadline(context.WithoutCancel(ctx), dl)
 		a.work.add()
-		go func() {
-			defer a.work.done()
-			defer cancel()
-			rep := a.serve(fctx, js, req)
-			f.reply = reply
-			f.reply.Report = &rep
-			close(f.done)
-		}()
+		go a.fly(fctx, cancel, js, f, req)
 	}
 	select {
 	case <-f.done:
@@ -190,32 +153,77 @@ func (a *Agent) Handle(ctx context.Context, req Message) (Message, error) {
 	}
 }
 
-// serve runs one round on this node's subtree and returns the reduction.
-func (a *Agent) serve(ctx context.Context, js *jobState, req Message) Report {
-	n := len(req.Nodes)
-	children := Children(0, n)
-	parts := make([]Report, len(children))
-	var wg sync.WaitGroup
-	if len(children) > 0 {
-		// Keep back a share of the time to reduce and reply, so that a dead
-		// child is reported by name instead of the whole subtree timing out
-		// at the parent. Deeper levels get less, in proportion to depth.
-		cctx := ctx
-		if dl, ok := ctx.Deadline(); ok {
-			reserve := time.Until(dl) / time.Duration(Depth(n)+2)
-			var cancel context.CancelFunc
-			cctx, cancel = context.WithDeadline(ctx, dl.Add(-reserve))
-			defer cancel()
-		}
-		for i, c := range children {
-			lo, hi := Subtree(c, n)
-			sub := req
-			sub.Nodes = req.Nodes[lo:hi]
-			wg.Go(func() { parts[i] = a.forward(cctx, sub) })
+// admit finds the flight of req: the one serving it already (dup), or a
+// new one; or says why req is refused. It is out of line from Handle, as
+// are refusals, to keep Handle's frame small: with MemNetwork a round's
+// every forward runs Handle on its own goroutine's stack.
+func (a *Agent) admit(req *Message) (js *jobState, f *flight, dup bool, why string) {
+	k := key{req.Epoch, req.Seq}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	js = a.jobs[req.Job]
+	if js == nil {
+		js = &jobState{flights: make(map[key]*flight)}
+		a.jobs[req.Job] = js
+	}
+	if f, dup = js.flights[k]; dup {
+		return js, f, true, ""
+	}
+	if req.Epoch <= js.expired && req.Kind != KindAbort && req.Kind != KindResume {
+		return nil, nil, false, fmt.Sprintf("%v: %s of epoch %d: this node rolled that pause back when its lease expired (no step came in time)",
+			ErrStale, req.Kind, req.Epoch)
+	}
+	if newest := js.newest; k.less(newest) {
+		return nil, nil, false, fmt.Sprintf("%v: %s epoch %d seq %d, node is at epoch %d seq %d",
+			ErrStale, req.Kind, req.Epoch, req.Seq, newest.epoch, newest.seq)
+	}
+	// Older flights can go: their senders have moved on, and a late copy of
+	// one is now refused as stale rather than served.
+	for old := range js.flights {
+		if old.less(k) {
+			delete(js.flights, old)
 		}
 	}
+	js.newest = k
+	f = &flight{done: make(chan struct{}), reply: replyTo(req)}
+	js.flights[k] = f
+	return js, f, false, ""
+}
+
+// replyTo is the envelope of the reply to req.
+func replyTo(req *Message) Message {
+	return Message{Version: ProtocolVersion, Job: req.Job, Epoch: req.Epoch, Seq: req.Seq, Kind: req.Kind, Reply: true}
+}
+
+// refusal is the final answer to a request refused: it carries why, and is
+// not retransmitted.
+//
+//go:noinline
+func refusal(req *Message, why string) Message {
+	m := replyTo(req)
+	m.Err = why
+	return m
+}
+
+// fly serves the request of flight f, on a goroutine of its own, and
+// publishes its reply. The request comes as an argument, copied once onto
+// the new goroutine, rather than captured by a closure, which would move
+// it to the heap.
+func (a *Agent) fly(ctx context.Context, cancel context.CancelFunc, js *jobState, f *flight, req Message) {
+	defer a.work.done()
+	defer cancel()
+	f.rep = a.serve(ctx, js, &req)
+	f.reply.Report = &f.rep
+	close(f.done)
+}
+
+// serve runs one round on this node's subtree and returns the reduction.
+func (a *Agent) serve(ctx context.Context, js *jobState, req *Message) Report {
+	var wg sync.WaitGroup
+	parts, cancel := a.launch(ctx, req, &wg)
+	defer cancel()
 	var rep Report
-	rep.Add(a.local(ctx, js, req))
+	rep.Add(a.local(ctx, js, *req))
 	wg.Wait()
 	for _, p := range parts {
 		rep.Merge(p)
@@ -223,15 +231,56 @@ func (a *Agent) serve(ctx context.Context, js *jobState, req Message) Report {
 	return rep
 }
 
+// launch sends req on to the sub-lists of its fan-out, each forward on its
+// own goroutine, and returns where their reports will be once wg is done,
+// and what to call then.
+func (a *Agent) launch(ctx context.Context, req *Message, wg *sync.WaitGroup) ([]Report, context.CancelFunc) {
+	n := len(req.Nodes)
+	count, depth := req.Fanout.split(n)
+	if count == 0 {
+		return nil, func() {}
+	}
+	parts := make([]Report, count)
+	// Keep back a share of the time to reduce and reply, so that a dead
+	// child is reported by name instead of the whole subtree timing out at
+	// the parent. Deeper levels get less, in proportion to depth.
+	cctx, cancel := ctx, context.CancelFunc(func() {})
+	if dl, ok := ctx.Deadline(); ok {
+		reserve := time.Until(dl) / time.Duration(depth+2)
+		cctx, cancel = context.WithDeadline(ctx, dl.Add(-reserve))
+	}
+	wg.Add(count)
+	for i := range count {
+		lo, hi := req.Fanout.sub(n, i)
+		sub := *req
+		sub.Nodes = req.Nodes[lo:hi]
+		go a.forwardTo(cctx, sub, &parts[i], wg)
+	}
+	return parts, cancel
+}
+
 // forward sends req to the first node of req.Nodes and returns its subtree's
 // report, or a report naming every node of the subtree as failed.
-func (a *Agent) forward(ctx context.Context, req Message) Report {
+func (a *Agent) forward(ctx context.Context, req *Message) Report {
 	rep, err := call(ctx, a.tr, a.retry, req.Nodes[0], req)
 	if err == nil && rep.Report != nil && rep.Report.Complete(len(req.Nodes)) {
 		return *rep.Report
 	}
+	var got *Report
+	if rep != nil {
+		got = rep.Report
+	}
+	return unreached(req, got, err)
+}
+
+// unreached is forward's report when the subtree's reply is missing or
+// incomplete. It is out of line because it is rare and its formatting
+// would make every forward's stack frame larger.
+//
+//go:noinline
+func unreached(req *Message, got *Report, err error) Report {
 	if err == nil {
-		err = fmt.Errorf("%w: reply accounts for %d of %d nodes", ErrIncomplete, reportNodes(rep.Report), len(req.Nodes))
+		err = fmt.Errorf("%w: reply accounts for %d of %d nodes", ErrIncomplete, reportNodes(got), len(req.Nodes))
 	}
 	var out Report
 	out.Add(NodeReport{Node: req.Nodes[0], Unreached: true, Err: fmt.Sprintf("%s: %v", req.Kind, err)})
@@ -239,6 +288,13 @@ func (a *Agent) forward(ctx context.Context, req Message) Report {
 		out.Add(NodeReport{Node: name, Unreached: true, Err: fmt.Sprintf("%s: not reached: %s did not answer", req.Kind, req.Nodes[0])})
 	}
 	return out
+}
+
+// forwardTo is forward on its own goroutine, its arguments copied there
+// instead of captured (see fly).
+func (a *Agent) forwardTo(ctx context.Context, req Message, out *Report, wg *sync.WaitGroup) {
+	defer wg.Done()
+	*out = a.forward(ctx, &req)
 }
 
 func reportNodes(r *Report) int {

@@ -28,6 +28,10 @@ type Options struct {
 	Abort  time.Duration `json:"abort_ns"`
 	Resume time.Duration `json:"resume_ns"`
 	Retry  RetryPolicy   `json:"retry"`
+	// Fanout is how the first node sends each request on to the others:
+	// the binomial tree (FanoutTree, the default) or, as a baseline to
+	// measure the tree against, FanoutStar.
+	Fanout Fanout `json:"fanout,omitempty"`
 }
 
 // DefaultOptions are sized for a LAN cluster and an MPI job that drains in
@@ -189,14 +193,14 @@ func (c *Coordinator) newRun(job string, nodes []string) (*run, error) {
 // individual nodes are in the report.
 func (r *run) round(ctx context.Context, kind Kind) (Report, error) {
 	r.seq++
-	req := Message{Version: ProtocolVersion, Job: r.job, Epoch: r.epoch, Seq: r.seq, Kind: kind, Nodes: r.nodes}
+	req := Message{Version: ProtocolVersion, Job: r.job, Epoch: r.epoch, Seq: r.seq, Kind: kind, Nodes: r.nodes, Fanout: r.c.opt.Fanout}
 	if (kind == KindDrain || kind == KindFreeze) && r.c.opt.DrainWait > 0 {
 		req.Wait = r.c.opt.DrainWait
 		if dl, ok := ctx.Deadline(); ok {
 			req.Wait = min(req.Wait, time.Until(dl)/4)
 		}
 	}
-	rep, err := call(ctx, r.c.tr, r.c.opt.Retry, r.nodes[0], req)
+	rep, err := call(ctx, r.c.tr, r.c.opt.Retry, r.nodes[0], &req)
 	if err != nil {
 		return Report{}, fmt.Errorf("%s round: %w", kind, err)
 	}

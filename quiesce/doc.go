@@ -12,8 +12,9 @@
 //     freeze, kernel verification, thaw. The protocol never talks to the
 //     kernel or the shims itself.
 //   - [Agent]: the node role. It serves one request per round: forwards it to
-//     its children in the binomial tree, runs the local step on its [Node],
-//     merges the children's reports and replies. It deduplicates retried and
+//     its children in the binomial tree (or, with [FanoutStar], a baseline
+//     for benchmarks, the first node to every other), runs the local step
+//     on its [Node], merges the children's reports and replies. It deduplicates retried and
 //     duplicated requests and refuses stale ones, so that a late FREEZE can
 //     never freeze a node after the ABORT that rolled it back.
 //   - [Coordinator]: the coordinator role (the mpid on rank 0's node):

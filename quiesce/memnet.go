@@ -34,8 +34,11 @@ var ErrUnknownPeer = errors.New("quiesce: unknown peer")
 type MemNetwork struct {
 	faults Faults
 
-	mu       sync.Mutex
-	rng      *rand.Rand
+	mu  sync.Mutex // guards rng
+	rng *rand.Rand
+	// handlers has its own lock, read-mostly: every call looks its
+	// recipient up, and thousands of simulated nodes call at once.
+	hmu      sync.RWMutex
 	handlers map[string]Handler
 
 	base   context.Context
@@ -59,8 +62,8 @@ func NewMemNetwork(seed uint64, f Faults) *MemNetwork {
 
 // Register makes h reachable under name, replacing any earlier handler.
 func (n *MemNetwork) Register(name string, h Handler) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
+	n.hmu.Lock()
+	defer n.hmu.Unlock()
 	n.handlers[name] = h
 }
 
@@ -89,6 +92,9 @@ type draw struct {
 }
 
 func (n *MemNetwork) draw() draw {
+	if n.faults == (Faults{}) {
+		return draw{} // a perfect network draws nothing, and takes no lock
+	}
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	d := func() time.Duration {
@@ -112,20 +118,35 @@ func (n *MemNetwork) Call(ctx context.Context, to string, req Message) (Message,
 	n.work.add()
 	defer n.work.done()
 	if err := ctx.Err(); err != nil {
-		return Message{}, fmt.Errorf("call %s: %w", to, err)
+		return Message{}, callError(to, "", err)
 	}
 	n.calls.Add(1)
-	n.mu.Lock()
+	n.hmu.RLock()
 	h, ok := n.handlers[to]
-	n.mu.Unlock()
+	n.hmu.RUnlock()
 	if !ok {
-		return Message{}, fmt.Errorf("call %s: %w", to, ErrUnknownPeer)
+		return Message{}, callError(to, "", ErrUnknownPeer)
 	}
+	if n.faults != (Faults{}) {
+		return n.faulty(ctx, to, h, &req)
+	}
+	// A perfect network only runs the handler. The handler runs on this
+	// goroutine, below the sender's frames, so this frame is kept small.
+	rep, err := h(ctx, req)
+	if err != nil {
+		return Message{}, callError(to, "", err)
+	}
+	return rep, nil
+}
+
+// faulty is Call on a network with faults: the request and the reply are
+// delayed, dropped and duplicated as drawn.
+func (n *MemNetwork) faulty(ctx context.Context, to string, h Handler, req *Message) (Message, error) {
 	d := n.draw()
 	if d.dup {
 		n.dups.Add(1)
 		n.work.add()
-		go n.duplicate(ctx, h, req, d.dupDelay)
+		go n.duplicate(ctx, h, *req, d.dupDelay)
 	}
 	if err := sleep(ctx, d.reqDelay); err != nil {
 		return Message{}, err
@@ -133,21 +154,29 @@ func (n *MemNetwork) Call(ctx context.Context, to string, req Message) (Message,
 	if d.dropReq {
 		n.drops.Add(1)
 		<-ctx.Done()
-		return Message{}, fmt.Errorf("call %s: request lost: %w", to, ctx.Err())
+		return Message{}, callError(to, "request lost: ", ctx.Err())
 	}
-	rep, err := h(ctx, req)
+	rep, err := h(ctx, *req)
 	if err != nil {
-		return Message{}, fmt.Errorf("call %s: %w", to, err)
+		return Message{}, callError(to, "", err)
 	}
 	if d.dropRep {
 		n.drops.Add(1)
 		<-ctx.Done()
-		return Message{}, fmt.Errorf("call %s: reply lost: %w", to, ctx.Err())
+		return Message{}, callError(to, "reply lost: ", ctx.Err())
 	}
 	if err := sleep(ctx, d.repDelay); err != nil {
 		return Message{}, err
 	}
 	return rep, nil
+}
+
+// callError is out of line so that its formatting does not enlarge the
+// frames of the calls that may return it.
+//
+//go:noinline
+func callError(to, what string, err error) error {
+	return fmt.Errorf("call %s: %s%w", to, what, err)
 }
 
 // duplicate delivers req a second time. It keeps the sender's deadline but not

@@ -67,6 +67,11 @@ type Message struct {
 	// empty again (Agent.settle). 0: answer at once, freeze at once. A node
 	// that does not know the field does so, which is still correct.
 	Wait time.Duration `json:"wait_ns,omitempty"`
+	// Fanout is how the recipient sends the request on to the rest of
+	// Nodes; empty is the binomial tree. An agent that does not know the
+	// field uses the tree, which changes what the round costs, not what it
+	// finds.
+	Fanout Fanout `json:"fanout,omitempty"`
 }
 
 // DrainPoll is how often a node waiting on a DRAIN (Message.Wait) checks

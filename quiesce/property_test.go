@@ -38,7 +38,9 @@ func problems(c *cluster, committed bool) []string {
 
 type propOutcome struct{ committed, aborted bool }
 
-func runSeed(seed uint64) (propOutcome, []string) {
+func runSeed(seed uint64) (propOutcome, []string) { return runSeedFanout(seed, FanoutTree) }
+
+func runSeedFanout(seed uint64, fanout Fanout) (propOutcome, []string) {
 	rng := rand.New(rand.NewPCG(seed, 42))
 	n := 1 + rng.IntN(40)
 	if rng.IntN(8) == 0 {
@@ -82,10 +84,10 @@ func runSeed(seed uint64) (propOutcome, []string) {
 	opt := Options{
 		Prepare: 3 * time.Second, Drain: time.Second, DrainInterval: time.Millisecond,
 		Freeze: 3 * time.Second, Verify: 3 * time.Second, Commit: 3 * time.Second,
-		Abort: 20 * time.Second, Resume: 20 * time.Second, Retry: retry,
+		Abort: 20 * time.Second, Resume: 20 * time.Second, Retry: retry, Fanout: fanout,
 	}
 	co := NewCoordinator(c.net, opt)
-	tag := fmt.Sprintf("seed %d (n=%d faults=%+v)", seed, n, faults)
+	tag := fmt.Sprintf("seed %d (n=%d faults=%+v fanout=%q)", seed, n, faults, fanout)
 	var out []string
 	res, err := co.Pause(context.Background(), "job", c.names)
 	c.settle() // let every late duplicate land before looking

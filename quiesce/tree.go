@@ -57,3 +57,45 @@ func Depth(n int) int {
 	}
 	return bits.Len(uint(n - 1))
 }
+
+// Fanout says how the first node of a message's list sends the request on
+// to the rest of the list.
+type Fanout string
+
+const (
+	// FanoutTree, the default, forwards over the binomial tree above: a
+	// round takes Depth(n) hops, and no node sends more than Depth(n)
+	// requests or merges more than Depth(n) replies.
+	FanoutTree Fanout = ""
+	// FanoutStar has the first node call every other node directly: one
+	// hop, but n-1 requests sent and replies merged by one node, so its
+	// cost grows linearly with the job. It exists as the baseline the
+	// tree's log2 scaling is measured against (BenchmarkScale); use the
+	// tree for real jobs.
+	FanoutStar Fanout = "star"
+)
+
+// split returns, for the first node of a list of n nodes, how many
+// sub-lists it sends a request on to and the most hops a request then takes
+// to reach the end of the list; sub gives each sub-list's range. A value
+// other than FanoutStar is the tree: the fan-out changes the cost of a
+// round, never its result, so guessing the tree is safe where refusing
+// would only fail the pause.
+func (f Fanout) split(n int) (count, depth int) {
+	if f == FanoutStar {
+		return max(n-1, 0), min(max(n-1, 0), 1)
+	}
+	return Depth(n), Depth(n)
+}
+
+// sub returns the index range [lo, hi) of the i-th sub-list of split(n),
+// which starts with the node it is sent to. For the tree these are the
+// Subtree ranges of Children(0, n), largest first, computed without the
+// allocation: a round does this on every node.
+func (f Fanout) sub(n, i int) (lo, hi int) {
+	if f == FanoutStar {
+		return i + 1, i + 2
+	}
+	m := (1 << Depth(n)) >> (i + 1)
+	return m, min(2*m, n)
+}

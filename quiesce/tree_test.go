@@ -95,3 +95,33 @@ func TestSubtreeIsContiguousBinomialTree(t *testing.T) {
 		}
 	}
 }
+
+// TestFanoutSplit: the tree's split is node 0's Children with their
+// Subtree ranges, and the star's every other node alone.
+func TestFanoutSplit(t *testing.T) {
+	for _, n := range treeSizes() {
+		var want [][2]int
+		for _, c := range Children(0, n) {
+			lo, hi := Subtree(c, n)
+			want = append(want, [2]int{lo, hi})
+		}
+		count, depth := FanoutTree.split(n)
+		if count != len(want) || depth != Depth(n) {
+			t.Fatalf("n=%d: tree split %d depth %d, want %d depth %d", n, count, depth, len(want), Depth(n))
+		}
+		for i := range count {
+			if lo, hi := FanoutTree.sub(n, i); [2]int{lo, hi} != want[i] {
+				t.Fatalf("n=%d: tree sub-list %d is [%d, %d), want %v", n, i, lo, hi, want[i])
+			}
+		}
+		count, depth = FanoutStar.split(n)
+		if count != n-1 || depth != min(n-1, 1) {
+			t.Fatalf("n=%d: star split %d depth %d", n, count, depth)
+		}
+		for i := range count {
+			if lo, hi := FanoutStar.sub(n, i); lo != i+1 || hi != i+2 {
+				t.Fatalf("n=%d: star sub-list %d is [%d, %d)", n, i, lo, hi)
+			}
+		}
+	}
+}

@@ -1,0 +1,97 @@
+package quiesce
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// scriptedTransport answers attempt i (from 0) as script[i] says: "lose"
+// waits for the caller to give up, "fail" errs at once, "refuse" answers
+// with Err, anything else answers.
+type scriptedTransport struct {
+	script   []string
+	attempts atomic.Int32
+	returned atomic.Int32 // attempts that have returned
+}
+
+func (s *scriptedTransport) Call(ctx context.Context, to string, req Message) (Message, error) {
+	i := int(s.attempts.Add(1)) - 1
+	defer s.returned.Add(1)
+	what := "answer"
+	if i < len(s.script) {
+		what = s.script[i]
+	}
+	rep := Message{Version: ProtocolVersion, Job: req.Job, Kind: req.Kind, Reply: true, Report: &Report{Nodes: i}}
+	switch what {
+	case "lose":
+		<-ctx.Done()
+		return Message{}, ctx.Err()
+	case "fail":
+		return Message{}, errors.New("connection refused")
+	case "refuse":
+		rep.Err = "no"
+	}
+	return rep, nil
+}
+
+// TestCallRetransmits: the first attempt runs on the caller's goroutine;
+// when it is lost, a retransmission's reply still ends the call at once
+// (the lost attempt is cancelled, not waited for until the deadline), and
+// errors are retried on the next tick.
+func TestCallRetransmits(t *testing.T) {
+	p := RetryPolicy{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond}
+	req := &Message{Version: ProtocolVersion, Job: "j", Kind: KindDrain, Nodes: []string{"n"}}
+	for _, tc := range []struct {
+		name   string
+		script []string
+		want   int // the attempt whose reply is returned
+		err    string
+	}{
+		{name: "first answers", script: nil, want: 0},
+		{name: "first lost", script: []string{"lose"}, want: 1},
+		{name: "two lost", script: []string{"lose", "lose"}, want: 2},
+		{name: "first fails", script: []string{"fail", "fail"}, want: 2},
+		{name: "refused", script: []string{"lose", "refuse"}, want: 1, err: "refused DRAIN: no"},
+	} {
+		tr := &scriptedTransport{script: tc.script}
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		start := time.Now()
+		rep, err := call(ctx, tr, p, "n", req)
+		took := time.Since(start)
+		cancel()
+		if tc.err != "" && (err == nil || !strings.Contains(err.Error(), tc.err)) || tc.err == "" && err != nil {
+			t.Errorf("%s: error %v, want %q", tc.name, err, tc.err)
+		}
+		if rep == nil || rep.Report.Nodes != tc.want {
+			t.Errorf("%s: reply %+v, want attempt %d's", tc.name, rep, tc.want)
+		}
+		if took > 5*time.Second {
+			t.Errorf("%s: took %v: a lost attempt was waited for", tc.name, took)
+		}
+		// Every attempt ends once the call has: none is left waiting.
+		deadline := time.Now().Add(5 * time.Second)
+		for tr.returned.Load() != tr.attempts.Load() && time.Now().Before(deadline) {
+			time.Sleep(time.Millisecond)
+		}
+		if r, a := tr.returned.Load(), tr.attempts.Load(); r != a {
+			t.Errorf("%s: %d of %d attempts still running after the call", tc.name, a-r, a)
+		}
+	}
+
+	// Nothing answers: the call ends with the caller's deadline and says
+	// what the attempts last saw.
+	tr := &scriptedTransport{script: []string{"fail", "fail", "fail", "fail", "fail", "fail", "fail", "fail", "fail", "fail", "fail", "fail", "fail", "fail", "fail", "fail"}}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	rep, err := call(ctx, tr, p, "n", req)
+	if rep != nil || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "connection refused") {
+		t.Fatalf("no answer: %+v %v", rep, err)
+	}
+	if n := tr.attempts.Load(); n < 3 {
+		t.Errorf("%d attempts in 50 ms with a 5 ms retransmission", n)
+	}
+}

@@ -30,6 +30,7 @@ type sockstatConnInfo struct {
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
 	sockstatMapConns               = "conns"
+	sockstatMapForeign             = "foreign"
 	sockstatMapWatched             = "watched"
 	sockstatProgMpipauseRecv       = "mpipause_recv"
 	sockstatProgMpipauseRetransmit = "mpipause_retransmit"
@@ -90,6 +91,7 @@ type sockstatProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockstatMapSpecs struct {
 	Conns   *ebpf.MapSpec `ebpf:"conns"`
+	Foreign *ebpf.MapSpec `ebpf:"foreign"`
 	Watched *ebpf.MapSpec `ebpf:"watched"`
 }
 
@@ -120,12 +122,14 @@ func (o *sockstatObjects) Close() error {
 // It can be passed to loadSockstatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockstatMaps struct {
 	Conns   *ebpf.Map `ebpf:"conns"`
+	Foreign *ebpf.Map `ebpf:"foreign"`
 	Watched *ebpf.Map `ebpf:"watched"`
 }
 
 func (m *sockstatMaps) Close() error {
 	return _SockstatClose(
 		m.Conns,
+		m.Foreign,
 		m.Watched,
 	)
 }

@@ -8,6 +8,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"log/slog"
 	"net/netip"
 	"os"
@@ -103,7 +104,8 @@ func (l *Local) gone(job string, kernel bool) error {
 func dying(pid int) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return true
+		// Gone; any other error says nothing, and the registry decides.
+		return errors.Is(err, fs.ErrNotExist)
 	}
 	return statusDying(string(b))
 }

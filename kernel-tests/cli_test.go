@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpipause/mpipause/internal/bench"
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/loader"
@@ -310,16 +311,7 @@ func testPauseResume(t *testing.T, lib mpiLib) {
 			retrans, cycles, perGiB(retrans, sent), ratio, baseRetrans, baseSent>>20)
 	}
 	t.Logf("%d pauses at random moments: pause p50 %.1f ms p99 %.1f ms, resume p50 %.1f ms p99 %.1f ms, drained p50 %.2f MiB; retransmissions %.1f per GiB (%.2fx unpaused); every COMMIT verified empty by BPF and sock_diag; output unchanged",
-		cycles, pct(pauseMs, 0.5), pct(pauseMs, 0.99), pct(resumeMs, 0.5), pct(resumeMs, 0.99), pct(drainedMB, 0.5), perGiB(retrans, sent), ratio)
-}
-
-func pct(xs []float64, q float64) float64 {
-	if len(xs) == 0 {
-		return 0
-	}
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	return s[min(len(s)-1, int(q*float64(len(s))))]
+		cycles, bench.Percentile(pauseMs, 0.5), bench.Percentile(pauseMs, 0.99), bench.Percentile(resumeMs, 0.5), bench.Percentile(resumeMs, 0.99), bench.Percentile(drainedMB, 0.5), perGiB(retrans, sent), ratio)
 }
 
 // wrapperPid finds the `mpipause run` process of job id.

@@ -48,7 +48,7 @@ type faultRow struct {
 	noReport bool
 	// phases, if set, replaces PREPARE, DRAIN, FREEZE.
 	phases []string
-	inject   func(ctx context.Context, t *testing.T, tr *trial)
+	inject func(ctx context.Context, t *testing.T, tr *trial)
 }
 
 // trial is one injection: the job, the pause under way, the failpoint.

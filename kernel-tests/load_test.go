@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpipause/mpipause/internal/bench"
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
 )
@@ -105,7 +106,7 @@ func TestConcurrentJobs(t *testing.T) {
 	}
 	wg.Wait()
 	t.Logf("%d pauses, %d resumes, %d status calls from %d shells; pause p50 %.1f ms, max %.1f ms",
-		pauses, resumes, statuses, shells, pct(pauseMs, 0.5), pct(pauseMs, 1))
+		pauses, resumes, statuses, shells, bench.Percentile(pauseMs, 0.5), bench.Percentile(pauseMs, 1))
 	for _, p := range problems {
 		t.Error(p)
 	}

@@ -120,8 +120,8 @@ type pauseCase struct {
 	work   workload
 
 	stopMs, freezeMs, pauseMs, resumeMs, boundMs []float64
-	stopBytes, freezeBytes, beforeBytes         []float64
-	phases                                      map[string][]float64
+	stopBytes, freezeBytes, beforeBytes          []float64
+	phases                                       map[string][]float64
 }
 
 func (c *pauseCase) String() string { return c.lib + "/" + c.layout.String() + "/" + c.work.name }

@@ -1,7 +1,8 @@
 // Command benchtable prints the summary that `make bench` recorded in a
 // results directory (bench.ReadSummary) as the one table the suite ends
-// with: the rows grouped by section, each target met or MISSED, a line that
-// counts the targets, and the plots and raw data beside it.
+// with: the rows grouped by section, each target met, MISSED or not
+// resolved (the measurement's interval straddles it), a line that counts
+// the targets, and the plots and raw data beside it.
 //
 //	go run ./internal/bench/benchtable [--json] DIR
 //
@@ -29,11 +30,13 @@ import (
 const usageText = `usage: benchtable [--json] DIR
 
 Prints the summary that 'make bench' recorded in DIR/summary.csv as one
-table, grouped by section, with each target met or MISSED, then the files
+table, grouped by section, with each target met, MISSED or not resolved
+(the figure's confidence interval straddles the target), then the files
 beside it (SVG plots, CSV raw data).
 
   --json      print one JSON object {"rows": [...], "targets_met": N,
-              "targets": M, "files": [...]} instead
+              "targets_unresolved": U, "targets": M, "files": [...]}
+              instead (a row not resolved has a target and "met": null)
   -h, --help  print this help
 
 Exit status: 0 the table printed (missed targets included), 1 no summary
@@ -120,10 +123,11 @@ type jsonRow struct {
 }
 
 type jsonSummary struct {
-	Rows       []jsonRow `json:"rows"`
-	TargetsMet int       `json:"targets_met"`
-	Targets    int       `json:"targets"`
-	Files      []string  `json:"files"`
+	Rows              []jsonRow `json:"rows"`
+	TargetsMet        int       `json:"targets_met"`
+	TargetsUnresolved int       `json:"targets_unresolved"`
+	Targets           int       `json:"targets"`
+	Files             []string  `json:"files"`
 }
 
 func writeJSON(stdout, stderr io.Writer, rows []bench.Row, files []string) int {
@@ -139,7 +143,8 @@ func writeJSON(stdout, stderr io.Writer, rows []bench.Row, files []string) int {
 		}
 		out.Rows = append(out.Rows, j)
 	}
-	out.TargetsMet, out.Targets, _ = targets(rows)
+	met, total, _, unresolved := targets(rows)
+	out.TargetsMet, out.Targets, out.TargetsUnresolved = met, total, len(unresolved)
 	enc := json.NewEncoder(stdout)
 	enc.SetIndent("", "  ")
 	enc.SetEscapeHTML(false) // targets read "<= 20 ms", not "\u003c= 20 ms"
@@ -168,20 +173,23 @@ func grouped(rows []bench.Row) []bench.Row {
 }
 
 // targets counts the rows with a target and those that met it, and
-// returns the ones that missed.
-func targets(rows []bench.Row) (met, total int, missed []bench.Row) {
+// returns the ones that missed and the ones whose measurement could not
+// tell (a target and no verdict).
+func targets(rows []bench.Row) (met, total int, missed, unresolved []bench.Row) {
 	for _, r := range rows {
-		if r.Met == nil {
+		switch {
+		case r.Target == "" && r.Met == nil:
 			continue
-		}
-		total++
-		if *r.Met {
+		case r.Met == nil:
+			unresolved = append(unresolved, r)
+		case *r.Met:
 			met++
-		} else {
+		default:
 			missed = append(missed, r)
 		}
+		total++
 	}
-	return met, total, missed
+	return met, total, missed, unresolved
 }
 
 // writeTable prints the rows as one table: one set of column widths for all
@@ -206,16 +214,20 @@ func writeTable(w io.Writer, dir string, rows []bench.Row, files []string) {
 		t.write(w)
 	}
 
-	met, total, missed := targets(rows)
-	switch {
-	case total == 0:
+	met, total, missed, unresolved := targets(rows)
+	if total == 0 {
 		fmt.Fprintln(w, "targets: none set")
-	case len(missed) == 0:
-		fmt.Fprintf(w, "targets: %d of %d met\n", met, total)
-	default:
+	} else {
+		line := fmt.Sprintf("targets: %d of %d met", met, total)
+		if len(unresolved) > 0 {
+			line += fmt.Sprintf(", %d not resolved", len(unresolved))
+		}
+		if len(missed) > 0 {
+			line += "; missed:"
+		}
+		fmt.Fprintln(w, line)
 		// One line each: a suite run misses dozens on a loaded machine,
 		// and a single line of them could not be read at a glance.
-		fmt.Fprintf(w, "targets: %d of %d met; missed:\n", met, total)
 		for _, r := range missed {
 			v := formatValue(r.Value)
 			if r.Unit != "" {
@@ -261,6 +273,8 @@ func list(w io.Writer, label string, names []string) {
 
 func result(r bench.Row) string {
 	switch {
+	case r.Met == nil && r.Target != "":
+		return "not resolved"
 	case r.Met == nil:
 		return ""
 	case *r.Met:

@@ -33,6 +33,7 @@ func results(t *testing.T) string {
 		bench.Row{Section: "pause", Case: "openmpi/4x4/ring", Metric: "pause p50", Value: 25.31, Unit: "ms"}.Goal("<= 20 ms", false),
 		{Section: "pause", Case: "mpich/4x4/ring", Metric: "pause p99", Value: bench.Percentile(nil, 0.99), Unit: "ms"},
 		{Section: "scale", Case: "16 nodes", Metric: "rounds", Value: 4},
+		bench.Row{Section: "overhead", Case: "mpich", Metric: "latency with / plain", Value: 1.03, Unit: "x"}.Judged("< 1.02", nil),
 	}
 	if err := bench.Record(dir, rows[:2]...); err != nil {
 		t.Fatal(err)
@@ -73,12 +74,13 @@ func TestTable(t *testing.T) {
 			under[strings.TrimSpace(l[:metricCol])] = headings[len(headings)-1]
 		}
 	}
-	if diff := cmp.Diff([]string{"scale", "pause"}, headings); diff != "" {
+	if diff := cmp.Diff([]string{"scale", "pause", "overhead"}, headings); diff != "" {
 		t.Errorf("section headings (-want +got):\n%s\n%s", diff, out)
 	}
 	wantUnder := map[string]string{
 		"4096 nodes": "scale", "16 nodes": "scale", "rig link": "pause",
 		"openmpi/3x2/ring": "pause", "openmpi/4x4/ring": "pause", "mpich/4x4/ring": "pause",
+		"mpich": "overhead",
 	}
 	if diff := cmp.Diff(wantUnder, under); diff != "" {
 		t.Errorf("section of each case (-want +got):\n%s\n%s", diff, out)
@@ -91,13 +93,14 @@ func TestTable(t *testing.T) {
 		{"4096 nodes", "messages", "123,456", "msgs", "<= 1e5", "MISSED"},
 		{"16 nodes", "rounds", "4"},
 		{"mpich/4x4/ring", "pause p99", "n/a", "ms"},
+		{"mpich", "latency with / plain", "1.03", "x", "< 1.02", "not resolved"},
 	} {
 		if !hasRow(lines, cells) {
 			t.Errorf("no line with %q in\n%s", cells, out)
 		}
 	}
 	for _, want := range []string{
-		"targets: 1 of 3 met; missed:",
+		"targets: 1 of 4 met, 1 not resolved; missed:",
 		"  4096 nodes messages (123,456 msgs, target <= 1e5)",
 		"  openmpi/4x4/ring pause p50 (25.3 ms, target <= 20 ms)",
 	} {
@@ -154,18 +157,22 @@ func TestJSON(t *testing.T) {
 			Value                               *float64
 			Met                                 *bool
 		}
-		TargetsMet int `json:"targets_met"`
-		Targets    int `json:"targets"`
-		Files      []string
+		TargetsMet        int `json:"targets_met"`
+		TargetsUnresolved int `json:"targets_unresolved"`
+		Targets           int `json:"targets"`
+		Files             []string
 	}
 	if err := json.Unmarshal([]byte(out), &got); err != nil {
 		t.Fatalf("--json output does not parse: %v\n%s", err, out)
 	}
-	if got.TargetsMet != 1 || got.Targets != 3 {
-		t.Errorf("targets_met, targets = %d, %d; want 1, 3", got.TargetsMet, got.Targets)
+	if got.TargetsMet != 1 || got.TargetsUnresolved != 1 || got.Targets != 4 {
+		t.Errorf("targets_met, targets_unresolved, targets = %d, %d, %d; want 1, 1, 4", got.TargetsMet, got.TargetsUnresolved, got.Targets)
 	}
-	if len(got.Rows) != 6 {
-		t.Fatalf("%d rows, want 6:\n%s", len(got.Rows), out)
+	if len(got.Rows) != 7 {
+		t.Fatalf("%d rows, want 7:\n%s", len(got.Rows), out)
+	}
+	if r := got.Rows[6]; r.Target != "< 1.02" || r.Met != nil {
+		t.Errorf("row not resolved = %+v, want target < 1.02, met null", r)
 	}
 	if r := got.Rows[2]; r.Case != "openmpi/3x2/ring" || r.Value == nil || *r.Value != 12.345 || r.Met == nil || !*r.Met {
 		t.Errorf("row 1 = %+v, want openmpi/3x2/ring 12.345 met", r)

@@ -2,6 +2,7 @@ package quiesce
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"encoding/binary"
@@ -102,9 +103,16 @@ func readSealed(r io.Reader, s *session, v any) error {
 }
 
 // TCPTransport is a Transport over TCP. A node name is dialled as a TCP
-// address unless Resolve maps it. Each Call uses its own connection: a round
-// makes one call per tree edge, so pooling would save little, and a fresh
-// connection never carries a stale reply of a cancelled call.
+// address unless Resolve maps it.
+//
+// Connections are kept for reuse, a few per peer: opening one costs a
+// handshake, two hellos and, with Key, two nonces and a proof, which is most
+// of what a small request costs (measured with 4,096 simulated nodes: 3.8 s
+// a pause with a connection per call). A connection goes back to the pool
+// only after a request and its reply both went through whole and in time;
+// any error, timeout or cancellation closes it, so a reply that arrives
+// late can never be read as the answer to a later request, and a frame's
+// number on its connection (auth.go) stays the count of frames it carried.
 type TCPTransport struct {
 	// Resolve maps a node name to a "host:port" address; nil dials the name.
 	Resolve func(name string) (string, error)
@@ -114,6 +122,92 @@ type TCPTransport struct {
 	// must prove it holds the same key, and every frame is MACed. nil
 	// speaks the unauthenticated protocol, for tests.
 	Key *Key
+	// MaxIdle bounds the idle connections kept per peer; 0 means
+	// DefaultMaxIdle, a negative value keeps none (a connection per call).
+	MaxIdle int
+	// IdleTimeout closes a connection left idle that long; 0 means
+	// DefaultIdleTimeout. It is shorter than a server's, so that a pooled
+	// connection is seldom one the server has already closed.
+	IdleTimeout time.Duration
+
+	mu   sync.Mutex
+	idle map[string][]*tcpConn // by address, most recently used last
+}
+
+// DefaultMaxIdle suits the tree: a node calls each child once a round, and
+// a few jobs may pause at once.
+const DefaultMaxIdle = 4
+
+// DefaultIdleTimeout keeps a connection across the rounds of a pause and a
+// resume soon after it, not across hours of a job running.
+const DefaultIdleTimeout = 30 * time.Second
+
+// DefaultServerIdle is how long a server keeps a connection with no request
+// on it.
+const DefaultServerIdle = 2 * time.Minute
+
+type tcpConn struct {
+	conn  net.Conn
+	br    *bufio.Reader
+	s     *session // nil without a key
+	since time.Time
+}
+
+// get returns a pooled connection to addr that has not idled too long.
+func (t *TCPTransport) get(addr string) *tcpConn {
+	if t.MaxIdle < 0 {
+		return nil
+	}
+	timeout := cmp.Or(t.IdleTimeout, DefaultIdleTimeout)
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	l := t.idle[addr]
+	for len(l) > 0 {
+		c := l[len(l)-1]
+		l = l[:len(l)-1]
+		if time.Since(c.since) < timeout {
+			t.idle[addr] = l
+			return c
+		}
+		c.conn.Close()
+	}
+	delete(t.idle, addr)
+	return nil
+}
+
+// put keeps c for the next call to addr, or closes it if the pool is full.
+func (t *TCPTransport) put(addr string, c *tcpConn) {
+	limit := cmp.Or(t.MaxIdle, DefaultMaxIdle)
+	if limit < 0 || c.conn.SetDeadline(time.Time{}) != nil {
+		c.conn.Close()
+		return
+	}
+	c.since = time.Now()
+	t.mu.Lock()
+	if t.idle == nil {
+		t.idle = map[string][]*tcpConn{}
+	}
+	l := t.idle[addr]
+	if len(l) >= limit {
+		t.mu.Unlock()
+		c.conn.Close()
+		return
+	}
+	t.idle[addr] = append(l, c)
+	t.mu.Unlock()
+}
+
+// CloseIdle closes every pooled connection; calls in progress keep theirs.
+func (t *TCPTransport) CloseIdle() {
+	t.mu.Lock()
+	idle := t.idle
+	t.idle = nil
+	t.mu.Unlock()
+	for _, l := range idle {
+		for _, c := range l {
+			c.conn.Close()
+		}
+	}
 }
 
 // Call implements Transport.
@@ -125,58 +219,113 @@ func (t *TCPTransport) Call(ctx context.Context, to string, req Message) (Messag
 			return Message{}, fmt.Errorf("resolve %s: %w", to, err)
 		}
 	}
+	if c := t.get(addr); c != nil {
+		rep, err, sent := t.roundTrip(ctx, addr, to, c, req)
+		// A pooled connection the server closed meanwhile (its idle
+		// timeout, a restart) fails before any byte of a reply: ask again
+		// on a new one. The request may have been served; a repeat is what
+		// a retransmission is, and receivers coalesce those.
+		if err == nil || sent || ctx.Err() != nil {
+			return rep, err
+		}
+	}
+	c, err := t.dial(ctx, to, addr)
+	if err != nil {
+		return Message{}, err
+	}
+	rep, err, _ := t.roundTrip(ctx, addr, to, c, req)
+	return rep, err
+}
+
+// dial opens and authenticates a connection to addr.
+func (t *TCPTransport) dial(ctx context.Context, to, addr string) (c *tcpConn, err error) {
 	conn, err := t.Dialer.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return Message{}, fmt.Errorf("dial %s: %w", to, err)
+		return nil, fmt.Errorf("dial %s: %w", to, err)
 	}
-	defer conn.Close()
-	// Closing the connection is the only way to interrupt a blocked read
-	// when ctx is cancelled rather than timed out.
+	defer func() {
+		if err != nil {
+			conn.Close()
+		}
+	}()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	f := frame{Msg: req}
 	if dl, ok := ctx.Deadline(); ok {
-		f.TimeoutNanos = max(int64(time.Until(dl)), 1)
 		_ = conn.SetDeadline(dl)
 	}
 	br := bufio.NewReader(conn)
 	mine := Hello{Magic: HelloMagic, Version: ProtocolVersion}
 	if t.Key != nil {
 		if mine.Nonce, err = newNonce(); err != nil {
-			return Message{}, err
+			return nil, err
 		}
 	}
 	if err := writeFrame(conn, mine); err != nil {
-		return Message{}, t.fail(ctx, to, err)
+		return nil, t.fail(ctx, to, err)
 	}
 	var h Hello
 	if err := readFrame(br, &h); err != nil {
-		return Message{}, t.fail(ctx, to, err)
+		return nil, t.fail(ctx, to, err)
 	}
 	if h.Err != "" && h.Magic == HelloMagic && h.Version == ProtocolVersion {
-		return Message{}, fmt.Errorf("%s refused the connection: %s", to, h.Err)
+		return nil, fmt.Errorf("%s refused the connection: %s", to, h.Err)
 	}
 	if h.Magic != HelloMagic || h.Version != ProtocolVersion || h.Err != "" {
-		return Message{}, fmt.Errorf("%s: %w: hello magic %q version %d: %s", to, ErrVersion, h.Magic, h.Version, h.Err)
+		return nil, fmt.Errorf("%s: %w: hello magic %q version %d: %s", to, ErrVersion, h.Magic, h.Version, h.Err)
 	}
 	var s *session
 	if t.Key != nil {
 		if len(h.Nonce) != nonceSize || len(h.Proof) == 0 {
-			return Message{}, fmt.Errorf("%s: %w: it does not authenticate (started without the cluster key?)", to, ErrAuth)
+			return nil, fmt.Errorf("%s: %w: it does not authenticate (started without the cluster key?)", to, ErrAuth)
 		}
 		s = newSession(t.Key, mine.Nonce, h.Nonce, true)
 		if !hmac.Equal(h.Proof, s.proof()) {
-			return Message{}, fmt.Errorf("%s: %w: it does not hold this node's cluster key", to, ErrAuth)
+			return nil, fmt.Errorf("%s: %w: it does not hold this node's cluster key", to, ErrAuth)
 		}
 	}
-	if err := writeSealed(conn, s, f); err != nil {
-		return Message{}, t.fail(ctx, to, err)
+	return &tcpConn{conn: conn, br: br, s: s}, nil
+}
+
+// roundTrip sends req on c and reads its reply. It returns c to the pool
+// after a whole exchange and closes it otherwise. sent reports whether any
+// byte of a reply came.
+func (t *TCPTransport) roundTrip(ctx context.Context, addr, to string, c *tcpConn, req Message) (rep Message, err error, sent bool) {
+	// Closing the connection is the only way to interrupt a blocked read
+	// when ctx is cancelled rather than timed out.
+	stop := context.AfterFunc(ctx, func() { c.conn.Close() })
+	f := frame{Msg: req}
+	if dl, ok := ctx.Deadline(); ok {
+		f.TimeoutNanos = max(int64(time.Until(dl)), 1)
+		_ = c.conn.SetDeadline(dl)
 	}
-	var rep frame
-	if err := readSealed(br, s, &rep); err != nil {
-		return Message{}, t.fail(ctx, to, err)
+	var fr frame
+	if err = writeSealed(c.conn, c.s, f); err == nil {
+		r := &countingReader{r: c.br}
+		err = readSealed(r, c.s, &fr)
+		sent = r.n > 0
 	}
-	return rep.Msg, nil
+	if !stop() || err != nil {
+		// ctx ended: the connection is closed or closing, whatever came.
+		c.conn.Close()
+		if err == nil {
+			return fr.Msg, nil, true
+		}
+		return Message{}, t.fail(ctx, to, err), sent
+	}
+	t.put(addr, c)
+	return fr.Msg, nil, true
+}
+
+// countingReader counts the bytes read through it.
+type countingReader struct {
+	r io.Reader
+	n int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	c.n += n
+	return n, err
 }
 
 // fail prefers ctx's error, since a read interrupted by cancellation reports
@@ -196,6 +345,9 @@ type ServerOptions struct {
 	// Log, if set, hears every client refused or cut off for failing
 	// authentication, with its address. Never with key material.
 	Log func(msg string, args ...any)
+	// IdleTimeout closes a connection with no request for that long; 0
+	// means DefaultServerIdle.
+	IdleTimeout time.Duration
 }
 
 // ServeTCP serves h on ln without authentication until ctx is done; see
@@ -263,8 +415,11 @@ func serveConn(ctx context.Context, conn net.Conn, h Handler, o ServerOptions) {
 	if err := writeFrame(conn, mine); err != nil {
 		return
 	}
+	idle := cmp.Or(o.IdleTimeout, DefaultServerIdle)
 	for {
-		_ = conn.SetReadDeadline(time.Time{})
+		// Clients keep connections for their next request (TCPTransport);
+		// one that never sends it should not hold a goroutine for ever.
+		_ = conn.SetReadDeadline(time.Now().Add(idle))
 		var f frame
 		if err := readSealed(br, s, &f); err != nil {
 			if errors.Is(err, ErrAuth) {

@@ -84,6 +84,9 @@ type Daemon struct {
 	log   *slog.Logger
 	ranks *ranks.Server
 	agent *quiesce.Agent
+	// tr is the peer port's client side, shared by the agent and every
+	// coordinator on this node so that its connections are reused.
+	tr *quiesce.TCPTransport
 
 	mu   sync.Mutex
 	jobs map[string]*job
@@ -198,7 +201,9 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 			}
 			return ""
 		}}}
-	d.agent = quiesce.NewAgent(local, d.transport(), quiesce.DefaultRetry)
+	d.tr = &quiesce.TCPTransport{Resolve: d.resolve, Key: d.cfg.ClusterKey}
+	defer d.tr.CloseIdle()
+	d.agent = quiesce.NewAgent(local, d.tr, quiesce.DefaultRetry)
 	d.agent.OnExpire = func(job string, err error) {
 		// The coordinator died or lost this node mid-pause: the agent
 		// thawed and reopened the job here on its own (G3).

@@ -102,12 +102,11 @@ func (d *Daemon) coordinator(drain time.Duration) *quiesce.Coordinator {
 	if drain <= 0 {
 		drain = d.cfg.Drain
 	}
-	tr := d.transport()
 	// Nodes hold their DRAIN answers while they drain (checking every
 	// quiesce.DrainPoll): the end of a drain is seen a millisecond after it
 	// happens instead of at the next protocol round (2 ms apart, 2-3 ms
 	// each on the rig). 20 ms keeps progress reports coming.
-	return quiesce.NewCoordinator(tr, quiesce.Options{Drain: drain, DrainWait: 20 * time.Millisecond})
+	return quiesce.NewCoordinator(d.tr, quiesce.Options{Drain: drain, DrainWait: 20 * time.Millisecond})
 }
 
 func (d *Daemon) pause(ctx context.Context, req ctl.Request, v ctl.Job, progress func(ctl.Progress)) (ctl.Job, error) {
@@ -251,12 +250,6 @@ func (d *Daemon) confirmRollback(id string, nodes []string) {
 // rollbackRetries bounds confirmRollback: about half an hour.
 const rollbackRetries = 64
 
-// transport is the peer port's client side, authenticated with the
-// cluster key.
-func (d *Daemon) transport() *quiesce.TCPTransport {
-	return &quiesce.TCPTransport{Resolve: d.resolve, Key: d.cfg.ClusterKey}
-}
-
 func (d *Daemon) resolve(name string) (string, error) {
 	return fmt.Sprintf("%s:%d", name, d.cfg.PeerPort), nil
 }
@@ -383,10 +376,9 @@ func (d *Daemon) forward(ctx context.Context, to string, req ctl.Request, uid ui
 	// coordinator that never answers.
 	ctx, cancel := context.WithTimeout(ctx, drain+2*time.Minute)
 	defer cancel()
-	tr := d.transport()
 	m := quiesce.Message{Version: quiesce.ProtocolVersion, Job: req.Job, Kind: quiesce.KindControl, Nodes: []string{to},
 		Control: &quiesce.Control{Op: req.Op, UID: uid, Timeout: req.Timeout}}
-	rep, err := tr.Call(ctx, to, m)
+	rep, err := d.tr.Call(ctx, to, m)
 	if err == nil && rep.Err != "" {
 		err = errors.New(rep.Err)
 	}

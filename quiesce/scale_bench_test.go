@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net"
 	"os"
+	"runtime"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -46,7 +50,9 @@ import (
 // cluster.
 //
 // MPIPAUSE_SCALE_CYCLES sets the measured pause and resume cycles per case
-// (default 5), after one that warms up.
+// (default 5), after one that warms up; MPIPAUSE_SCALE_NODES (e.g.
+// "1024,4096") and MPIPAUSE_SCALE_TRANSPORTS ("mem", "tcp") narrow the
+// cases, to profile one.
 func BenchmarkScale(b *testing.B) {
 	dir, err := bench.Dir()
 	if err != nil {
@@ -54,16 +60,39 @@ func BenchmarkScale(b *testing.B) {
 	}
 	cycles := envInt("MPIPAUSE_SCALE_CYCLES", 5)
 	sizes := []int{16, 64, 256, 1024, 4096}
+	if v := os.Getenv("MPIPAUSE_SCALE_NODES"); v != "" {
+		sizes = nil
+		for _, f := range strings.Split(v, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(f))
+			if err != nil || n < 2 {
+				b.Fatalf("MPIPAUSE_SCALE_NODES=%q: want node counts of 2 or more, separated by commas", v)
+			}
+			sizes = append(sizes, n)
+		}
+	}
+	transports := []string{"mem", "tcp"}
+	if v := os.Getenv("MPIPAUSE_SCALE_TRANSPORTS"); v != "" {
+		transports = strings.Split(v, ",")
+	}
 	fanouts := []Fanout{FanoutTree, FanoutStar}
 
 	// The tables go to stderr, a line at a time as "bench: ..." (what make
 	// bench shows): go test keeps only the first ten lines of a
 	// benchmark's log, which is for the verdicts.
 	logf := func(format string, args ...any) { fmt.Fprintf(os.Stderr, "bench: "+format+"\n", args...) }
+	// The TCP cases' floor, measured here: what the kernel's loopback TCP
+	// alone costs a request and its reply, in CPU (see loopbackRoundTrip).
+	var rtCPU time.Duration
+	if slices.Contains(transports, "tcp") {
+		if rtCPU, err = loopbackRoundTrip(20000); err != nil {
+			b.Fatal(err)
+		}
+		logf("scale tcp: a bare loopback TCP request and reply costs %.1f us of CPU (%d cores)", float64(rtCPU.Nanoseconds())/1e3, runtime.NumCPU())
+	}
 	var raw [][]string
 	var rows []bench.Row
 	results := map[string]map[int]scaleCase{} // "mem/tree" -> nodes -> figures
-	for _, transport := range []string{"mem", "tcp"} {
+	for _, transport := range transports {
 		for _, n := range sizes {
 			sim, err := newScaleSim(transport, n)
 			if err != nil {
@@ -101,7 +130,7 @@ func BenchmarkScale(b *testing.B) {
 	rootPlot := bench.Plot{Title: "Messages at the root per round vs nodes", XLabel: "simulated nodes",
 		YLabel: "requests in + out at node 0, per round", LogX2: true, LogY: true}
 	rootSeen := map[Fanout]bool{}
-	for _, transport := range []string{"mem", "tcp"} {
+	for _, transport := range transports {
 		for _, f := range fanouts {
 			key := transport + "/" + fanoutName(f)
 			byN := results[key]
@@ -137,6 +166,15 @@ func BenchmarkScale(b *testing.B) {
 					row("messages per node (max)", most, "per round"))
 				if f == FanoutStar {
 					rows = append(rows, row("messages at the root", root, "per round"))
+				}
+				if transport == "tcp" && rtCPU > 0 {
+					// Every simulated node's requests share this machine's
+					// cores, so no pause can take less than its exchanges'
+					// bare TCP cost spread over them.
+					floor := avg(c.exchanges) * float64(rtCPU.Nanoseconds()) / 1e6 / float64(runtime.NumCPU())
+					rows = append(rows, row("floor: bare loopback TCP exchanges / cores", floor, "ms"),
+						row("pause / floor", pause/floor, "x"))
+					logf("scale %s/%d nodes: %.0f exchanges a pause; bare TCP floor %.1f ms; pause / floor %.1fx", key, n, avg(c.exchanges), floor, pause/floor)
 				}
 			}
 			// The figure: how much a pause and the root's load grow
@@ -186,6 +224,7 @@ func BenchmarkScale(b *testing.B) {
 type scaleCase struct {
 	pauseMs, roundMs, cpuMs  []float64
 	msgMean, msgMax, msgRoot []float64
+	exchanges                []float64 // requests answered in a pause, all nodes
 }
 
 // scaleSim is a job of n simulated nodes on one transport: an Agent over
@@ -412,6 +451,10 @@ func (s *scaleSim) run(b *testing.B, f Fanout, cycles int) scaleCase {
 			most = max(most, m)
 		}
 		root := float64(s.in[0].Load()+s.out[0].Load()) / float64(rounds)
+		var exch int64 // read before the resume adds its own
+		for j := range s.in {
+			exch += s.in[j].Load()
+		}
 		if err := s.check(true); err != nil {
 			b.Fatalf("%s/%s/%d nodes: pause %d: %v", s.transport, fanoutName(f), n, i, err)
 		}
@@ -427,11 +470,78 @@ func (s *scaleSim) run(b *testing.B, f Fanout, cycles int) scaleCase {
 		c.msgMean = append(c.msgMean, sum/float64(n))
 		c.msgMax = append(c.msgMax, most)
 		c.msgRoot = append(c.msgRoot, root)
+		c.exchanges = append(c.exchanges, float64(exch))
 	}
 	if err := s.check(false); err != nil {
 		b.Fatalf("%s/%s/%d nodes: after the last resume: %v", s.transport, fanoutName(f), n, err)
 	}
 	return c
+}
+
+// loopbackRoundTrip returns the process CPU one request and its reply cost
+// over loopback TCP with nothing of the protocol: 64-byte frames echoed on
+// kept connections by as many client/server pairs as there are cores, so
+// that, as in a pause, both sides' syscalls, the kernel's TCP path and the
+// goroutine wake-ups are all there and nothing else is.
+func loopbackRoundTrip(n int) (time.Duration, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	pairs := runtime.NumCPU() * 2
+	errc := make(chan error, 2*pairs)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 64)
+				for {
+					if _, err := io.ReadFull(c, buf); err != nil {
+						return
+					}
+					if _, err := c.Write(buf); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	per := n / pairs
+	var wg sync.WaitGroup
+	cpu0 := cpuTime()
+	for range pairs {
+		wg.Go(func() {
+			c, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				errc <- err
+				return
+			}
+			defer c.Close()
+			buf := make([]byte, 64)
+			for range per {
+				if _, err := c.Write(buf); err != nil {
+					errc <- err
+					return
+				}
+				if _, err := io.ReadFull(c, buf); err != nil {
+					errc <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	cpu := cpuTime() - cpu0
+	close(errc)
+	if err := <-errc; err != nil {
+		return 0, fmt.Errorf("loopback round trips: %w", err)
+	}
+	return cpu / time.Duration(per*pairs), nil
 }
 
 // countingListener tracks how many accepted connections are open at once,

@@ -10,6 +10,9 @@
 //   CLOSE -> CLOSED <state>     STATE -> STATE <state>     OPEN -> OPENED flushed=<n> errors=<n>
 //   REOPEN [gen] -> REOPENED, at once, then "EVENT flushed bytes=<n> errors=<n> errno=<e>" after the
 //                   flush; "REOPENED stale" (no event) if the gate is open or in another generation
+//   DRAIN -> DRAINING sockets=<n> stashed=<bytes>: while the gate stays closed this thread moves
+//            what arrives on the process's TCP sockets into their stashes (stash.c); "DRAINING off"
+//            if the gate is open
 // and, unasked, "EVENT pause" / "EVENT resume" when the rank gets SIGTSTP /
 // SIGCONT (sig.c); where <state> is "gate=<open|closed|flushing> gated=<n> closing=<n> held=<bytes>".
 // mpid checks the HELLO's pid against the connection's SO_PEERCRED; the
@@ -41,6 +44,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
+#include <dlfcn.h>
+#include <netinet/in.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -156,6 +162,64 @@ static void state_line(char *b, size_t n, const char *verb)
 		 st.held);
 }
 
+// The receive-side drain (DRAIN): the process's connected TCP sockets, as
+// found by the last DRAIN, which this thread watches while the gate stays
+// closed. Listening sockets are left out (their "readable" is a connection
+// waiting), and a socket that reports readable with nothing to move (end of
+// stream, an error) is dropped from the set, so the wait cannot spin.
+#define DRAIN_MAX 4096
+static struct pollfd drain_fds[DRAIN_MAX];
+static unsigned char drain_skip[DRAIN_MAX];
+static int drain_n;
+static int (*real_poll)(struct pollfd *, nfds_t, int);
+
+static void drain_scan(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	drain_n = 0;
+	if (!d)
+		return;
+	struct dirent *e;
+	while ((e = readdir(d)) && drain_n < DRAIN_MAX) {
+		char *end;
+		long fd = strtol(e->d_name, &end, 10);
+		int v = 0, dom = 0, lst = 1;
+		socklen_t l = sizeof(v);
+		if (*end || e->d_name[0] == '.' || fd == dirfd(d) || fd == ctl_fd)
+			continue;
+		if (getsockopt((int)fd, SOL_SOCKET, SO_PROTOCOL, &v, &l) < 0 || v != IPPROTO_TCP)
+			continue;
+		l = sizeof(dom);
+		if (getsockopt((int)fd, SOL_SOCKET, SO_DOMAIN, &dom, &l) < 0 || (dom != AF_INET && dom != AF_INET6))
+			continue;
+		l = sizeof(lst);
+		if (getsockopt((int)fd, SOL_SOCKET, SO_ACCEPTCONN, &lst, &l) < 0 || lst)
+			continue;
+		drain_skip[drain_n] = 0;
+		drain_fds[drain_n++] = (struct pollfd){.fd = (int)fd, .events = POLLIN};
+	}
+	closedir(d);
+}
+
+// drain_pass stashes what waits on every watched socket: the bytes moved.
+static ssize_t drain_pass(void)
+{
+	ssize_t total = 0;
+	for (int i = 0; i < drain_n; i++)
+		if (drain_fds[i].fd >= 0) {
+			ssize_t m = mpp_stash_fd(drain_fds[i].fd);
+			if (m > 0)
+				total += m;
+			drain_skip[i] = m < 0;
+		}
+	return total;
+}
+
+static int draining(void)
+{
+	return drain_n > 0 && GATE_STATE(atomic_load(&mpp_gate)) == GATE_CLOSED;
+}
+
 // answer serves one request line of mpid: -1 if the channel failed.
 static int answer(char *line, size_t n, void *arg)
 {
@@ -182,6 +246,14 @@ static int answer(char *line, size_t n, void *arg)
 	}
 	case MPP_REQ_BAD_GEN:
 		snprintf(out, sizeof(out), "ERROR bad generation\n");
+		break;
+	case MPP_REQ_DRAIN:
+		if (GATE_STATE(atomic_load(&mpp_gate)) != GATE_CLOSED) {
+			snprintf(out, sizeof(out), "DRAINING off\n");
+			break;
+		}
+		drain_scan();
+		snprintf(out, sizeof(out), "DRAINING sockets=%d stashed=%zd\n", drain_n, drain_pass());
 		break;
 	case MPP_REQ_CLOSE:
 		mpp_gate_close();
@@ -212,11 +284,45 @@ static void serve_conn(int sigfd)
 	size_t have = 0;
 
 	for (;;) {
-		struct pollfd p[2] = {{.fd = ctl_fd, .events = POLLIN}, {.fd = sigfd, .events = POLLIN}};
-		if (poll(p, sigfd >= 0 ? 2 : 1, -1) < 0) {
+		struct pollfd p[2 + DRAIN_MAX] = {{.fd = ctl_fd, .events = POLLIN}, {.fd = sigfd, .events = POLLIN}};
+		nfds_t np = 2;
+		int ms = -1;
+		if (!draining()) {
+			drain_n = 0;
+		} else {
+			memcpy(p + 2, drain_fds, (size_t)drain_n * sizeof(*p));
+			np += (nfds_t)drain_n;
+			// A socket an application thread was reading is looked at
+			// again in a millisecond rather than polled: it may stay
+			// readable until that thread's read returns.
+			for (int i = 0; i < drain_n; i++)
+				if (drain_skip[i]) {
+					p[2 + i].events = 0;
+					drain_skip[i] = 0;
+					ms = 1;
+				}
+		}
+		if (sigfd < 0)
+			p[1].fd = -1;
+		// The real poll: the wrapped one reports stashed sockets readable,
+		// which here would spin.
+		int ready = real_poll(p, np, ms);
+		if (ready < 0) {
 			if (errno == EINTR)
 				continue;
 			break;
+		}
+		for (nfds_t i = 2; i < np; i++) {
+			if (ms > 0 && p[i].events == 0) {
+				p[i].revents = POLLIN; // skipped last time: try again
+			}
+			if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
+				continue;
+			ssize_t m = mpp_stash_fd(p[i].fd);
+			if (m < 0)
+				drain_skip[i - 2] = 1;
+			else if (m == 0)
+				drain_fds[i - 2].fd = -1; // readable with nothing to move: end of stream or an error
 		}
 		if (sigfd >= 0 && (p[1].revents & POLLIN)) {
 			char c;
@@ -308,6 +414,10 @@ static int again(int sigfd)
 static void *serve(void *arg)
 {
 	int sigfd = (int)(intptr_t)arg;
+
+	real_poll = (int (*)(struct pollfd *, nfds_t, int))dlsym(RTLD_NEXT, "poll");
+	if (!real_poll)
+		real_poll = poll;
 
 	for (;;) {
 		serve_conn(sigfd);

@@ -105,6 +105,7 @@ void mpp_resolve(void)
 	mpp_real.recvmsg = next_sym("recvmsg");
 	mpp_real.read = next_sym("read");
 	mpp_real.readv = next_sym("readv");
+	mpp_real.recvmmsg = next_sym("recvmmsg");
 }
 
 void mpp_gate_init(void)

@@ -33,6 +33,8 @@ enum mpp_req mpp_parse_request(const char *line, size_t n, long *gen)
 		return MPP_REQ_STATE;
 	if (strcmp(line, "OPEN") == 0)
 		return MPP_REQ_OPEN;
+	if (strcmp(line, "DRAIN") == 0)
+		return MPP_REQ_DRAIN;
 	if (strcmp(line, "REOPEN") == 0)
 		return MPP_REQ_REOPEN;
 	if (strncmp(line, "REOPEN ", 7) != 0)

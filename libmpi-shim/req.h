@@ -13,6 +13,7 @@ enum mpp_req {
 	MPP_REQ_OPEN,
 	MPP_REQ_REOPEN,  // gen: the generation, or -1 for any
 	MPP_REQ_BAD_GEN, // "REOPEN x" with x not a generation
+	MPP_REQ_DRAIN,
 };
 
 // Generations live in 29 bits of the gate word (GATE_GEN_MASK); anything

@@ -13,6 +13,8 @@ EXPORT const char mpipause_shim_version[] = "mpipause-shim 0.2";
 __attribute__((constructor(101))) static void shim_init(void)
 {
 	mpp_gate_init();
+	mpp_stash_init();
+	mpp_wait_init();
 	// Before the program (and MPI_Init) can create a socket: into the job's
 	// cgroup, if this is a rank of a named job and mpid agrees.
 	mpp_ctl_join();
@@ -69,4 +71,11 @@ EXPORT int mpipause_test_reopen(long gen, struct mpp_gate_stats *st)
 		return -1;
 	mpp_gate_flush(st, f);
 	return 0;
+}
+
+// mpipause_test_stash moves what waits in fd's receive queue into its
+// stash, as the control thread does during a pause; the bytes moved.
+EXPORT ssize_t mpipause_test_stash(int fd)
+{
+	return mpp_stash_fd(fd);
 }

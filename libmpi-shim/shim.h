@@ -50,6 +50,7 @@ struct real {
 	ssize_t (*recvmsg)(int, struct msghdr *, int);
 	ssize_t (*read)(int, void *, size_t);
 	ssize_t (*readv)(int, const struct iovec *, int);
+	int (*recvmmsg)(int, struct mmsghdr *, unsigned int, int, struct timespec *);
 };
 extern struct real mpp_real;
 
@@ -127,5 +128,44 @@ ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, ssize_t (*real)(v
 // mpp_quickack sends fd's pending delayed ACK now (TCP_QUICKACK); errno is
 // kept, and on a socket that is not TCP it does nothing.
 void mpp_quickack(int fd);
+
+// stash.c: the receive-side drain. While a pause is in progress the
+// control thread reads what waits in the receive queues of the rank's TCP
+// sockets into a per-fd stash in process memory, so that the kernel reports
+// them empty whether or not the application reads; the wrapped reads give
+// those bytes back first, in order, and the wrapped waits (poll.c) report
+// the fd readable while its stash holds bytes.
+//
+// mpp_stash_live counts the fds whose stash holds bytes: a wrapped wait
+// loads it first and makes the real call unchanged when it is 0.
+extern _Atomic int mpp_stash_live;
+// mpp_stash_ready is nonzero while fd's stash holds bytes (or an error to
+// report); any fd value is accepted.
+int mpp_stash_ready(int fd);
+// mpp_stash_edge changes each time fd's stash goes from empty to holding
+// bytes: an edge-triggered (EPOLLET) registration reports fd once per value.
+unsigned mpp_stash_edge(int fd);
+// mpp_stash_fd moves what waits in fd's receive queue into its stash, unless
+// an application thread is reading fd right now (that thread gets the
+// bytes). Returns the bytes moved, 0 if none, -1 if skipped.
+ssize_t mpp_stash_fd(int fd);
+// mpp_stash_forget drops fd's stash (close).
+void mpp_stash_forget(int fd);
+void mpp_stash_init(void);
+// The reads' fast path (wrap.c) and slow path.
+extern _Atomic int *mpp_read_busy;
+extern _Atomic unsigned char *mpp_read_slow;
+ssize_t mpp_stash_read(int fd, const struct iovec *iov, int iovcnt, int flags,
+		       ssize_t (*real)(void *arg, const struct iovec *rest, int restcnt), void *arg);
+void __chk_fail(void) __attribute__((noreturn));
+
+// poll.c: mpp_wait_wake makes every thread blocked in a wrapped wait look
+// at the stashes again, without the application seeing an EINTR it would
+// not otherwise see. mpp_wait_init runs from the constructor.
+void mpp_wait_wake(void);
+void mpp_wait_init(void);
+// mpp_wait_close forgets what poll.c knows of fd (an epoll set, or a
+// registration in one), before fd is closed.
+void mpp_wait_close(int fd);
 
 #endif

@@ -168,8 +168,12 @@ EXPORT int sendmmsg(int fd, struct mmsghdr *vec, unsigned int vlen, int flags)
 // before it says open), so the fast path only forgets the fd's last call.
 EXPORT int close(int fd)
 {
-	if ((unsigned)fd < (unsigned)mpp_nfds)
+	if ((unsigned)fd < (unsigned)mpp_nfds) {
 		mpp_fd_short[fd] = 0; // the number's next socket starts at a boundary
+		if (mpp_read_slow != NULL && atomic_load_explicit(&mpp_read_slow[fd], memory_order_relaxed))
+			mpp_stash_forget(fd); // nor may it get this one's bytes
+	}
+	mpp_wait_close(fd);
 	if (GATE_IS_OPEN())
 		return REAL(close)(fd);
 	return mpp_close_held(fd);
@@ -196,37 +200,179 @@ __attribute__((noinline)) void mpp_quickack(int fd)
 			mpp_quickack(fd);                \
 	} while (0)
 
+// The reads. Fast path: the fd's busy count up, its slow flag loaded (see
+// stash.c), the real call, the count down. A set flag sends the call to
+// mpp_stash_read, which gives the stash first; rd_args and do_read make
+// the application's call on what is left of its buffer.
+static inline __attribute__((always_inline)) int read_enter(int fd)
+{
+	if ((unsigned)fd >= (unsigned)mpp_nfds || mpp_read_busy == NULL)
+		return 1;
+	atomic_fetch_add_explicit(&mpp_read_busy[fd], 1, memory_order_seq_cst);
+	if (likely(atomic_load_explicit(&mpp_read_slow[fd], memory_order_seq_cst) == 0))
+		return 1;
+	atomic_fetch_sub_explicit(&mpp_read_busy[fd], 1, memory_order_release);
+	return 0;
+}
+
+static inline __attribute__((always_inline)) void read_leave(int fd)
+{
+	if ((unsigned)fd < (unsigned)mpp_nfds && mpp_read_busy != NULL)
+		atomic_fetch_sub_explicit(&mpp_read_busy[fd], 1, memory_order_release);
+}
+
+enum rd_kind { RD_RECV, RD_RECVFROM, RD_RECVMSG, RD_READ, RD_READV };
+
+struct rd_args {
+	enum rd_kind kind;
+	int fd, flags;
+	struct sockaddr *from;
+	socklen_t *fromlen;
+	struct msghdr *msg;
+};
+
+static ssize_t do_read(void *a, const struct iovec *rest, int n)
+{
+	struct rd_args *x = a;
+	void *b = n > 0 ? rest[0].iov_base : NULL;
+	size_t l = n > 0 ? rest[0].iov_len : 0;
+	switch (x->kind) {
+	case RD_RECV:
+		return REAL(recv)(x->fd, b, l, x->flags);
+	case RD_RECVFROM:
+		return REAL(recvfrom)(x->fd, b, l, x->flags, x->from, x->fromlen);
+	case RD_READ:
+		return REAL(read)(x->fd, b, l);
+	case RD_READV:
+		return REAL(readv)(x->fd, rest, n);
+	case RD_RECVMSG: {
+		struct msghdr m = *x->msg;
+		m.msg_iov = (struct iovec *)rest;
+		m.msg_iovlen = (size_t)n;
+		ssize_t r = REAL(recvmsg)(x->fd, &m, x->flags);
+		x->msg->msg_flags = m.msg_flags;
+		x->msg->msg_namelen = m.msg_namelen;
+		x->msg->msg_controllen = m.msg_controllen;
+		return r;
+	}
+	}
+	errno = EINVAL;
+	return -1;
+}
+
 EXPORT ssize_t recv(int fd, void *buf, size_t len, int flags)
 {
-	ssize_t r = REAL(recv)(fd, buf, len, flags);
-	RECEIVED(fd, r);
-	return r;
+	if (read_enter(fd)) {
+		ssize_t r = REAL(recv)(fd, buf, len, flags);
+		read_leave(fd);
+		RECEIVED(fd, r);
+		return r;
+	}
+	struct rd_args a = {.kind = RD_RECV, .fd = fd, .flags = flags};
+	struct iovec v = {buf, len};
+	return mpp_stash_read(fd, &v, 1, flags, do_read, &a);
 }
 
 EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockaddr *from, socklen_t *fromlen)
 {
-	ssize_t r = REAL(recvfrom)(fd, buf, len, flags, from, fromlen);
-	RECEIVED(fd, r);
-	return r;
+	if (read_enter(fd)) {
+		ssize_t r = REAL(recvfrom)(fd, buf, len, flags, from, fromlen);
+		read_leave(fd);
+		RECEIVED(fd, r);
+		return r;
+	}
+	// A connected TCP socket gives no source address: none from the stash.
+	if (fromlen)
+		*fromlen = 0;
+	struct rd_args a = {.kind = RD_RECVFROM, .fd = fd, .flags = flags, .from = from, .fromlen = fromlen};
+	struct iovec v = {buf, len};
+	return mpp_stash_read(fd, &v, 1, flags, do_read, &a);
 }
 
 EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 {
-	ssize_t r = REAL(recvmsg)(fd, msg, flags);
-	RECEIVED(fd, r);
-	return r;
+	if (read_enter(fd)) {
+		ssize_t r = REAL(recvmsg)(fd, msg, flags);
+		read_leave(fd);
+		RECEIVED(fd, r);
+		return r;
+	}
+	if (msg == NULL || msg->msg_iovlen > IOV_MAX)
+		return REAL(recvmsg)(fd, msg, flags); // the kernel's error
+	// What the stash gives carries no address and no ancillary data; a call
+	// that reaches the kernel sets these again.
+	msg->msg_flags = 0;
+	msg->msg_namelen = 0;
+	msg->msg_controllen = 0;
+	struct rd_args a = {.kind = RD_RECVMSG, .fd = fd, .flags = flags, .msg = msg};
+	return mpp_stash_read(fd, msg->msg_iov, (int)msg->msg_iovlen, flags, do_read, &a);
 }
 
 EXPORT ssize_t read(int fd, void *buf, size_t len)
 {
-	ssize_t r = REAL(read)(fd, buf, len);
-	RECEIVED(fd, r);
-	return r;
+	if (read_enter(fd)) {
+		ssize_t r = REAL(read)(fd, buf, len);
+		read_leave(fd);
+		RECEIVED(fd, r);
+		return r;
+	}
+	struct rd_args a = {.kind = RD_READ, .fd = fd};
+	struct iovec v = {buf, len};
+	return mpp_stash_read(fd, &v, 1, 0, do_read, &a);
 }
 
 EXPORT ssize_t readv(int fd, const struct iovec *iov, int iovcnt)
 {
-	ssize_t r = REAL(readv)(fd, iov, iovcnt);
-	RECEIVED(fd, r);
-	return r;
+	if (read_enter(fd)) {
+		ssize_t r = REAL(readv)(fd, iov, iovcnt);
+		read_leave(fd);
+		RECEIVED(fd, r);
+		return r;
+	}
+	if (iovcnt < 0 || iovcnt > IOV_MAX)
+		return REAL(readv)(fd, iov, iovcnt); // the kernel's EINVAL
+	struct rd_args a = {.kind = RD_READV, .fd = fd};
+	return mpp_stash_read(fd, iov, iovcnt, 0, do_read, &a);
+}
+
+// recvmmsg on a stashed fd gives the stash as one message: a later call
+// gets what the kernel holds.
+EXPORT int recvmmsg(int fd, struct mmsghdr *vec, unsigned int vlen, int flags, struct timespec *timeout)
+{
+	if (read_enter(fd)) {
+		int r = REAL(recvmmsg)(fd, vec, vlen, flags, timeout);
+		read_leave(fd);
+		return r;
+	}
+	if (vec == NULL || vlen == 0)
+		return REAL(recvmmsg)(fd, vec, vlen, flags, timeout);
+	ssize_t r = recvmsg(fd, &vec[0].msg_hdr, flags & ~MSG_WAITFORONE);
+	if (r < 0)
+		return -1;
+	vec[0].msg_len = (unsigned int)r;
+	return 1;
+}
+
+// The fortified entry points (_FORTIFY_SOURCE) call glibc's own read and
+// recv, not the preloaded ones: they are wrapped too, with their check.
+EXPORT ssize_t __read_chk(int fd, void *buf, size_t len, size_t buflen)
+{
+	if (len > buflen)
+		__chk_fail();
+	return read(fd, buf, len);
+}
+
+EXPORT ssize_t __recv_chk(int fd, void *buf, size_t len, size_t buflen, int flags)
+{
+	if (len > buflen)
+		__chk_fail();
+	return recv(fd, buf, len, flags);
+}
+
+EXPORT ssize_t __recvfrom_chk(int fd, void *buf, size_t len, size_t buflen, int flags, struct sockaddr *from,
+			      socklen_t *fromlen)
+{
+	if (len > buflen)
+		__chk_fail();
+	return recvfrom(fd, buf, len, flags, from, fromlen);
 }

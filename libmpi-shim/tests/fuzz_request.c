@@ -34,6 +34,7 @@ static int check(char *line, size_t n, void *arg)
 	case MPP_REQ_CLOSE:
 	case MPP_REQ_STATE:
 	case MPP_REQ_OPEN:
+	case MPP_REQ_DRAIN:
 		if (strlen(line) != n)
 			abort();
 		break;

@@ -834,6 +834,198 @@ static int child(const char *want)
 	return 0;
 }
 
+
+// The receive-side drain (stash.c): bytes moved out of the kernel's receive
+// queue come back first, in order, through every read call.
+static ssize_t (*stash_fd)(int fd);
+
+static void send_all(int fd, size_t n, unsigned id, uint64_t *at)
+{
+	unsigned char b[65536];
+	while (n > 0) {
+		size_t k = n < sizeof(b) ? n : sizeof(b);
+		fill(b, k, id, *at);
+		ssize_t r = send(fd, b, k, 0);
+		if (r <= 0)
+			die("send_all");
+		*at += r;
+		n -= r;
+	}
+}
+
+static void test_stash_order(void)
+{
+	int s[2], inq = -1;
+	uint64_t out = 0, in = 0;
+	tcp_pair(s, 0);
+	send_all(s[0], 100000, 7, &out);
+	int want = settled(s[0], s[1]);
+	CHECK(want == 100000, "the peer can read %d bytes, want 100000", want);
+	ssize_t moved = stash_fd(s[1]);
+	ioctl(s[1], FIONREAD, &inq);
+	CHECK(moved == 100000 && inq == 0, "stash moved %zd, kernel holds %d; want 100000 and 0", moved, inq);
+	send_all(s[0], 50000, 7, &out);
+	CHECK(settled(s[0], s[1]) == 50000, "the newer bytes did not arrive");
+	// Odd-sized reads cross from the stash into the kernel's bytes.
+	unsigned char b[7777];
+	while (in < out) {
+		ssize_t r = recv(s[1], b, sizeof(b), 0);
+		CHECK(r > 0, "recv gave %zd (%s) at %llu", r, strerror(errno), (unsigned long long)in);
+		for (ssize_t i = 0; i < r; i++)
+			CHECK(b[i] == pat(7, in + i), "byte %llu out of order", (unsigned long long)(in + i));
+		in += r;
+	}
+	nonblock(s[1]);
+	CHECK(recv(s[1], b, 1, 0) < 0 && errno == EAGAIN, "a byte more than was sent");
+	close(s[0]);
+	close(s[1]);
+}
+
+// peer_closed waits (at most 10 s) until fd's peer has closed: the state
+// is CLOSE_WAIT.
+static int peer_closed(int fd)
+{
+	for (int i = 0; i < 10000; i++) {
+		struct tcp_info ti;
+		socklen_t l = sizeof(ti);
+		if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &l) == 0 && ti.tcpi_state == TCP_CLOSE_WAIT)
+			return 1;
+		struct timespec ts = {0, 1000000};
+		nanosleep(&ts, NULL);
+	}
+	return 0;
+}
+
+static void test_stash_calls(void)
+{
+	int s[2];
+	uint64_t out = 0;
+	tcp_pair(s, 0);
+	send_all(s[0], 30, 3, &out);
+	CHECK(settled(s[0], s[1]) == 30, "30 bytes did not arrive");
+	CHECK(stash_fd(s[1]) == 30, "stash did not take 30 bytes");
+	unsigned char b[64], want[64];
+	fill(want, sizeof(want), 3, 0);
+	// MSG_PEEK leaves them; twice the same.
+	CHECK(recv(s[1], b, 10, MSG_PEEK) == 10 && memcmp(b, want, 10) == 0, "peek 1");
+	CHECK(recv(s[1], b, 10, MSG_PEEK) == 10 && memcmp(b, want, 10) == 0, "peek 2");
+	// readv across iovecs, read, recvmsg, then MSG_WAITALL that needs the
+	// kernel for the rest.
+	struct iovec v[3] = {{b, 3}, {b + 3, 1}, {b + 4, 4}};
+	CHECK(readv(s[1], v, 3) == 8 && memcmp(b, want, 8) == 0, "readv");
+	CHECK(read(s[1], b, 6) == 6 && memcmp(b, want + 8, 6) == 0, "read");
+	struct iovec mv = {b, 6};
+	struct msghdr m = {.msg_iov = &mv, .msg_iovlen = 1};
+	CHECK(recvmsg(s[1], &m, 0) == 6 && memcmp(b, want + 14, 6) == 0 && m.msg_flags == 0, "recvmsg");
+	send_all(s[0], 34, 3, &out);
+	CHECK(recv(s[1], b, 44, MSG_WAITALL) == 44 && memcmp(b, want + 20, 44) == 0,
+	      "MSG_WAITALL did not join the stash's 10 bytes and the kernel's 34");
+	// The peer's close comes after the stash: bytes, then end of stream.
+	send_all(s[0], 5, 9, &(uint64_t){0});
+	close(s[0]);
+	CHECK(peer_closed(s[1]), "the peer's FIN did not arrive in 10 s");
+	CHECK(stash_fd(s[1]) == 5, "stash did not take the last 5 bytes");
+	CHECK(recv(s[1], b, sizeof(b), 0) == 5, "the last 5 bytes");
+	CHECK(recv(s[1], b, sizeof(b), 0) == 0, "no end of stream after the stash");
+	close(s[1]);
+}
+
+// A closed fd's stash is gone: the next socket with that number starts
+// empty.
+static void test_stash_close(void)
+{
+	int s[2], t[2];
+	uint64_t out = 0;
+	tcp_pair(s, 0);
+	send_all(s[0], 1000, 1, &out);
+	CHECK(settled(s[0], s[1]) == 1000 && stash_fd(s[1]) == 1000, "stash 1000");
+	int num = s[1];
+	close(s[1]);
+	tcp_pair(t, 0);
+	int again = t[0] == num ? t[0] : t[1] == num ? t[1] : -1;
+	CHECK(again >= 0, "fd %d was not reused (%d, %d)", num, t[0], t[1]);
+	nonblock(again);
+	char c;
+	CHECK(recv(again, &c, 1, 0) < 0 && errno == EAGAIN, "a new socket got an old socket's bytes");
+	close(s[0]);
+	close(t[0]);
+	close(t[1]);
+}
+
+// The control thread stashes while an application thread reads the same
+// socket without pause: no byte lost, none out of order.
+#define RACE_BYTES (64u << 20)
+struct race {
+	int fd;
+	_Atomic int done, stop;
+	int ok;
+};
+
+// race_reader polls without blocking, as UCX's progress loop does: its
+// calls overlap the drains' far more often than a blocked reader's would.
+static void *race_reader(void *arg)
+{
+	struct race *x = arg;
+	unsigned char b[4096];
+	uint64_t at = 0;
+	x->ok = 1;
+	while (at < RACE_BYTES && x->ok && !atomic_load(&x->stop)) {
+		ssize_t r = recv(x->fd, b, sizeof(b), MSG_DONTWAIT);
+		if (r < 0 && errno == EAGAIN)
+			continue;
+		if (r <= 0) {
+			x->ok = 0;
+			break;
+		}
+		for (ssize_t i = 0; i < r; i++)
+			if (b[i] != pat(5, at + i)) {
+				fprintf(stderr, "stash_race: byte %llu out of order\n", (unsigned long long)(at + i));
+				x->ok = 0;
+				break;
+			}
+		at += r;
+	}
+	atomic_store(&x->done, 1);
+	return NULL;
+}
+
+static void *race_writer(void *arg)
+{
+	uint64_t at = 0;
+	send_all(*(int *)arg, RACE_BYTES, 5, &at);
+	return NULL;
+}
+
+static void test_stash_race(void)
+{
+	int s[2];
+	tcp_pair(s, 0);
+	struct race r = {.fd = s[1]};
+	pthread_t rd, wr;
+	pthread_create(&rd, NULL, race_reader, &r);
+	pthread_create(&wr, NULL, race_writer, &s[0]);
+	long stashed = 0, calls = 0;
+	time_t end = time(NULL) + 120; // bytes lost would leave the reader waiting for ever
+	while (!atomic_load(&r.done)) {
+		ssize_t m = stash_fd(s[1]);
+		stashed += m > 0;
+		calls++;
+		if ((calls & 1023) == 0 && time(NULL) > end) {
+			atomic_store(&r.stop, 1);
+			r.ok = 0;
+		}
+	}
+	pthread_join(rd, NULL);
+	if (!r.ok)
+		shutdown(s[0], SHUT_RDWR); // frees a writer blocked on a full window
+	pthread_join(wr, NULL);
+	printf("     stash_race: %ld of %ld drains took bytes\n", stashed, calls);
+	CHECK(r.ok, "the reader saw bytes lost or out of order");
+	CHECK(stashed > 0, "no drain took a byte while the reader read: the test proved nothing");
+	close(s[0]);
+	close(s[1]);
+}
+
 int main(int argc, char **argv)
 {
 	if (argc == 3 && strcmp(argv[1], "--child") == 0)
@@ -841,7 +1033,8 @@ int main(int argc, char **argv)
 	gate_close = (void (*)(void))dlsym(RTLD_DEFAULT, "mpipause_gate_close");
 	gate_open = (void (*)(struct mpp_gate_stats *))dlsym(RTLD_DEFAULT, "mpipause_gate_open");
 	gate_state = (void (*)(struct mpp_gate_stats *))dlsym(RTLD_DEFAULT, "mpipause_gate_state");
-	if (!gate_close || !gate_open || !gate_state) {
+	stash_fd = (ssize_t(*)(int))dlsym(RTLD_DEFAULT, "mpipause_test_stash");
+	if (!gate_close || !gate_open || !gate_state || !stash_fd) {
 		fprintf(stderr, "FAIL: libmpipause.so is not preloaded (run: make -C libmpi-shim test)\n");
 		return 1;
 	}
@@ -863,6 +1056,10 @@ int main(int argc, char **argv)
 		{"join_skipped", test_join_skipped},
 		{"gate_page", test_gate_page},
 		{"receive_under_closed_gate", test_receive_under_closed_gate},
+		{"stash_order", test_stash_order},
+		{"stash_calls", test_stash_calls},
+		{"stash_close", test_stash_close},
+		{"stash_race", test_stash_race},
 	};
 	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
 		int before = failures;

@@ -8,8 +8,11 @@
 //
 // Usage: callcost [-n pairs] [-p polls] [-c cpu] [-M] [-U]
 //   -n pairs  8-byte send + recv pairs over a loopback TCP connection
-//   -p polls  recv calls on an empty non-blocking socket (EAGAIN), the call
-//             UCX's progress loop makes while it waits for a message
+//   -p polls  recv calls on an empty non-blocking socket (EAGAIN); as
+//             many epoll_wait(.., 0) calls on an idle epoll set, the call
+//             UCX's progress loop makes while it waits for a message; and
+//             as many poll(.., 10) calls on a readable socket, a blocking
+//             wait that returns at once
 //   -c cpu    run on that CPU only (sched_setaffinity) from the first
 //             socket on: a thread that moves between CPUs, or whose
 //             loopback softirq lands on another one, varies its time per
@@ -23,7 +26,8 @@
 //             (watched by the BPF programs), and the measurement runs there
 //             without the shim
 // Prints one line: "callcost pair_ns=<per send+recv> poll_ns=<per recv>
-// shim=<0|1> cgroup=<path>", shim=1 when libmpipause.so is loaded, cgroup
+// epoll_ns=<per epoll_wait> wait_ns=<per poll> shim=<0|1> cgroup=<path>",
+// shim=1 when libmpipause.so is loaded, cgroup
 // the process's cgroup v2 path (the benchmark checks both: a mode that
 // quietly lost the shim or its cgroup would measure nothing).
 //
@@ -37,10 +41,12 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -181,7 +187,34 @@ int main(int argc, char **argv)
 		if (recv(fd[1], buf, 8, MSG_DONTWAIT) != -1 || errno != EAGAIN)
 			die("recv on an empty socket did not say EAGAIN");
 	}
-	double poll = (cpu_ns() - t0) / polls;
+	double rpoll = (cpu_ns() - t0) / polls;
+
+	struct epoll_event ev = {.events = EPOLLIN}, got[8];
+	int ep = epoll_create1(EPOLL_CLOEXEC);
+	if (ep < 0 || epoll_ctl(ep, EPOLL_CTL_ADD, fd[1], &ev) < 0)
+		die("epoll");
+	t0 = cpu_ns();
+	for (long i = 0; i < polls; i++) {
+		if (epoll_wait(ep, got, 8, 0) != 0)
+			die("epoll_wait on an idle set did not say 0");
+	}
+	double epoll = (cpu_ns() - t0) / polls;
+	close(ep);
+
+	// fd[1] readable (8 bytes queued, left there): poll returns at once.
+	if (send(fd[0], buf, 8, 0) != 8)
+		die("send");
+	struct pollfd pfd = {.fd = fd[1], .events = POLLIN};
+	if (poll(&pfd, 1, 1000) != 1)
+		die("poll");
+	t0 = cpu_ns();
+	for (long i = 0; i < polls; i++) {
+		if (poll(&pfd, 1, 10) != 1)
+			die("poll on a readable socket did not say 1");
+	}
+	double wait = (cpu_ns() - t0) / polls;
+	if (recv(fd[1], buf, 8, MSG_WAITALL) != 8)
+		die("recv");
 
 	close(fd[0]);
 	close(fd[1]);
@@ -190,7 +223,7 @@ int main(int argc, char **argv)
 		MPI_Finalize();
 #endif
 	cgroup_path(cg, sizeof(cg));
-	printf("callcost pair_ns=%.1f poll_ns=%.1f shim=%d cgroup=%s\n", pair, poll,
+	printf("callcost pair_ns=%.1f poll_ns=%.1f epoll_ns=%.1f wait_ns=%.1f shim=%d cgroup=%s\n", pair, rpoll, epoll, wait,
 	       dlsym(RTLD_DEFAULT, "mpipause_gate_state") != NULL, cg);
 	return 0;
 }

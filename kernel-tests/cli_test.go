@@ -349,12 +349,14 @@ func procState(pid int) string {
 	return f[0]
 }
 
-// TestPauseBusyRankRollsBack: a pause while one rank is in a long compute
-// phase (no MPI call for 6 s) with its peers' messages unread in its
-// receive queue cannot drain: with --timeout 1s it fails with exit 1, names
-// the rank that does not read and the connections holding bytes, rolls back
-// (no node frozen), and the job completes with unchanged output.
-func TestPauseBusyRankRollsBack(t *testing.T) {
+// TestPauseBusyRank: a pause while one rank is in a long compute phase (no
+// MPI call until the test lets it go on) with its peers' messages unread
+// in its receive queue. The rank's shim moves those bytes into its own
+// memory (the receive-side drain), so the pause commits in milliseconds
+// with every connection empty as the kernel reports it, again and again
+// while the rank computes; after the resumes the rank reads the bytes from
+// its shim, and the job ends with the output of an unpaused run.
+func TestPauseBusyRank(t *testing.T) {
 	for _, lib := range mpiLibs {
 		t.Run(lib.name, func(t *testing.T) {
 			sharedRig(t)
@@ -363,26 +365,24 @@ func TestPauseBusyRankRollsBack(t *testing.T) {
 			id := fmt.Sprintf("busy-%s-%d", lib.name, os.Getpid())
 			job := startBusyJob(ctx, t, lib, id)
 			defer cli(context.Background(), t, "node0", nil, "resume", id)
-			j, r := jobJSON(ctx, t, "pause", id, "--timeout", "1s")
-			f := j.Failure
-			if r.code != 1 || j.State != ctl.StateRunning || f == nil {
-				t.Fatalf("pause of a job with a busy rank: exit %d, state %q, failure %+v; want exit 1, running, a failure report\n%s", r.code, j.State, f, r.stdout)
-			}
-			if f.Phase != "DRAIN" || len(f.Conns) == 0 || !slices.Equal(f.NotReading, []int{5}) || f.Rank != 5 {
-				t.Errorf("failure report: phase %s, %d connections, ranks not reading %v, rank %d; want DRAIN, some, [5], 5 (reason: %s)",
-					f.Phase, len(f.Conns), f.NotReading, f.Rank, f.Reason)
-			}
-			for _, c := range f.Conns {
-				if c.Node != "node2" || c.Unread == 0 || c.Rank != 5 {
-					t.Errorf("connection held: %+v; want node2's rank 5 with unread bytes", c)
+			obs, check := rigReaders(ctx, t)
+			cgs := nodeJobCgroups(t, id)
+			cycles := envCount("MPIPAUSE_BUSY_CYCLES", 50)
+			var pauseMs []float64
+			for c := 1; c <= cycles; c++ {
+				j, r := jobJSON(ctx, t, "pause", id, "--timeout", "5s")
+				if r.code != 0 {
+					t.Fatalf("pause %d of a job with a busy rank: exit %d: %s\n%s", c, r.code, r.stderr, r.stdout)
+				}
+				checkPaused(ctx, t, fmt.Sprintf("pause %d", c), j, cgs, obs, check)
+				pauseMs = append(pauseMs, j.TotalMs)
+				if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
+					t.Fatalf("resume %d: exit %d, state %q: %s", c, r.code, j.State, r.stderr)
 				}
 			}
-			checkFrozen(t, id, false, "after the rollback")
-			// Human form of the same: one line on stderr, the report on stdout.
-			if lines := strings.Count(strings.TrimSpace(r.stderr), "\n"); lines != 0 {
-				t.Errorf("stderr has %d lines, want 1: %q", lines+1, r.stderr)
-			}
-			job.end(ctx, t, "the job after a rolled-back pause")
+			t.Logf("%s: %d pauses with a busy rank: p50 %.1f ms, max %.1f ms", lib.name, cycles,
+				bench.Percentile(pauseMs, 0.5), bench.Percentile(pauseMs, 1))
+			job.end(ctx, t, "the job paused while a rank computed")
 		})
 	}
 }

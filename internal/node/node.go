@@ -204,11 +204,12 @@ func (l *Local) Prepare(ctx context.Context, job string) error {
 		if l.CtlNice != 0 {
 			r.Boost(l.CtlNice)
 		}
-		if r.CloseGate() {
-			return nil
+		if !r.CloseGate() {
+			if _, err := r.Close(ctx); err != nil {
+				return err
+			}
 		}
-		_, err := r.Close(ctx)
-		return err
+		return r.StartDrain()
 	})
 }
 

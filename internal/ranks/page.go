@@ -213,6 +213,17 @@ func (r *Rank) ReopenGate() (bool, error) {
 	return true, r.notify(fmt.Sprintf("REOPEN %d", gen))
 }
 
+// StartDrain asks the rank's shim, whose gate is closed, to move what
+// arrives on its TCP sockets into its own memory until the gate reopens
+// ("DRAIN"), so that the kernel's queues empty whether or not the rank
+// reads: a rank computing for seconds, or blocked outside MPI, would
+// otherwise hold the pause. Nobody waits for the answer ("DRAINING ...", or
+// an error line from a shim that does not know DRAIN): the next request
+// collects it.
+func (r *Rank) StartDrain() error {
+	return r.notify("DRAIN")
+}
+
 // flags are the page's per-fd "last call short" and "gated" bytes. Called
 // under p.mu with p.mem mapped.
 func (p *statePage) flags() (short, gated []byte) {

@@ -13,7 +13,7 @@
 // process (-x) prints the checksum a correct run must print, whatever the MPI
 // library, the placement or the number of pauses.
 //
-// Usage: xchg [-m a2a|ring|pair] [-f] [-n iters] [-s bytes[K|M]] [-w dir] [-t usec] [-z usec] [-S usec] [-B dir] [-E dir] [-x ranks]
+// Usage: xchg [-m a2a|ring|pair] [-f] [-n iters] [-s bytes[K|M]] [-w dir] [-t usec] [-z usec] [-S usec] [-B dir] [-R dir] [-E dir] [-x ranks]
 //   -m pair  ranks 2k and 2k+1 exchange one message each way per iteration:
 //            with a small -s, a latency-bound ping-pong.
 //   -f       every message is exactly -s bytes (not irregular).
@@ -32,6 +32,21 @@
 //            others wait (no MPI) for dir/busy before they send, so what
 //            they send surely arrives while it computes. The test ends the
 //            busy phase by creating dir/done.
+//   -R dir   a rank blocked in MPI_Recv for a message sent only later: at
+//            the start of the middle iteration rank 0 prints a line that
+//            says so and posts a blocking MPI_Recv from the last rank (tag
+//            -n, which no iteration uses); the last rank prints a line,
+//            creates dir/waiting, waits (no MPI) until dir/send exists and
+//            only then sends it (irregular size, content seeded from its
+//            state). Rank 0 folds the message into its state before the
+//            iteration's exchange; -x folds it the same way, so the
+//            checksum stays that of a deterministic run. The other ranks
+//            wait (no MPI) for dir/waiting and then go on into the
+//            iteration, so what they send the last rank surely arrives
+//            while it does not read, and wait for rank 0 and the last rank
+//            in MPI_Waitall. The test ends the wait by creating dir/send.
+//            Needs 2 ranks or more; not with -E (the middle iteration is
+//            that of -n).
 //   -E dir   until told: rank 0 looks for dir/stop after every iteration and
 //            all ranks stop after the one where it appeared (at most -n
 //            iterations); the result line gives the iterations run, and
@@ -60,6 +75,7 @@ struct opts {
 	long compute_usec;
 	long sleep_usec;
 	const char *busy_dir;
+	const char *recv_dir;
 	const char *stop_dir;
 	long slow_usec;
 	int expect_ranks;
@@ -156,6 +172,18 @@ static void print_result(const struct opts *o, int nranks, uint64_t sum)
 	fflush(stdout);
 }
 
+// late_len and late_tag are the size and tag of -R's late message, from the
+// last rank to rank 0 (its seed: seed_of(last rank's state, 0, tag)).
+static size_t late_len(const struct opts *o, int nranks, int it)
+{
+	return msg_len(o->bytes, nranks - 1, 0, it) + 3;
+}
+
+static int late_tag(const struct opts *o)
+{
+	return o->iters;
+}
+
 // expect runs the whole exchange for nranks ranks in this process.
 static int expect(const struct opts *o, int nranks)
 {
@@ -169,6 +197,11 @@ static int expect(const struct opts *o, int nranks)
 	for (int r = 0; r < nranks; r++)
 		state[r] = initial_state(r);
 	for (int it = 0; it < o->iters; it++) {
+		if (o->recv_dir && it == o->iters / 2) {
+			size_t len = late_len(o, nranks, it);
+			fill(buf, len, seed_of(state[nranks - 1], 0, late_tag(o)));
+			state[0] = fold(state[0], buf, len);
+		}
 		for (int dst = 0; dst < nranks; dst++) {
 			uint64_t h = state[dst];
 			for (int src = 0; src < nranks; src++) {
@@ -261,6 +294,48 @@ static void busy_phase(const char *dir, int rank, int nranks)
 		nanosleep(&ts, NULL);
 }
 
+// late_phase is -R: see the usage above. buf holds at least late_len bytes.
+static void late_phase(const struct opts *o, int rank, int nranks, int it, uint64_t *state, unsigned char *buf)
+{
+	size_t len = late_len(o, nranks, it);
+	if (rank == 0) {
+		printf("xchg: rank 0 waits in MPI_Recv from rank %d\n", nranks - 1);
+		fflush(stdout);
+		MPI_Status st;
+		int got = -1;
+		MPI_Recv(buf, (int)len, MPI_BYTE, nranks - 1, late_tag(o), MPI_COMM_WORLD, &st);
+		MPI_Get_count(&st, MPI_BYTE, &got);
+		if (got != (int)len) {
+			fprintf(stderr, "xchg: rank 0: the late message has %d bytes, want %zu\n", got, len);
+			MPI_Abort(MPI_COMM_WORLD, 1);
+		}
+		*state = fold(*state, buf, len);
+		printf("xchg: rank 0 got the late message\n");
+		fflush(stdout);
+		return;
+	}
+	char path[4096], waiting[4096];
+	struct stat sb;
+	struct timespec ts = {.tv_sec = 0, .tv_nsec = 1000 * 1000};
+	snprintf(waiting, sizeof(waiting), "%s/waiting", o->recv_dir);
+	if (rank != nranks - 1) {
+		while (stat(waiting, &sb) != 0)
+			nanosleep(&ts, NULL);
+		return;
+	}
+	snprintf(path, sizeof(path), "%s/send", o->recv_dir);
+	printf("xchg: rank %d sends to rank 0 once %s exists\n", rank, path);
+	fflush(stdout);
+	if (touch(waiting) != 0) {
+		fprintf(stderr, "xchg: rank %d: create %s: %s\n", rank, waiting, strerror(errno));
+		MPI_Abort(MPI_COMM_WORLD, 1);
+	}
+	while (stat(path, &sb) != 0)
+		nanosleep(&ts, NULL);
+	fill(buf, len, seed_of(*state, 0, late_tag(o)));
+	MPI_Send(buf, (int)len, MPI_BYTE, 0, late_tag(o), MPI_COMM_WORLD);
+}
+
 static int run(const struct opts *o)
 {
 	int rank, nranks;
@@ -287,6 +362,12 @@ static int run(const struct opts *o)
 		}
 	}
 
+	unsigned char *late = o->recv_dir ? malloc(cap) : NULL;
+	if (o->recv_dir && (!late || nranks < 2)) {
+		fprintf(stderr, "xchg: -R: %s\n", late ? "needs 2 ranks or more" : "out of memory");
+		MPI_Abort(MPI_COMM_WORLD, 1);
+	}
+
 	struct opts done = *o; // as run: -E may end it early
 	uint64_t state = initial_state(rank);
 	for (int it = 0; it < o->iters; it++) {
@@ -298,6 +379,8 @@ static int run(const struct opts *o)
 		}
 		if (o->busy_dir && it == o->iters / 2)
 			busy_phase(o->busy_dir, rank, nranks);
+		if (o->recv_dir && it == o->iters / 2)
+			late_phase(o, rank, nranks, it, &state, late);
 		for (int src = 0; src < nranks; src++)
 			if (rbuf[src])
 				MPI_Irecv(rbuf[src], (int)msg_len(o->bytes, src, rank, it), MPI_BYTE, src, it,
@@ -350,14 +433,14 @@ static size_t parse_size(const char *s)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: xchg [-m a2a|ring|pair] [-f] [-n iters] [-s bytes[K|M]] [-w holddir] [-t usec] [-z usec] [-S usec] [-B dir] [-E dir] [-x ranks]\n");
+	fprintf(f, "usage: xchg [-m a2a|ring|pair] [-f] [-n iters] [-s bytes[K|M]] [-w holddir] [-t usec] [-z usec] [-S usec] [-B dir] [-R dir] [-E dir] [-x ranks]\n");
 }
 
 int main(int argc, char **argv)
 {
 	struct opts o = {.mode = MODE_A2A, .iters = 10, .bytes = 1 << 20};
 	int c;
-	while ((c = getopt(argc, argv, "hfm:n:s:w:t:z:S:B:E:x:")) != -1) {
+	while ((c = getopt(argc, argv, "hfm:n:s:w:t:z:S:B:R:E:x:")) != -1) {
 		switch (c) {
 		case 'f':
 			fixed_len = 1;
@@ -395,6 +478,9 @@ int main(int argc, char **argv)
 		case 'B':
 			o.busy_dir = optarg;
 			break;
+		case 'R':
+			o.recv_dir = optarg;
+			break;
 		case 'E':
 			o.stop_dir = optarg;
 			break;
@@ -411,6 +497,14 @@ int main(int argc, char **argv)
 	}
 	if (optind != argc || o.iters < 1) {
 		usage(stderr);
+		return 2;
+	}
+	if (o.recv_dir && o.stop_dir) {
+		fprintf(stderr, "xchg: -R and -E do not go together (the late message comes at the middle of -n)\n");
+		return 2;
+	}
+	if (o.recv_dir && o.expect_ranks == 1) {
+		fprintf(stderr, "xchg: -R needs 2 ranks or more\n");
 		return 2;
 	}
 	if (o.expect_ranks > 0)

@@ -111,7 +111,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.StringVar(&cfg.CgroupParent, "cgroup-parent", "mpipause", "cgroup v2 `path` (relative to the v2 mount) under which each job gets its cgroup")
 	fs.StringVar(&cfg.FixedCgroup, "cgroup", "", "instead: a cgroup v2 `path` the launcher already put every rank in; mpid moves nobody and freezes it whole (one job per node)")
 	fs.DurationVar(&cfg.Drain, "drain-timeout", 10*time.Second, "default drain `timeout` of a pause (mpipause --timeout overrides it)")
-	fs.IntVar(&cfg.RTPriority, "rt-priority", 1, "run mpid's threads under SCHED_RR at this `priority` (1..99; 0: not real-time, --nice alone); mpid sleeps but for short steps, and a resume's replies otherwise queue behind the ranks it has just thawed")
+	fs.IntVar(&cfg.RTPriority, "rt-priority", 1, "run mpid's threads, and each rank's shim control thread, under SCHED_RR at this `priority` (1..99; 0: not real-time, --nice alone); both sleep but for short steps, and among busy-polling ranks a resume's replies or a drain would otherwise queue behind them")
 	fs.IntVar(&cfg.Nice, "nice", -10, "scheduling `niceness` of mpid (-20..19; 0 leaves it): below the ranks', so that a pause's steps are not queued behind busy-polling ranks")
 	fs.StringVar(&cfg.StateDir, "state-dir", "", "`directory` of the records that let a restarted mpid resume the jobs paused before (default /run/mpipause/mpid-NODE)")
 	fs.StringVar(&cfg.keyFile, "cluster-key", DefaultKeyFile, "the cluster key `file` shared by every node's mpid (mode 0600; make one with mpid keygen)")

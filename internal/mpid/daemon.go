@@ -192,7 +192,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	if err != nil {
 		return fmt.Errorf("peer port %s: %w", d.cfg.PeerListen, err)
 	}
-	local := &localNode{d: d, fp: d.failpoints(), Local: &node.Local{Name: d.cfg.Node, Ranks: rs, Observer: d.observer, Cgroup: d.cgroupOf, CtlNice: d.cfg.Nice,
+	local := &localNode{d: d, fp: d.failpoints(), Local: &node.Local{Name: d.cfg.Node, Ranks: rs, Observer: d.observer, Cgroup: d.cgroupOf, CtlNice: d.cfg.Nice, CtlRT: d.cfg.RTPriority,
 		Unready: func(id string) string {
 			d.mu.Lock()
 			defer d.mu.Unlock()
@@ -434,12 +434,12 @@ func (d *Daemon) rankChanged(r *ranks.Rank, gone bool, err error) {
 		d.mu.Unlock()
 	default:
 		d.log.Info("rank registered", "job", r.Job, "rank", r.Rank, "size", r.Size, "pid", r.Pid, "host", r.Host)
-		if d.cfg.Nice != 0 {
+		if d.cfg.Nice != 0 || d.cfg.RTPriority != 0 {
 			// The shim starts its control thread right after its HELLO:
 			// give it a moment to appear (a pause boosts it too, if late).
 			go func() {
 				for range 50 {
-					if r.Boost(d.cfg.Nice) {
+					if r.Boost(d.cfg.Nice, d.cfg.RTPriority) {
 						return
 					}
 					time.Sleep(20 * time.Millisecond)

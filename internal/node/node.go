@@ -39,8 +39,9 @@ type Local struct {
 	// this node (the one Freeze freezes).
 	Cgroup func(job string) (string, error)
 	// CtlNice, if not 0, is the niceness given to each rank's shim control
-	// thread at its first pause (ranks.Rank.Boost).
-	CtlNice int
+	// thread at its first pause, and CtlRT, if not 0, its SCHED_RR priority
+	// (ranks.Rank.Boost).
+	CtlNice, CtlRT int
 	// Unready, if set, says why a job known here cannot be gated yet
 	// although some of its ranks may be registered (an mpid restarted and
 	// not all of them have registered again): a pause of it fails here.
@@ -201,8 +202,8 @@ func (l *Local) Prepare(ctx context.Context, job string) error {
 	l.gated[job] = was
 	l.mu.Unlock()
 	return l.eachRank(job, "close gate", func(r *ranks.Rank) error {
-		if l.CtlNice != 0 {
-			r.Boost(l.CtlNice)
+		if l.CtlNice != 0 || l.CtlRT != 0 {
+			r.Boost(l.CtlNice, l.CtlRT)
 		}
 		if !r.CloseGate() {
 			if _, err := r.Close(ctx); err != nil {

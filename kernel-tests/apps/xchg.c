@@ -65,6 +65,8 @@
 
 #include <mpi.h>
 
+#include "stream.h"
+
 enum mode { MODE_A2A, MODE_RING, MODE_PAIR };
 
 struct opts {
@@ -81,16 +83,6 @@ struct opts {
 	int expect_ranks;
 };
 
-static uint64_t mix64(uint64_t x)
-{
-	// splitmix64 finalizer: a bijective, well-spread 64-bit mix.
-	x ^= x >> 30;
-	x *= 0xbf58476d1ce4e5b9ULL;
-	x ^= x >> 27;
-	x *= 0x94d049bb133111ebULL;
-	x ^= x >> 31;
-	return x;
-}
 
 static int fixed_len; // -f
 
@@ -120,32 +112,7 @@ static uint64_t seed_of(uint64_t state, int dst, int it)
 	return mix64(state ^ mix64(((uint64_t)dst << 32) ^ (uint64_t)it));
 }
 
-static void fill(unsigned char *buf, size_t len, uint64_t seed)
-{
-	uint64_t x = seed | 1;
-	size_t i = 0;
-	for (; i + 8 <= len; i += 8) {
-		x ^= x << 13;
-		x ^= x >> 7;
-		x ^= x << 17;
-		memcpy(buf + i, &x, 8);
-	}
-	for (; i < len; i++)
-		buf[i] = (unsigned char)(x >> (8 * (i % 8)));
-}
 
-static uint64_t fold(uint64_t h, const unsigned char *buf, size_t len)
-{
-	size_t i = 0;
-	for (; i + 8 <= len; i += 8) {
-		uint64_t w;
-		memcpy(&w, buf + i, 8);
-		h = (h ^ w) * 0x100000001b3ULL;
-	}
-	for (; i < len; i++)
-		h = (h ^ buf[i]) * 0x100000001b3ULL;
-	return mix64(h ^ len);
-}
 
 static uint64_t initial_state(int rank)
 {

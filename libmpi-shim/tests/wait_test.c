@@ -24,43 +24,13 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "check.h"
+
 static ssize_t (*stash)(int fd);
 static int (*wake_signal)(void);
 
-static int failures;
-#define CHECK(cond, ...)                                                                   \
-	do {                                                                               \
-		if (!(cond)) {                                                             \
-			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);    \
-			fprintf(stderr, __VA_ARGS__);                                      \
-			fprintf(stderr, "\n");                                             \
-			failures++;                                                        \
-			return;                                                            \
-		}                                                                          \
-	} while (0)
 
-static void die(const char *what)
-{
-	perror(what);
-	exit(2);
-}
 
-// tcp_pair returns a connected loopback TCP pair: s[0] sends, s[1] receives.
-static void tcp_pair(int s[2])
-{
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t l = sizeof(a);
-	int ln = socket(AF_INET, SOCK_STREAM, 0);
-	if (ln < 0 || bind(ln, (void *)&a, sizeof(a)) < 0 || listen(ln, 1) < 0 || getsockname(ln, (void *)&a, &l) < 0)
-		die("listen");
-	s[0] = socket(AF_INET, SOCK_STREAM, 0);
-	if (connect(s[0], (void *)&a, sizeof(a)) < 0)
-		die("connect");
-	s[1] = accept(ln, NULL, NULL);
-	if (s[1] < 0)
-		die("accept");
-	close(ln);
-}
 
 static void close_pair(int s[2])
 {
@@ -137,7 +107,7 @@ static int ep_add(int ep, int fd, uint32_t events, uint64_t data)
 static void test_poll_select(void)
 {
 	int s[2];
-	tcp_pair(s);
+	tcp_pair(s, 0);
 	struct pollfd p = {.fd = s[1], .events = POLLIN};
 	CHECK(poll(&p, 1, 0) == 0, "nothing sent, nothing ready");
 	ssize_t n = send_stash(s, 100, 'a');
@@ -197,7 +167,7 @@ static void test_epoll_lt(void)
 {
 	int s[2], ep = epoll_create1(EPOLL_CLOEXEC);
 	struct epoll_event ev[4];
-	tcp_pair(s);
+	tcp_pair(s, 0);
 	CHECK(ep_add(ep, s[1], EPOLLIN, 0xfeed0001) == 0, "epoll_ctl: %s", strerror(errno));
 	CHECK(send_stash(s, 10, 'b') == 10, "stash");
 	for (int i = 0; i < 3; i++) {
@@ -227,7 +197,7 @@ static void test_epoll_et(void)
 {
 	int s[2], ep = epoll_create1(0);
 	struct epoll_event ev[4];
-	tcp_pair(s);
+	tcp_pair(s, 0);
 	CHECK(ep_add(ep, s[1], EPOLLIN | EPOLLET, 0xe7) == 0, "epoll_ctl");
 	CHECK(send_stash(s, 10, 'd') == 10, "stash");
 	int r = epoll_wait(ep, ev, 4, 0);
@@ -259,7 +229,7 @@ static void test_epoll_oneshot(void)
 {
 	int s[2], ep = epoll_create1(0);
 	struct epoll_event ev[4], m = {.events = EPOLLIN | EPOLLONESHOT, .data.u64 = 0x05};
-	tcp_pair(s);
+	tcp_pair(s, 0);
 	CHECK(epoll_ctl(ep, EPOLL_CTL_ADD, s[1], &m) == 0, "epoll_ctl");
 	CHECK(send_stash(s, 10, 'f') == 10, "stash");
 	int r = epoll_wait(ep, ev, 4, 0);
@@ -298,9 +268,9 @@ static void test_mix(void)
 	int a[2], b[2], c[2], ep = epoll_create1(0);
 	struct epoll_event ev[8];
 	char x[8] = "kkkkkkkk";
-	tcp_pair(a);
-	tcp_pair(b);
-	tcp_pair(c);
+	tcp_pair(a, 0);
+	tcp_pair(b, 0);
+	tcp_pair(c, 0);
 	CHECK(ep_add(ep, a[1], EPOLLIN, 'A') == 0 && ep_add(ep, b[1], EPOLLIN, 'B') == 0 &&
 		      ep_add(ep, c[1], EPOLLIN | EPOLLOUT, 'C') == 0,
 	      "epoll_ctl");
@@ -362,7 +332,7 @@ static void test_maxevents(void)
 	int s[N][2], ep = epoll_create1(0), seen = 0;
 	struct epoll_event ev[2];
 	for (int i = 0; i < N; i++) {
-		tcp_pair(s[i]);
+		tcp_pair(s[i], 0);
 		CHECK(ep_add(ep, s[i][1], EPOLLIN, (uint64_t)i) == 0, "epoll_ctl");
 		CHECK(send_stash(s[i], 5, 'm') == 5, "stash");
 	}
@@ -386,7 +356,7 @@ static void test_reuse_dup(void)
 {
 	int s[2], t[2], ep = epoll_create1(0);
 	struct epoll_event ev[4];
-	tcp_pair(s);
+	tcp_pair(s, 0);
 	int fd = s[1];
 	CHECK(ep_add(ep, s[1], EPOLLIN, 0xdead) == 0, "epoll_ctl");
 	int ep2 = dup(ep);
@@ -396,7 +366,7 @@ static void test_reuse_dup(void)
 	CHECK(take(s[1], 5, 'r') == 5, "recv");
 	close(ep2);
 	close_pair(s);
-	tcp_pair(t);
+	tcp_pair(t, 0);
 	if (t[1] != fd && t[0] == fd) { // the sender got the number: swap roles
 		int x = t[0];
 		t[0] = t[1];
@@ -500,7 +470,7 @@ static int join_by(pthread_t t, double secs)
 static void wake_case(int kind, const char *name)
 {
 	int s[2], ep = -1, lowat = 1 << 20;
-	tcp_pair(s);
+	tcp_pair(s, 0);
 	CHECK(setsockopt(s[1], SOL_SOCKET, SO_RCVLOWAT, &lowat, sizeof(lowat)) == 0, "SO_RCVLOWAT");
 	struct waiter w = {.kind = kind, .fd = s[1], .timeout_ms = -1};
 	if (kind == W_EPOLL || kind == W_EPOLL_ET || kind == W_EPOLL_PWAIT2) {
@@ -552,8 +522,8 @@ static void test_wake(void)
 static void timeout_case(int kind, const char *name)
 {
 	int s[2], o[2], ep = -1;
-	tcp_pair(s);
-	tcp_pair(o);
+	tcp_pair(s, 0);
+	tcp_pair(o, 0);
 	struct waiter w = {.kind = kind, .fd = s[1], .timeout_ms = 300};
 	if (kind == W_EPOLL) {
 		ep = epoll_create1(0);
@@ -589,8 +559,8 @@ static void test_timeout(void)
 
 	// With a stash live the slow path runs: still the full timeout.
 	int s[2], o[2];
-	tcp_pair(s);
-	tcp_pair(o);
+	tcp_pair(s, 0);
+	tcp_pair(o, 0);
 	CHECK(send_stash(o, 10, 'q') == 10, "stash");
 	struct pollfd p = {.fd = s[1], .events = POLLIN};
 	double t0 = now();

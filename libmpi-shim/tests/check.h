@@ -1,0 +1,55 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// What the shim's C tests share: the check that reports and ends a test,
+// and a loopback TCP pair.
+#ifndef MPIPAUSE_TEST_CHECK_H
+#define MPIPAUSE_TEST_CHECK_H
+
+#include <netinet/in.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+static int failures;
+#define CHECK(cond, ...)                                                                   \
+	do {                                                                               \
+		if (!(cond)) {                                                             \
+			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);    \
+			fprintf(stderr, __VA_ARGS__);                                      \
+			fprintf(stderr, "\n");                                             \
+			failures++;                                                        \
+			return;                                                            \
+		}                                                                          \
+	} while (0)
+
+static void die(const char *what)
+{
+	perror(what);
+	exit(2);
+}
+
+// tcp_pair connects a loopback TCP pair, s[0] to s[1]; sndbuf, if not 0,
+// sizes s[0]'s send buffer and s[1]'s receive buffer.
+static void tcp_pair(int s[2], int sndbuf)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t l = sizeof(a);
+	int ln = socket(AF_INET, SOCK_STREAM, 0);
+	if (ln < 0 || bind(ln, (void *)&a, sizeof(a)) < 0 || listen(ln, 1) < 0 || getsockname(ln, (void *)&a, &l) < 0)
+		die("listen");
+	s[0] = socket(AF_INET, SOCK_STREAM, 0);
+	if (sndbuf) {
+		setsockopt(s[0], SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof(sndbuf));
+		int rcv = sndbuf;
+		setsockopt(ln, SOL_SOCKET, SO_RCVBUF, &rcv, sizeof(rcv));
+	}
+	if (connect(s[0], (void *)&a, sizeof(a)) < 0)
+		die("connect");
+	s[1] = accept(ln, NULL, NULL);
+	if (s[1] < 0)
+		die("accept");
+	close(ln);
+}
+
+#endif

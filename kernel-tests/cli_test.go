@@ -387,6 +387,65 @@ func TestPauseBusyRank(t *testing.T) {
 	}
 }
 
+// TestPauseUndrainedRankRollsBack: the same busy rank, its shim's drain
+// turned off (MPIPAUSE_RECV_DRAIN=0, for programs that read their sockets
+// other than through the wrapped calls), cannot drain: with --timeout 1s the
+// pause fails with exit 1, names the rank that does not read and the
+// connections holding bytes, rolls back (no node frozen), and the job
+// completes with unchanged output.
+func TestPauseUndrainedRankRollsBack(t *testing.T) {
+	for _, lib := range mpiLibs {
+		t.Run(lib.name, func(t *testing.T) {
+			sharedRig(t)
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			id := fmt.Sprintf("undrained-%s-%d", lib.name, os.Getpid())
+			job := startUndrainedJob(ctx, t, lib, id)
+			defer cli(context.Background(), t, "node0", nil, "resume", id)
+			j, r := jobJSON(ctx, t, "pause", id, "--timeout", "1s")
+			f := j.Failure
+			if r.code != 1 || j.State != ctl.StateRunning || f == nil {
+				t.Fatalf("pause of a job with an undrained busy rank: exit %d, state %q, failure %+v; want exit 1, running, a failure report\n%s", r.code, j.State, f, r.stdout)
+			}
+			if f.Phase != "DRAIN" || len(f.Conns) == 0 || !slices.Equal(f.NotReading, []int{5}) || f.Rank != 5 {
+				t.Errorf("failure report: phase %s, %d connections, ranks not reading %v, rank %d; want DRAIN, some, [5], 5 (reason: %s)",
+					f.Phase, len(f.Conns), f.NotReading, f.Rank, f.Reason)
+			}
+			for _, c := range f.Conns {
+				if c.Node != "node2" || c.Unread == 0 || c.Rank != 5 {
+					t.Errorf("connection held: %+v; want node2's rank 5 with unread bytes", c)
+				}
+			}
+			checkFrozen(t, id, false, "after the rollback")
+			// Human form of the same: one line on stderr, the report on stdout.
+			if lines := strings.Count(strings.TrimSpace(r.stderr), "\n"); lines != 0 {
+				t.Errorf("stderr has %d lines, want 1: %q", lines+1, r.stderr)
+			}
+			job.end(ctx, t, "the job after a rolled-back pause")
+		})
+	}
+}
+
+// startUndrainedJob is startBusyJob with the shims' receive-side drain off
+// (MPIPAUSE_RECV_DRAIN=0): a pause of it waits in DRAIN for as long as the
+// last rank computes, which the tests of faults in mid-pause need.
+func startUndrainedJob(ctx context.Context, t *testing.T, lib mpiLib, id string) *busyJob {
+	t.Helper()
+	return startBusyJob(ctx, t, withEnv(lib, "MPIPAUSE_RECV_DRAIN", "0"), id)
+}
+
+// withEnv is lib launching its ranks with name=value in their environment.
+func withEnv(lib mpiLib, name, value string) mpiLib {
+	return mpiLib{name: lib.name, launch: func(app string, args ...string) []string {
+		argv := lib.launch(app, args...)
+		env := []string{"-x", name + "=" + value}
+		if lib.name == "mpich" {
+			env = []string{"-genv", name, value}
+		}
+		return append(append([]string{argv[0]}, env...), argv[1:]...)
+	}}
+}
+
 // TestPauseBadInput: every mistake gets one line on stderr, its own exit
 // code and no change of the job's state.
 func TestPauseBadInput(t *testing.T) {
@@ -512,8 +571,8 @@ func TestRankExitsDuringPause(t *testing.T) {
 	defer cancel()
 	id := fmt.Sprintf("exit-%d", os.Getpid())
 	// The last rank computes for as long as the test runs, its peers' data
-	// unread: the drain waits.
-	job := startBusyJob(ctx, t, mpiLibs[0], id)
+	// unread and its shim's drain off: the drain waits.
+	job := startUndrainedJob(ctx, t, mpiLibs[0], id)
 	cgs := nodeJobCgroups(t, id)
 	victims, err := cgroupv2.Procs(cgs[2])
 	if err != nil || len(victims) != 2 {

@@ -15,7 +15,8 @@ import (
 )
 
 // TestCoordinatorDiesMidPause: the coordinator's mpid (node0) is killed
-// while a pause drains a job whose rank 5 does not read. The other nodes
+// while a pause drains a job whose rank 5 does not read (its shim's drain
+// off: startUndrainedJob). The other nodes
 // hear no further step; once the step's deadline and the lease's grace have
 // passed, each rolls the pause back on its own (their mpids say so), nothing
 // is left frozen, and the job, whose node0 ranks reopen their gates when
@@ -27,7 +28,7 @@ func TestCoordinatorDiesMidPause(t *testing.T) {
 	defer cancel()
 	repairRigOnCleanup(t)
 	id := fmt.Sprintf("coorddies-%d", os.Getpid())
-	job := startBusyJob(ctx, t, mpiLibs[0], id)
+	job := startUndrainedJob(ctx, t, mpiLibs[0], id)
 
 	logs := map[string]string{}
 	var coord int
@@ -129,7 +130,7 @@ func TestMpidRestartWhilePaused(t *testing.T) {
 }
 
 // TestNodeMpidDiesMidPause: node2's mpid is killed while a pause drains (its
-// rank 5 does not read) and started again. The pause rolls back on every
+// rank 5 does not read, its shim's drain off) and started again. The pause rolls back on every
 // node and its report names node2; the restarted mpid finds the job; nothing
 // stays frozen or gated, and the job finishes with the output of an
 // unpaused run.
@@ -140,7 +141,7 @@ func TestNodeMpidDiesMidPause(t *testing.T) {
 	defer cancel()
 	repairRigOnCleanup(t)
 	id := fmt.Sprintf("nodedies-%d", os.Getpid())
-	job := startBusyJob(ctx, t, mpiLibs[0], id)
+	job := startUndrainedJob(ctx, t, mpiLibs[0], id)
 	victim := statusOf(t, jobRig).Nodes[2].MPIDPid
 	pause := start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig},
 		filepath.Join(bin, "rig"), "exec", "node0", "--", "mpipause", "pause", "--json", "--timeout", "3s", id)

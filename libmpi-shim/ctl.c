@@ -12,7 +12,7 @@
 //                   flush; "REOPENED stale" (no event) if the gate is open or in another generation
 //   DRAIN -> DRAINING sockets=<n> stashed=<bytes>: while the gate stays closed this thread moves
 //            what arrives on the process's TCP sockets into their stashes (stash.c); "DRAINING off"
-//            if the gate is open
+//            if the gate is open; "DRAINING disabled" with MPIPAUSE_RECV_DRAIN=0
 // and, unasked, "EVENT pause" / "EVENT resume" when the rank gets SIGTSTP /
 // SIGCONT (sig.c); where <state> is "gate=<open|closed|flushing> gated=<n> closing=<n> held=<bytes>".
 // mpid checks the HELLO's pid against the connection's SO_PEERCRED; the
@@ -168,6 +168,10 @@ static void state_line(char *b, size_t n, const char *verb)
 // waiting), and a socket that reports readable with nothing to move (end of
 // stream, an error) is dropped from the set, so the wait cannot spin.
 #define DRAIN_MAX 4096
+// MPIPAUSE_RECV_DRAIN=0 turns the drain off, for a program that reads its
+// sockets other than through the wrapped calls (io_uring, splice): its
+// stashed bytes would be skipped. Its pauses then wait for its ranks to read.
+static int drain_disabled;
 static struct pollfd drain_fds[DRAIN_MAX];
 static unsigned char drain_skip[DRAIN_MAX];
 static int drain_n;
@@ -248,6 +252,10 @@ static int answer(char *line, size_t n, void *arg)
 		snprintf(out, sizeof(out), "ERROR bad generation\n");
 		break;
 	case MPP_REQ_DRAIN:
+		if (drain_disabled) {
+			snprintf(out, sizeof(out), "DRAINING disabled\n");
+			break;
+		}
 		if (GATE_STATE(atomic_load(&mpp_gate)) != GATE_CLOSED) {
 			snprintf(out, sizeof(out), "DRAINING off\n");
 			break;
@@ -444,6 +452,8 @@ void mpp_ctl_start(const char *hello)
 	const char *name, *why;
 	socklen_t l = sock_addr(&a, &name);
 
+	const char *rd = getenv("MPIPAUSE_RECV_DRAIN");
+	drain_disabled = rd != NULL && strcmp(rd, "0") == 0;
 	hello_line = strdup(hello);
 	if (!hello_line || pipe2(wake, O_CLOEXEC | O_NONBLOCK) < 0) {
 		warn("mpipause: out of resources (%s); this rank runs without pause support\n", strerror(errno));

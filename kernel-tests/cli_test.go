@@ -436,13 +436,17 @@ func startUndrainedJob(ctx context.Context, t *testing.T, lib mpiLib, id string)
 
 // withEnv is lib launching its ranks with name=value in their environment.
 func withEnv(lib mpiLib, name, value string) mpiLib {
-	return mpiLib{name: lib.name, launch: func(app string, args ...string) []string {
+	if lib.name == "mpich" {
+		return withArgs(lib, lib.name, "-genv", name, value)
+	}
+	return withArgs(lib, lib.name, "-x", name+"="+value)
+}
+
+// withArgs is lib, named name, with extra launcher options ahead of its own.
+func withArgs(lib mpiLib, name string, opts ...string) mpiLib {
+	return mpiLib{name: name, launch: func(app string, args ...string) []string {
 		argv := lib.launch(app, args...)
-		env := []string{"-x", name + "=" + value}
-		if lib.name == "mpich" {
-			env = []string{"-genv", name, value}
-		}
-		return append(append([]string{argv[0]}, env...), argv[1:]...)
+		return append(append([]string{argv[0]}, opts...), argv[1:]...)
 	}}
 }
 

@@ -21,10 +21,7 @@ import (
 // withMCA is lib (Open MPI's mpirun) with one MCA parameter set on its
 // command line, under a name of its own.
 func withMCA(lib mpiLib, name, param, value string) mpiLib {
-	return mpiLib{name: name, launch: func(app string, args ...string) []string {
-		argv := lib.launch(app, args...)
-		return append([]string{argv[0], "--mca", param, value}, argv[1:]...)
-	}}
+	return withArgs(lib, name, "--mca", param, value)
 }
 
 // binName is the app suffix of a library variant ("openmpi-progress-thread"

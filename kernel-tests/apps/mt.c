@@ -70,7 +70,6 @@ struct opts {
 	int expect_ranks;
 };
 
-
 // shift_of is s(k) above, in 1..nranks-1 (-d as nranks - d).
 static int shift_of(int k, int nranks)
 {
@@ -92,20 +91,9 @@ static uint64_t seed_of(uint64_t state, int dst, int it, int k)
 	return mix64(state ^ mix64(((uint64_t)dst << 40) ^ ((uint64_t)k << 32) ^ (uint64_t)it));
 }
 
-
-
 static uint64_t initial_state(int rank, int k)
 {
 	return mix64(0x6d74706175736500ULL + ((uint64_t)rank << 8) + (uint64_t)k);
-}
-
-// rank_state combines a rank's thread states; combine, the ranks'.
-static uint64_t combine(const uint64_t *states, int n)
-{
-	uint64_t h = 0;
-	for (int i = 0; i < n; i++)
-		h = mix64(h ^ states[i]) + (uint64_t)i;
-	return h;
 }
 
 static void print_result(const struct opts *o, int nranks, int iters, uint64_t sum)
@@ -327,21 +315,6 @@ static int run(const struct opts *o)
 	return 0;
 }
 
-static size_t parse_size(const char *s)
-{
-	char *end;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (*end == 'K' || *end == 'k')
-		v <<= 10, end++;
-	else if (*end == 'M' || *end == 'm')
-		v <<= 20, end++;
-	if (*end != '\0' || v > (1ULL << 28)) {
-		fprintf(stderr, "mt: bad size '%s' (want N, NK or NM, at most 256M)\n", s);
-		exit(2);
-	}
-	return (size_t)v;
-}
-
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: mt [-T threads] [-n iters] [-s bytes[K|M]] [-z usec] [-E dir] [-x ranks]\n");
@@ -360,7 +333,7 @@ int main(int argc, char **argv)
 			o.iters = atoi(optarg);
 			break;
 		case 's':
-			o.bytes = parse_size(optarg);
+			o.bytes = parse_size("mt", optarg, 1ULL << 28);
 			break;
 		case 'z':
 			o.sleep_usec = atol(optarg);

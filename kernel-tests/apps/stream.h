@@ -9,6 +9,8 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 static inline uint64_t mix64(uint64_t x)
@@ -47,6 +49,32 @@ static inline uint64_t fold(uint64_t h, const unsigned char *buf, size_t len)
 	for (; i < len; i++)
 		h = (h ^ buf[i]) * 0x100000001b3ULL;
 	return mix64(h ^ len);
+}
+
+// combine is the checksum of every rank's (or thread's) state, in order.
+static inline uint64_t combine(const uint64_t *states, int n)
+{
+	uint64_t h = 0;
+	for (int i = 0; i < n; i++)
+		h = mix64(h ^ states[i]) + (uint64_t)i;
+	return h;
+}
+
+// parse_size reads N, NK or NM (bytes) of option -s; a bad one, or one over
+// max, ends prog with a line saying so.
+static inline size_t parse_size(const char *prog, const char *s, unsigned long long max)
+{
+	char *end;
+	unsigned long long v = strtoull(s, &end, 10);
+	if (*end == 'K' || *end == 'k')
+		v <<= 10, end++;
+	else if (*end == 'M' || *end == 'm')
+		v <<= 20, end++;
+	if (*end != '\0' || v > max) {
+		fprintf(stderr, "%s: bad size '%s' (want N, NK or NM, at most %lluM)\n", prog, s, max >> 20);
+		exit(2);
+	}
+	return (size_t)v;
 }
 
 #endif

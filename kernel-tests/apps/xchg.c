@@ -83,7 +83,6 @@ struct opts {
 	int expect_ranks;
 };
 
-
 static int fixed_len; // -f
 
 // msg_len is the irregular size of the message from src to dst in iteration
@@ -112,19 +111,9 @@ static uint64_t seed_of(uint64_t state, int dst, int it)
 	return mix64(state ^ mix64(((uint64_t)dst << 32) ^ (uint64_t)it));
 }
 
-
-
 static uint64_t initial_state(int rank)
 {
 	return mix64(0x6d706970617573ULL + (uint64_t)rank);
-}
-
-static uint64_t combine(const uint64_t *states, int nranks)
-{
-	uint64_t h = 0;
-	for (int r = 0; r < nranks; r++)
-		h = mix64(h ^ states[r]) + (uint64_t)r;
-	return h;
 }
 
 static const char *mode_name(enum mode m)
@@ -383,21 +372,6 @@ static int run(const struct opts *o)
 	return 0;
 }
 
-static size_t parse_size(const char *s)
-{
-	char *end;
-	unsigned long long v = strtoull(s, &end, 10);
-	if (*end == 'K' || *end == 'k')
-		v <<= 10, end++;
-	else if (*end == 'M' || *end == 'm')
-		v <<= 20, end++;
-	if (*end != '\0' || v > (1ULL << 30)) {
-		fprintf(stderr, "xchg: bad size '%s' (want N, NK or NM, at most 1G)\n", s);
-		exit(2);
-	}
-	return (size_t)v;
-}
-
 static void usage(FILE *f)
 {
 	fprintf(f, "usage: xchg [-m a2a|ring|pair] [-f] [-n iters] [-s bytes[K|M]] [-w holddir] [-t usec] [-z usec] [-S usec] [-B dir] [-R dir] [-E dir] [-x ranks]\n");
@@ -428,7 +402,7 @@ int main(int argc, char **argv)
 			o.iters = atoi(optarg);
 			break;
 		case 's':
-			o.bytes = parse_size(optarg);
+			o.bytes = parse_size("xchg", optarg, 1ULL << 30);
 			break;
 		case 'w':
 			o.hold_dir = optarg;

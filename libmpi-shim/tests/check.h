@@ -52,4 +52,22 @@ static void tcp_pair(int s[2], int sndbuf)
 	close(ln);
 }
 
+struct test {
+	const char *name;
+	void (*fn)(void);
+};
+
+// run_tests runs each test, prints "ok" or "FAIL" with its name, and
+// returns the exit status: 1 if any failed.
+static int run_tests(const struct test *t, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		int before = failures;
+		t[i].fn();
+		printf("%s %s\n", failures == before ? "ok  " : "FAIL", t[i].name);
+	}
+	return failures ? 1 : 0;
+}
+#define RUN_TESTS(tests) run_tests(tests, sizeof(tests) / sizeof(tests[0]))
+
 #endif

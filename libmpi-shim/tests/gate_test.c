@@ -1004,10 +1004,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	signal(SIGPIPE, SIG_IGN);
-	struct {
-		const char *name;
-		void (*fn)(void);
-	} tests[] = {
+	const struct test tests[] = {
 		{"passthrough", test_passthrough},
 		{"hold_and_flush", test_hold_and_flush},
 		{"call_boundary", test_call_boundary},
@@ -1026,10 +1023,5 @@ int main(int argc, char **argv)
 		{"stash_close", test_stash_close},
 		{"stash_race", test_stash_race},
 	};
-	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
-		int before = failures;
-		tests[i].fn();
-		printf("%s %s\n", failures == before ? "ok  " : "FAIL", tests[i].name);
-	}
-	return failures ? 1 : 0;
+	return RUN_TESTS(tests);
 }

@@ -589,10 +589,7 @@ int main(void)
 		return 1;
 	}
 	signal(SIGPIPE, SIG_IGN);
-	struct {
-		const char *name;
-		void (*fn)(void);
-	} tests[] = {
+	const struct test tests[] = {
 		{"poll_select", test_poll_select},
 		{"epoll_lt", test_epoll_lt},
 		{"epoll_et", test_epoll_et},
@@ -603,10 +600,5 @@ int main(void)
 		{"wake", test_wake},
 		{"timeout", test_timeout},
 	};
-	for (size_t i = 0; i < sizeof(tests) / sizeof(tests[0]); i++) {
-		int before = failures;
-		tests[i].fn();
-		printf("%s %s\n", failures == before ? "ok  " : "FAIL", tests[i].name);
-	}
-	return failures ? 1 : 0;
+	return RUN_TESTS(tests);
 }

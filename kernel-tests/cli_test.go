@@ -684,6 +684,13 @@ func TestCtrlZInTerminal(t *testing.T) {
 				<-p.done
 			})
 			killJobOnCleanup(t, id) // runs first: cleanups run last-in first-out
+			t.Cleanup(func() {
+				if t.Failed() {
+					// What the terminal showed says whether the pause failed
+					// (mpipause run then lets the job run on) or never came.
+					t.Logf("the terminal:\n%s", p.out.String())
+				}
+			})
 			waitFor(t, "the job to start", time.Minute, p.done, func() bool { return strings.Contains(p.out.String(), "job "+id) })
 			waitProgress(ctx, t, obs, p.done, 0, 8<<20)
 			wrapper := wrapperPid(t, id)

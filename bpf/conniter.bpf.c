@@ -23,7 +23,8 @@
  *
  * The socket is not locked here (unlike iter/tcp); fill_record reads the
  * sequence numbers in an order that keeps the queue lengths it implies
- * non-negative. Entries leave the map when their socket reaches TCP_CLOSE
+ * non-negative, and derives the byte counters so that they never go
+ * backwards. Entries leave the map when their socket reaches TCP_CLOSE
  * (sockops, sockstat) or is freed.
  */
 #include "mpipause.h"

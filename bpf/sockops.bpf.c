@@ -5,16 +5,21 @@
  * the socket reaches TCP_CLOSE.
  *
  * Connections established before the program was attached are never seen
- * here; tcpiter and sockstat adopt them by cgroup.
+ * here; tcpiter adopts them by cgroup.
  */
 #include "mpipause.h"
 
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
-static __always_inline void record(struct bpf_sock_ops *ctx)
+/*
+ * record registers the connection; active is whether this end sent the
+ * SYN. The callback runs with the socket locked, which conn_counts_init
+ * needs.
+ */
+static __always_inline void record(struct bpf_sock_ops *ctx, bool active)
 {
+	struct conn_info *c, init = {};
 	struct bpf_sock *bsk = ctx->sk;
-	struct conn_info *c;
 	struct tcp_sock *tp;
 
 	if (!bsk)
@@ -22,17 +27,18 @@ static __always_inline void record(struct bpf_sock_ops *ctx)
 	tp = bpf_skc_to_tcp_sock(bsk);
 	if (!tp)
 		return;
+	init.cookie = bpf_get_socket_cookie(ctx);
+	init.cgroup_id = cgroup_id(sk_cgroup(&tp->inet_conn.icsk_inet.sk));
+	init.established_ns = bpf_ktime_get_boot_ns();
+	init.flags = CONN_F_SOCKOPS;
+	conn_counts_init(&init, tp, active);
 	/*
-	 * An entry may exist already (tcpiter adopted the socket in SYN_SENT):
-	 * keep its counts, claim it.
+	 * Created whole, so that conniter never sees a half-filled entry. One
+	 * may exist already (tcpiter adopted the socket in SYN_SENT): claim it.
 	 */
-	c = bpf_sk_storage_get(&conns, bsk, NULL, BPF_SK_STORAGE_GET_F_CREATE);
-	if (!c)
-		return;
-	c->cookie = bpf_get_socket_cookie(ctx);
-	c->cgroup_id = cgroup_id(sk_cgroup(&tp->inet_conn.icsk_inet.sk));
-	c->established_ns = bpf_ktime_get_boot_ns();
-	c->flags = CONN_F_SOCKOPS;
+	c = bpf_sk_storage_get(&conns, bsk, &init, BPF_SK_STORAGE_GET_F_CREATE);
+	if (c)
+		*c = init;
 }
 
 #ifndef SOL_TCP
@@ -69,7 +75,7 @@ int mpipause_sockops(struct bpf_sock_ops *ctx)
 	switch (ctx->op) {
 	case BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB:
 	case BPF_SOCK_OPS_PASSIVE_ESTABLISHED_CB:
-		record(ctx);
+		record(ctx, ctx->op == BPF_SOCK_OPS_ACTIVE_ESTABLISHED_CB);
 		cap_delayed_ack(ctx);
 		/* Ask for BPF_SOCK_OPS_STATE_CB on every later state change. */
 		bpf_sock_ops_cb_flags_set(ctx,

@@ -25,28 +25,32 @@ var (
 
 // Names of the pins in a job's pin directory.
 const (
-	pinConns      = "conns"
-	pinWatched    = "watched"
-	pinRecords    = "records"
-	pinSockops    = "link_sockops"
-	pinSend       = "link_send"
-	pinRecv       = "link_recv"
-	pinRetransmit = "link_retransmit"
-	pinState      = "link_state"
-	pinTCPIter    = "link_tcpiter"
-	pinConnIter   = "link_conniter"
+	pinConns    = "conns"
+	pinWatched  = "watched"
+	pinRecords  = "records"
+	pinSockops  = "link_sockops"
+	pinState    = "link_state"
+	pinTCPIter  = "link_tcpiter"
+	pinConnIter = "link_conniter"
 )
 
 var mapPins = []string{pinConns, pinWatched, pinRecords}
 
-var linkPins = []string{pinSockops, pinSend, pinRecv, pinRetransmit, pinState, pinTCPIter, pinConnIter}
+var linkPins = []string{pinSockops, pinState, pinTCPIter, pinConnIter}
+
+// retiredLinkPins are the pins of the per-call counting programs of earlier
+// builds. Their maps no longer fit (ErrStalePin), but a pin directory
+// restarted from debris must not keep them: a pinned tracing link stays
+// attached, and those ran on every socket call of the machine.
+var retiredLinkPins = []string{"link_send", "link_recv", "link_retransmit"}
 
 // BPFObserver observes a job with mpipause's BPF programs: sockops on the
 // job's cgroup registers its connections in the conns map (socket local
-// storage), tp_btf programs count their bytes and retransmissions there, an
-// iter/tcp pass per network namespace adopts the connections established
-// before attach, and an iterator over the conns map reads every connection's
-// sequence numbers and counters in one pass.
+// storage), a tp_btf program on state changes forgets them at close and
+// notes their FINs, an iter/tcp pass per network namespace adopts the
+// connections established before attach, and an iterator over the conns map
+// reads every connection's sequence numbers, and the byte and
+// retransmission counters the kernel keeps in tcp_sock, in one pass.
 type BPFObserver struct {
 	job    job
 	pinDir string // "" when not pinned
@@ -162,7 +166,7 @@ func (o *BPFObserver) setUp() error {
 		for _, name := range mapPins {
 			os.Remove(filepath.Join(o.pinDir, name))
 		}
-		for _, name := range linkPins {
+		for _, name := range append(linkPins, retiredLinkPins...) {
 			unpinLink(filepath.Join(o.pinDir, name))
 		}
 	}
@@ -322,23 +326,19 @@ func (o *BPFObserver) attach(specs collectionSpecs) error {
 	}
 	defer ci.Close()
 
-	l, err := link.AttachCgroup(link.CgroupOptions{Path: o.job.dir, Attach: ebpf.AttachCGroupSockOps, Program: so.MpipauseSockops})
+	// The state program first: a connection sockops registers must not
+	// reach FIN_WAIT1 or CLOSE_WAIT unseen, or its byte counts would
+	// include the FIN.
+	l, err := link.AttachTracing(link.TracingOptions{Program: ss.MpipauseState})
+	if err != nil {
+		return fmt.Errorf("%w: attach %s: %w", ErrBPFUnavailable, ss.MpipauseState, err)
+	}
+	o.links[pinState] = l
+	l, err = link.AttachCgroup(link.CgroupOptions{Path: o.job.dir, Attach: ebpf.AttachCGroupSockOps, Program: so.MpipauseSockops})
 	if err != nil {
 		return fmt.Errorf("%w: attach sockops to %s: %w", ErrBPFUnavailable, o.job.dir, err)
 	}
 	o.links[pinSockops] = l
-	for name, p := range map[string]*ebpf.Program{
-		pinSend:       ss.MpipauseSend,
-		pinRecv:       ss.MpipauseRecv,
-		pinRetransmit: ss.MpipauseRetransmit,
-		pinState:      ss.MpipauseState,
-	} {
-		l, err := link.AttachTracing(link.TracingOptions{Program: p})
-		if err != nil {
-			return fmt.Errorf("%w: attach %s: %w", ErrBPFUnavailable, p, err)
-		}
-		o.links[name] = l
-	}
 	it, err := link.AttachIter(link.IterOptions{Program: ti.MpipauseTcpiter})
 	if err != nil {
 		return fmt.Errorf("%w: attach iter/tcp: %w", ErrBPFUnavailable, err)
@@ -441,7 +441,8 @@ func (o *BPFObserver) CgroupID() uint64 { return o.job.id }
 func (o *BPFObserver) PinDir() string { return o.pinDir }
 
 // Reused reports whether OpenBPF found the programs already attached and
-// pinned (by an earlier process) and took them over, counters included.
+// pinned (by an earlier process) and took them over, with the connections
+// they had registered.
 func (o *BPFObserver) Reused() bool { return o.reused }
 
 // Close releases the observer. Without Config.Pin it detaches every

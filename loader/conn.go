@@ -63,12 +63,23 @@ type Conn struct {
 	SendQueue uint32 // bytes written but not yet acknowledged by the peer (write_seq - snd_una)
 	Unread    uint32 // bytes received but not yet read by the application (rcv_nxt - copied_seq)
 
-	// Counters kept by the BPF observer from the moment it first saw the
-	// socket; zero (and Counted false) from the sock_diag observer.
-	Counted     bool
-	BytesSent   uint64 // bytes accepted by sendmsg (sock:sock_send_length)
-	BytesRecv   uint64 // bytes returned by recvmsg (sock:sock_recv_length)
-	Retransmits uint64 // tcp:tcp_retransmit_skb events
+	// Counted: the BPF observer read the counters below from the kernel's
+	// tcp_sock, so they cover the socket's whole life, from before the
+	// observer attached too. False from the sock_diag observer, which
+	// leaves them zero.
+	Counted bool
+	// BytesSent: bytes the application handed to the kernel (send, write,
+	// ...), acknowledged or not; SYN and FIN not included.
+	BytesSent uint64
+	// BytesRecv: bytes the application read (a MSG_PEEK reads none).
+	// Both are exact once the call that moved them has returned, and never
+	// go backwards.
+	BytesRecv uint64
+	// Retransmits: segments the kernel retransmitted (tcp_sock
+	// total_retrans; on an accepted socket, the SYN-ACK's too).
+	Retransmits uint64
+	// Established: when sockops registered the connection; zero for one
+	// adopted after the fact.
 	Established time.Time
 }
 

@@ -18,9 +18,10 @@ type conniterConnInfo struct {
 	Cookie        uint64
 	CgroupId      uint64
 	EstablishedNs uint64
-	BytesSent     uint64
-	BytesRecv     uint64
-	Retransmits   uint64
+	SndBase       uint32
+	RcvBase       uint32
+	FinSeq        uint32
+	PeerFinSeq    uint32
 	Flags         uint32
 	Pad           uint32
 }

@@ -44,6 +44,8 @@ func TestMain(m *testing.M) {
 //	write ID N         -> ok            (N bytes, all of them)
 //	read ID N          -> ok            (exactly N bytes)
 //	peek ID N          -> ok GOT        (recv MSG_PEEK|MSG_WAITALL)
+//	shutw ID           -> ok            (shutdown SHUT_WR: our FIN)
+//	eof ID             -> ok            (a read that returns end of stream)
 //	close ID           -> ok
 //	mass ADDR N        -> ok TOTAL      (N more loopback connections to itself;
 //	                                     TOTAL sockets of all mass calls held)
@@ -117,6 +119,21 @@ func helperMain(in io.Reader, out io.Writer) int {
 			if c, n, err = get(f); err == nil {
 				got, err = peek(c, n)
 				reply = strconv.Itoa(got)
+			}
+		case "shutw":
+			var c *net.TCPConn
+			if c, _, err = get(f); err == nil {
+				err = c.CloseWrite()
+			}
+		case "eof":
+			var c *net.TCPConn
+			if c, _, err = get(f); err == nil {
+				var m int
+				if m, err = c.Read(make([]byte, 1)); err == io.EOF {
+					err = nil
+				} else if err == nil {
+					err = fmt.Errorf("read %d bytes, want end of stream", m)
+				}
 			}
 		case "close":
 			var c *net.TCPConn
@@ -377,6 +394,22 @@ func (h *helper) do(format string, args ...any) []string {
 		h.tb.Fatalf("helper %q: %s", cmd, h.out.Text())
 	}
 	return f[1:]
+}
+
+// try is do for another goroutine than the test's: it returns the error
+// instead of failing the test.
+func (h *helper) try(format string, args ...any) error {
+	cmd := fmt.Sprintf(format, args...)
+	if _, err := fmt.Fprintln(h.in, cmd); err != nil {
+		return fmt.Errorf("helper %q: %v", cmd, err)
+	}
+	if !h.out.Scan() {
+		return fmt.Errorf("helper %q: no reply (%v)", cmd, h.out.Err())
+	}
+	if f := strings.Fields(h.out.Text()); len(f) == 0 || f[0] != "ok" {
+		return fmt.Errorf("helper %q: %s", cmd, h.out.Text())
+	}
+	return nil
 }
 
 // tcpConn is one end of a connection a helper made.

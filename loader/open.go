@@ -34,8 +34,8 @@ type Config struct {
 	FollowJob bool
 
 	// Pin keeps the BPF state under <bpffs>/mpipause/<cgroup-id>/: the
-	// programs stay attached and the counters keep counting after Close, and
-	// the next Open with Pin reuses them. Without Pin nothing is pinned and
+	// programs stay attached and keep registering the job's connections
+	// after Close, and the next Open with Pin reuses them. Without Pin nothing is pinned and
 	// Close detaches everything. Unpin removes pinned state.
 	Pin bool
 

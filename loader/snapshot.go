@@ -21,7 +21,7 @@ const recordSize = int(unsafe.Sizeof(record{}))
 // namespace. A namespace seen for the first time gets one iter/tcp pass,
 // which adopts the connections the job established before the programs
 // were attached; after that a single pass over the conns map reads every
-// connection of every namespace, counters included.
+// connection of every namespace, counters included (read from tcp_sock).
 func (o *BPFObserver) Snapshot(ctx context.Context) ([]Conn, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()

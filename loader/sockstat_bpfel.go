@@ -18,9 +18,10 @@ type sockstatConnInfo struct {
 	Cookie        uint64
 	CgroupId      uint64
 	EstablishedNs uint64
-	BytesSent     uint64
-	BytesRecv     uint64
-	Retransmits   uint64
+	SndBase       uint32
+	RcvBase       uint32
+	FinSeq        uint32
+	PeerFinSeq    uint32
 	Flags         uint32
 	Pad           uint32
 }
@@ -29,13 +30,9 @@ type sockstatConnInfo struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	sockstatMapConns               = "conns"
-	sockstatMapForeign             = "foreign"
-	sockstatMapWatched             = "watched"
-	sockstatProgMpipauseRecv       = "mpipause_recv"
-	sockstatProgMpipauseRetransmit = "mpipause_retransmit"
-	sockstatProgMpipauseSend       = "mpipause_send"
-	sockstatProgMpipauseState      = "mpipause_state"
+	sockstatMapConns          = "conns"
+	sockstatMapWatched        = "watched"
+	sockstatProgMpipauseState = "mpipause_state"
 )
 
 // loadSockstat returns the embedded CollectionSpec for sockstat.
@@ -80,10 +77,7 @@ type sockstatSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockstatProgramSpecs struct {
-	MpipauseRecv       *ebpf.ProgramSpec `ebpf:"mpipause_recv"`
-	MpipauseRetransmit *ebpf.ProgramSpec `ebpf:"mpipause_retransmit"`
-	MpipauseSend       *ebpf.ProgramSpec `ebpf:"mpipause_send"`
-	MpipauseState      *ebpf.ProgramSpec `ebpf:"mpipause_state"`
+	MpipauseState *ebpf.ProgramSpec `ebpf:"mpipause_state"`
 }
 
 // sockstatMapSpecs contains maps before they are loaded into the kernel.
@@ -91,7 +85,6 @@ type sockstatProgramSpecs struct {
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockstatMapSpecs struct {
 	Conns   *ebpf.MapSpec `ebpf:"conns"`
-	Foreign *ebpf.MapSpec `ebpf:"foreign"`
 	Watched *ebpf.MapSpec `ebpf:"watched"`
 }
 
@@ -122,14 +115,12 @@ func (o *sockstatObjects) Close() error {
 // It can be passed to loadSockstatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockstatMaps struct {
 	Conns   *ebpf.Map `ebpf:"conns"`
-	Foreign *ebpf.Map `ebpf:"foreign"`
 	Watched *ebpf.Map `ebpf:"watched"`
 }
 
 func (m *sockstatMaps) Close() error {
 	return _SockstatClose(
 		m.Conns,
-		m.Foreign,
 		m.Watched,
 	)
 }
@@ -144,17 +135,11 @@ type sockstatVariables struct {
 //
 // It can be passed to loadSockstatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockstatPrograms struct {
-	MpipauseRecv       *ebpf.Program `ebpf:"mpipause_recv"`
-	MpipauseRetransmit *ebpf.Program `ebpf:"mpipause_retransmit"`
-	MpipauseSend       *ebpf.Program `ebpf:"mpipause_send"`
-	MpipauseState      *ebpf.Program `ebpf:"mpipause_state"`
+	MpipauseState *ebpf.Program `ebpf:"mpipause_state"`
 }
 
 func (p *sockstatPrograms) Close() error {
 	return _SockstatClose(
-		p.MpipauseRecv,
-		p.MpipauseRetransmit,
-		p.MpipauseSend,
 		p.MpipauseState,
 	)
 }

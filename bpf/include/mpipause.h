@@ -19,7 +19,6 @@
 /* Not in vmlinux.h: they are macros, not enums, in the kernel. */
 #define AF_INET 2
 #define AF_INET6 10
-#define MSG_PEEK 2
 
 /*
  * Records conniter passes through its mmapable array; more still work,
@@ -39,10 +38,14 @@ enum {
 	/* Registered by sockops when the connection was established. */
 	CONN_F_SOCKOPS = 1 << 0,
 	/*
-	 * Adopted by tcpiter or a counter: the connection was established
-	 * before sockops was attached, and its socket is in a watched cgroup.
+	 * Adopted by tcpiter: the connection was established before sockops
+	 * was attached, and its socket is in a watched cgroup.
 	 */
 	CONN_F_ADOPTED = 1 << 1,
+	/* Our FIN is queued; conn_info.fin_seq is valid. */
+	CONN_F_FIN_SENT = 1 << 2,
+	/* The peer's FIN is in rcv_nxt; conn_info.peer_fin_seq is valid. */
+	CONN_F_FIN_RCVD = 1 << 3,
 };
 
 /* A connection's addresses; ports in host byte order. */
@@ -55,14 +58,23 @@ struct conn_tuple {
 	__u16 pad;
 };
 
-/* What the conns map keeps for a job's connection, in the socket itself. */
+/*
+ * What the conns map keeps for a job's connection, in the socket itself.
+ *
+ * The byte counters are not kept here: fill_record derives them from the
+ * kernel's own tcp_sock counters at snapshot time. What it cannot read
+ * there without the socket lock is set here, under the lock: the sequence
+ * numbers of the application's first byte in each direction, and where
+ * the FINs sit (see fill_record).
+ */
 struct conn_info {
 	__u64 cookie;	      /* socket cookie, kept to spare conniter a cache line */
 	__u64 cgroup_id;      /* cgroup v2 id of the socket */
 	__u64 established_ns; /* CLOCK_BOOTTIME; 0 when adopted */
-	__u64 bytes_sent;     /* sum of sock_send_length ret > 0 */
-	__u64 bytes_recv;     /* sum of sock_recv_length ret > 0, MSG_PEEK excluded */
-	__u64 retransmits;    /* tcp_retransmit_skb events */
+	__u32 snd_base;	      /* sequence number of the first byte the application sent */
+	__u32 rcv_base;	      /* sequence number of the first byte from the peer */
+	__u32 fin_seq;	      /* our FIN's sequence number (CONN_F_FIN_SENT) */
+	__u32 peer_fin_seq;   /* the peer's FIN's sequence number (CONN_F_FIN_RCVD) */
 	__u32 flags;	      /* CONN_F_* */
 	__u32 pad;
 };
@@ -71,11 +83,11 @@ struct conn_info {
 struct tcp_record {
 	__u64 cookie;
 	__u64 cgroup_id;
-	/* Copied from the conns entry. */
-	__u64 established_ns;
-	__u64 bytes_sent;
-	__u64 bytes_recv;
-	__u64 retransmits;
+	__u64 established_ns; /* copied from the conns entry */
+	/* Whole life of the socket, from tcp_sock (fill_record). */
+	__u64 bytes_sent;  /* bytes the application handed to sendmsg */
+	__u64 bytes_recv;  /* bytes the application read (MSG_PEEK excluded) */
+	__u64 retransmits; /* tcp_sock.total_retrans: segments retransmitted */
 	struct conn_tuple tuple;
 	__u32 write_seq;
 	__u32 snd_nxt;
@@ -184,16 +196,88 @@ static __always_inline bool is_inet_tcp(const struct sock *sk)
 	return sk->sk_protocol == IPPROTO_TCP && (family == AF_INET || family == AF_INET6);
 }
 
-/* job_conn_init is the conns entry of a socket adopted into a job. */
-static __always_inline struct conn_info job_conn_init(struct sock *sk, const struct cgroup *cgrp)
+/* fin_sent_state reports whether a socket in state has queued its FIN. */
+static __always_inline bool fin_sent_state(int state)
 {
-	struct conn_info info = {
-		.cookie = bpf_get_socket_cookie(sk),
-		.cgroup_id = cgroup_id(cgrp),
-		.flags = CONN_F_ADOPTED,
-	};
+	return state == TCP_FIN_WAIT1 || state == TCP_FIN_WAIT2 || state == TCP_CLOSING ||
+	       state == TCP_LAST_ACK;
+}
 
-	return info;
+/* fin_rcvd_state reports whether a socket in state has the peer's FIN. */
+static __always_inline bool fin_rcvd_state(int state)
+{
+	return state == TCP_CLOSE_WAIT || state == TCP_CLOSING || state == TCP_LAST_ACK;
+}
+
+/*
+ * conn_counts_init sets what fill_record needs besides tcp_sock: the
+ * sequence numbers the application's data starts at, and the FINs already
+ * there. Only with the socket locked (sockops, iter/tcp), where the
+ * counters and the sequence numbers agree with each other.
+ *
+ * tcp_snd_una_update adds every advance of snd_una to bytes_acked, SYN and
+ * FIN included, so snd_una - bytes_acked stays what it was when the socket
+ * began: the initial sequence number (ISS) on the side that sent the SYN,
+ * whose SYN counts once acknowledged, and ISS + 1 on the side that
+ * accepted, whose socket is born with snd_una = ISS + 1 and bytes_acked 0
+ * (tcp_create_openreq_child). Data starts at ISS + 1 on both, hence
+ * active. tcp_rcv_nxt_update likewise counts every advance of rcv_nxt in
+ * bytes_received: the peer's FIN, never its SYN (rcv_nxt is set past it
+ * directly), so rcv_nxt - bytes_received is where the peer's data starts.
+ */
+static __always_inline void conn_counts_init(struct conn_info *c, const struct tcp_sock *tp,
+					     bool active)
+{
+	int state = tp->inet_conn.icsk_inet.sk.__sk_common.skc_state;
+	__u32 flags = c->flags & ~(CONN_F_FIN_SENT | CONN_F_FIN_RCVD);
+
+	c->snd_base = tp->snd_una - (__u32)tp->bytes_acked + (active ? 1 : 0);
+	c->rcv_base = tp->rcv_nxt - (__u32)tp->bytes_received;
+	/* No data after a FIN: it is the last sequence number of its side. */
+	if (fin_sent_state(state)) {
+		c->fin_seq = tp->write_seq - 1;
+		flags |= CONN_F_FIN_SENT;
+	}
+	if (fin_rcvd_state(state)) {
+		c->peer_fin_seq = tp->rcv_nxt - 1;
+		flags |= CONN_F_FIN_RCVD;
+	}
+	c->flags = flags;
+}
+
+/*
+ * conn_note_fin records a FIN in c at the state change that comes with it,
+ * under the socket lock (inet_sock_set_state fires before the new state
+ * is stored): our FIN takes write_seq, which tcp_send_fin advances only
+ * after tcp_close_state; the peer's is already in rcv_nxt (tcp_fin runs
+ * after tcp_rcv_nxt_update). The sequence number is stored before the
+ * flag, and both are volatile so that the compiler keeps that order, which
+ * fill_record relies on.
+ */
+static __always_inline void conn_note_fin(struct conn_info *c, const struct tcp_sock *tp,
+					  int newstate)
+{
+	if ((newstate == TCP_FIN_WAIT1 || newstate == TCP_LAST_ACK) &&
+	    !(c->flags & CONN_F_FIN_SENT)) {
+		*(volatile __u32 *)&c->fin_seq = tp->write_seq;
+		*(volatile __u32 *)&c->flags = c->flags | CONN_F_FIN_SENT;
+	}
+	if ((newstate == TCP_CLOSE_WAIT || newstate == TCP_CLOSING) &&
+	    !(c->flags & CONN_F_FIN_RCVD)) {
+		*(volatile __u32 *)&c->peer_fin_seq = tp->rcv_nxt - 1;
+		*(volatile __u32 *)&c->flags = c->flags | CONN_F_FIN_RCVD;
+	}
+}
+
+/*
+ * widen returns the 64-bit count whose low 32 bits are low, nearest to
+ * approx (which must be within 2^31 of it); never negative.
+ */
+static __always_inline __u64 widen(__u64 approx, __u32 low)
+{
+	__s64 v = approx + (__s32)(low - (__u32)approx);
+
+	return v < 0 ? 0 : v;
 }
 
 /*
@@ -203,22 +287,38 @@ static __always_inline struct conn_info job_conn_init(struct sock *sk, const str
  * before write_seq, copied_seq before rcv_nxt, each only ever growing (x86
  * does not reorder loads with loads; a weakly ordered CPU could).
  *
+ * The byte counters cover the socket's whole life and come from tcp_sock:
+ * sent = bytes_acked + (write_seq - snd_una), read = bytes_received -
+ * (rcv_nxt - copied_seq), less the SYN and FINs those count. No load order
+ * makes these sums consistent without the lock: an ACK adds to bytes_acked
+ * and snd_una one after the other, so a read between the two is off by
+ * that ACK, up or down, and the next read would go backwards. So the sums
+ * give only the high bits; the low 32 come from one sequence number each,
+ * the end of the application's data (write_seq, or our FIN once queued;
+ * copied_seq, but not past the peer's FIN), minus the base conn_counts_init
+ * took under the lock. Each end only grows, so the counters never go
+ * backwards and are exact as soon as the application's call has returned.
+ * The FIN's flag is read after write_seq and copied_seq, its sequence
+ * number after the flag (the reverse of the order they were stored in):
+ * write_seq including our FIN or copied_seq past the peer's means the flag
+ * is seen.
+ *
  * At 10,000 sockets a pass the cost is cache misses: this touches the first
- * cache line of sock_common (two with IPv6 addresses) and the three lines of
- * tcp_sock that hold the sequence numbers, nothing else of the socket.
+ * cache line of sock_common (two with IPv6 addresses), the three lines of
+ * tcp_sock that hold the sequence numbers, and for the counters three more
+ * (bytes_received, bytes_acked, total_retrans on 6.18's layout);
+ * bpf/README.md has what that costs.
  */
 static __always_inline void fill_record(struct tcp_record *rec, const struct tcp_sock *tp,
 					const struct conn_info *c)
 {
 	const struct sock_common *skc = &tp->inet_conn.icsk_inet.sk.__sk_common;
+	__u32 flags, snd_end, rcv_end, peer_fin;
+	__u64 acked, rcvd;
 
 	rec->cookie = c->cookie;
 	rec->cgroup_id = c->cgroup_id;
 	rec->established_ns = c->established_ns;
-	rec->bytes_sent = c->bytes_sent;
-	rec->bytes_recv = c->bytes_recv;
-	rec->retransmits = c->retransmits;
-	rec->flags = c->flags;
 	fill_tuple(skc, &rec->tuple);
 	rec->state = skc->skc_state;
 	rec->netns = skc->skc_net.net->ns.inum;
@@ -227,6 +327,23 @@ static __always_inline void fill_record(struct tcp_record *rec, const struct tcp
 	rec->write_seq = *(volatile __u32 *)&tp->write_seq;
 	rec->copied_seq = *(volatile __u32 *)&tp->copied_seq;
 	rec->rcv_nxt = *(volatile __u32 *)&tp->rcv_nxt;
+	acked = *(volatile __u64 *)&tp->bytes_acked;
+	rcvd = *(volatile __u64 *)&tp->bytes_received;
+	rec->retransmits = tp->total_retrans;
+
+	flags = *(volatile __u32 *)&c->flags;
+	rec->flags = flags;
+	snd_end = rec->write_seq;
+	if (flags & CONN_F_FIN_SENT)
+		snd_end = *(volatile __u32 *)&c->fin_seq;
+	rcv_end = rec->copied_seq;
+	if (flags & CONN_F_FIN_RCVD) {
+		peer_fin = *(volatile __u32 *)&c->peer_fin_seq;
+		if ((__s32)(rcv_end - peer_fin) > 0)
+			rcv_end = peer_fin;
+	}
+	rec->bytes_sent = widen(acked + (__s32)(snd_end - rec->snd_una), snd_end - c->snd_base);
+	rec->bytes_recv = widen(rcvd - (__s32)(rec->rcv_nxt - rcv_end), rcv_end - c->rcv_base);
 }
 
 #endif /* MPIPAUSE_H */

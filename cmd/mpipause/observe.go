@@ -21,6 +21,8 @@ func observe(ctx context.Context, e *env, args []string) error {
 	watch := fs.Duration("watch", 0, "take a snapshot every `interval` until interrupted (e.g. 1s)")
 	count := fs.Int("count", 0, "with --watch, stop after `n` snapshots (0: until interrupted)")
 	kind := fs.String("observer", "auto", "`kind` of observer: auto (BPF, else sock_diag), bpf, or sock_diag")
+	usage := fs.Usage
+	fs.Usage = func() { usage(); fmt.Fprint(e.stdout, observeColumns) }
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -97,6 +99,23 @@ type summary struct {
 	InflightBytes uint64 `json:"inflight_bytes"`
 	Netns         int    `json:"netns"`
 }
+
+// observeColumns ends observe's --help. The counters are the kernel's own
+// (tcp_sock), so they cover the socket's whole life, including what it did
+// before mpipause attached.
+const observeColumns = `
+columns (JSON fields in parentheses):
+  SEND-Q    bytes written, not yet acknowledged by the peer (send_queue_bytes)
+  UNREAD    bytes arrived, not yet read by the application (unread_bytes)
+            (a FIN counts 1 in either until acknowledged or read)
+  SENT      bytes the application wrote since the socket was created (bytes_sent)
+  RECEIVED  bytes the application read since the socket was created, peeks
+            excluded (bytes_received)
+  RETRANS   segments the kernel retransmitted since the socket was created
+            (retransmits)
+  SENT, RECEIVED and RETRANS come from the BPF observer; sock_diag shows -
+  (counted: false).
+`
 
 type connJSON struct {
 	Netns       string `json:"netns"`

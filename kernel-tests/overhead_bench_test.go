@@ -132,18 +132,18 @@ func overheadPingpong(b *testing.B, dir, bin string, latOut, bwOut map[string]fl
 	}
 }
 
-// quietBPF waits until no job's sockstat programs are loaded on the
-// machine, so that each run measures only its own job's. Every job's
-// observer attaches a set of tracepoint programs that runs on every
-// send and receive of the whole machine, and an mpid ends a finished job
+// quietBPF waits until no job's BPF programs are loaded on the machine,
+// so that each run measures only its own job's. Every job's observer
+// attaches a set (sockops on the job's cgroup, a tracepoint on TCP state
+// changes of the whole machine), and an mpid ends a finished job
 // (detaching them) only at its next sweep, up to 10 s later: without the
-// wait, a plain run that follows a run with mpipause pays for one to
-// several program sets, in a number that varies run to run.
+// wait, a plain run that follows a run with mpipause could pay for one to
+// several sets, in a number that varies run to run.
 func quietBPF(b *testing.B) {
 	b.Helper()
 	deadline := time.Now().Add(time.Minute)
 	for waited := false; ; waited = true {
-		n, err := sockstatSets()
+		n, err := programSets()
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -160,9 +160,9 @@ func quietBPF(b *testing.B) {
 	}
 }
 
-// sockstatSets counts the mpipause_send programs loaded (one per job
-// observer).
-func sockstatSets() (int, error) {
+// programSets counts the mpipause_state programs loaded (one per job
+// observer's set).
+func programSets() (int, error) {
 	n := 0
 	for id := ebpf.ProgramID(0); ; {
 		next, err := ebpf.ProgramGetNextID(id)
@@ -182,7 +182,7 @@ func sockstatSets() (int, error) {
 		}
 		info, err := p.Info()
 		p.Close()
-		if err == nil && info.Name == "mpipause_send" {
+		if err == nil && info.Name == "mpipause_state" {
 			n++
 		}
 	}
@@ -289,7 +289,7 @@ func overheadCalls(b *testing.B, dir, bin string, lat, bw float64) {
 			fmt.Fprintf(os.Stderr, "bench: overhead calls round %d/%d %s\n", i+1, rounds, callModes[m].name)
 			if !callModes[m].job {
 				quietBPF(b)
-			} else if n, err := sockstatSets(); err != nil || n > 1 {
+			} else if n, err := programSets(); err != nil || n > 1 {
 				b.Fatalf("%d sets of mpipause's BPF programs loaded before a run of job %s (%v): another job runs on this machine", n, id, err)
 			}
 			f := callcost(b, bin, callModes[m], id)

@@ -34,8 +34,8 @@
 // Times are the thread's CPU time (CLOCK_THREAD_CPUTIME_ID), not wall time:
 // on a shared machine a preemption lands in wall time and not here. The
 // loopback receive path runs in the sender's softirq, in this thread, so a
-// pair's time includes the whole way of the bytes through TCP and both
-// tracepoints (sock_send_length, sock_recv_length).
+// pair's time includes the whole way of the bytes through TCP and any
+// BPF program the kernel runs on it.
 #define _GNU_SOURCE // sched_setaffinity, CPU_SET
 #include <dlfcn.h>
 #include <errno.h>

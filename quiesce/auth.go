@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"hash"
 	"io"
 	"io/fs"
 	"os"
@@ -115,11 +116,17 @@ func newNonce() ([]byte, error) {
 }
 
 // session is one authenticated connection's state: its key and the number
-// of the next frame in each direction.
+// of the next frame in each direction. A connection uses it for one frame
+// at a time, so it keeps one keyed HMAC and resets it for each frame,
+// rather than deriving the HMAC's pads from the key again every time.
 type session struct {
 	key        []byte
 	out, in    byte // direction labels: 'c' client to server, 's' server to client
 	sent, recv uint64
+
+	h   hash.Hash // HMAC-SHA256 keyed with key, made on first use
+	hdr [9]byte
+	tag [sha256.Size]byte
 }
 
 func newSession(k *Key, clientNonce, serverNonce []byte, client bool) *session {
@@ -142,14 +149,18 @@ func (s *session) proof() []byte {
 	return m.Sum(nil)
 }
 
-func (s *session) mac(dir byte, seq uint64, body []byte) []byte {
-	m := hmac.New(sha256.New, s.key)
-	var hdr [9]byte
-	hdr[0] = dir
-	binary.BigEndian.PutUint64(hdr[1:], seq)
-	m.Write(hdr[:])
-	m.Write(body)
-	return m.Sum(nil)
+// mac appends to dst the MAC of the frame numbered seq in direction dir.
+func (s *session) mac(dst []byte, dir byte, seq uint64, body []byte) []byte {
+	if s.h == nil {
+		s.h = hmac.New(sha256.New, s.key)
+	} else {
+		s.h.Reset()
+	}
+	s.hdr[0] = dir
+	binary.BigEndian.PutUint64(s.hdr[1:], seq)
+	s.h.Write(s.hdr[:])
+	s.h.Write(body)
+	return s.h.Sum(dst)
 }
 
 // ErrAuth: a peer failed authentication (no key, another key, a forged,
@@ -158,7 +169,7 @@ var ErrAuth = errors.New("authentication failed")
 
 // seal appends the MAC of the next outgoing frame to body.
 func (s *session) seal(body []byte) []byte {
-	out := append(body, s.mac(s.out, s.sent, body)...)
+	out := s.mac(body, s.out, s.sent, body)
 	s.sent++
 	return out
 }
@@ -169,7 +180,7 @@ func (s *session) open(b []byte) ([]byte, error) {
 		return nil, fmt.Errorf("%w: frame %d too short for its MAC", ErrAuth, s.recv)
 	}
 	body, tag := b[:len(b)-sha256.Size], b[len(b)-sha256.Size:]
-	if !hmac.Equal(tag, s.mac(s.in, s.recv, body)) {
+	if !hmac.Equal(tag, s.mac(s.tag[:0], s.in, s.recv, body)) {
 		return nil, fmt.Errorf("%w: frame %d: bad MAC (forged, replayed, reordered or not from a holder of the cluster key)", ErrAuth, s.recv)
 	}
 	s.recv++

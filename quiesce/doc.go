@@ -22,8 +22,10 @@
 //   - [Transport]: request/response delivery between daemons;
 //     [MemNetwork] is the in-memory implementation with injected delays,
 //     duplicates and drops; [TCPTransport] and [ServeTCP] speak
-//     length-prefixed JSON after a versioned [Hello]. Retransmission lives
-//     above the transport, in the sender, so every transport gets it.
+//     length-prefixed frames in a tagged binary encoding (wire.go), MACed
+//     with the cluster key (auth.go), after a versioned JSON [Hello].
+//     Retransmission lives above the transport, in the sender, so every
+//     transport gets it.
 //
 // Not here yet: authentication of peers (the cluster key of DESIGN.md),
 // persistence of node state across daemon restarts (G5), and DESIGN.md's

@@ -14,6 +14,9 @@ func FuzzReadFrame(f *testing.F) {
 	var b bytes.Buffer
 	writeFrame(&b, frame{TimeoutNanos: 5, Msg: Message{Version: ProtocolVersion, Job: "j", Epoch: 1, Seq: 1, Kind: KindDrain, Nodes: []string{"a", "b"}}})
 	f.Add(b.Bytes())
+	b.Reset()
+	writeFrame(&b, wireSample())
+	f.Add(b.Bytes())
 	f.Add([]byte{0xff, 0xff, 0xff, 0xff})
 	f.Add([]byte{0, 0, 0, 2, '{', '}'})
 	f.Fuzz(func(t *testing.T, in []byte) {

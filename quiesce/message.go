@@ -11,8 +11,9 @@ import (
 
 // ProtocolVersion is the version of the message envelope. A receiver refuses
 // other versions rather than guessing, because a misread FREEZE or COMMIT
-// breaks the consistency guarantee silently.
-const ProtocolVersion = 1
+// breaks the consistency guarantee silently. Version 2 is the binary
+// encoding of the TCP transport's frames (wire.go); 1 was JSON.
+const ProtocolVersion = 2
 
 // Kind names the step a message asks for.
 type Kind string

@@ -51,8 +51,8 @@ import (
 //
 // MPIPAUSE_SCALE_CYCLES sets the measured pause and resume cycles per case
 // (default 5), after one that warms up; MPIPAUSE_SCALE_NODES (e.g.
-// "1024,4096") and MPIPAUSE_SCALE_TRANSPORTS ("mem", "tcp") narrow the
-// cases, to profile one.
+// "1024,4096"), MPIPAUSE_SCALE_TRANSPORTS ("mem", "tcp") and
+// MPIPAUSE_SCALE_FANOUTS ("tree", "star") narrow the cases, to profile one.
 func BenchmarkScale(b *testing.B) {
 	dir, err := bench.Dir()
 	if err != nil {
@@ -75,6 +75,19 @@ func BenchmarkScale(b *testing.B) {
 		transports = strings.Split(v, ",")
 	}
 	fanouts := []Fanout{FanoutTree, FanoutStar}
+	if v := os.Getenv("MPIPAUSE_SCALE_FANOUTS"); v != "" {
+		fanouts = nil
+		for _, f := range strings.Split(v, ",") {
+			switch strings.TrimSpace(f) {
+			case "tree":
+				fanouts = append(fanouts, FanoutTree)
+			case "star":
+				fanouts = append(fanouts, FanoutStar)
+			default:
+				b.Fatalf("MPIPAUSE_SCALE_FANOUTS=%q: want tree, star or both, separated by commas", v)
+			}
+		}
+	}
 
 	// The tables go to stderr, a line at a time as "bench: ..." (what make
 	// bench shows): go test keeps only the first ten lines of a

@@ -16,10 +16,11 @@ import (
 )
 
 // Wire format of the TCP transport: every frame is a 4-byte big-endian length
-// followed by that many bytes of JSON. A connection opens with one hello frame
-// each way, so that two daemons of different versions refuse each other
+// followed by that many bytes. A connection opens with one hello frame each
+// way, in JSON, so that two daemons of different versions refuse each other
 // before any step is misread; then the client sends requests and reads one
-// reply per request, in order.
+// reply per request, in order, each frame in the binary encoding of wire.go
+// followed, with a key, by its MAC (auth.go).
 
 // HelloMagic identifies the protocol in the hello frame.
 const HelloMagic = "mpipause-quiesce"
@@ -54,8 +55,16 @@ func writeFrame(w io.Writer, v any) error { return writeSealed(w, nil, v) }
 
 func readFrame(r io.Reader, v any) error { return readSealed(r, nil, v) }
 
-// writeSealed writes v as a frame, with its MAC when s is not nil.
+// writeSealed writes v as a frame, with its MAC when s is not nil: a
+// request or reply (frame) in the binary encoding, anything else (a
+// hello) as JSON.
 func writeSealed(w io.Writer, s *session, v any) error {
+	switch f := v.(type) {
+	case frame:
+		return (&framer{w: w, s: s}).send(&f)
+	case *frame:
+		return (&framer{w: w, s: s}).send(f)
+	}
 	b, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("encode frame: %w", err)
@@ -63,13 +72,18 @@ func writeSealed(w io.Writer, s *session, v any) error {
 	if s != nil {
 		b = s.seal(b)
 	}
-	if len(b) > MaxFrame {
-		return fmt.Errorf("frame of %d bytes exceeds %d", len(b), MaxFrame)
+	return writeBody(w, append(make([]byte, 4, 4+len(b)), b...))
+}
+
+// writeBody writes b, a frame with 4 bytes reserved in front for its
+// length, in one write.
+func writeBody(w io.Writer, b []byte) error {
+	n := len(b) - 4
+	if n > MaxFrame {
+		return fmt.Errorf("frame of %d bytes exceeds %d", n, MaxFrame)
 	}
-	buf := make([]byte, 4+len(b))
-	binary.BigEndian.PutUint32(buf, uint32(len(b)))
-	copy(buf[4:], b)
-	if _, err := w.Write(buf); err != nil {
+	binary.BigEndian.PutUint32(b, uint32(n))
+	if _, err := w.Write(b); err != nil {
 		return fmt.Errorf("write frame: %w", err)
 	}
 	return nil
@@ -78,20 +92,15 @@ func writeSealed(w io.Writer, s *session, v any) error {
 // readSealed reads a frame into v, checking its MAC first when s is not
 // nil: nothing of a frame that fails it is decoded.
 func readSealed(r io.Reader, s *session, v any) error {
-	var hdr [4]byte
-	if _, err := io.ReadFull(r, hdr[:]); err != nil {
-		return fmt.Errorf("read frame header: %w", err)
+	if f, ok := v.(*frame); ok {
+		_, err := (&framer{r: r, s: s}).recv(f)
+		return err
 	}
-	n := binary.BigEndian.Uint32(hdr[:])
-	if n > MaxFrame {
-		return fmt.Errorf("frame of %d bytes exceeds %d", n, MaxFrame)
-	}
-	b := make([]byte, n)
-	if _, err := io.ReadFull(r, b); err != nil {
-		return fmt.Errorf("read frame body: %w", err)
+	b, _, err := readBody(r, nil)
+	if err != nil {
+		return err
 	}
 	if s != nil {
-		var err error
 		if b, err = s.open(b); err != nil {
 			return err
 		}
@@ -100,6 +109,76 @@ func readSealed(r io.Reader, s *session, v any) error {
 		return fmt.Errorf("decode frame: %w", err)
 	}
 	return nil
+}
+
+// readBody reads a frame into buf, grown if too small, and returns it;
+// got says whether any byte of it came.
+func readBody(r io.Reader, buf []byte) (b []byte, got bool, err error) {
+	var hdr [4]byte
+	if n, err := io.ReadFull(r, hdr[:]); err != nil {
+		return nil, n > 0, fmt.Errorf("read frame header: %w", err)
+	}
+	n := binary.BigEndian.Uint32(hdr[:])
+	if n > MaxFrame {
+		return nil, true, fmt.Errorf("frame of %d bytes exceeds %d", n, MaxFrame)
+	}
+	if uint32(cap(buf)) < n {
+		buf = make([]byte, n)
+	}
+	b = buf[:n]
+	if _, err := io.ReadFull(r, b); err != nil {
+		return nil, true, fmt.Errorf("read frame body: %w", err)
+	}
+	return b, true, nil
+}
+
+// framer sends and receives one connection's request and reply frames,
+// with its session, reusing its buffers from frame to frame: a
+// connection carries one frame at a time.
+type framer struct {
+	w    io.Writer
+	r    io.Reader
+	s    *session // nil without a key
+	wbuf []byte
+	rbuf []byte
+}
+
+// keepBuf is the largest buffer a framer keeps for its next frame; a
+// larger one (a request carrying thousands of node names) is dropped.
+const keepBuf = 64 << 10
+
+func (c *framer) send(f *frame) error {
+	b := f.appendWire(append(c.wbuf[:0], 0, 0, 0, 0))
+	if c.s != nil {
+		b = c.s.mac(b, c.s.out, c.s.sent, b[4:])
+		c.s.sent++
+	}
+	if cap(b) <= keepBuf {
+		c.wbuf = b
+	}
+	return writeBody(c.w, b)
+}
+
+// recv reads the next frame into f, which must be zero; got says whether
+// any byte of it came.
+func (c *framer) recv(f *frame) (got bool, err error) {
+	b, got, err := readBody(c.r, c.rbuf)
+	if err != nil {
+		return got, err
+	}
+	if cap(b) <= keepBuf {
+		c.rbuf = b
+	}
+	if c.s != nil {
+		if b, err = c.s.open(b); err != nil {
+			return true, err
+		}
+	}
+	// One string for the whole body: every string decoded is a part of it.
+	if err := decodeFrame(string(b), f); err != nil {
+		return true, fmt.Errorf("decode frame: %w", err)
+	}
+	return true, nil
 }
 
 // TCPTransport is a Transport over TCP. A node name is dialled as a TCP
@@ -148,8 +227,7 @@ const DefaultServerIdle = 2 * time.Minute
 
 type tcpConn struct {
 	conn  net.Conn
-	br    *bufio.Reader
-	s     *session // nil without a key
+	fr    framer
 	since time.Time
 }
 
@@ -283,7 +361,7 @@ func (t *TCPTransport) dial(ctx context.Context, to, addr string) (c *tcpConn, e
 			return nil, fmt.Errorf("%s: %w: it does not hold this node's cluster key", to, ErrAuth)
 		}
 	}
-	return &tcpConn{conn: conn, br: br, s: s}, nil
+	return &tcpConn{conn: conn, fr: framer{w: conn, r: br, s: s}}, nil
 }
 
 // roundTrip sends req on c and reads its reply. It returns c to the pool
@@ -299,10 +377,8 @@ func (t *TCPTransport) roundTrip(ctx context.Context, addr, to string, c *tcpCon
 		_ = c.conn.SetDeadline(dl)
 	}
 	var fr frame
-	if err = writeSealed(c.conn, c.s, f); err == nil {
-		r := &countingReader{r: c.br}
-		err = readSealed(r, c.s, &fr)
-		sent = r.n > 0
+	if err = c.fr.send(&f); err == nil {
+		sent, err = c.fr.recv(&fr)
 	}
 	if !stop() || err != nil {
 		// ctx ended: the connection is closed or closing, whatever came.
@@ -314,18 +390,6 @@ func (t *TCPTransport) roundTrip(ctx context.Context, addr, to string, c *tcpCon
 	}
 	t.put(addr, c)
 	return fr.Msg, nil, true
-}
-
-// countingReader counts the bytes read through it.
-type countingReader struct {
-	r io.Reader
-	n int
-}
-
-func (c *countingReader) Read(p []byte) (int, error) {
-	n, err := c.r.Read(p)
-	c.n += n
-	return n, err
 }
 
 // fail prefers ctx's error, since a read interrupted by cancellation reports
@@ -416,12 +480,13 @@ func serveConn(ctx context.Context, conn net.Conn, h Handler, o ServerOptions) {
 		return
 	}
 	idle := cmp.Or(o.IdleTimeout, DefaultServerIdle)
+	fr := framer{w: conn, r: br, s: s}
 	for {
 		// Clients keep connections for their next request (TCPTransport);
 		// one that never sends it should not hold a goroutine for ever.
 		_ = conn.SetReadDeadline(time.Now().Add(idle))
 		var f frame
-		if err := readSealed(br, s, &f); err != nil {
+		if _, err := fr.recv(&f); err != nil {
 			if errors.Is(err, ErrAuth) {
 				logf("peer frame rejected; connection closed", err)
 			}
@@ -441,7 +506,7 @@ func serveConn(ctx context.Context, conn net.Conn, h Handler, o ServerOptions) {
 			rep = Message{Version: ProtocolVersion, Job: f.Msg.Job, Epoch: f.Msg.Epoch, Seq: f.Msg.Seq,
 				Kind: f.Msg.Kind, Reply: true, Err: err.Error()}
 		}
-		if err := writeSealed(conn, s, frame{Msg: rep}); err != nil {
+		if err := fr.send(&frame{Msg: rep}); err != nil {
 			return
 		}
 	}

@@ -95,6 +95,10 @@ type Failure struct {
 	Conns []Conn `json:"connections,omitempty"`
 	// NotReading lists the ranks with unread bytes waiting for them.
 	NotReading []int `json:"ranks_not_reading,omitempty"`
+	// Violations counts the bytes the kernel saw the job's processes send
+	// while their gates were closed, in the last round (a send path the
+	// shim does not wrap).
+	Violations uint64 `json:"violations,omitempty"`
 	// Unconfirmed lists nodes the rollback could not confirm.
 	Unconfirmed []string `json:"unconfirmed,omitempty"`
 }

@@ -308,12 +308,17 @@ func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
 	}
 	notReading := map[int]bool{}
 	nodes := 0
+	violNode := ""
 	for _, n := range res.Report.Pending {
 		if f.Node == "" {
 			f.Node = n.Node
 		}
 		if len(n.Conns) > 0 {
 			nodes++
+		}
+		f.Violations += n.Violations
+		if n.Violations > 0 && violNode == "" {
+			violNode = n.Node
 		}
 		for _, c := range n.Conns {
 			peer, ok := byEnds[[2]string{c.Remote, c.Local}]
@@ -337,10 +342,27 @@ func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
 	if errors.Is(err, quiesce.ErrNotEmpty) && f.Phase == string(quiesce.KindDrain) {
 		// The user's question is who does not read, not the protocol's
 		// round count.
-		f.Reason = fmt.Sprintf("the drain timed out: %s on %s still hold bytes", plural(len(f.Conns), "connection"), plural(nodes, "node"))
+		f.Reason = "the drain timed out"
+		if len(f.Conns) > 0 || f.Violations == 0 {
+			f.Reason += fmt.Sprintf(": %s on %s still hold bytes", plural(len(f.Conns), "connection"), plural(nodes, "node"))
+		}
 		if len(f.NotReading) > 0 {
 			f.Reason += fmt.Sprintf("; ranks not reading what was sent to them: %s (busy outside MPI?)", ctl.RankList(f.NotReading))
 		}
+	}
+	if f.Violations > 0 {
+		// Bytes that keep moving while every gate is closed are not the
+		// library's: something sends past the shim (raw system calls,
+		// io_uring, a helper process), and no pause can be consistent.
+		sep := "; "
+		if f.Reason == "the drain timed out" {
+			sep = ": "
+		}
+		if len(f.Conns) == 0 {
+			f.Node = violNode
+		}
+		f.Reason += fmt.Sprintf("%s%s sent through closed gates on %s in the last round (a send path the shim does not wrap: raw system calls, io_uring?)",
+			sep, plural(int(f.Violations), "byte"), violNode)
 	}
 	for _, n := range res.Unconfirmed {
 		f.Unconfirmed = append(f.Unconfirmed, n.Node)

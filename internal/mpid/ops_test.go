@@ -51,3 +51,18 @@ func TestFailureReport(t *testing.T) {
 		}
 	}
 }
+
+// TestFailureReportViolations: a drain that timed out on bytes sent past
+// the gates says so, and where, instead of "0 connections hold bytes".
+func TestFailureReportViolations(t *testing.T) {
+	rep := quiesce.Report{Nodes: 3, Pending: []quiesce.NodeReport{{Node: "n1", Violations: 40}}}
+	err := &quiesce.AbortError{Job: "j", Phase: quiesce.KindDrain, Cause: fmt.Errorf("%w after 9 drain rounds", quiesce.ErrNotEmpty), Report: rep}
+	f := failure(err, quiesce.Result{Report: rep}, nil)
+	if f.Phase != "DRAIN" || f.Node != "n1" || f.Violations != 40 || len(f.Conns) != 0 {
+		t.Fatalf("failure %+v; want DRAIN on n1, 40 violations, no connections", f)
+	}
+	want := "the drain timed out: 40 bytes sent through closed gates on n1 in the last round"
+	if !strings.HasPrefix(f.Reason, want) {
+		t.Errorf("reason %q; want it to start %q", f.Reason, want)
+	}
+}

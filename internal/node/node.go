@@ -61,6 +61,15 @@ type Local struct {
 	// round made a node's drain step slower than the rounds near the drain
 	// deadline allow.
 	held map[string]map[[2]netip.AddrPort]heldConn
+	// sentAt is, per job, each connection's write_seq (by socket cookie)
+	// at the last kernel report taken while every gate of the node was
+	// closed: what the next such report compares with (violations).
+	sentAt map[string]map[uint64]uint32
+	// sentFirst is the same at the first such report since the gates
+	// closed or the job was last thawed: VERIFY compares with it, so that
+	// a freeze that comes right after a check cannot hide a sender that
+	// has not had the CPU since.
+	sentFirst map[string]map[uint64]uint32
 }
 
 type heldConn struct {
@@ -200,6 +209,8 @@ func (l *Local) Prepare(ctx context.Context, job string) error {
 		l.gated = map[string]map[int]int{}
 	}
 	l.gated[job] = was
+	delete(l.sentAt, job)
+	delete(l.sentFirst, job)
 	l.mu.Unlock()
 	return l.eachRank(job, "close gate", func(r *ranks.Rank) error {
 		if l.CtlNice != 0 || l.CtlRT != 0 {
@@ -236,7 +247,7 @@ func (l *Local) Drain(ctx context.Context, job string) (quiesce.NodeReport, erro
 		return rep, err
 	}
 	t1 := time.Now()
-	rep, err = l.kernelReport(ctx, job, rep)
+	rep, err = l.kernelReport(ctx, job, rep, rep.Ungated == 0, false)
 	// A drain round is a few milliseconds; one that is not delays every
 	// node's next round, so say where the time went.
 	if d := time.Since(t0); d > slowStep {
@@ -255,10 +266,14 @@ func (l *Local) Verify(ctx context.Context, job string) (quiesce.NodeReport, err
 	if err := l.gone(job, true); err != nil {
 		return quiesce.NodeReport{Node: l.Name}, err
 	}
-	return l.kernelReport(ctx, job, quiesce.NodeReport{Node: l.Name})
+	return l.kernelReport(ctx, job, quiesce.NodeReport{Node: l.Name}, true, true)
 }
 
-func (l *Local) kernelReport(ctx context.Context, job string, rep quiesce.NodeReport) (quiesce.NodeReport, error) {
+// kernelReport reads the job's connections on this node. With gated (every
+// gate of the node's ranks closed when it was asked) it also counts
+// violations: against the previous gated report, or with frozen (VERIFY)
+// against the first one since the gates closed or the last thaw.
+func (l *Local) kernelReport(ctx context.Context, job string, rep quiesce.NodeReport, gated, frozen bool) (quiesce.NodeReport, error) {
 	obs, err := l.Observer(job)
 	if err != nil {
 		return rep, err
@@ -269,15 +284,44 @@ func (l *Local) kernelReport(ctx context.Context, job string, rep quiesce.NodeRe
 	}
 	rs := l.Ranks.Ranks(job)
 	rep.Ranks = len(rs)
-	var held []loader.Conn
+	var held, mine []loader.Conn
 	for _, c := range conns {
-		if (l.Netns != "" && c.Netns != l.Netns) || c.State != loader.StateEstablished {
+		if l.Netns != "" && c.Netns != l.Netns {
+			continue
+		}
+		mine = append(mine, c)
+		if c.State != loader.StateEstablished {
 			continue
 		}
 		rep.Checked++
 		if !c.Empty() {
 			held = append(held, c)
 		}
+	}
+	l.mu.Lock()
+	if l.sentAt == nil {
+		l.sentAt, l.sentFirst = map[string]map[uint64]uint32{}, map[string]map[uint64]uint32{}
+	}
+	var sent map[uint64]uint32
+	var through []violation
+	switch {
+	case !gated:
+		delete(l.sentAt, job)
+		delete(l.sentFirst, job)
+	case frozen:
+		_, through = violations(l.sentFirst[job], mine)
+	default:
+		sent, through = violations(l.sentAt[job], mine)
+		l.sentAt[job] = sent
+		if l.sentFirst[job] == nil {
+			l.sentFirst[job] = sent
+		}
+	}
+	l.mu.Unlock()
+	for _, v := range through {
+		rep.Violations += uint64(v.bytes)
+		slog.Warn("bytes sent through a closed gate", "job", job, "node", l.Name,
+			"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes)
 	}
 	now := make(map[[2]netip.AddrPort]heldConn, len(held))
 	lookup := false
@@ -321,6 +365,39 @@ func (l *Local) kernelReport(ctx context.Context, job string, rep quiesce.NodeRe
 	return rep, nil
 }
 
+// violation is a connection that took bytes from its process while every
+// gate was closed.
+type violation struct {
+	c     loader.Conn
+	bytes uint32
+}
+
+// violations compares each connection's write_seq (the end of what its
+// process has handed to the kernel: the kernel's count, not the shim's)
+// with sent, the values of the previous report taken with every gate
+// closed, and returns the values to compare the next report with. A
+// connection not in sent (new, or the first gated report) only gets its
+// value recorded.
+//
+// A drain check counts from the previous check, VERIFY from the first
+// check of the attempt: a send call that read the gate open just before
+// it closed can reach the kernel some milliseconds later (a preempted
+// thread), legitimately, and costs one more drain round or one retry after
+// the thaw; a path that keeps sending past the shim (a call it does not
+// wrap) shows in every attempt, so the pause cannot commit and its report
+// names the violations.
+func violations(sent map[uint64]uint32, conns []loader.Conn) (map[uint64]uint32, []violation) {
+	next := make(map[uint64]uint32, len(conns))
+	var out []violation
+	for _, c := range conns {
+		next[c.Cookie] = c.WriteSeq
+		if was, ok := sent[c.Cookie]; ok && c.WriteSeq != was {
+			out = append(out, violation{c, c.WriteSeq - was}) // wraps like the kernel's
+		}
+	}
+	return next, out
+}
+
 // Freeze freezes the job's cgroup and waits for the kernel to say so.
 func (l *Local) Freeze(ctx context.Context, job string) error {
 	cg, err := l.Cgroup(job)
@@ -332,6 +409,11 @@ func (l *Local) Freeze(ctx context.Context, job string) error {
 
 // Thaw thaws the job's cgroup.
 func (l *Local) Thaw(ctx context.Context, job string) error {
+	// A retry after a failed VERIFY starts its count afresh: a send that
+	// was in flight when the gates closed does not fail it too.
+	l.mu.Lock()
+	delete(l.sentFirst, job)
+	l.mu.Unlock()
 	cg, err := l.Cgroup(job)
 	if err != nil {
 		return err
@@ -360,6 +442,8 @@ func (l *Local) Open(ctx context.Context, job string) error {
 		l.mu.Lock()
 		delete(l.gated, job)
 		delete(l.held, job) // a job's next pause starts its clocks afresh
+		delete(l.sentAt, job)
+		delete(l.sentFirst, job)
 		l.mu.Unlock()
 	}
 	return err

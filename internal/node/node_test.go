@@ -5,6 +5,8 @@ import (
 	"os/exec"
 	"testing"
 	"time"
+
+	"github.com/mpipause/mpipause/loader"
 )
 
 func TestStatusDying(t *testing.T) {
@@ -48,5 +50,28 @@ func TestDying(t *testing.T) {
 	cmd.Wait()
 	if !dying(cmd.Process.Pid) {
 		t.Errorf("reaped child %d does not read as dying", cmd.Process.Pid)
+	}
+}
+
+func TestViolations(t *testing.T) {
+	c := func(cookie uint64, seq uint32) loader.Conn { return loader.Conn{Cookie: cookie, WriteSeq: seq} }
+	// First gated report: values recorded, nothing counted.
+	sent, v := violations(nil, []loader.Conn{c(1, 100), c(2, 0xfffffff0)})
+	if len(v) != 0 || sent[1] != 100 || sent[2] != 0xfffffff0 {
+		t.Fatalf("first report: violations %v, recorded %v; want none, {1:100 2:0xfffffff0}", v, sent)
+	}
+	// Connection 1 unchanged, 2 sent 0x20 bytes across the wrap, 3 is new.
+	sent, v = violations(sent, []loader.Conn{c(1, 100), c(2, 0x10), c(3, 5)})
+	if len(v) != 1 || v[0].c.Cookie != 2 || v[0].bytes != 0x20 {
+		t.Fatalf("second report: violations %+v; want connection 2, 32 bytes", v)
+	}
+	if sent[3] != 5 || len(sent) != 3 {
+		t.Fatalf("second report recorded %v; want the three connections", sent)
+	}
+	// The count is per report: nothing more sent, nothing counted; a
+	// connection gone is forgotten.
+	sent, v = violations(sent, []loader.Conn{c(2, 0x10)})
+	if len(v) != 0 || len(sent) != 1 {
+		t.Fatalf("third report: violations %v, recorded %v; want none, one connection", v, sent)
 	}
 }

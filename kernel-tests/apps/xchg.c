@@ -13,7 +13,7 @@
 // process (-x) prints the checksum a correct run must print, whatever the MPI
 // library, the placement or the number of pauses.
 //
-// Usage: xchg [-m a2a|ring|pair] [-f] [-n iters] [-s bytes[K|M]] [-w dir] [-t usec] [-z usec] [-S usec] [-B dir] [-R dir] [-E dir] [-x ranks]
+// Usage: xchg [-m a2a|ring|pair] [-f] [-n iters] [-s bytes[K|M]] [-w dir] [-t usec] [-z usec] [-S usec] [-B dir] [-R dir] [-E dir] [-U dir] [-x ranks]
 //   -m pair  ranks 2k and 2k+1 exchange one message each way per iteration:
 //            with a small -s, a latency-bound ping-pong.
 //   -f       every message is exactly -s bytes (not irregular).
@@ -51,6 +51,13 @@
 //            all ranks stop after the one where it appeared (at most -n
 //            iterations); the result line gives the iterations run, and
 //            -x with -n that many prints what it must be.
+//   -U dir   a send path no shim can gate: after the first iteration rank 0
+//            starts a thread that opens a loopback TCP connection of its
+//            own, creates dir/leaking, and then writes to it with
+//            syscall(SYS_write), one byte at a time for as long as it gets
+//            the CPU (at nice -20 if allowed), reading them back at the
+//            other end the same way. The exchange and its checksum are
+//            untouched.
 //   -x ranks print the expected checksum for that many ranks, without MPI.
 #include <errno.h>
 #include <fcntl.h>
@@ -62,6 +69,13 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <pthread.h>
+#include <sys/resource.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
 
 #include <mpi.h>
 
@@ -79,6 +93,7 @@ struct opts {
 	const char *busy_dir;
 	const char *recv_dir;
 	const char *stop_dir;
+	const char *leak_dir;
 	long slow_usec;
 	int expect_ranks;
 };
@@ -197,6 +212,51 @@ static int touch(const char *path)
 // hold signals that this rank's connections are up and waits for the test to
 // let it go on. Polling a file keeps the rank idle (no MPI progress spinning),
 // so the test's tools get the CPU while the job holds.
+// leak is -U's thread. Raw system calls on purpose: a wrapped write
+// would be gated, a wrapped read would serve what a drain stashed.
+static void *leak(void *arg)
+{
+	const char *dir = arg;
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t al = sizeof(a);
+	int l = socket(AF_INET, SOCK_STREAM, 0), w = socket(AF_INET, SOCK_STREAM, 0), r;
+	if (l < 0 || w < 0 || bind(l, (struct sockaddr *)&a, al) < 0 || listen(l, 1) < 0 ||
+	    getsockname(l, (struct sockaddr *)&a, &al) < 0 || connect(w, (struct sockaddr *)&a, al) < 0 ||
+	    (r = accept(l, NULL, NULL)) < 0) {
+		perror("xchg: -U connection");
+		exit(1);
+	}
+	char path[4096];
+	snprintf(path, sizeof(path), "%s/leaking", dir);
+	int fd = open(path, O_CREAT | O_WRONLY, 0644);
+	if (fd < 0) {
+		perror(path);
+		exit(1);
+	}
+	close(fd);
+	// At the front of the CPU queue (when allowed): a pause lasts a few
+	// milliseconds, and a thread among many busy ones on two cores could
+	// sit all of them out and send nothing while the gates are closed.
+	setpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid), -20);
+	// The reader must not block: the shim's drain may have taken what it
+	// was waiting for (it stashes whatever its process has unread).
+	if (fcntl(r, F_SETFL, O_NONBLOCK) < 0) {
+		perror("xchg: -U fcntl");
+		exit(1);
+	}
+	for (char b[64];;) {
+		if (syscall(SYS_write, w, "x", 1) != 1) {
+			perror("xchg: -U write");
+			exit(1);
+		}
+		if (syscall(SYS_read, r, b, sizeof(b)) < 0 && errno != EAGAIN) {
+			perror("xchg: -U read");
+			exit(1);
+		}
+	}
+	return NULL;
+}
+
 static void hold(const char *dir, int rank)
 {
 	char path[4096];
@@ -354,6 +414,13 @@ static int run(const struct opts *o)
 				state = fold(state, rbuf[src], msg_len(o->bytes, src, rank, it));
 		if (it == 0 && o->hold_dir)
 			hold(o->hold_dir, rank);
+		if (it == 0 && o->leak_dir && rank == 0) {
+			pthread_t t;
+			if (pthread_create(&t, NULL, leak, (void *)o->leak_dir) != 0) {
+				fprintf(stderr, "xchg: -U: no thread\n");
+				MPI_Abort(MPI_COMM_WORLD, 1);
+			}
+		}
 		compute(o->compute_usec);
 		if (o->sleep_usec > 0) {
 			struct timespec z = {.tv_sec = o->sleep_usec / 1000000, .tv_nsec = o->sleep_usec % 1000000 * 1000};
@@ -374,14 +441,14 @@ static int run(const struct opts *o)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: xchg [-m a2a|ring|pair] [-f] [-n iters] [-s bytes[K|M]] [-w holddir] [-t usec] [-z usec] [-S usec] [-B dir] [-R dir] [-E dir] [-x ranks]\n");
+	fprintf(f, "usage: xchg [-m a2a|ring|pair] [-f] [-n iters] [-s bytes[K|M]] [-w holddir] [-t usec] [-z usec] [-S usec] [-B dir] [-R dir] [-E dir] [-U dir] [-x ranks]\n");
 }
 
 int main(int argc, char **argv)
 {
 	struct opts o = {.mode = MODE_A2A, .iters = 10, .bytes = 1 << 20};
 	int c;
-	while ((c = getopt(argc, argv, "hfm:n:s:w:t:z:S:B:R:E:x:")) != -1) {
+	while ((c = getopt(argc, argv, "hfm:n:s:w:t:z:S:B:R:E:U:x:")) != -1) {
 		switch (c) {
 		case 'f':
 			fixed_len = 1;
@@ -424,6 +491,9 @@ int main(int argc, char **argv)
 			break;
 		case 'E':
 			o.stop_dir = optarg;
+			break;
+		case 'U':
+			o.leak_dir = optarg;
 			break;
 		case 'x':
 			o.expect_ranks = atoi(optarg);

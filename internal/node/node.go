@@ -380,12 +380,14 @@ type violation struct {
 // value recorded.
 //
 // A drain check counts from the previous check, VERIFY from the first
-// check of the attempt: a send call that read the gate open just before
-// it closed can reach the kernel some milliseconds later (a preempted
-// thread), legitimately, and costs one more drain round or one retry after
-// the thaw; a path that keeps sending past the shim (a call it does not
-// wrap) shows in every attempt, so the pause cannot commit and its report
-// names the violations.
+// check of the attempt. A send call that read the gate open just before
+// it closed can reach the kernel later (a thread preempted between the
+// shim's load and the system call), legitimately: per check, that costs
+// one more drain round; at VERIFY, which would need the thread preempted
+// for the whole drain, it fails the pause (a rollback, never a wrong
+// commit). A path that keeps sending past the shim (a call it does not
+// wrap) is caught whenever it runs between the first check and the
+// freeze, and the report names the node and the bytes.
 func violations(sent map[uint64]uint32, conns []loader.Conn) (map[uint64]uint32, []violation) {
 	next := make(map[uint64]uint32, len(conns))
 	var out []violation
@@ -409,8 +411,7 @@ func (l *Local) Freeze(ctx context.Context, job string) error {
 
 // Thaw thaws the job's cgroup.
 func (l *Local) Thaw(ctx context.Context, job string) error {
-	// A retry after a failed VERIFY starts its count afresh: a send that
-	// was in flight when the gates closed does not fail it too.
+	// A later attempt (after a thaw) counts afresh from its first check.
 	l.mu.Lock()
 	delete(l.sentFirst, job)
 	l.mu.Unlock()

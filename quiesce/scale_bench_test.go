@@ -187,7 +187,8 @@ func BenchmarkScale(b *testing.B) {
 					floor := avg(c.exchanges) * float64(rtCPU.Nanoseconds()) / 1e6 / float64(runtime.NumCPU())
 					rows = append(rows, row("floor: bare loopback TCP exchanges / cores", floor, "ms"),
 						row("pause / floor", pause/floor, "x"))
-					logf("scale %s/%d nodes: %.0f exchanges a pause; bare TCP floor %.1f ms; pause / floor %.1fx", key, n, avg(c.exchanges), floor, pause/floor)
+					logf("scale %s/%d nodes: %.0f exchanges a pause; bare TCP floor %.1f ms; pause / floor %.1fx; CPU a pause %.1f ms, %.1f in the kernel (p50)",
+						key, n, avg(c.exchanges), floor, pause/floor, cpu, bench.Percentile(c.sysMs, 0.5))
 				}
 			}
 			// The figure: how much a pause and the root's load grow
@@ -236,6 +237,7 @@ func BenchmarkScale(b *testing.B) {
 // Depth(n); in the star the root sends to everyone.
 type scaleCase struct {
 	pauseMs, roundMs, cpuMs  []float64
+	sysMs                    []float64 // the part of cpuMs spent in the kernel
 	msgMean, msgMax, msgRoot []float64
 	exchanges                []float64 // requests answered in a pause, all nodes
 }
@@ -443,9 +445,9 @@ func (s *scaleSim) run(b *testing.B, f Fanout, cycles int) scaleCase {
 			s.in[j].Store(0)
 			s.out[j].Store(0)
 		}
-		cpu0 := cpuTime()
+		cpu0, sys0 := cpuTime(), sysTime()
 		res, err := co.Pause(ctx, job, s.names)
-		cpu := cpuTime() - cpu0
+		cpu, sys := cpuTime()-cpu0, sysTime()-sys0
 		if err != nil {
 			b.Fatalf("%s/%s/%d nodes: pause %d: %v", s.transport, fanoutName(f), n, i, err)
 		}
@@ -480,6 +482,7 @@ func (s *scaleSim) run(b *testing.B, f Fanout, cycles int) scaleCase {
 		c.pauseMs = append(c.pauseMs, ms(res.Total))
 		c.roundMs = append(c.roundMs, ms(verify))
 		c.cpuMs = append(c.cpuMs, ms(cpu))
+		c.sysMs = append(c.sysMs, ms(sys))
 		c.msgMean = append(c.msgMean, sum/float64(n))
 		c.msgMax = append(c.msgMax, most)
 		c.msgRoot = append(c.msgRoot, root)
@@ -611,6 +614,15 @@ func raiseNoFile(need uint64) error {
 		return nil
 	}
 	return &fdShortage{need: need, have: lim.Max}
+}
+
+// sysTime is the CPU time this process has spent in the kernel.
+func sysTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Stime.Nano())
 }
 
 // cpuTime is the CPU time this process has used, user and system.

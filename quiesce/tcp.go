@@ -147,8 +147,11 @@ type framer struct {
 // larger one (a request carrying thousands of node names) is dropped.
 const keepBuf = 64 << 10
 
-func (c *framer) send(f *frame) error {
-	b := f.appendWire(append(c.wbuf[:0], 0, 0, 0, 0))
+func (c *framer) send(f *frame) error { return c.sendMsg(f.TimeoutNanos, &f.Msg) }
+
+// sendMsg sends the frame of m with the timeout given.
+func (c *framer) sendMsg(timeout int64, m *Message) error {
+	b := appendFrame(append(c.wbuf[:0], 0, 0, 0, 0), timeout, m)
 	if c.s != nil {
 		b = c.s.mac(b, c.s.out, c.s.sent, b[4:])
 		c.s.sent++
@@ -161,7 +164,10 @@ func (c *framer) send(f *frame) error {
 
 // recv reads the next frame into f, which must be zero; got says whether
 // any byte of it came.
-func (c *framer) recv(f *frame) (got bool, err error) {
+func (c *framer) recv(f *frame) (got bool, err error) { return c.recvMsg(&f.TimeoutNanos, &f.Msg) }
+
+// recvMsg reads the next frame's timeout and message; m must be zero.
+func (c *framer) recvMsg(timeout *int64, m *Message) (got bool, err error) {
 	b, got, err := readBody(c.r, c.rbuf)
 	if err != nil {
 		return got, err
@@ -175,7 +181,7 @@ func (c *framer) recv(f *frame) (got bool, err error) {
 		}
 	}
 	// One string for the whole body: every string decoded is a part of it.
-	if err := decodeFrame(string(b), f); err != nil {
+	if err := decodeFrameMsg(string(b), timeout, m); err != nil {
 		return true, fmt.Errorf("decode frame: %w", err)
 	}
 	return true, nil
@@ -226,9 +232,10 @@ const DefaultIdleTimeout = 30 * time.Second
 const DefaultServerIdle = 2 * time.Minute
 
 type tcpConn struct {
-	conn  net.Conn
-	fr    framer
-	since time.Time
+	conn     net.Conn
+	fr       framer
+	since    time.Time
+	deadline time.Time // the connection's, zero for none
 }
 
 // get returns a pooled connection to addr that has not idled too long.
@@ -256,7 +263,7 @@ func (t *TCPTransport) get(addr string) *tcpConn {
 // put keeps c for the next call to addr, or closes it if the pool is full.
 func (t *TCPTransport) put(addr string, c *tcpConn) {
 	limit := cmp.Or(t.MaxIdle, DefaultMaxIdle)
-	if limit < 0 || c.conn.SetDeadline(time.Time{}) != nil {
+	if limit < 0 {
 		c.conn.Close()
 		return
 	}
@@ -297,8 +304,9 @@ func (t *TCPTransport) Call(ctx context.Context, to string, req Message) (Messag
 			return Message{}, fmt.Errorf("resolve %s: %w", to, err)
 		}
 	}
+	var rep Message
 	if c := t.get(addr); c != nil {
-		rep, err, sent := t.roundTrip(ctx, addr, to, c, req)
+		err, sent := t.roundTrip(ctx, addr, to, c, &req, &rep)
 		// A pooled connection the server closed meanwhile (its idle
 		// timeout, a restart) fails before any byte of a reply: ask again
 		// on a new one. The request may have been served; a repeat is what
@@ -311,7 +319,7 @@ func (t *TCPTransport) Call(ctx context.Context, to string, req Message) (Messag
 	if err != nil {
 		return Message{}, err
 	}
-	rep, err, _ := t.roundTrip(ctx, addr, to, c, req)
+	err, _ = t.roundTrip(ctx, addr, to, c, &req, &rep)
 	return rep, err
 }
 
@@ -328,7 +336,8 @@ func (t *TCPTransport) dial(ctx context.Context, to, addr string) (c *tcpConn, e
 	}()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	if dl, ok := ctx.Deadline(); ok {
+	dl, _ := ctx.Deadline()
+	if !dl.IsZero() {
 		_ = conn.SetDeadline(dl)
 	}
 	br := bufio.NewReader(conn)
@@ -361,35 +370,44 @@ func (t *TCPTransport) dial(ctx context.Context, to, addr string) (c *tcpConn, e
 			return nil, fmt.Errorf("%s: %w: it does not hold this node's cluster key", to, ErrAuth)
 		}
 	}
-	return &tcpConn{conn: conn, fr: framer{w: conn, r: br, s: s}}, nil
+	return &tcpConn{conn: conn, fr: framer{w: conn, r: br, s: s}, deadline: dl}, nil
 }
 
-// roundTrip sends req on c and reads its reply. It returns c to the pool
-// after a whole exchange and closes it otherwise. sent reports whether any
-// byte of a reply came.
-func (t *TCPTransport) roundTrip(ctx context.Context, addr, to string, c *tcpConn, req Message) (rep Message, err error, sent bool) {
+// roundTrip sends req on c and reads its reply into rep. It returns c to
+// the pool after a whole exchange and closes it otherwise. sent reports
+// whether any byte of a reply came. The messages go by pointer: this runs
+// on the goroutine of a tree edge, and copies of them in its frames made
+// that goroutine grow its stack on every call.
+func (t *TCPTransport) roundTrip(ctx context.Context, addr, to string, c *tcpConn, req, rep *Message) (err error, sent bool) {
 	// Closing the connection is the only way to interrupt a blocked read
 	// when ctx is cancelled rather than timed out.
 	stop := context.AfterFunc(ctx, func() { c.conn.Close() })
-	f := frame{Msg: req}
-	if dl, ok := ctx.Deadline(); ok {
-		f.TimeoutNanos = max(int64(time.Until(dl)), 1)
-		_ = c.conn.SetDeadline(dl)
+	var timeout int64
+	dl, ok := ctx.Deadline()
+	if ok {
+		timeout = max(int64(time.Until(dl)), 1)
 	}
-	var fr frame
-	if err = c.fr.send(&f); err == nil {
-		sent, err = c.fr.recv(&fr)
+	// A pooled connection keeps the deadline of its last call, which is
+	// harmless while it is idle: set it only when it changes.
+	if !dl.Equal(c.deadline) {
+		_ = c.conn.SetDeadline(dl)
+		c.deadline = dl
+	}
+	if err = c.fr.sendMsg(timeout, req); err == nil {
+		var ignored int64
+		sent, err = c.fr.recvMsg(&ignored, rep)
 	}
 	if !stop() || err != nil {
 		// ctx ended: the connection is closed or closing, whatever came.
 		c.conn.Close()
 		if err == nil {
-			return fr.Msg, nil, true
+			return nil, true
 		}
-		return Message{}, t.fail(ctx, to, err), sent
+		*rep = Message{}
+		return t.fail(ctx, to, err), sent
 	}
 	t.put(addr, c)
-	return fr.Msg, nil, true
+	return nil, true
 }
 
 // fail prefers ctx's error, since a read interrupted by cancellation reports

@@ -153,10 +153,12 @@ func endNested(b []byte, start int) []byte {
 	return b
 }
 
-func (f *frame) appendWire(b []byte) []byte {
-	b = appendInt(b, tagFrameTimeout, f.TimeoutNanos)
+func (f *frame) appendWire(b []byte) []byte { return appendFrame(b, f.TimeoutNanos, &f.Msg) }
+
+func appendFrame(b []byte, timeout int64, m *Message) []byte {
+	b = appendInt(b, tagFrameTimeout, timeout)
 	b, at := beginNested(b, tagFrameMsg)
-	b = f.Msg.appendWire(b)
+	b = m.appendWire(b)
 	return endNested(b, at)
 }
 
@@ -376,7 +378,10 @@ func (r *wireReader) done(n *wireReader) {
 }
 
 // decodeFrame decodes a frame's body into f, which must be zero.
-func decodeFrame(body string, f *frame) error {
+func decodeFrame(body string, f *frame) error { return decodeFrameMsg(body, &f.TimeoutNanos, &f.Msg) }
+
+// decodeFrameMsg decodes a frame's body into its parts; m must be zero.
+func decodeFrameMsg(body string, timeout *int64, m *Message) error {
 	r := wireReader{s: body}
 	for {
 		tag, wt, ok := r.next()
@@ -385,10 +390,10 @@ func decodeFrame(body string, f *frame) error {
 		}
 		switch tag {
 		case tagFrameTimeout:
-			f.TimeoutNanos = r.int64(wt)
+			*timeout = r.int64(wt)
 		case tagFrameMsg:
 			n := r.nested(wt)
-			n.message(&f.Msg)
+			n.message(m)
 			r.done(&n)
 		default:
 			r.skip(wt)

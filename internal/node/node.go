@@ -65,11 +65,6 @@ type Local struct {
 	// at the last kernel report taken while every gate of the node was
 	// closed: what the next such report compares with (violations).
 	sentAt map[string]map[uint64]uint32
-	// sentFirst is the same at the first such report since the gates
-	// closed or the job was last thawed: VERIFY compares with it, so that
-	// a freeze that comes right after a check cannot hide a sender that
-	// has not had the CPU since.
-	sentFirst map[string]map[uint64]uint32
 }
 
 type heldConn struct {
@@ -210,7 +205,6 @@ func (l *Local) Prepare(ctx context.Context, job string) error {
 	}
 	l.gated[job] = was
 	delete(l.sentAt, job)
-	delete(l.sentFirst, job)
 	l.mu.Unlock()
 	return l.eachRank(job, "close gate", func(r *ranks.Rank) error {
 		if l.CtlNice != 0 || l.CtlRT != 0 {
@@ -247,7 +241,7 @@ func (l *Local) Drain(ctx context.Context, job string) (quiesce.NodeReport, erro
 		return rep, err
 	}
 	t1 := time.Now()
-	rep, err = l.kernelReport(ctx, job, rep, rep.Ungated == 0, false)
+	rep, err = l.kernelReport(ctx, job, rep, rep.Ungated == 0)
 	// A drain round is a few milliseconds; one that is not delays every
 	// node's next round, so say where the time went.
 	if d := time.Since(t0); d > slowStep {
@@ -266,14 +260,13 @@ func (l *Local) Verify(ctx context.Context, job string) (quiesce.NodeReport, err
 	if err := l.gone(job, true); err != nil {
 		return quiesce.NodeReport{Node: l.Name}, err
 	}
-	return l.kernelReport(ctx, job, quiesce.NodeReport{Node: l.Name}, true, true)
+	return l.kernelReport(ctx, job, quiesce.NodeReport{Node: l.Name}, true)
 }
 
 // kernelReport reads the job's connections on this node. With gated (every
-// gate of the node's ranks closed when it was asked) it also counts
-// violations: against the previous gated report, or with frozen (VERIFY)
-// against the first one since the gates closed or the last thaw.
-func (l *Local) kernelReport(ctx context.Context, job string, rep quiesce.NodeReport, gated, frozen bool) (quiesce.NodeReport, error) {
+// gate of the node's ranks closed when it was asked, or the job frozen) it
+// also counts violations against the previous gated report.
+func (l *Local) kernelReport(ctx context.Context, job string, rep quiesce.NodeReport, gated bool) (quiesce.NodeReport, error) {
 	obs, err := l.Observer(job)
 	if err != nil {
 		return rep, err
@@ -300,22 +293,15 @@ func (l *Local) kernelReport(ctx context.Context, job string, rep quiesce.NodeRe
 	}
 	l.mu.Lock()
 	if l.sentAt == nil {
-		l.sentAt, l.sentFirst = map[string]map[uint64]uint32{}, map[string]map[uint64]uint32{}
+		l.sentAt = map[string]map[uint64]uint32{}
 	}
 	var sent map[uint64]uint32
 	var through []violation
-	switch {
-	case !gated:
-		delete(l.sentAt, job)
-		delete(l.sentFirst, job)
-	case frozen:
-		_, through = violations(l.sentFirst[job], mine)
-	default:
+	if gated {
 		sent, through = violations(l.sentAt[job], mine)
 		l.sentAt[job] = sent
-		if l.sentFirst[job] == nil {
-			l.sentFirst[job] = sent
-		}
+	} else {
+		delete(l.sentAt, job)
 	}
 	l.mu.Unlock()
 	for _, v := range through {
@@ -379,15 +365,17 @@ type violation struct {
 // connection not in sent (new, or the first gated report) only gets its
 // value recorded.
 //
-// A drain check counts from the previous check, VERIFY from the first
-// check of the attempt. A send call that read the gate open just before
-// it closed can reach the kernel later (a thread preempted between the
-// shim's load and the system call), legitimately: per check, that costs
-// one more drain round; at VERIFY, which would need the thread preempted
-// for the whole drain, it fails the pause (a rollback, never a wrong
-// commit). A path that keeps sending past the shim (a call it does not
-// wrap) is caught whenever it runs between the first check and the
-// freeze, and the report names the node and the bytes.
+// The count is per check, never cumulative. A send call that read the
+// gate open just before it closed can reach the kernel much later (a
+// thread preempted between the shim's load and the system call; most
+// likely what a count since the first check once saw: 16 KiB from an Open
+// MPI job with its progress thread, on the loaded rig), legitimately; per check that costs one more round, and if the call was
+// short its socket shows as not gated until the rest is sent, so no
+// message is left half-sent. Only one landing between the last check and
+// the freeze fails the pause (a rollback, never a wrong commit). A path
+// that keeps sending past the shim (a call it does not wrap) is caught
+// whenever it runs between two checks, and the report names the node and
+// the bytes.
 func violations(sent map[uint64]uint32, conns []loader.Conn) (map[uint64]uint32, []violation) {
 	next := make(map[uint64]uint32, len(conns))
 	var out []violation
@@ -411,10 +399,6 @@ func (l *Local) Freeze(ctx context.Context, job string) error {
 
 // Thaw thaws the job's cgroup.
 func (l *Local) Thaw(ctx context.Context, job string) error {
-	// A later attempt (after a thaw) counts afresh from its first check.
-	l.mu.Lock()
-	delete(l.sentFirst, job)
-	l.mu.Unlock()
 	cg, err := l.Cgroup(job)
 	if err != nil {
 		return err
@@ -444,7 +428,6 @@ func (l *Local) Open(ctx context.Context, job string) error {
 		delete(l.gated, job)
 		delete(l.held, job) // a job's next pause starts its clocks afresh
 		delete(l.sentAt, job)
-		delete(l.sentFirst, job)
 		l.mu.Unlock()
 	}
 	return err

@@ -47,6 +47,7 @@
 #include <dirent.h>
 #include <dlfcn.h>
 #include <netinet/in.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
@@ -173,6 +174,9 @@ static void state_line(char *b, size_t n, const char *verb)
 // stashed bytes would be skipped. Its pauses then wait for its ranks to read.
 static int drain_disabled;
 static struct pollfd drain_fds[DRAIN_MAX];
+// The inode of each socket found: the application may close one and get
+// its number back as another file while the drain still watches it.
+static ino_t drain_ino[DRAIN_MAX];
 static unsigned char drain_skip[DRAIN_MAX];
 static int drain_n;
 static int (*real_poll)(struct pollfd *, nfds_t, int);
@@ -199,7 +203,11 @@ static void drain_scan(void)
 		l = sizeof(lst);
 		if (getsockopt((int)fd, SOL_SOCKET, SO_ACCEPTCONN, &lst, &l) < 0 || lst)
 			continue;
+		struct stat st;
+		if (fstat((int)fd, &st) < 0)
+			continue;
 		drain_skip[drain_n] = 0;
+		drain_ino[drain_n] = st.st_ino;
 		drain_fds[drain_n++] = (struct pollfd){.fd = (int)fd, .events = POLLIN};
 	}
 	closedir(d);
@@ -211,7 +219,7 @@ static ssize_t drain_pass(void)
 	ssize_t total = 0;
 	for (int i = 0; i < drain_n; i++)
 		if (drain_fds[i].fd >= 0) {
-			ssize_t m = mpp_stash_fd(drain_fds[i].fd);
+			ssize_t m = mpp_stash_fd(drain_fds[i].fd, drain_ino[i]);
 			if (m > 0)
 				total += m;
 			drain_skip[i] = m < 0;
@@ -324,9 +332,15 @@ static void serve_conn(int sigfd)
 			if (ms > 0 && p[i].events == 0) {
 				p[i].revents = POLLIN; // skipped last time: try again
 			}
+			if (p[i].revents & POLLNVAL) {
+				// Closed by the application: polled again, it would
+				// answer at once, for ever.
+				drain_fds[i - 2].fd = -1;
+				continue;
+			}
 			if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR)))
 				continue;
-			ssize_t m = mpp_stash_fd(p[i].fd);
+			ssize_t m = mpp_stash_fd(p[i].fd, drain_ino[i - 2]);
 			if (m < 0)
 				drain_skip[i - 2] = 1;
 			else if (m == 0)

@@ -912,34 +912,37 @@ EXPORT int dup(int fd)
 	return r;
 }
 
+// dup2 and dup3 close newfd's file as close() does: its stash goes too
+// (stash.c), or newfd would read the closed socket's bytes first.
+static int dup_onto(int oldfd, int newfd, int flags, int three)
+{
+	int counted = oldfd != newfd ? mpp_stash_closing(newfd) : 0, r;
+	if (likely(!atomic_load_explicit(&have_sets, memory_order_relaxed))) {
+		r = three ? RW(dup3)(oldfd, newfd, flags) : RW(dup2)(oldfd, newfd);
+	} else {
+		pthread_mutex_lock(&reg_mu);
+		r = three ? RW(dup3)(oldfd, newfd, flags) : RW(dup2)(oldfd, newfd);
+		if (r >= 0 && oldfd != newfd) {
+			int saved = errno;
+			dup_done(oldfd, newfd);
+			errno = saved;
+		}
+		pthread_mutex_unlock(&reg_mu);
+	}
+	int saved = errno;
+	mpp_stash_closed(newfd, counted);
+	errno = saved;
+	return r;
+}
+
 EXPORT int dup2(int oldfd, int newfd)
 {
-	if (likely(!atomic_load_explicit(&have_sets, memory_order_relaxed)))
-		return RW(dup2)(oldfd, newfd);
-	pthread_mutex_lock(&reg_mu);
-	int r = RW(dup2)(oldfd, newfd);
-	if (r >= 0 && oldfd != newfd) {
-		int saved = errno;
-		dup_done(oldfd, newfd);
-		errno = saved;
-	}
-	pthread_mutex_unlock(&reg_mu);
-	return r;
+	return dup_onto(oldfd, newfd, 0, 0);
 }
 
 EXPORT int dup3(int oldfd, int newfd, int flags)
 {
-	if (likely(!atomic_load_explicit(&have_sets, memory_order_relaxed)))
-		return RW(dup3)(oldfd, newfd, flags);
-	pthread_mutex_lock(&reg_mu);
-	int r = RW(dup3)(oldfd, newfd, flags);
-	if (r >= 0) {
-		int saved = errno;
-		dup_done(oldfd, newfd);
-		errno = saved;
-	}
-	pthread_mutex_unlock(&reg_mu);
-	return r;
+	return dup_onto(oldfd, newfd, flags, 1);
 }
 
 // mpp_wait_close is close's part here (wrap.c calls it before the real

@@ -147,10 +147,14 @@ int mpp_stash_ready(int fd);
 unsigned mpp_stash_edge(int fd);
 // mpp_stash_fd moves what waits in fd's receive queue into its stash, unless
 // an application thread is reading fd right now (that thread gets the
-// bytes). Returns the bytes moved, 0 if none, -1 if skipped.
-ssize_t mpp_stash_fd(int fd);
-// mpp_stash_forget drops fd's stash (close).
+// bytes) or fd is no longer the file with inode ino (0: any). Returns the
+// bytes moved, 0 if none, -1 if skipped.
+ssize_t mpp_stash_fd(int fd, ino_t ino);
+// mpp_stash_forget drops fd's stash; mpp_stash_closing and mpp_stash_closed
+// go around anything that closes fd (stash.c).
 void mpp_stash_forget(int fd);
+int mpp_stash_closing(int fd);
+void mpp_stash_closed(int fd, int counted);
 void mpp_stash_init(void);
 // The reads' fast path (wrap.c) and slow path.
 extern _Atomic int *mpp_read_busy;

@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
+#include <sys/stat.h>
 
 struct stash {
 	pthread_mutex_t mu;
@@ -118,7 +119,7 @@ static void emptied(int fd, struct stash *s)
 	atomic_store_explicit(&mpp_read_slow[fd], SLOW_NONE, memory_order_seq_cst);
 }
 
-ssize_t mpp_stash_fd(int fd)
+ssize_t mpp_stash_fd(int fd, ino_t ino)
 {
 	if (!tracked(fd))
 		return 0;
@@ -135,6 +136,18 @@ ssize_t mpp_stash_fd(int fd)
 			pthread_mutex_unlock(&s->mu);
 			return -1;
 		}
+	}
+	// From here until the unlock no wrapped close of fd can finish (see
+	// mpp_stash_closing), so the number names one file throughout: the
+	// socket the drain found, or, if the application closed that since and
+	// the number came back, another file whose bytes are not the drain's
+	// to take (a pipe's would even come back as ENOTSOCK from recv).
+	struct stat st;
+	if (ino != 0 && (fstat(fd, &st) < 0 || st.st_ino != ino)) {
+		if (!was)
+			atomic_store_explicit(&mpp_read_slow[fd], SLOW_NONE, memory_order_seq_cst);
+		pthread_mutex_unlock(&s->mu);
+		return 0;
 	}
 	ssize_t moved = 0;
 	int saved = errno;
@@ -181,6 +194,29 @@ ssize_t mpp_stash_fd(int fd)
 	if (woke)
 		mpp_wait_wake();
 	return moved;
+}
+
+// mpp_stash_closing starts anything that ends the file under fd's number
+// (close, dup2 or dup3 over it). It counts as a reader of fd until
+// mpp_stash_closed, so no drain starts on fd meanwhile, and it forgets the
+// stash, waiting for a drain already under way. Without the count a drain
+// could begin between the forget and the real close, stash the closing
+// socket's last bytes, and hand them to the number's next socket as the
+// first bytes of its stream. Returns whether mpp_stash_closed must undo it.
+int mpp_stash_closing(int fd)
+{
+	if (!tracked(fd))
+		return 0;
+	atomic_fetch_add_explicit(&mpp_read_busy[fd], 1, memory_order_seq_cst);
+	if (atomic_load_explicit(&mpp_read_slow[fd], memory_order_seq_cst) != SLOW_NONE)
+		mpp_stash_forget(fd);
+	return 1;
+}
+
+void mpp_stash_closed(int fd, int counted)
+{
+	if (counted)
+		atomic_fetch_sub_explicit(&mpp_read_busy[fd], 1, memory_order_release);
 }
 
 void mpp_stash_forget(int fd)

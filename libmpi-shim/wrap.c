@@ -168,15 +168,15 @@ EXPORT int sendmmsg(int fd, struct mmsghdr *vec, unsigned int vlen, int flags)
 // before it says open), so the fast path only forgets the fd's last call.
 EXPORT int close(int fd)
 {
-	if ((unsigned)fd < (unsigned)mpp_nfds) {
+	if ((unsigned)fd < (unsigned)mpp_nfds)
 		mpp_fd_short[fd] = 0; // the number's next socket starts at a boundary
-		if (mpp_read_slow != NULL && atomic_load_explicit(&mpp_read_slow[fd], memory_order_relaxed))
-			mpp_stash_forget(fd); // nor may it get this one's bytes
-	}
+	int counted = mpp_stash_closing(fd); // nor may it get this one's bytes
 	mpp_wait_close(fd);
-	if (GATE_IS_OPEN())
-		return REAL(close)(fd);
-	return mpp_close_held(fd);
+	int r = GATE_IS_OPEN() ? REAL(close)(fd) : mpp_close_held(fd);
+	int saved = errno;
+	mpp_stash_closed(fd, counted);
+	errno = saved;
+	return r;
 }
 
 // The receive side is never gated. While the gate is not open (a pause

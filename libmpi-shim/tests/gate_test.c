@@ -20,6 +20,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
@@ -802,7 +803,7 @@ static int child(const char *want)
 
 // The receive-side drain (stash.c): bytes moved out of the kernel's receive
 // queue come back first, in order, through every read call.
-static ssize_t (*stash_fd)(int fd);
+static ssize_t (*stash_fd)(int fd, unsigned long ino);
 
 static void send_all(int fd, size_t n, unsigned id, uint64_t *at)
 {
@@ -826,7 +827,7 @@ static void test_stash_order(void)
 	send_all(s[0], 100000, 7, &out);
 	int want = settled(s[0], s[1]);
 	CHECK(want == 100000, "the peer can read %d bytes, want 100000", want);
-	ssize_t moved = stash_fd(s[1]);
+	ssize_t moved = stash_fd(s[1], 0);
 	ioctl(s[1], FIONREAD, &inq);
 	CHECK(moved == 100000 && inq == 0, "stash moved %zd, kernel holds %d; want 100000 and 0", moved, inq);
 	send_all(s[0], 50000, 7, &out);
@@ -868,7 +869,7 @@ static void test_stash_calls(void)
 	tcp_pair(s, 0);
 	send_all(s[0], 30, 3, &out);
 	CHECK(settled(s[0], s[1]) == 30, "30 bytes did not arrive");
-	CHECK(stash_fd(s[1]) == 30, "stash did not take 30 bytes");
+	CHECK(stash_fd(s[1], 0) == 30, "stash did not take 30 bytes");
 	unsigned char b[64], want[64];
 	fill(want, sizeof(want), 3, 0);
 	// MSG_PEEK leaves them; twice the same.
@@ -889,7 +890,7 @@ static void test_stash_calls(void)
 	send_all(s[0], 5, 9, &(uint64_t){0});
 	close(s[0]);
 	CHECK(peer_closed(s[1]), "the peer's FIN did not arrive in 10 s");
-	CHECK(stash_fd(s[1]) == 5, "stash did not take the last 5 bytes");
+	CHECK(stash_fd(s[1], 0) == 5, "stash did not take the last 5 bytes");
 	CHECK(recv(s[1], b, sizeof(b), 0) == 5, "the last 5 bytes");
 	CHECK(recv(s[1], b, sizeof(b), 0) == 0, "no end of stream after the stash");
 	close(s[1]);
@@ -903,7 +904,7 @@ static void test_stash_close(void)
 	uint64_t out = 0;
 	tcp_pair(s, 0);
 	send_all(s[0], 1000, 1, &out);
-	CHECK(settled(s[0], s[1]) == 1000 && stash_fd(s[1]) == 1000, "stash 1000");
+	CHECK(settled(s[0], s[1]) == 1000 && stash_fd(s[1], 0) == 1000, "stash 1000");
 	int num = s[1];
 	close(s[1]);
 	tcp_pair(t, 0);
@@ -915,6 +916,53 @@ static void test_stash_close(void)
 	close(s[0]);
 	close(t[0]);
 	close(t[1]);
+}
+
+// The drain watches fd numbers; the application may close one and get the
+// number back as another file meanwhile. A pipe's bytes stay the pipe's
+// (stashed through recv, they would come back as ENOTSOCK).
+static void test_stash_reused_number(void)
+{
+	int s[2], p[2];
+	struct stat st;
+	tcp_pair(s, 0);
+	CHECK(fstat(s[1], &st) == 0, "fstat");
+	CHECK(pipe(p) == 0, "pipe");
+	int num = s[1];
+	close(s[1]);
+	CHECK(dup2(p[0], num) == num, "a pipe under fd %d", num);
+	close(p[0]);
+	int rd = num, wr = p[1];
+	ssize_t w = write(wr, "abc", 3);
+	CHECK(w == 3, "write the pipe: %zd (%s), fds %d %d", w, strerror(errno), rd, wr);
+	CHECK(stash_fd(rd, st.st_ino) == 0, "the drain took bytes from a file it did not find");
+	char b[8];
+	ssize_t r = read(rd, b, sizeof(b));
+	CHECK(r == 3 && memcmp(b, "abc", 3) == 0, "the pipe read %zd (%s), want its 3 bytes", r,
+	      r < 0 ? strerror(errno) : "");
+	close(rd);
+	close(wr);
+	close(s[0]);
+}
+
+// dup2 over a socket whose stash holds bytes closes that socket: the file
+// now under the number does not get its bytes.
+static void test_stash_dup2(void)
+{
+	int s[2], p[2];
+	uint64_t out = 0;
+	tcp_pair(s, 0);
+	send_all(s[0], 100, 1, &out);
+	CHECK(settled(s[0], s[1]) == 100 && stash_fd(s[1], 0) == 100, "stash 100");
+	CHECK(pipe(p) == 0 && dup2(p[0], s[1]) == s[1], "dup2 a pipe over the socket");
+	CHECK(write(p[1], "xyz", 3) == 3, "write the pipe");
+	char b[8];
+	ssize_t r = read(s[1], b, sizeof(b));
+	CHECK(r == 3 && memcmp(b, "xyz", 3) == 0, "read %zd bytes after the dup2, want the pipe's 3", r);
+	close(p[0]);
+	close(p[1]);
+	close(s[1]);
+	close(s[0]);
 }
 
 // The control thread stashes while an application thread reads the same
@@ -972,7 +1020,7 @@ static void test_stash_race(void)
 	long stashed = 0, calls = 0;
 	time_t end = time(NULL) + 120; // bytes lost would leave the reader waiting for ever
 	while (!atomic_load(&r.done)) {
-		ssize_t m = stash_fd(s[1]);
+		ssize_t m = stash_fd(s[1], 0);
 		stashed += m > 0;
 		calls++;
 		if ((calls & 1023) == 0 && time(NULL) > end) {
@@ -998,7 +1046,7 @@ int main(int argc, char **argv)
 	gate_close = (void (*)(void))dlsym(RTLD_DEFAULT, "mpipause_gate_close");
 	gate_open = (void (*)(struct mpp_gate_stats *))dlsym(RTLD_DEFAULT, "mpipause_gate_open");
 	gate_state = (void (*)(struct mpp_gate_stats *))dlsym(RTLD_DEFAULT, "mpipause_gate_state");
-	stash_fd = (ssize_t(*)(int))dlsym(RTLD_DEFAULT, "mpipause_test_stash");
+	stash_fd = (ssize_t(*)(int, unsigned long))dlsym(RTLD_DEFAULT, "mpipause_test_stash");
 	if (!gate_close || !gate_open || !gate_state || !stash_fd) {
 		fprintf(stderr, "FAIL: libmpipause.so is not preloaded (run: make -C libmpi-shim test)\n");
 		return 1;
@@ -1022,6 +1070,8 @@ int main(int argc, char **argv)
 		{"stash_calls", test_stash_calls},
 		{"stash_close", test_stash_close},
 		{"stash_race", test_stash_race},
+		{"stash_reused_number", test_stash_reused_number},
+		{"stash_dup2", test_stash_dup2},
 	};
 	return RUN_TESTS(tests);
 }

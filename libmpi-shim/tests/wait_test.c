@@ -26,7 +26,7 @@
 
 #include "check.h"
 
-static ssize_t (*stash)(int fd);
+static ssize_t (*stash)(int fd, unsigned long ino);
 static int (*wake_signal)(void);
 
 
@@ -73,7 +73,7 @@ static ssize_t send_stash(int s[2], int n, char c)
 	memset(b, c, sizeof(b));
 	if (send(s[0], b, n, 0) != n || queued(s[1], n) < n)
 		return -1;
-	ssize_t r = stash(s[1]);
+	ssize_t r = stash(s[1], 0);
 	int q = -1;
 	ioctl(s[1], FIONREAD, &q);
 	return q == 0 ? r : -1;
@@ -252,7 +252,7 @@ static void test_epoll_oneshot(void)
 	CHECK(send(s[0], b, 8, 0) == 8 && queued(s[1], 8) == 8, "send");
 	r = epoll_wait(ep, ev, 4, 0);
 	CHECK(r == 1, "kernel's report: %d", r);
-	CHECK(stash(s[1]) == 8, "stash");
+	CHECK(stash(s[1], 0) == 8, "stash");
 	r = epoll_wait(ep, ev, 4, 0);
 	CHECK(r == 0, "kernel disarmed it, the shim reported it: %d", r);
 	CHECK(take(s[1], 8, 'g') == 8, "recv");
@@ -489,7 +489,7 @@ static void wake_case(int kind, const char *name)
 	pause_ms(20);
 	CHECK(in_wait(w.tid), "%s: the kernel woke the waiter despite SO_RCVLOWAT (ret %d)", name, w.ret);
 	double t0 = now();
-	CHECK(stash(s[1]) == sizeof(b), "stash");
+	CHECK(stash(s[1], 0) == sizeof(b), "stash");
 	if (join_by(t, 5) != 0) {
 		pthread_cancel(t);
 		pthread_join(t, NULL);
@@ -581,7 +581,7 @@ static void test_timeout(void)
 
 int main(void)
 {
-	stash = (ssize_t (*)(int))dlsym(RTLD_DEFAULT, "mpipause_test_stash");
+	stash = (ssize_t (*)(int, unsigned long))dlsym(RTLD_DEFAULT, "mpipause_test_stash");
 	wake_signal = (int (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_wait_signal");
 	if (!stash || !wake_signal) {
 		fprintf(stderr, "FAIL: libmpipause.so (with stash.c and poll.c) is not preloaded "

@@ -58,6 +58,9 @@ func main() {
 		os.Exit(2)
 	}
 	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	// Packages that log through the default logger (internal/node) write
+	// the same key=value lines as the daemon, not the log package's format.
+	slog.SetDefault(cfg.Log)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	cfg.Failpoints = os.Getenv(mpid.FailpointsEnv)

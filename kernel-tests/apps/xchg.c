@@ -257,6 +257,18 @@ static void *leak(void *arg)
 	return NULL;
 }
 
+// A rank that ends with a non-zero status from inside the MPI library or
+// the shim (an exit() of theirs, which prints nothing) says so: a launcher
+// only reports "a process returned a non-zero exit code".
+static int exit_rank = -1;
+
+static void report_exit(int status, void *arg)
+{
+	(void)arg;
+	if (status != 0)
+		fprintf(stderr, "xchg: rank %d (pid %d) exits with status %d\n", exit_rank, (int)getpid(), status);
+}
+
 static void hold(const char *dir, int rank)
 {
 	char path[4096];
@@ -522,7 +534,11 @@ int main(int argc, char **argv)
 		return expect(&o, o.expect_ranks);
 
 	MPI_Init(&argc, &argv);
+	MPI_Comm_rank(MPI_COMM_WORLD, &exit_rank);
+	on_exit(report_exit, NULL);
 	int rc = run(&o);
-	MPI_Finalize();
+	int f = MPI_Finalize();
+	if (f != MPI_SUCCESS)
+		fprintf(stderr, "xchg: rank %d: MPI_Finalize returned %d\n", exit_rank, f);
 	return rc;
 }

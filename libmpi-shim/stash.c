@@ -191,6 +191,11 @@ ssize_t mpp_stash_fd(int fd, ino_t ino)
 	}
 	int woke = holding(s) && !was;
 	pthread_mutex_unlock(&s->mu);
+	// As a wrapped read under a closed gate does: the ACK of what was just
+	// moved goes now, not at the delayed-ACK timer (up to 8 ms under the
+	// sockops cap), since the drain waits for the peer's send queue too.
+	if (moved > 0)
+		mpp_quickack(fd);
 	if (woke)
 		mpp_wait_wake();
 	return moved;

@@ -481,8 +481,13 @@ static void test_signal_during_blocked_send(void)
 	sigaction(SIGUSR1, &sa, NULL);
 	tcp_pair(s, 16384);
 	nonblock(s[0]);
-	while (send(s[0], b, sizeof(b), 0) > 0)
-		;
+	// Full means: no room came back within 200 ms of the last EAGAIN. On a
+	// loaded machine the ACKs of what was sent can free room after the
+	// first EAGAIN, and the blocking send would then not block.
+	do {
+		while (send(s[0], b, sizeof(b), 0) > 0)
+			;
+	} while (poll(&(struct pollfd){.fd = s[0], .events = POLLOUT}, 1, 200) > 0);
 	fcntl(s[0], F_SETFL, fcntl(s[0], F_GETFL) & ~O_NONBLOCK);
 	pthread_t self = pthread_self(), t;
 	pthread_create(&t, NULL, kick, &self);
@@ -945,6 +950,41 @@ static void test_stash_reused_number(void)
 	close(s[0]);
 }
 
+// The drain acknowledges what it moves at once. On a connection carrying
+// traffic both ways (delayed-ACK "ping-pong" mode) the kernel would hold
+// the ACK of a small read for its delayed-ACK timer, and the sender's queue,
+// which a pause waits to see empty, with it.
+static void test_stash_acks(void)
+{
+	int s[2], ok = 0;
+	tcp_pair(s, 0);
+	char b[100] = {0};
+	for (int i = 0; i < 200 && !ok; i++) {
+		// A request and an answer sent at once put s[1] in ping-pong
+		// mode; then a request it only reads.
+		CHECK(send(s[0], b, 10, 0) == 10 && recv(s[1], b, 10, MSG_WAITALL) == 10, "request");
+		CHECK(send(s[1], b, 10, 0) == 10 && recv(s[0], b, 10, MSG_WAITALL) == 10, "answer");
+		CHECK(send(s[0], b, sizeof(b), 0) == (ssize_t)sizeof(b), "send");
+		int inq = 0, outq = 0;
+		for (int k = 0; k < 10000 && inq < (int)sizeof(b); k++)
+			ioctl(s[1], FIONREAD, &inq);
+		ioctl(s[0], SIOCOUTQ, &outq);
+		if (inq != (int)sizeof(b) || outq == 0) {
+			// Acknowledged already (not in ping-pong mode yet): again.
+			recv(s[1], b, sizeof(b), MSG_WAITALL);
+			continue;
+		}
+		CHECK(stash_fd(s[1], 0) == (ssize_t)sizeof(b), "stash");
+		ioctl(s[0], SIOCOUTQ, &outq);
+		CHECK(outq == 0, "the sender still waits for the ACK of %d stashed bytes", outq);
+		CHECK(recv(s[1], b, sizeof(b), 0) == (ssize_t)sizeof(b), "the stashed bytes");
+		ok = 1;
+	}
+	CHECK(ok, "no delayed ACK in 200 tries: the test proved nothing");
+	close(s[0]);
+	close(s[1]);
+}
+
 // dup2 over a socket whose stash holds bytes closes that socket: the file
 // now under the number does not get its bytes.
 static void test_stash_dup2(void)
@@ -1072,6 +1112,7 @@ int main(int argc, char **argv)
 		{"stash_race", test_stash_race},
 		{"stash_reused_number", test_stash_reused_number},
 		{"stash_dup2", test_stash_dup2},
+		{"stash_acks", test_stash_acks},
 	};
 	return RUN_TESTS(tests);
 }

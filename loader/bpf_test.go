@@ -2,6 +2,7 @@ package loader
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -650,6 +651,53 @@ func TestBPFUnpin(t *testing.T) {
 	if n := sockopsAttached(t, cg); n != 0 {
 		t.Errorf("%d sockops attached after Close without Pin, want 0", n)
 	}
+}
+
+// TestBPFPinStale checks what mpid does with state pinned by another build
+// (a job that ran across an upgrade): Open refuses it with ErrStalePin, and
+// Unpin then Open starts afresh, adopting the open connection with its
+// whole history.
+func TestBPFPinStale(t *testing.T) {
+	testutil.RequirePrivileged(t)
+	r := newRig(t)
+	bpffs := mountBPFFS(t)
+	client := startHelper(t, r.nsA, r.cgroup)
+	server := startHelper(t, r.nsB, r.cgroup)
+	cfg := Config{Cgroup: r.cgroup, FollowJob: true, Pin: true, BPFFS: bpffs}
+	o1 := openBPF(t, cfg)
+	cli, _ := connect(t, r, client, server)
+	client.do("write %s 1000", cli.id)
+	waitFor(t, o1, "counted", has(cli.cookie, func(c Conn) bool { return c.BytesSent == 1000 }))
+	o1.Close()
+	// Another build's records map: a different value size.
+	path := filepath.Join(o1.PinDir(), pinRecords)
+	if err := os.Remove(path); err != nil {
+		t.Fatal(err)
+	}
+	old, err := ebpf.NewMap(&ebpf.MapSpec{Type: ebpf.Array, KeySize: 4, ValueSize: 8, MaxEntries: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer old.Close()
+	if err := old.Pin(path); err != nil {
+		t.Fatal(err)
+	}
+
+	if o, err := OpenBPF(context.Background(), cfg); !errors.Is(err, ErrStalePin) {
+		if o != nil {
+			o.Close()
+		}
+		t.Fatalf("Open over another build's pins: %v, want ErrStalePin", err)
+	}
+	if err := Unpin(cfg); err != nil {
+		t.Fatal(err)
+	}
+	o2 := openBPF(t, cfg)
+	if o2.Reused() {
+		t.Error("state from another build was reused")
+	}
+	client.do("write %s 500", cli.id)
+	waitFor(t, o2, "1500 bytes counted", has(cli.cookie, func(c Conn) bool { return c.BytesSent == 1500 }))
 }
 
 // TestBPFPinPartial checks recovery from a pin directory left half made (a

@@ -325,7 +325,19 @@ func (d *Daemon) openObserverLocked(j *job) error {
 	if j.obs != nil {
 		return nil
 	}
-	obs, err := loader.Open(context.Background(), loader.Config{Cgroup: j.dir, FollowJob: true, Pin: true, Require: loader.KindBPF})
+	cfg := loader.Config{Cgroup: j.dir, FollowJob: true, Pin: true, Require: loader.KindBPF}
+	obs, err := loader.Open(context.Background(), cfg)
+	if errors.Is(err, loader.ErrStalePin) {
+		// Pinned by an mpid of another build: the job ran, or is paused,
+		// across an upgrade. Those maps do not fit this build's programs;
+		// fresh ones adopt the job's open connections, history included
+		// (loader's TestBPFPinStale), so the old state goes.
+		d.log.Warn("replacing the job's BPF state pinned by another mpid build", "job", j.id, "err", err)
+		if uerr := loader.Unpin(loader.Config{Cgroup: j.dir}); uerr != nil {
+			return fmt.Errorf("observe job %s: %w (and unpinning it failed: %v)", j.id, err, uerr)
+		}
+		obs, err = loader.Open(context.Background(), cfg)
+	}
 	if err != nil {
 		return fmt.Errorf("observe job %s: %w", j.id, err)
 	}

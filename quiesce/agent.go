@@ -326,7 +326,7 @@ func (a *Agent) local(ctx context.Context, js *jobState, req Message) NodeReport
 		js.prepared = req.Epoch
 		a.mu.Unlock()
 		rep, err = a.run(ctx, req)
-	case KindDrain, KindFreeze, KindVerify, KindCommit:
+	case KindDrain, KindFreeze, KindVerify, KindThaw, KindCommit:
 		a.mu.Lock()
 		prepared := js.prepared == req.Epoch
 		a.mu.Unlock()
@@ -379,7 +379,7 @@ func (a *Agent) local(ctx context.Context, js *jobState, req Message) NodeReport
 	return rep
 }
 
-// renew arms the job's lease after a pause step (PREPARE to VERIFY): it
+// renew arms the job's lease after a pause step (PREPARE to VERIFY, THAW): it
 // expires LeaseGrace after the step's deadline unless another step comes.
 // Any other step (COMMIT, ABORT, RESUME) ends the lease.
 func (a *Agent) renew(js *jobState, req Message, ctx context.Context) {
@@ -390,7 +390,7 @@ func (a *Agent) renew(js *jobState, req Message, ctx context.Context) {
 		js.lease = nil
 	}
 	switch req.Kind {
-	case KindPrepare, KindDrain, KindFreeze, KindVerify:
+	case KindPrepare, KindDrain, KindFreeze, KindVerify, KindThaw:
 	default:
 		return
 	}
@@ -479,6 +479,11 @@ func (a *Agent) run(ctx context.Context, req Message) (NodeReport, error) {
 		return ack, a.node.Freeze(ctx, job)
 	case KindVerify:
 		return a.node.Verify(ctx, job)
+	case KindThaw:
+		if t, ok := a.node.(Rethawer); ok {
+			return ack, t.Rethaw(ctx, job)
+		}
+		return ack, a.node.Thaw(ctx, job)
 	case KindCommit:
 		if c, ok := a.node.(Committer); ok {
 			return ack, c.Commit(ctx, job)

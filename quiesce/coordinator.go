@@ -27,6 +27,10 @@ type Options struct {
 	// cancelled, because leaving ranks frozen is the worse outcome (G3).
 	Abort  time.Duration `json:"abort_ns"`
 	Resume time.Duration `json:"resume_ns"`
+	// Rethaws bounds the attempts after a VERIFY that found bytes: THAW
+	// (gates stay closed), DRAIN within what is left of Drain, FREEZE,
+	// VERIFY again. 0 means the default (2); negative, none.
+	Rethaws int `json:"rethaws,omitempty"`
 	Retry  RetryPolicy   `json:"retry"`
 	// Fanout is how the first node sends each request on to the others:
 	// the binomial tree (FanoutTree, the default) or, as a baseline to
@@ -45,6 +49,7 @@ var DefaultOptions = Options{
 	Commit:        5 * time.Second,
 	Abort:         30 * time.Second,
 	Resume:        30 * time.Second,
+	Rethaws:       2,
 	Retry:         DefaultRetry,
 }
 
@@ -63,6 +68,9 @@ func (o Options) withDefaults() Options {
 	set(&o.Commit, d.Commit)
 	set(&o.Abort, d.Abort)
 	set(&o.Resume, d.Resume)
+	if o.Rethaws == 0 {
+		o.Rethaws = d.Rethaws
+	}
 	o.Retry = o.Retry.normalized()
 	return o
 }
@@ -280,9 +288,13 @@ func (r *run) once(kind Kind, last *Report) func(ctx context.Context, st *PhaseS
 // Pause pauses job on nodes (nodes[0] is the coordinator's own node):
 // PREPARE; DRAIN until every node is empty or the drain deadline passes;
 // FREEZE; VERIFY; COMMIT when the kernel check after the freeze is empty on
-// every node. Any failure, timeout, or a non-empty report after the freeze
-// rolls the job back on every node (ABORT: thaw, then reopen gates) and
-// returns an *AbortError carrying the report. The Result is filled in
+// every node. A VERIFY that finds bytes (the last of them reached a queue
+// after its node's final DRAIN check) is followed by THAW, DRAIN, FREEZE
+// and VERIFY again, at most Rethaws times and within the drain deadline;
+// not when a node saw bytes sent through closed gates, which the user must
+// hear of. Any other failure, timeout, or a non-empty report after the last
+// attempt rolls the job back on every node (ABORT: thaw, then reopen gates)
+// and returns an *AbortError carrying the report. The Result is filled in
 // either way.
 func (c *Coordinator) Pause(ctx context.Context, job string, nodes []string) (Result, error) {
 	r, err := c.newRun(job, nodes)
@@ -297,7 +309,7 @@ func (c *Coordinator) Pause(ctx context.Context, job string, nodes []string) (Re
 		return fail(KindPrepare, err)
 	}
 	last = Report{}
-	if err := r.phase(ctx, KindDrain, c.opt.Drain, func(ctx context.Context, st *PhaseStat) error {
+	drainBody := func(ctx context.Context, st *PhaseStat) error {
 		// A node that failed to read its queues fails the pause at once; a
 		// node that did not answer is asked again next round, since a lost
 		// message is not a reason to give up before the drain deadline.
@@ -323,14 +335,37 @@ func (c *Coordinator) Pause(ctx context.Context, job string, nodes []string) (Re
 				return drainTimeout(st.Rounds, last)
 			}
 		}
-	}); err != nil {
+	}
+	// The drain deadline (the user's --timeout) bounds every attempt's
+	// DRAIN together.
+	drainLeft := c.opt.Drain
+	drain := func() error {
+		t := time.Now()
+		err := r.phase(ctx, KindDrain, drainLeft, drainBody)
+		drainLeft -= time.Since(t)
+		return err
+	}
+	if err := drain(); err != nil {
 		return fail(KindDrain, err)
 	}
-	if err := r.phase(ctx, KindFreeze, c.opt.Freeze, r.once(KindFreeze, &last)); err != nil {
-		return fail(KindFreeze, err)
-	}
-	if err := r.phase(ctx, KindVerify, c.opt.Verify, r.once(KindVerify, &last)); err != nil {
-		return fail(KindVerify, err)
+	for attempt := 0; ; attempt++ {
+		if err := r.phase(ctx, KindFreeze, c.opt.Freeze, r.once(KindFreeze, &last)); err != nil {
+			return fail(KindFreeze, err)
+		}
+		err := r.phase(ctx, KindVerify, c.opt.Verify, r.once(KindVerify, &last))
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, ErrNotEmpty) || attempt >= c.opt.Rethaws || drainLeft <= 0 || last.violations() > 0 {
+			return fail(KindVerify, err)
+		}
+		if err := r.phase(ctx, KindThaw, c.opt.Freeze, r.once(KindThaw, &last)); err != nil {
+			return fail(KindThaw, err)
+		}
+		last = Report{}
+		if err := drain(); err != nil {
+			return fail(KindDrain, err)
+		}
 	}
 	verified := last
 	// A node that never hears COMMIT would not know the pause holds, so a

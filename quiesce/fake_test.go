@@ -20,6 +20,7 @@ type fakeNode struct {
 	left      int  // drain rounds with closed gates until empty
 	stuck     bool // never drains (a rank computing, not reading)
 	dirty     bool // drains, but the kernel check after freeze finds bytes
+	violate   bool // ... and bytes sent through closed gates
 	fail      Kind // this step always fails
 	thawFails int  // the first thawFails Thaws fail
 	// late bytes arrive right after the node's first empty DRAIN answer
@@ -126,6 +127,9 @@ func (f *fakeNode) Verify(ctx context.Context, job string) (NodeReport, error) {
 	r := f.report()
 	if f.dirty || f.frozeDirty {
 		r = NodeReport{Conns: []Conn{{Local: f.name + ":1001", Remote: "peer:2001", Unread: 1, Rank: -1}}}
+		if f.violate {
+			r.Violations = 5
+		}
 	}
 	f.lastVerify = &r
 	return r, nil

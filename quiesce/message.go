@@ -25,6 +25,7 @@ const (
 	KindFreeze  Kind = "FREEZE"  // freeze the job's ranks
 	KindVerify  Kind = "VERIFY"  // kernel check after the freeze
 	KindCommit  Kind = "COMMIT"  // the pause holds; nodes record it
+	KindThaw    Kind = "THAW"    // VERIFY found bytes: thaw, gates stay closed, drain again
 	KindAbort   Kind = "ABORT"   // roll back: thaw, then reopen gates
 	KindResume  Kind = "RESUME"  // thaw, then reopen gates
 	// KindControl is not a protocol step: a node daemon passes a user's
@@ -36,7 +37,7 @@ const (
 // Valid reports whether k is one of the protocol's kinds.
 func (k Kind) Valid() bool {
 	switch k {
-	case KindPrepare, KindDrain, KindFreeze, KindVerify, KindCommit, KindAbort, KindResume:
+	case KindPrepare, KindDrain, KindFreeze, KindVerify, KindThaw, KindCommit, KindAbort, KindResume:
 		return true
 	}
 	return false
@@ -204,6 +205,15 @@ func (r Report) Empty() bool { return len(r.Pending) == 0 }
 // Complete reports whether the report accounts for all n nodes of the job: a
 // node that did not answer must never count as empty.
 func (r Report) Complete(n int) bool { return r.Nodes == n }
+
+// violations sums the bytes the nodes saw sent through closed gates.
+func (r Report) violations() uint64 {
+	var v uint64
+	for _, n := range r.Pending {
+		v += n.Violations
+	}
+	return v
+}
 
 // InflightBytes sums the bytes the pending connections hold.
 func (r Report) InflightBytes() uint64 {

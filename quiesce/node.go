@@ -37,6 +37,14 @@ type Node interface {
 	Open(ctx context.Context, job string) error
 }
 
+// Rethawer is a Node that must tell the thaw of another drain attempt (a
+// non-empty VERIFY: the ranks run again, gates still closed, and the pause
+// goes on) from the thaw of a rollback or a resume. A Node without it gets
+// Thaw for both.
+type Rethawer interface {
+	Rethaw(ctx context.Context, job string) error
+}
+
 // Committer is a Node that must act on COMMIT (mpid records the pause, so
 // that a restart finds it): the COMMIT is acknowledged only once Commit has
 // returned nil, and a failed Commit rolls the pause back everywhere, like

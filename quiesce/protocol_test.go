@@ -157,6 +157,34 @@ func TestVerifyNotEmptyAborts(t *testing.T) {
 	checkRolledBack(t, c)
 }
 
+// A node whose kernel check keeps finding bytes is thawed and drained again
+// Rethaws times, then the pause rolls back; gates stay closed throughout.
+// Bytes sent through closed gates are never retried away: the first VERIFY
+// that sees them fails the pause.
+func TestVerifyRethaws(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		violate bool
+		verify  int
+	}{{"bytes", false, 3}, {"violation", true, 1}} {
+		c := newCluster(5, 1, Faults{}, fastOpts().Retry)
+		c.fakes[4].dirty = true
+		c.fakes[4].violate = tc.violate
+		_, err := NewCoordinator(c.net, fastOpts()).Pause(context.Background(), "j", c.names)
+		var ae *AbortError
+		if !errors.As(err, &ae) || ae.Phase != KindVerify || !errors.Is(err, ErrNotEmpty) {
+			t.Fatalf("%s: want abort in VERIFY, got %v", tc.name, err)
+		}
+		st := c.fakes[4].state()
+		if st.calls["verify"] != tc.verify || st.calls["open"] != 1 || len(st.breaches) > 0 {
+			t.Errorf("%s: %d VERIFY calls, %d gate openings, breaches %v; want %d, 1 (the rollback's), none",
+				tc.name, st.calls["verify"], st.calls["open"], st.breaches, tc.verify)
+		}
+		checkRolledBack(t, c)
+		c.net.Close()
+	}
+}
+
 func TestNodeFailureAborts(t *testing.T) {
 	for _, k := range []Kind{KindPrepare, KindDrain, KindFreeze, KindVerify, KindCommit} {
 		c := newCluster(6, 1, Faults{}, fastOpts().Retry)
@@ -400,21 +428,41 @@ func TestDrainWait(t *testing.T) {
 	}
 
 	// Bytes that cross after a node answered empty: the node waits for its
-	// ranks to read them before it freezes, and the pause holds; without
-	// waiting answers (and so without that wait) the freeze catches them
-	// and VERIFY rolls the pause back.
-	for _, wait := range []time.Duration{o.DrainWait, 0} {
+	// ranks to read them before it freezes, and the pause holds at once;
+	// without waiting answers (and so without that wait) the freeze catches
+	// them, VERIFY finds them, and the pause holds after a THAW and another
+	// drain, or, with no attempt allowed after VERIFY, rolls back there.
+	for _, tc := range []struct {
+		wait          time.Duration
+		rethaws       int
+		want          error
+		thaws, verify int
+	}{
+		{o.DrainWait, 0, nil, 0, 1},
+		{0, 0, nil, 1, 2},
+		{0, -1, ErrNotEmpty, 0, 1},
+	} {
 		c = newCluster(7, 1, Faults{}, fastOpts().Retry)
 		c.fakes[3].late = 2
 		ow := o
-		ow.DrainWait = wait
-		_, err = NewCoordinator(c.net, ow).Pause(context.Background(), "j", c.names)
-		if wait > 0 && err != nil {
-			t.Errorf("late bytes with waiting answers: %v", err)
-		}
+		ow.DrainWait, ow.Rethaws = tc.wait, tc.rethaws
+		res, err = NewCoordinator(c.net, ow).Pause(context.Background(), "j", c.names)
 		var ae *AbortError
-		if wait == 0 && (!errors.As(err, &ae) || ae.Phase != KindVerify) {
-			t.Errorf("late bytes without waiting answers: %v; want a rollback at VERIFY", err)
+		if tc.want == nil && err != nil || tc.want != nil && (!errors.As(err, &ae) || ae.Phase != KindVerify || !errors.Is(err, tc.want)) {
+			t.Errorf("late bytes, wait %v, rethaws %d: %v; want %v", tc.wait, tc.rethaws, err, tc.want)
+		}
+		thaws := 0
+		for _, p := range res.Phases {
+			if p.Phase == KindThaw {
+				thaws++
+			}
+		}
+		if st := c.fakes[3].state(); thaws != tc.thaws || st.calls["verify"] != tc.verify || len(st.breaches) > 0 {
+			t.Errorf("late bytes, wait %v, rethaws %d: %d THAW phases, %d VERIFY calls, breaches %v; want %d, %d, none",
+				tc.wait, tc.rethaws, thaws, st.calls["verify"], st.breaches, tc.thaws, tc.verify)
+		}
+		if tc.want == nil {
+			checkPaused(t, c)
 		}
 	}
 

@@ -104,6 +104,12 @@ func (n *localNode) Thaw(ctx context.Context, job string) error {
 	})
 }
 
+// Rethaw thaws for another drain attempt of a pause still under way: the
+// coordinator's record of it stays (a successor must still roll it back).
+func (n *localNode) Rethaw(ctx context.Context, job string) error {
+	return n.step(ctx, "RETHAW", job, func() error { return n.Local.Thaw(ctx, job) })
+}
+
 func (n *localNode) Open(ctx context.Context, job string) error {
 	return n.step(ctx, "OPEN", job, func() error { return n.Local.Open(ctx, job) })
 }

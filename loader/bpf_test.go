@@ -112,9 +112,7 @@ func connect(tb testing.TB, r *rig, client, server *helper) (cli, srv tcpConn) {
 // processes of the job cgroup, in two network namespaces, did.
 func TestBPFTraffic(t *testing.T) {
 	testutil.RequirePrivileged(t)
-	r := newRig(t)
-	client := startHelper(t, r.nsA, r.cgroup)
-	server := startHelper(t, r.nsB, r.cgroup)
+	r, client, server := newPair(t)
 	o := openBPF(t, Config{Cgroup: r.cgroup, FollowJob: true})
 
 	start := time.Now()
@@ -191,9 +189,7 @@ func TestBPFTraffic(t *testing.T) {
 // and the conns map, and that the others stay.
 func TestBPFClose(t *testing.T) {
 	testutil.RequirePrivileged(t)
-	r := newRig(t)
-	client := startHelper(t, r.nsA, r.cgroup)
-	server := startHelper(t, r.nsB, r.cgroup)
+	r, client, server := newPair(t)
 	o := openBPF(t, Config{Cgroup: r.cgroup, Netns: []string{r.nsA, r.nsB}})
 
 	cli1, srv1 := connect(t, r, client, server)
@@ -229,9 +225,7 @@ func TestBPFClose(t *testing.T) {
 // cgroup, in the same namespaces, are not reported.
 func TestBPFOutsideCgroup(t *testing.T) {
 	testutil.RequirePrivileged(t)
-	r := newRig(t)
-	client := startHelper(t, r.nsA, r.cgroup)
-	server := startHelper(t, r.nsB, r.cgroup)
+	r, client, server := newPair(t)
 	otherC := startHelper(t, r.nsA, "")
 	otherS := startHelper(t, r.nsB, "")
 	o := openBPF(t, Config{Cgroup: r.cgroup, Netns: []string{r.nsA, r.nsB}})
@@ -264,9 +258,7 @@ func TestBPFOutsideCgroup(t *testing.T) {
 // FINs, and are forgotten when closed.
 func TestBPFEstablishedBeforeAttach(t *testing.T) {
 	testutil.RequirePrivileged(t)
-	r := newRig(t)
-	client := startHelper(t, r.nsA, r.cgroup)
-	server := startHelper(t, r.nsB, r.cgroup)
+	r, client, server := newPair(t)
 	cli, srv := connect(t, r, client, server)
 	client.do("write %s 700", cli.id)
 	server.do("read %s 200", srv.id)
@@ -337,9 +329,7 @@ func TestBPFEstablishedBeforeAttach(t *testing.T) {
 // with its FIN unacknowledged.
 func TestBPFExactCounts(t *testing.T) {
 	testutil.RequirePrivileged(t)
-	r := newRig(t)
-	client := startHelper(t, r.nsA, r.cgroup)
-	server := startHelper(t, r.nsB, r.cgroup)
+	r, client, server := newPair(t)
 	o := openBPF(t, Config{Cgroup: r.cgroup, FollowJob: true})
 	cli, srv := connect(t, r, client, server)
 
@@ -434,9 +424,7 @@ func TestBPFExactCounts(t *testing.T) {
 // 450 KB; fill_record must not let that through.
 func TestBPFCountersMonotonic(t *testing.T) {
 	testutil.RequirePrivileged(t)
-	r := newRig(t)
-	client := startHelper(t, r.nsA, r.cgroup)
-	server := startHelper(t, r.nsB, r.cgroup)
+	r, client, server := newPair(t)
 	o := openBPF(t, Config{Cgroup: r.cgroup, FollowJob: true})
 	cli, srv := connect(t, r, client, server)
 
@@ -487,9 +475,7 @@ func TestBPFCountersMonotonic(t *testing.T) {
 // and waits for the kernel's retransmissions to be counted.
 func TestBPFRetransmits(t *testing.T) {
 	testutil.RequirePrivileged(t)
-	r := newRig(t)
-	client := startHelper(t, r.nsA, r.cgroup)
-	server := startHelper(t, r.nsB, r.cgroup)
+	r, client, server := newPair(t)
 	o := openBPF(t, Config{Cgroup: r.cgroup, FollowJob: true})
 	cli, _ := connect(t, r, client, server)
 
@@ -548,10 +534,8 @@ func sockopsAttached(tb testing.TB, dir string) int {
 // Detach removes it.
 func TestBPFPinReuse(t *testing.T) {
 	testutil.RequirePrivileged(t)
-	r := newRig(t)
+	r, client, server := newPair(t)
 	bpffs := mountBPFFS(t)
-	client := startHelper(t, r.nsA, r.cgroup)
-	server := startHelper(t, r.nsB, r.cgroup)
 	cfg := Config{Cgroup: r.cgroup, FollowJob: true, Pin: true, BPFFS: bpffs}
 
 	o1, err := OpenBPF(context.Background(), cfg)
@@ -659,10 +643,8 @@ func TestBPFUnpin(t *testing.T) {
 // whole history.
 func TestBPFPinStale(t *testing.T) {
 	testutil.RequirePrivileged(t)
-	r := newRig(t)
+	r, client, server := newPair(t)
 	bpffs := mountBPFFS(t)
-	client := startHelper(t, r.nsA, r.cgroup)
-	server := startHelper(t, r.nsB, r.cgroup)
 	cfg := Config{Cgroup: r.cgroup, FollowJob: true, Pin: true, BPFFS: bpffs}
 	o1 := openBPF(t, cfg)
 	cli, _ := connect(t, r, client, server)
@@ -716,10 +698,8 @@ func TestBPFPinPartial(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			r := newRig(t)
+			r, client, server := newPair(t)
 			bpffs := mountBPFFS(t)
-			client := startHelper(t, r.nsA, r.cgroup)
-			server := startHelper(t, r.nsB, r.cgroup)
 			cfg := Config{Cgroup: r.cgroup, FollowJob: true, Pin: true, BPFFS: bpffs}
 			o1, err := OpenBPF(context.Background(), cfg)
 			if err != nil {

@@ -20,9 +20,7 @@ import (
 // connections whose queues hold still: what both report must agree.
 func TestCrossCheck(t *testing.T) {
 	testutil.RequirePrivileged(t)
-	r := newRig(t)
-	client := startHelper(t, r.nsA, r.cgroup)
-	server := startHelper(t, r.nsB, r.cgroup)
+	r, client, server := newPair(t)
 	cfg := Config{Cgroup: r.cgroup, FollowJob: true}
 	b := openBPF(t, cfg)
 	d, err := OpenSockDiag(context.Background(), cfg)

@@ -332,6 +332,14 @@ type helper struct {
 	out *bufio.Scanner
 }
 
+// newPair is the usual start of a test: a rig, and a client and a server
+// helper in its two namespaces, both in the job's cgroup.
+func newPair(tb testing.TB) (r *rig, client, server *helper) {
+	tb.Helper()
+	r = newRig(tb)
+	return r, startHelper(tb, r.nsA, r.cgroup), startHelper(tb, r.nsB, r.cgroup)
+}
+
 // startHelper runs a helper in network namespace ns, born in cgroup dir
 // (clone3 CLONE_INTO_CGROUP) unless dir is "", so that every socket it
 // creates carries that cgroup.

@@ -913,10 +913,11 @@ EXPORT int dup(int fd)
 }
 
 // dup2 and dup3 close newfd's file as close() does: its stash goes too
-// (stash.c), or newfd would read the closed socket's bytes first.
+// (stash.c), or newfd would read the closed socket's bytes first. Only if
+// they succeed: a dup2 from a bad oldfd leaves newfd and its bytes alone.
 static int dup_onto(int oldfd, int newfd, int flags, int three)
 {
-	int counted = oldfd != newfd ? mpp_stash_closing(newfd) : 0, r;
+	int counted = oldfd != newfd ? mpp_stash_enter(newfd) : 0, r;
 	if (likely(!atomic_load_explicit(&have_sets, memory_order_relaxed))) {
 		r = three ? RW(dup3)(oldfd, newfd, flags) : RW(dup2)(oldfd, newfd);
 	} else {
@@ -930,6 +931,8 @@ static int dup_onto(int oldfd, int newfd, int flags, int three)
 		pthread_mutex_unlock(&reg_mu);
 	}
 	int saved = errno;
+	if (r >= 0 && counted)
+		mpp_stash_forget(newfd);
 	mpp_stash_closed(newfd, counted);
 	errno = saved;
 	return r;

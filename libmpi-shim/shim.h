@@ -154,6 +154,7 @@ ssize_t mpp_stash_fd(int fd, ino_t ino);
 // go around anything that closes fd (stash.c).
 void mpp_stash_forget(int fd);
 int mpp_stash_closing(int fd);
+int mpp_stash_enter(int fd);
 void mpp_stash_closed(int fd, int counted);
 void mpp_stash_init(void);
 // The reads' fast path (wrap.c) and slow path.

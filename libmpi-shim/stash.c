@@ -210,11 +210,20 @@ ssize_t mpp_stash_fd(int fd, ino_t ino)
 // first bytes of its stream. Returns whether mpp_stash_closed must undo it.
 int mpp_stash_closing(int fd)
 {
+	if (!mpp_stash_enter(fd))
+		return 0;
+	if (atomic_load_explicit(&mpp_read_slow[fd], memory_order_seq_cst) != SLOW_NONE)
+		mpp_stash_forget(fd);
+	return 1;
+}
+
+// mpp_stash_enter is the count alone, for dup2 and dup3, which may fail
+// and leave fd as it was: they forget the stash only once they succeeded.
+int mpp_stash_enter(int fd)
+{
 	if (!tracked(fd))
 		return 0;
 	atomic_fetch_add_explicit(&mpp_read_busy[fd], 1, memory_order_seq_cst);
-	if (atomic_load_explicit(&mpp_read_slow[fd], memory_order_seq_cst) != SLOW_NONE)
-		mpp_stash_forget(fd);
 	return 1;
 }
 

@@ -994,6 +994,10 @@ static void test_stash_dup2(void)
 	tcp_pair(s, 0);
 	send_all(s[0], 100, 1, &out);
 	CHECK(settled(s[0], s[1]) == 100 && stash_fd(s[1], 0) == 100, "stash 100");
+	// A dup2 that fails closes nothing, and the stash stays.
+	CHECK(dup2(100000, s[1]) < 0 && errno == EBADF, "dup2 from a bad fd");
+	char one;
+	CHECK(recv(s[1], &one, 1, MSG_PEEK | MSG_DONTWAIT) == 1, "the stash went with a failed dup2");
 	CHECK(pipe(p) == 0 && dup2(p[0], s[1]) == s[1], "dup2 a pipe over the socket");
 	CHECK(write(p[1], "xyz", 3) == 3, "write the pipe");
 	char b[8];

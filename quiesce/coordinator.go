@@ -30,8 +30,8 @@ type Options struct {
 	// Rethaws bounds the attempts after a VERIFY that found bytes: THAW
 	// (gates stay closed), DRAIN within what is left of Drain, FREEZE,
 	// VERIFY again. 0 means the default (2); negative, none.
-	Rethaws int `json:"rethaws,omitempty"`
-	Retry  RetryPolicy   `json:"retry"`
+	Rethaws int         `json:"rethaws,omitempty"`
+	Retry   RetryPolicy `json:"retry"`
 	// Fanout is how the first node sends each request on to the others:
 	// the binomial tree (FanoutTree, the default) or, as a baseline to
 	// measure the tree against, FanoutStar.

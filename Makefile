@@ -10,7 +10,7 @@ PRIV := MPIPAUSE_REQUIRE_PRIV=1
 GENERATED := loader/*_bpfel.go loader/*_bpfel.o
 
 .DEFAULT_GOAL := help
-.PHONY: help deps build generate check-generate test test-unit test-fuzz test-priv test-multinode test-faults bench demo clean
+.PHONY: help deps build generate check-generate check-format test test-unit test-fuzz test-priv test-multinode test-faults bench demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -31,7 +31,12 @@ generate: ## regenerate BPF objects and Go bindings from bpf/*.c (needs clang)
 check-generate: ## fail if regenerating BPF objects changes anything committed
 	@bash scripts/check-generate.sh
 
-test: deps build check-generate test-unit test-fuzz test-priv test-multinode ## install what is missing and run every test tier
+check-format: ## fail if a Go file is not gofmt-formatted or go vet reports a problem
+	@f=$$("$$($(GO) env GOROOT)/bin/gofmt" -l $$(git ls-files '*.go')); \
+		[ -z "$$f" ] || { echo "not gofmt-formatted: $$f (run: gofmt -w $$f)" >&2; exit 1; }
+	$(GO) vet ./...
+
+test: deps build check-generate check-format test-unit test-fuzz test-priv test-multinode ## install what is missing and run every test tier
 	@echo "make test: all tiers passed"
 
 test-unit: ## tier 1: unit tests with every capability dropped (must pass unprivileged), and the shim's C tests

@@ -201,8 +201,8 @@ ssize_t mpp_stash_fd(int fd, ino_t ino)
 	return moved;
 }
 
-// mpp_stash_closing starts anything that ends the file under fd's number
-// (close, dup2 or dup3 over it). It counts as a reader of fd until
+// mpp_stash_closing starts a close of fd (dup2 and dup3 over fd use
+// mpp_stash_enter, below). It counts as a reader of fd until
 // mpp_stash_closed, so no drain starts on fd meanwhile, and it forgets the
 // stash, waiting for a drain already under way. Without the count a drain
 // could begin between the forget and the real close, stash the closing

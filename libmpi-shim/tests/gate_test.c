@@ -901,15 +901,22 @@ static void test_stash_calls(void)
 	close(s[1]);
 }
 
+// stashed_pair connects a loopback pair and moves n bytes sent on s[0]
+// into s[1]'s stash, as a drain would: whether it all went so.
+static int stashed_pair(int s[2], size_t n)
+{
+	uint64_t out = 0;
+	tcp_pair(s, 0);
+	send_all(s[0], n, 1, &out);
+	return settled(s[0], s[1]) == (int)n && stash_fd(s[1], 0) == (ssize_t)n;
+}
+
 // A closed fd's stash is gone: the next socket with that number starts
 // empty.
 static void test_stash_close(void)
 {
 	int s[2], t[2];
-	uint64_t out = 0;
-	tcp_pair(s, 0);
-	send_all(s[0], 1000, 1, &out);
-	CHECK(settled(s[0], s[1]) == 1000 && stash_fd(s[1], 0) == 1000, "stash 1000");
+	CHECK(stashed_pair(s, 1000), "stash 1000");
 	int num = s[1];
 	close(s[1]);
 	tcp_pair(t, 0);
@@ -990,10 +997,7 @@ static void test_stash_acks(void)
 static void test_stash_dup2(void)
 {
 	int s[2], p[2];
-	uint64_t out = 0;
-	tcp_pair(s, 0);
-	send_all(s[0], 100, 1, &out);
-	CHECK(settled(s[0], s[1]) == 100 && stash_fd(s[1], 0) == 100, "stash 100");
+	CHECK(stashed_pair(s, 100), "stash 100");
 	// A dup2 that fails closes nothing, and the stash stays.
 	CHECK(dup2(100000, s[1]) < 0 && errno == EBADF, "dup2 from a bad fd");
 	char one;

@@ -27,9 +27,11 @@
 //     Retransmission lives above the transport, in the sender, so every
 //     transport gets it.
 //
-// Not here yet: authentication of peers (the cluster key of DESIGN.md),
-// persistence of node state across daemon restarts (G5), and DESIGN.md's
-// "thaw and drain again" after a non-empty VERIFY; a non-empty VERIFY aborts.
+// A VERIFY that finds bytes is followed by THAW (gates stay closed) and
+// another DRAIN, FREEZE and VERIFY, at most [Options.Rethaws] times
+// (DESIGN.md's "thaw and go back to DRAIN"). Not here: persistence of a
+// paused job across daemon restarts (G5), which is mpid's (its state
+// records); peers are authenticated here, with the cluster key (auth.go).
 //
 // Ordering: every request carries (Epoch, Seq). A coordinator picks a fresh
 // epoch for every Pause and Resume, and a fresh Seq for every round within it.

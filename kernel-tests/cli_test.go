@@ -25,7 +25,7 @@ import (
 
 // rigCgroups is the cgroup under which the rig's mpids make their job
 // cgroups (mpipause-rig/<rig>/<node>/<job>).
-const rigCgroups = "mpipause-rig/" + jobRig
+var rigCgroups = "mpipause-rig/" + jobRig
 
 // cliResult is one run of the mpipause command inside a rig node.
 type cliResult struct {

@@ -6,6 +6,7 @@ package kerneltests
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"fmt"
 	"os"
@@ -24,9 +25,10 @@ import (
 	"github.com/mpipause/mpipause/loader"
 )
 
-// jobRig is the rig the MPI tests share; rig tests of their own use other
-// names, so a user's default rig is never touched.
-const jobRig = "kt"
+// jobRig is the rig the MPI tests share ("kt", or MPIPAUSE_TEST_RIG, so that
+// two checkouts can run this tier side by side); rig tests of their own use
+// other names, so a user's default rig is never touched.
+var jobRig = cmp.Or(os.Getenv("MPIPAUSE_TEST_RIG"), "kt")
 
 // jobNodes is the shared rig's size: 3, or MPIPAUSE_RIG_NODES for the
 // benchmarks' 4 x 4 jobs (make bench); the tests' jobs use nodes 0 to 2.

@@ -60,12 +60,22 @@ func startSlurm(ctx context.Context, t *testing.T, plugstack string) *slurmClust
 	}
 	write("munge/munge.key", string(key), 0o400)
 	write("plugstack.conf", plugstack, 0o644)
-	// cgroup/v1 only because slurmd loads a cgroup plugin whatever the
-	// other plugins: cgroup/v2 refuses a hybrid host ("Hybrid mode is not
-	// supported"), and with proctrack/linuxproc and task/none nothing of
-	// v1 is used.
-	write("cgroup.conf", "CgroupPlugin=cgroup/v1\nCgroupAutomount=yes\n", 0o644)
-	write("slurm.conf", c.config(t), 0o644)
+	write("cgroup.conf", cgroupConf, 0o644)
+	conf := c.config(t)
+	write("slurm.conf", conf, 0o644)
+	// Each slurmd reads its configuration from a directory of its own,
+	// the same slurm.conf but an mpi.conf of its own: the PMIx plugin
+	// makes a directory per step for the ranks under PMIxCliTmpDirBase
+	// (default /tmp), and the rig's nodes share one /tmp.
+	for k := 0; k < jobNodes; k++ {
+		n := fmt.Sprintf("node%d", k)
+		if err := os.MkdirAll(filepath.Join(dir, n, "tmp"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		write(filepath.Join(n, "slurm.conf"), conf, 0o644)
+		write(filepath.Join(n, "cgroup.conf"), cgroupConf, 0o644)
+		write(filepath.Join(n, "mpi.conf"), "PMIxCliTmpDirBase="+filepath.Join(dir, n, "tmp")+"\n", 0o644)
+	}
 
 	cg := jobCgroup(t, "slurm-"+jobRig)
 	sock := filepath.Join(dir, "munge", "munge.socket")
@@ -79,7 +89,7 @@ func startSlurm(ctx context.Context, t *testing.T, plugstack string) *slurmClust
 	start(context.Background(), t, cg, c.env, rig, "exec", "node0", "--", "slurmctld", "-D", "-f", c.conf)
 	for k := 0; k < jobNodes; k++ {
 		n := fmt.Sprintf("node%d", k)
-		start(context.Background(), t, cg, c.env, rig, "exec", n, "--", "slurmd", "-D", "-N", n, "-f", c.conf)
+		start(context.Background(), t, cg, c.env, rig, "exec", n, "--", "slurmd", "-D", "-N", n, "-f", filepath.Join(dir, n, "slurm.conf"))
 	}
 	waitForWhy(t, "every slurmd to be idle in sinfo", time.Minute, nil, func() (bool, string) {
 		out, err := c.run(ctx, "sinfo", "-h", "-N", "-o", "%N %t")
@@ -91,6 +101,11 @@ func startSlurm(ctx context.Context, t *testing.T, plugstack string) *slurmClust
 	})
 	return c
 }
+
+// cgroupConf: slurmd loads a cgroup plugin whatever the other plugins are;
+// cgroup/v2 refuses a hybrid host ("Hybrid mode is not supported"), and with
+// proctrack/linuxproc and task/none nothing of v1 is used.
+const cgroupConf = "CgroupPlugin=cgroup/v1\nCgroupAutomount=yes\n"
 
 // config is slurm.conf: the rig's nodes with what slurmd -C finds on this
 // machine (a node described bigger than its hardware would be drained),

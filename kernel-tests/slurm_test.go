@@ -11,12 +11,14 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/loader"
 )
 
 // TestSlurmSuspendResume is mpipause under a real Slurm: slurmctld on node0
 // and a slurmd on every rig node, the SPANK plugin (slurm/) enabled by one
-// line of plugstack.conf, and a 3 x 2 MPICH job launched by srun
-// (--mpi=pmi2) with nothing of mpipause on its command line. The plugin
+// line of plugstack.conf, and a 3 x 2 job of each library launched by srun
+// (MPICH with --mpi=pmi2, Open MPI with --mpi=pmix) with nothing of
+// mpipause on its command line. The plugin
 // names the step's job JOBID.0 and gives its ranks the shim. `scontrol
 // suspend` (SIGTSTP to every process of the step, then 2 s later SIGSTOP)
 // must pause the job consistently before the SIGSTOP: the pause commits
@@ -34,16 +36,23 @@ func TestSlurmSuspendResume(t *testing.T) {
 		t.Fatalf("%v (make build builds it where spank.h is installed: make deps installs libslurm-dev)", err)
 	}
 	sharedRig(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	obs, check := rigReaders(ctx, t)
 	slurm := startSlurm(ctx, t, fmt.Sprintf("required %s shim=%s\n", plugin, filepath.Join(bin, "libmpipause.so")))
+	for _, lib := range []struct{ name, mpi string }{{"mpich", "pmi2"}, {"openmpi", "pmix"}} {
+		t.Run(lib.name, func(t *testing.T) { testSlurmSuspendResume(ctx, t, slurm, obs, check, lib.name, lib.mpi) })
+	}
+}
 
-	app := filepath.Join(bin, "apps", "xchg.mpich")
+func testSlurmSuspendResume(ctx context.Context, t *testing.T, slurm *slurmCluster, obs, check loader.Observer, lib, mpi string) {
+	bin := binDir(t)
+	app := filepath.Join(bin, "apps", "xchg."+lib)
 	stop := t.TempDir()
-	args := []string{"-m", "a2a", "-s", "64K"}
-	name := fmt.Sprintf("mpipause-e2e-%d", os.Getpid())
-	job := slurm.srun(ctx, t, append([]string{"--mpi=pmi2", "-J", name, "-N", fmt.Sprint(jobNodes), "-n", fmt.Sprint(2 * jobNodes),
+	args := []string{"-m", "a2a", "-s", "256K"}
+	sent0 := sentBytes(ctx, obs)
+	name := fmt.Sprintf("mpipause-e2e-%s-%d", lib, os.Getpid())
+	job := slurm.srun(ctx, t, append([]string{"--mpi=" + mpi, "-J", name, "-N", fmt.Sprint(jobNodes), "-n", fmt.Sprint(2 * jobNodes),
 		"--ntasks-per-node=2", "-O", app}, append(args, "-n", "1000000", "-E", stop)...)...)
 	var jobID string
 	waitForWhy(t, "squeue to show the job", time.Minute, job.done, func() (bool, string) {
@@ -61,7 +70,7 @@ func TestSlurmSuspendResume(t *testing.T) {
 		return j.State == ctl.StateRunning && j.Ranks == 2*jobNodes && len(j.Nodes) == jobNodes && j.Unpausable == "",
 			fmt.Sprintf("%+v %s", j, r.stderr)
 	})
-	waitProgress(ctx, t, obs, job.done, 0, 8<<20)
+	waitProgress(ctx, t, obs, job.done, sent0, 8<<20)
 
 	// scontrol suspend: the pause must commit inside Slurm's window.
 	slurm.must(ctx, t, "scontrol", "suspend", jobID)

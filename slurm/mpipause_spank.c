@@ -65,6 +65,9 @@ SPANK_PLUGIN(mpipause, 1);
 static char shim[4096] = DEFAULT_SHIM;
 static char ctl_addr[108] = DEFAULT_CTL;
 static int enabled = 1; // plugstack.conf default=, then srun --mpipause=
+// A wrong plugstack.conf argument fails init; an "optional" plugin's other
+// hooks may still be called, and must then do nothing.
+static int broken;
 
 static int opt_cb(int val, const char *arg, int remote);
 
@@ -115,6 +118,7 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 			slurm_error("mpipause: plugstack.conf argument %s: want shim=/ABSOLUTE/PATH, ctl=ADDR or "
 				    "default=on|off",
 				    a);
+			broken = 1;
 			return -1;
 		}
 	}
@@ -139,6 +143,8 @@ static int step_id(spank_t sp, char *id, size_t n)
 static int wanted(spank_t sp, char *id, size_t n)
 {
 	char *arg = NULL;
+	if (broken)
+		return 0;
 	if (spank_option_getopt(sp, &spank_options[0], &arg) == ESPANK_SUCCESS && opt_cb(0, arg, 1) < 0)
 		return 0;
 	return enabled && step_id(sp, id, n) == 0;

@@ -39,7 +39,10 @@ func TestSlurmSuspendResume(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	obs, check := rigReaders(ctx, t)
-	slurm := startSlurm(ctx, t, fmt.Sprintf("required %s shim=%s\n", plugin, filepath.Join(bin, "libmpipause.so")))
+	shim := filepath.Join(bin, "libmpipause.so")
+	plugstack := fmt.Sprintf("required %s shim=%s\n", plugin, shim)
+	slurm := startSlurm(ctx, t, plugstack)
+	t.Run("plugin", func(t *testing.T) { testSlurmPlugin(ctx, t, slurm, plugin, shim, plugstack) })
 	for _, lib := range []struct{ name, mpi string }{{"mpich", "pmi2"}, {"openmpi", "pmix"}} {
 		t.Run(lib.name, func(t *testing.T) { testSlurmSuspendResume(ctx, t, slurm, obs, check, lib.name, lib.mpi) })
 	}
@@ -139,4 +142,37 @@ func testSlurmSuspendResume(ctx context.Context, t *testing.T, slurm *slurmClust
 		t.Fatalf("the job printed %q after %s iterations; an unpaused run %q\n%s", got, m[1], w, job.out.String())
 	}
 	t.Logf("job %s (%s iterations) suspended and resumed by Slurm, paused and resumed by its Slurm id: output unchanged", step, m[1])
+}
+
+// testSlurmPlugin: what the plugin gives a step (and what srun --mpipause=no
+// and a wrong plugstack.conf argument do), read from a task's environment.
+func testSlurmPlugin(ctx context.Context, t *testing.T, slurm *slurmCluster, plugin, shim, plugstack string) {
+	env := func(args ...string) (string, error) {
+		return slurm.run(ctx, append(append([]string{"srun", "-N1", "-n1"}, args...),
+			"sh", "-c", `echo "id=$MPIPAUSE_JOBID step=$SLURM_JOB_ID.$SLURM_STEP_ID preload=$LD_PRELOAD"`)...)
+	}
+	out, err := env()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id, step, preload string
+	fmt.Sscanf(strings.ReplaceAll(strings.TrimSpace(out), "=", " "), "id %s step %s preload %s", &id, &step, &preload)
+	if id == "" || id != step || !strings.HasSuffix(preload, ":"+shim) && preload != shim {
+		t.Errorf("a step's task has MPIPAUSE_JOBID %q (want %q) and LD_PRELOAD %q (want the shim last): %s", id, step, preload, out)
+	}
+	if out, err := env("--mpipause=no"); err != nil || !strings.Contains(out, "id= ") || strings.Contains(out, shim) {
+		t.Errorf("srun --mpipause=no: the task still has mpipause's environment (%v): %s", err, out)
+	}
+	if out, err := env("--mpipause=maybe"); err == nil || !strings.Contains(out, "--mpipause=maybe: want yes or no") {
+		t.Errorf("srun --mpipause=maybe: want one error line saying what is wrong, got (%v): %s", err, out)
+	}
+	// plugstack.conf is read by every srun: a wrong argument is one line.
+	conf := filepath.Join(slurm.dir, "plugstack.conf")
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf("required %s shim=lib.so\n", plugin)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	defer os.WriteFile(conf, []byte(plugstack), 0o644)
+	if out, err := env(); err == nil || !strings.Contains(out, "mpipause: plugstack.conf argument shim=lib.so: want shim=/ABSOLUTE/PATH") {
+		t.Errorf("a wrong plugstack.conf argument: want srun to fail with one line saying what is wrong, got (%v): %s", err, out)
+	}
 }

@@ -46,6 +46,7 @@ func TestSlurmSuspendResume(t *testing.T) {
 	for _, lib := range []struct{ name, mpi string }{{"mpich", "pmi2"}, {"openmpi", "pmix"}} {
 		t.Run(lib.name, func(t *testing.T) { testSlurmSuspendResume(ctx, t, slurm, obs, check, lib.name, lib.mpi) })
 	}
+	t.Run("cancel", func(t *testing.T) { testSlurmCancel(ctx, t, slurm, obs) })
 }
 
 func testSlurmSuspendResume(ctx context.Context, t *testing.T, slurm *slurmCluster, obs, check loader.Observer, lib, mpi string) {
@@ -53,27 +54,9 @@ func testSlurmSuspendResume(ctx context.Context, t *testing.T, slurm *slurmClust
 	app := filepath.Join(bin, "apps", "xchg."+lib)
 	stop := t.TempDir()
 	args := []string{"-m", "a2a", "-s", "256K"}
-	sent0 := sentBytes(ctx, obs)
-	name := fmt.Sprintf("mpipause-e2e-%s-%d", lib, os.Getpid())
-	job := slurm.srun(ctx, t, append([]string{"--mpi=" + mpi, "-J", name, "-N", fmt.Sprint(jobNodes), "-n", fmt.Sprint(2 * jobNodes),
-		"--ntasks-per-node=2", "-O", app}, append(args, "-n", "1000000", "-E", stop)...)...)
-	var jobID string
-	waitForWhy(t, "squeue to show the job", time.Minute, job.done, func() (bool, string) {
-		out, _ := slurm.run(ctx, "squeue", "-h", "-n", name, "-o", "%i")
-		jobID = strings.TrimSpace(out)
-		return jobID != "", job.out.String()
-	})
-	step := jobID + ".0"
-	killJobOnCleanup(t, step)
-	cgs := nodeJobCgroups(t, step)
+	job, jobID, step, cgs := slurmJob(ctx, t, slurm, obs, lib, mpi, append(args, "-n", "1000000", "-E", stop)...)
 	// Whatever happens, the job must not stay frozen past the test.
 	defer cli(context.Background(), t, "node0", nil, "resume", step)
-	waitForWhy(t, "every rank of step "+step+" to register with mpid", time.Minute, job.done, func() (bool, string) {
-		j, r := jobJSON(ctx, t, "status", step)
-		return j.State == ctl.StateRunning && j.Ranks == 2*jobNodes && len(j.Nodes) == jobNodes && j.Unpausable == "",
-			fmt.Sprintf("%+v %s", j, r.stderr)
-	})
-	waitProgress(ctx, t, obs, job.done, sent0, 8<<20)
 
 	// scontrol suspend: the pause must commit inside Slurm's window.
 	slurm.must(ctx, t, "scontrol", "suspend", jobID)
@@ -142,6 +125,63 @@ func testSlurmSuspendResume(ctx context.Context, t *testing.T, slurm *slurmClust
 		t.Fatalf("the job printed %q after %s iterations; an unpaused run %q\n%s", got, m[1], w, job.out.String())
 	}
 	t.Logf("job %s (%s iterations) suspended and resumed by Slurm, paused and resumed by its Slurm id: output unchanged", step, m[1])
+}
+
+// slurmJob starts app with args as a 3 x 2 job of lib under srun (--mpi=mpi)
+// and returns once every rank has registered with mpid and the job has sent
+// 8 MiB: the srun process, the Slurm job id, the step's mpipause job id and
+// its job cgroups on the nodes.
+func slurmJob(ctx context.Context, t *testing.T, slurm *slurmCluster, obs loader.Observer, lib, mpi string, args ...string) (job *proc, jobID, step string, cgs []string) {
+	t.Helper()
+	app := filepath.Join(binDir(t), "apps", "xchg."+lib)
+	sent0 := sentBytes(ctx, obs)
+	name := fmt.Sprintf("mpipause-e2e-%s-%d", lib, os.Getpid())
+	job = slurm.srun(ctx, t, append([]string{"--mpi=" + mpi, "-J", name, "-N", fmt.Sprint(jobNodes), "-n", fmt.Sprint(2 * jobNodes),
+		"--ntasks-per-node=2", "-O", app}, args...)...)
+	waitForWhy(t, "squeue to show the job", time.Minute, job.done, func() (bool, string) {
+		out, _ := slurm.run(ctx, "squeue", "-h", "-n", name, "-o", "%i")
+		jobID = strings.TrimSpace(out)
+		return jobID != "", job.out.String()
+	})
+	step = jobID + ".0"
+	killJobOnCleanup(t, step)
+	cgs = nodeJobCgroups(t, step)
+	waitForWhy(t, "every rank of step "+step+" to register with mpid", time.Minute, job.done, func() (bool, string) {
+		j, r := jobJSON(ctx, t, "status", step)
+		return j.State == ctl.StateRunning && j.Ranks == 2*jobNodes && len(j.Nodes) == jobNodes && j.Unpausable == "",
+			fmt.Sprintf("%+v %s", j, r.stderr)
+	})
+	waitProgress(ctx, t, obs, job.done, sent0, 8<<20)
+	return job, jobID, step, cgs
+}
+
+// testSlurmCancel: scancel of a job that scontrol suspend paused ends it
+// (slurmstepd terminates a suspended step with SIGKILL at once, which kills
+// frozen processes too), and mpid forgets it.
+func testSlurmCancel(ctx context.Context, t *testing.T, slurm *slurmCluster, obs loader.Observer) {
+	job, jobID, step, cgs := slurmJob(ctx, t, slurm, obs, "mpich", "pmi2", "-m", "a2a", "-s", "256K", "-n", "1000000")
+	defer cli(context.Background(), t, "node0", nil, "resume", step)
+	slurm.must(ctx, t, "scontrol", "suspend", jobID)
+	waitForWhy(t, "scontrol suspend to pause the job", time.Minute, job.done, func() (bool, string) {
+		j, _ := jobJSON(ctx, t, "status", step)
+		return j.State == ctl.StatePaused, j.State
+	})
+	t0 := time.Now()
+	slurm.must(ctx, t, "scancel", jobID)
+	select {
+	case <-job.done:
+	case <-time.After(time.Minute):
+		t.Fatalf("srun did not end within a minute of scancel of the paused job\n%s", job.out.String())
+	}
+	t.Logf("scancel of the paused job %s: srun ended %v later", jobID, time.Since(t0).Round(time.Millisecond))
+	waitFor(t, "the job's cgroups to go", time.Minute, nil, func() bool {
+		for _, cg := range cgs {
+			if _, err := os.Stat(cg); err == nil {
+				return false
+			}
+		}
+		return true
+	})
 }
 
 // testSlurmPlugin: what the plugin gives a step (and what srun --mpipause=no

@@ -200,9 +200,10 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void say(const char *fmt, ...)
 {
-	char b[1024];
+	char b[1024], host[64] = "?";
 	va_list ap;
-	int n = snprintf(b, sizeof(b), "mpipause (slurm, %s): ", getenv("SLURMD_NODENAME") ?: "?");
+	gethostname(host, sizeof(host) - 1);
+	int n = snprintf(b, sizeof(b), "mpipause (slurm, %s): ", host);
 	va_start(ap, fmt);
 	n += vsnprintf(b + n, sizeof(b) - n - 1, fmt, ap);
 	va_end(ap);

@@ -18,12 +18,14 @@ help: ## list the targets
 deps: ## install the Debian packages that are missing (root)
 	@bash scripts/deps.sh
 
-build: ## build bin/mpipause, bin/mpid, bin/rig, bin/libmpipause.so, bin/libucxfinalize.so and the MPI test apps
+build: ## build bin/mpipause, bin/mpid, bin/rig, bin/libmpipause.so, bin/libucxfinalize.so, the MPI test apps and the Slurm plugin bin/mpipause_spank.so
 	@mkdir -p $(BIN)
 	$(GO) build -o $(BIN)/ ./cmd/mpipause ./cmd/mpid ./internal/rig/cmd/rig
 	$(MAKE) -s -C libmpi-shim OUT=$(BIN)
 	$(MAKE) -s -C kernel-tests/ucx-finalize OUT=$(BIN)
 	$(MAKE) -s -C kernel-tests/apps OUT=$(BIN)/apps
+	@if [ -f /usr/include/slurm/spank.h ]; then $(MAKE) -s -C slurm OUT=$(BIN); \
+		else echo "build: no /usr/include/slurm/spank.h (libslurm-dev): bin/mpipause_spank.so not built" >&2; fi
 
 generate: ## regenerate BPF objects and Go bindings from bpf/*.c (needs clang)
 	$(GO) generate ./loader/

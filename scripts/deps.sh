@@ -11,6 +11,7 @@ pkgs=(
 	openmpi-bin libopenmpi-dev   # Open MPI 4.1 (mpirun.openmpi, mpicc.openmpi)
 	mpich libmpich-dev           # MPICH 4.0 ch4:ucx (mpiexec.mpich, mpicc.mpich)
 	iproute2 util-linux procps   # ip netns, unshare/nsenter/setpriv, ps/pkill
+	slurmctld slurmd slurm-client libslurm-dev munge # Slurm 22.05 for the SPANK plugin (spank.h) and its e2e test
 	ca-certificates git
 )
 

@@ -62,7 +62,7 @@ reports after the ranks are frozen; or rolls the pause back and says why.
 		ctl.OpResume: `[--json] JOBID
 
 Resumes a paused job on every node.`,
-	}[op]
+	}[op] + "\n\n" + slurmIDHelp
 	fs := newFlags(e, op, synopsis+"\n\n"+exitCodeHelp)
 	fs.BoolVar(&f.json, "json", false, "print the result as one JSON object")
 	if op == ctl.OpPause {
@@ -87,11 +87,20 @@ Resumes a paused job on every node.`,
 		pr = &progressPrinter{w: e.stdout, tty: e.isTTY, op: op}
 		fmt.Fprintf(e.stdout, "%s job %s\n", map[string]string{ctl.OpPause: "pausing", ctl.OpResume: "resuming"}[op], id)
 	}
-	rep, err := ctl.Do(ctx, ctl.Addr(), ctl.Request{Op: op, Job: id, Timeout: f.timeout}, func(p ctl.Progress) {
-		if pr != nil {
-			pr.show(p)
-		}
-	})
+	do := func(id string) (*ctl.Reply, error) {
+		return ctl.Do(ctx, ctl.Addr(), ctl.Request{Op: op, Job: id, Timeout: f.timeout}, func(p ctl.Progress) {
+			if pr != nil {
+				pr.show(p)
+			}
+		})
+	}
+	rep, err := do(id)
+	if step, serr := slurmStep(ctx, id, err); step != "" {
+		id = step
+		rep, err = do(id)
+	} else {
+		err = serr
+	}
 	if pr != nil {
 		pr.finish()
 	}
@@ -146,7 +155,7 @@ func (s silent) Unwrap() error { return s.err }
 
 func statusCmd(ctx context.Context, e *env, args []string) error {
 	var asJSON bool
-	fs := newFlags(e, "status", "[--json] [JOBID]\n\nShows a job's state and its last pause or resume; without JOBID, every job on this node you may see.\n\n"+exitCodeHelp)
+	fs := newFlags(e, "status", "[--json] [JOBID]\n\nShows a job's state and its last pause or resume; without JOBID, every job on this node you may see.\n\n"+slurmIDHelp+"\n\n"+exitCodeHelp)
 	fs.BoolVar(&asJSON, "json", false, "print the result as JSON")
 	operands, err := parseMixed(fs, args)
 	if err != nil {
@@ -165,6 +174,14 @@ func statusCmd(ctx context.Context, e *env, args []string) error {
 		}
 	}
 	rep, err := ctl.Do(ctx, ctl.Addr(), req, nil)
+	if req.Job != "" {
+		if step, serr := slurmStep(ctx, req.Job, err); step != "" {
+			req.Job = step
+			rep, err = ctl.Do(ctx, ctl.Addr(), req, nil)
+		} else {
+			err = serr
+		}
+	}
 	if req.Job == "" && err == nil && !asJSON {
 		if len(rep.Jobs) == 0 {
 			fmt.Fprintln(e.stdout, "no jobs on this node")

@@ -1,0 +1,220 @@
+package kerneltests
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/loader"
+)
+
+// TestSlurmSuspendResume is mpipause under a real Slurm: slurmctld on node0
+// and a slurmd on every rig node, the SPANK plugin (slurm/) enabled by one
+// line of plugstack.conf, and a 3 x 2 job of each library launched by srun
+// (MPICH with --mpi=pmi2, Open MPI with --mpi=pmix) with nothing of
+// mpipause on its command line. The plugin names the step's job JOBID.0 and
+// gives its ranks the shim (subtest plugin: the environment, --mpipause=no,
+// bad arguments). `scontrol suspend` (SIGTSTP to every process of the step,
+// then 2 s later SIGSTOP) must pause the job consistently before the
+// SIGSTOP: the pause commits after slurmstepd's first SIGTSTP and before
+// its first SIGSTOP (their log lines), and the test's own kernel readers
+// (BPF and sock_diag) find every job connection on every node empty and
+// every node's job cgroup frozen, also once the SIGSTOP has come. `scontrol
+// resume` (SIGCONT) resumes it: the plugin's watcher asks mpid. `mpipause
+// pause JOBID` and `resume JOBID` with the bare Slurm job id pause and
+// resume it too. The job then ends with the output of an unpaused run of as
+// many iterations. Last, scancel of a suspended job ends it (subtest
+// cancel).
+func TestSlurmSuspendResume(t *testing.T) {
+	bin := binDir(t)
+	plugin := filepath.Join(bin, "mpipause_spank.so")
+	if _, err := os.Stat(plugin); err != nil {
+		t.Fatalf("%v (make build builds it where spank.h is installed: make deps installs libslurm-dev)", err)
+	}
+	sharedRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	obs, check := rigReaders(ctx, t)
+	shim := filepath.Join(bin, "libmpipause.so")
+	plugstack := fmt.Sprintf("required %s shim=%s\n", plugin, shim)
+	slurm := startSlurm(ctx, t, plugstack)
+	t.Run("plugin", func(t *testing.T) { testSlurmPlugin(ctx, t, slurm, plugin, shim, plugstack) })
+	for _, lib := range []struct{ name, mpi string }{{"mpich", "pmi2"}, {"openmpi", "pmix"}} {
+		t.Run(lib.name, func(t *testing.T) { testSlurmSuspendResume(ctx, t, slurm, obs, check, lib.name, lib.mpi) })
+	}
+	t.Run("cancel", func(t *testing.T) { testSlurmCancel(ctx, t, slurm, obs) })
+}
+
+func testSlurmSuspendResume(ctx context.Context, t *testing.T, slurm *slurmCluster, obs, check loader.Observer, lib, mpi string) {
+	bin := binDir(t)
+	app := filepath.Join(bin, "apps", "xchg."+lib)
+	stop := t.TempDir()
+	args := []string{"-m", "a2a", "-s", "256K"}
+	job, jobID, step, cgs := slurmJob(ctx, t, slurm, obs, lib, mpi, append(args, "-n", "1000000", "-E", stop)...)
+	// Whatever happens, the job must not stay frozen past the test.
+	defer cli(context.Background(), t, "node0", nil, "resume", step)
+
+	// scontrol suspend: the pause must commit inside Slurm's window.
+	slurm.must(ctx, t, "scontrol", "suspend", jobID)
+	var j ctl.Job
+	waitForWhy(t, "scontrol suspend to pause the job", time.Minute, job.done, func() (bool, string) {
+		j, _ = jobJSON(ctx, t, "status", step)
+		return j.State == ctl.StatePaused, j.State
+	})
+	checkPaused(ctx, t, "scontrol suspend", j, cgs, obs, check)
+	var tstp, stop2 []time.Time
+	waitFor(t, "every slurmstepd to log its SIGSTOP", time.Minute, job.done, func() bool {
+		tstp = slurm.stepLogTimes(t, step, "_handle_suspend")
+		stop2 = slurm.stepLogTimes(t, step, "Suspended StepId="+step)
+		return len(stop2) >= jobNodes && len(tstp) >= jobNodes
+	})
+	// The first SIGTSTP starts the pause (its ranks ask mpid); the first
+	// SIGSTOP ends the window.
+	tstp0, stop0 := slices.MinFunc(tstp, time.Time.Compare), slices.MinFunc(stop2, time.Time.Compare)
+	if !j.Since.After(tstp0) || !j.Since.Before(stop0) {
+		t.Fatalf("the pause committed at %s, outside Slurm's window: SIGTSTP at %v, SIGSTOP at %v",
+			j.Since.Format(time.StampMilli), tstp, stop2)
+	}
+	t.Logf("scontrol suspend: the pause committed %.0f ms after the first slurmstepd's SIGTSTP, %.0f ms before the first SIGSTOP (pause %.1f ms, %d connections empty)",
+		float64(j.Since.Sub(tstp0).Microseconds())/1000, float64(stop0.Sub(j.Since).Microseconds())/1000, j.TotalMs, j.Connections)
+	// Slurm's SIGSTOP reached the frozen ranks: still paused, still empty.
+	j, _ = jobJSON(ctx, t, "status", step)
+	checkPaused(ctx, t, "after Slurm's SIGSTOP", j, cgs, obs, check)
+	if out := slurm.must(ctx, t, "squeue", "-h", "-j", jobID, "-o", "%T"); strings.TrimSpace(out) != "SUSPENDED" {
+		t.Fatalf("squeue says the job is %q, not SUSPENDED", strings.TrimSpace(out))
+	}
+
+	// scontrol resume: the watchers see the SIGCONT and resume the job.
+	before := sentBytes(ctx, obs)
+	slurm.must(ctx, t, "scontrol", "resume", jobID)
+	waitForWhy(t, "scontrol resume to resume the job", time.Minute, job.done, func() (bool, string) {
+		j, _ = jobJSON(ctx, t, "status", step)
+		return j.State == ctl.StateRunning, j.State
+	})
+	waitProgress(ctx, t, obs, job.done, before, 4<<20)
+
+	// The bare Slurm job id names the step's job.
+	j, r := jobJSON(ctx, t, "pause", jobID)
+	if r.code != 0 || j.ID != step {
+		t.Fatalf("mpipause pause %s: exit %d, job %q: %s", jobID, r.code, j.ID, r.stderr)
+	}
+	checkPaused(ctx, t, "mpipause pause "+jobID, j, cgs, obs, check)
+	if j, r := jobJSON(ctx, t, "resume", jobID); r.code != 0 || j.State != ctl.StateRunning {
+		t.Fatalf("mpipause resume %s: exit %d, state %q: %s", jobID, r.code, j.State, r.stderr)
+	}
+
+	// The job ends with an unpaused run's output.
+	if err := os.WriteFile(filepath.Join(stop, "stop"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-job.done:
+	case <-ctx.Done():
+		t.Fatalf("the job did not stop: %v\n%s", ctx.Err(), job.out.String())
+	}
+	m := itersRE.FindStringSubmatch(job.out.String())
+	if job.err != nil || m == nil {
+		t.Fatalf("srun: %v\n%s", job.err, job.out.String())
+	}
+	want := serial(t, app, 2*jobNodes, append(args, "-n", m[1])...)
+	if got, w := checksum(job.out.String()), checksum(want); got == "" || got != w {
+		t.Fatalf("the job printed %q after %s iterations; an unpaused run %q\n%s", got, m[1], w, job.out.String())
+	}
+	t.Logf("job %s (%s iterations) suspended and resumed by Slurm, paused and resumed by its Slurm id: output unchanged", step, m[1])
+}
+
+// slurmJob starts app with args as a 3 x 2 job of lib under srun (--mpi=mpi)
+// and returns once every rank has registered with mpid and the job has sent
+// 8 MiB: the srun process, the Slurm job id, the step's mpipause job id and
+// its job cgroups on the nodes.
+func slurmJob(ctx context.Context, t *testing.T, slurm *slurmCluster, obs loader.Observer, lib, mpi string, args ...string) (job *proc, jobID, step string, cgs []string) {
+	t.Helper()
+	app := filepath.Join(binDir(t), "apps", "xchg."+lib)
+	sent0 := sentBytes(ctx, obs)
+	name := fmt.Sprintf("mpipause-e2e-%s-%d", lib, os.Getpid())
+	job = slurm.srun(ctx, t, append([]string{"--mpi=" + mpi, "-J", name, "-N", fmt.Sprint(jobNodes), "-n", fmt.Sprint(2 * jobNodes),
+		"--ntasks-per-node=2", "-O", app}, args...)...)
+	waitForWhy(t, "squeue to show the job", time.Minute, job.done, func() (bool, string) {
+		out, _ := slurm.run(ctx, "squeue", "-h", "-n", name, "-o", "%i")
+		jobID = strings.TrimSpace(out)
+		return jobID != "", job.out.String()
+	})
+	step = jobID + ".0"
+	killJobOnCleanup(t, step)
+	cgs = nodeJobCgroups(t, step)
+	waitForWhy(t, "every rank of step "+step+" to register with mpid", time.Minute, job.done, func() (bool, string) {
+		j, r := jobJSON(ctx, t, "status", step)
+		return j.State == ctl.StateRunning && j.Ranks == 2*jobNodes && len(j.Nodes) == jobNodes && j.Unpausable == "",
+			fmt.Sprintf("%+v %s", j, r.stderr)
+	})
+	waitProgress(ctx, t, obs, job.done, sent0, 8<<20)
+	return job, jobID, step, cgs
+}
+
+// testSlurmCancel: scancel of a job that scontrol suspend paused ends it
+// (slurmstepd terminates a suspended step with SIGKILL at once, which kills
+// frozen processes too), and mpid forgets it.
+func testSlurmCancel(ctx context.Context, t *testing.T, slurm *slurmCluster, obs loader.Observer) {
+	job, jobID, step, cgs := slurmJob(ctx, t, slurm, obs, "mpich", "pmi2", "-m", "a2a", "-s", "256K", "-n", "1000000")
+	defer cli(context.Background(), t, "node0", nil, "resume", step)
+	slurm.must(ctx, t, "scontrol", "suspend", jobID)
+	waitForWhy(t, "scontrol suspend to pause the job", time.Minute, job.done, func() (bool, string) {
+		j, _ := jobJSON(ctx, t, "status", step)
+		return j.State == ctl.StatePaused, j.State
+	})
+	t0 := time.Now()
+	slurm.must(ctx, t, "scancel", jobID)
+	select {
+	case <-job.done:
+	case <-time.After(time.Minute):
+		t.Fatalf("srun did not end within a minute of scancel of the paused job\n%s", job.out.String())
+	}
+	t.Logf("scancel of the paused job %s: srun ended %v later", jobID, time.Since(t0).Round(time.Millisecond))
+	waitFor(t, "the job's cgroups to go", time.Minute, nil, func() bool {
+		for _, cg := range cgs {
+			if _, err := os.Stat(cg); err == nil {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+// testSlurmPlugin: what the plugin gives a step (and what srun --mpipause=no
+// and a wrong plugstack.conf argument do), read from a task's environment.
+func testSlurmPlugin(ctx context.Context, t *testing.T, slurm *slurmCluster, plugin, shim, plugstack string) {
+	env := func(args ...string) (string, error) {
+		return slurm.run(ctx, append(append([]string{"srun", "-N1", "-n1"}, args...),
+			"sh", "-c", `echo "id=$MPIPAUSE_JOBID step=$SLURM_JOB_ID.$SLURM_STEP_ID preload=$LD_PRELOAD"`)...)
+	}
+	out, err := env()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var id, step, preload string
+	fmt.Sscanf(strings.ReplaceAll(strings.TrimSpace(out), "=", " "), "id %s step %s preload %s", &id, &step, &preload)
+	if id == "" || id != step || !strings.HasSuffix(preload, ":"+shim) && preload != shim {
+		t.Errorf("a step's task has MPIPAUSE_JOBID %q (want %q) and LD_PRELOAD %q (want the shim last): %s", id, step, preload, out)
+	}
+	if out, err := env("--mpipause=no"); err != nil || !strings.Contains(out, "id= ") || strings.Contains(out, shim) {
+		t.Errorf("srun --mpipause=no: the task still has mpipause's environment (%v): %s", err, out)
+	}
+	if out, err := env("--mpipause=maybe"); err == nil || !strings.Contains(out, "--mpipause=maybe: want yes or no") {
+		t.Errorf("srun --mpipause=maybe: want one error line saying what is wrong, got (%v): %s", err, out)
+	}
+	// plugstack.conf is read by every srun: a wrong argument is one line.
+	conf := filepath.Join(slurm.dir, "plugstack.conf")
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf("required %s shim=lib.so\n", plugin)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	defer os.WriteFile(conf, []byte(plugstack), 0o644)
+	if out, err := env(); err == nil || !strings.Contains(out, "mpipause: plugstack.conf argument shim=lib.so: want shim=/ABSOLUTE/PATH") {
+		t.Errorf("a wrong plugstack.conf argument: want srun to fail with one line saying what is wrong, got (%v): %s", err, out)
+	}
+}

@@ -1,0 +1,394 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// mpipause_spank: a SPANK plugin that makes every Slurm job step pausable by
+// mpipause, and makes `scontrol suspend` / `scontrol resume` pause and resume
+// it consistently.
+//
+// Enabled by one line in plugstack.conf:
+//
+//	optional /usr/lib/mpipause/mpipause_spank.so [shim=PATH] [ctl=ADDR] [default=on|off]
+//
+// For every step (not the batch script, the extern or the interactive step)
+// it puts the shim (libmpipause.so) into the tasks' LD_PRELOAD and sets
+// MPIPAUSE_JOBID=<SLURM_JOB_ID>.<SLURM_STEP_ID>, as `mpipause run` does with
+// the launcher's options: each rank then joins its job's cgroup on its node
+// before it opens a socket, registers with the node's mpid, and turns a
+// SIGTSTP into a pause of the whole job.
+//
+// Why a watcher. slurmstepd suspends a step with SIGTSTP to every process of
+// the step, then 2 s later (22.05: a fixed sleep(2); PreemptParameters=
+// suspend_grace_time=N in later releases) SIGSTOP; `scontrol resume` sends
+// SIGCONT. The ranks' SIGTSTP pauses the job, which mpid commits by freezing
+// the ranks' cgroups well inside those 2 s. But a frozen rank runs no
+// handler, so no rank can see the SIGCONT and ask for the resume. So local
+// task 0 of the step on each node forks a small watcher before it execs the
+// program: it is part of the step (a child of a task, in its process group,
+// in the step's cgroup), so it gets Slurm's signals, but it is no rank (no
+// shim, not moved into the job's cgroup, never frozen by mpid). After a
+// SIGTSTP it waits; Slurm's SIGSTOP stops it like everything else; the
+// SIGCONT of `scontrol resume` wakes it and it asks the node's mpid to
+// resume the job (the control socket's JSON request, as `mpipause resume`
+// sends it). Every node's watcher asks; the first one resumes the job and
+// mpid refuses the others as not paused.
+//
+// srun --mpipause=no leaves a step alone (--mpipause=yes asks for it where
+// plugstack.conf says default=off).
+
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <slurm/slurm.h>
+#include <slurm/spank.h>
+
+SPANK_PLUGIN(mpipause, 1);
+
+#define DEFAULT_SHIM "/usr/lib/mpipause/libmpipause.so"
+#define DEFAULT_CTL "@mpipause-ctl"
+// The longest job id: two 10-digit numbers and a dot.
+#define IDLEN 32
+
+static char shim[4096] = DEFAULT_SHIM;
+static char ctl_addr[108] = DEFAULT_CTL;
+static int enabled = 1; // plugstack.conf default=, then srun --mpipause=
+// A wrong plugstack.conf argument fails init; an "optional" plugin's other
+// hooks may still be called, and must then do nothing.
+static int broken;
+
+static int opt_cb(int val, const char *arg, int remote);
+
+struct spank_option spank_options[] = {
+	{"mpipause", "yes|no",
+	 "Make this step pausable by mpipause (shim in LD_PRELOAD, job id JOBID.STEPID), and scontrol suspend/resume "
+	 "pause and resume it consistently (default: yes, unless plugstack.conf says default=off).",
+	 1, 0, opt_cb},
+	SPANK_OPTIONS_TABLE_END,
+};
+
+static int yesno(const char *s)
+{
+	if (!s)
+		return -1;
+	if (!strcmp(s, "yes") || !strcmp(s, "on") || !strcmp(s, "1"))
+		return 1;
+	if (!strcmp(s, "no") || !strcmp(s, "off") || !strcmp(s, "0"))
+		return 0;
+	return -1;
+}
+
+static int opt_cb(int val, const char *arg, int remote)
+{
+	(void)val;
+	(void)remote;
+	int v = yesno(arg);
+	if (v < 0) {
+		slurm_error("mpipause: --mpipause=%s: want yes or no", arg ? arg : "");
+		return -1;
+	}
+	enabled = v;
+	return 0;
+}
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+	(void)sp;
+	for (int i = 0; i < ac; i++) {
+		const char *a = av[i];
+		if (!strncmp(a, "shim=", 5) && a[5] == '/' && strlen(a + 5) < sizeof(shim)) {
+			snprintf(shim, sizeof(shim), "%s", a + 5);
+		} else if (!strncmp(a, "ctl=", 4) && a[4] && strlen(a + 4) < sizeof(ctl_addr)) {
+			snprintf(ctl_addr, sizeof(ctl_addr), "%s", a + 4);
+		} else if (!strncmp(a, "default=", 8) && yesno(a + 8) >= 0) {
+			enabled = yesno(a + 8);
+		} else {
+			slurm_error("mpipause: plugstack.conf argument %s: want shim=/ABSOLUTE/PATH, ctl=ADDR or "
+				    "default=on|off",
+				    a);
+			broken = 1;
+			return -1;
+		}
+	}
+	return 0;
+}
+
+// step_id gives the step's mpipause job id, "JOBID.STEPID"; -1 for the steps
+// that run no MPI program of the user's (batch script, extern, interactive).
+static int step_id(spank_t sp, char *id, size_t n)
+{
+	uint32_t job, step;
+	if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS)
+		return -1;
+	if (step == SLURM_BATCH_SCRIPT || step == SLURM_EXTERN_CONT || step == SLURM_INTERACTIVE_STEP)
+		return -1;
+	snprintf(id, n, "%u.%u", job, step);
+	return 0;
+}
+
+// wanted: the step asked for it (or did not say no), and is one to pause.
+static int wanted(spank_t sp, char *id, size_t n)
+{
+	char *arg = NULL;
+	if (broken)
+		return 0;
+	if (spank_option_getopt(sp, &spank_options[0], &arg) == ESPANK_SUCCESS && opt_cb(0, arg, 1) < 0)
+		return 0;
+	return enabled && step_id(sp, id, n) == 0;
+}
+
+// preload_with appends the shim to a colon- or space-separated list, once.
+static int preload_with(const char *have, char *out, size_t n)
+{
+	size_t sl = strlen(shim);
+	for (const char *p = have; p && *p;) {
+		size_t l = strcspn(p, ": ");
+		if (l == sl && !strncmp(p, shim, l))
+			return snprintf(out, n, "%s", have) < (int)n ? 0 : -1;
+		p += l;
+		p += strspn(p, ": ");
+	}
+	int r = have && *have ? snprintf(out, n, "%s:%s", have, shim) : snprintf(out, n, "%s", shim);
+	return r > 0 && (size_t)r < n ? 0 : -1;
+}
+
+int slurm_spank_user_init(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	char id[IDLEN], have[8192] = "", pre[8192 + 4096 + 2];
+
+	if (!spank_remote(sp) || !wanted(sp, id, sizeof(id)))
+		return 0;
+	if (access(shim, R_OK) != 0) {
+		slurm_error("mpipause: no shim at %s (%s): step %s runs without it and cannot be paused cleanly; "
+			    "install mpipause or set shim= in plugstack.conf",
+			    shim, strerror(errno), id);
+		return 0;
+	}
+	if (spank_getenv(sp, "LD_PRELOAD", have, sizeof(have)) != ESPANK_SUCCESS)
+		have[0] = 0;
+	if (preload_with(have, pre, sizeof(pre)) < 0) {
+		slurm_error("mpipause: LD_PRELOAD of step %s is too long to add the shim to", id);
+		return 0;
+	}
+	if (spank_setenv(sp, "LD_PRELOAD", pre, 1) != ESPANK_SUCCESS ||
+	    spank_setenv(sp, "MPIPAUSE_JOBID", id, 1) != ESPANK_SUCCESS) {
+		slurm_error("mpipause: cannot set the environment of step %s", id);
+		return 0;
+	}
+	if (strcmp(ctl_addr, DEFAULT_CTL))
+		spank_setenv(sp, "MPIPAUSE_CTL_SOCKET", ctl_addr, 1);
+	slurm_verbose("mpipause: step %s: shim %s, job id %s", id, shim, id);
+	return 0;
+}
+
+// say writes one line to the task's stderr (which srun shows), prefixed.
+static void say(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void say(const char *fmt, ...)
+{
+	char b[1024], host[64] = "?";
+	va_list ap;
+	gethostname(host, sizeof(host) - 1);
+	int n = snprintf(b, sizeof(b), "mpipause (slurm, %s): ", host);
+	va_start(ap, fmt);
+	n += vsnprintf(b + n, sizeof(b) - n - 1, fmt, ap);
+	va_end(ap);
+	if (n > (int)sizeof(b) - 2)
+		n = sizeof(b) - 2;
+	b[n++] = '\n';
+	if (write(2, b, n) < 0) {
+	}
+}
+
+// ctl_do sends one control request for job id to mpid and returns its final
+// line in out (with its newline cut): 0, or -1 with why in out.
+static int ctl_do(const char *op, const char *id, char *out, size_t n)
+{
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	size_t l = strlen(ctl_addr);
+	socklen_t al;
+	char req[128];
+	int fd, rlen;
+
+	if (ctl_addr[0] == '@') {
+		memcpy(a.sun_path + 1, ctl_addr + 1, l - 1);
+		al = offsetof(struct sockaddr_un, sun_path) + l;
+	} else {
+		memcpy(a.sun_path, ctl_addr, l);
+		al = offsetof(struct sockaddr_un, sun_path) + l + 1;
+	}
+	rlen = snprintf(req, sizeof(req), "{\"version\":1,\"op\":\"%s\",\"job\":\"%s\"}\n", op, id);
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || connect(fd, (struct sockaddr *)&a, al) < 0) {
+		snprintf(out, n, "no mpid at %s: %s", ctl_addr, strerror(errno));
+		if (fd >= 0)
+			close(fd);
+		return -1;
+	}
+	struct timeval tv = {.tv_sec = 60};
+	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
+	if (write(fd, req, rlen) != rlen) {
+		snprintf(out, n, "mpid at %s: %s", ctl_addr, strerror(errno));
+		close(fd);
+		return -1;
+	}
+	// Progress lines come first; the final one is the last line before
+	// mpid closes. Keep the current line's head, enough to tell them apart.
+	char line[2048];
+	size_t have = 0;
+	int final = 0;
+	out[0] = 0;
+	for (;;) {
+		char c;
+		ssize_t r = read(fd, &c, 1);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0)
+			break;
+		if (c != '\n') {
+			if (have < sizeof(line) - 1)
+				line[have++] = c;
+			continue;
+		}
+		line[have] = 0;
+		if (strncmp(line, "{\"progress\"", 11)) {
+			snprintf(out, n, "%s", line);
+			final = 1;
+		}
+		have = 0;
+	}
+	close(fd);
+	if (!final) {
+		snprintf(out, n, "mpid at %s closed the connection without an answer", ctl_addr);
+		return -1;
+	}
+	return 0;
+}
+
+// resume asks mpid to resume job id. A pause still under way (a resume at
+// once after a suspend, on a slow machine) is waited for.
+static void resume(const char *id)
+{
+	char rep[2048];
+	struct timespec t0, now;
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (;;) {
+		if (ctl_do("resume", id, rep, sizeof(rep)) < 0) {
+			say("Slurm resumed step %s, but the job could not be resumed: %s", id, rep);
+			return;
+		}
+		if (!strstr(rep, "\"error\"")) {
+			return;
+		}
+		// Refused: maybe another node's watcher resumed it first (it
+		// runs), or a pause or resume is under way (wait for it).
+		char st[2048];
+		if (ctl_do("status", id, st, sizeof(st)) < 0 || strstr(st, "\"error\"") ||
+		    strstr(st, "\"state\":\"running\"") || strstr(st, "\"state\":\"failed\""))
+			return;
+		if (strstr(st, "\"state\":\"paused\"") && !strstr(rep, "\"code\":\"state\"")) {
+			say("Slurm resumed step %s, but mpid refused to resume the job: %s", id, rep);
+			return;
+		}
+		clock_gettime(CLOCK_MONOTONIC, &now);
+		if (now.tv_sec - t0.tv_sec > 60) {
+			say("Slurm resumed step %s, but the job did not resume within 60 s: %s", id, rep);
+			return;
+		}
+		poll(NULL, 0, 100);
+	}
+}
+
+// watch is the watcher's life: see the comment at the top.
+static void watch(const char *id, pid_t task)
+{
+	sigset_t set;
+	int suspended = 0;
+
+	prctl(PR_SET_NAME, "mpipause-watch");
+	// Gone with the task: the kernel's signal at its death, and a check of
+	// the parent for the case the task died before prctl.
+	prctl(PR_SET_PDEATHSIG, SIGTERM);
+	if (getppid() != task)
+		_exit(0);
+	// Hold nothing of the task's: the PMI channel, the step's sockets and
+	// its stdout must close when the task does, whatever the watcher does.
+	int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+	if (null >= 0) {
+		dup2(null, 0);
+		dup2(null, 1);
+	}
+	if (syscall(SYS_close_range, 3, ~0U, 0) < 0)
+		for (int fd = 3; fd < 1024; fd++)
+			close(fd);
+
+	sigemptyset(&set);
+	sigaddset(&set, SIGTSTP);
+	sigaddset(&set, SIGCONT);
+	sigaddset(&set, SIGTERM);
+	sigaddset(&set, SIGINT);
+	sigaddset(&set, SIGHUP);
+	sigprocmask(SIG_SETMASK, &set, NULL);
+	for (;;) {
+		struct timespec tick = {.tv_nsec = 250 * 1000 * 1000};
+		int s = sigtimedwait(&set, NULL, &tick);
+		if (s < 0) {
+			if (getppid() != task)
+				_exit(0);
+			continue;
+		}
+		switch (s) {
+		case SIGTSTP:
+			// The ranks got it too: their shims ask mpid to pause.
+			suspended = 1;
+			break;
+		case SIGCONT:
+			if (suspended)
+				resume(id);
+			suspended = 0;
+			break;
+		default:
+			_exit(0);
+		}
+	}
+}
+
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	char id[IDLEN];
+	int task;
+
+	if (!wanted(sp, id, sizeof(id)) || access(shim, R_OK) != 0)
+		return 0;
+	if (spank_get_item(sp, S_TASK_ID, &task) != ESPANK_SUCCESS || task != 0)
+		return 0;
+	pid_t me = getpid();
+	pid_t w = fork();
+	if (w < 0) {
+		slurm_error("mpipause: step %s: no watcher (fork: %s): scontrol resume will not resume the job; "
+			    "mpipause resume %s will",
+			    id, strerror(errno), id);
+		return 0;
+	}
+	if (w == 0) {
+		watch(id, me);
+		_exit(0);
+	}
+	return 0;
+}

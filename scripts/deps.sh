@@ -12,6 +12,7 @@ pkgs=(
 	mpich libmpich-dev           # MPICH 4.0 ch4:ucx (mpiexec.mpich, mpicc.mpich)
 	iproute2 util-linux procps   # ip netns, unshare/nsenter/setpriv, ps/pkill
 	ca-certificates git
+	vagrant vagrant-libvirt shellcheck jq # make check-vagrant; jq: scripts/cluster-e2e.sh
 )
 
 missing=()

@@ -15,8 +15,10 @@
 #   mpi      Open MPI and MPICH use TCP on the private network only
 #   ssh      the MPI user reaches every node by ssh without a password
 #   mpid     systemctl enable --now mpid, and wait until it is active
-# MPIPAUSE_PROVISION_ROOT=DIR puts every file the hosts, key, mpi and ssh
-# steps write under DIR instead of / (to try them outside a VM).
+# To try the hosts, key, mpi and ssh steps outside a VM:
+# MPIPAUSE_PROVISION_ROOT=DIR puts every file they write under DIR instead of
+# /, MPIPAUSE_PROVISION_SRC is the tree instead of /vagrant, and
+# MPIPAUSE_MPI_USER the MPI user instead of vagrant.
 set -euo pipefail
 
 usage() {
@@ -35,9 +37,9 @@ k=$1 n=$2 net=$3
 [[ $net =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || { echo "provision: NET is the first three octets (192.168.56), got '$net'" >&2 && exit 2; }
 
 root=${MPIPAUSE_PROVISION_ROOT:-}
-src=/vagrant                          # the synced repository
-secrets=$src/vagrant/.secrets         # made on the host by the Vagrantfile's trigger
-mpi_user=${MPIPAUSE_MPI_USER:-vagrant} # who runs MPI jobs (the user of `vagrant ssh`)
+src=${MPIPAUSE_PROVISION_SRC:-/vagrant} # the synced repository
+secrets=$src/vagrant/.secrets           # made on the host by the Vagrantfile's trigger
+mpi_user=${MPIPAUSE_MPI_USER:-vagrant}  # who runs MPI jobs (the user of `vagrant ssh`)
 node=node$k
 begin="# mpipause-vagrant begin (vagrant/provision.sh)"
 end="# mpipause-vagrant end"

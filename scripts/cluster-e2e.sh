@@ -117,7 +117,10 @@ ranks=$((nodes * per_node))
 job_cgroup() { echo "${cg_parent//\{\}/$1}/$2"; }
 
 # observe NODE ID: the kernel's view of the job's connections on NODE (JSON).
-observe() { onroot "$1" mpipause observe --cgroup "$(job_cgroup "$1" "$2")" --json; }
+# By the absolute path found by the preflight: sudo's secure_path may not
+# have the directory of mpipause.
+declare -A mpipause_at
+observe() { onroot "$1" "${mpipause_at[$1]}" observe --cgroup "$(job_cgroup "$1" "$2")" --json; }
 # sent NODE ID: bytes the job's connections on NODE have sent and received
 # (BPF counters); on failure, what went wrong (and status 1).
 sent() {
@@ -147,10 +150,11 @@ until_ok() {
 # Preflight: every node answers, has an mpid, and the cgroup v2 mount.
 cgroot=
 for n in "${node_list[@]}"; do
-	if ! out=$(on "$n" mpipause list 2>&1); then
-		fail "$n: mpipause list (an mpid on the node): $out"
+	if ! out=$(on "$n" sh -c 'command -v mpipause && mpipause list >/dev/null' 2>&1); then
+		fail "$n: mpipause list (mpipause and an mpid on the node): $out"
 		continue
 	fi
+	mpipause_at[$n]=$(echo "$out" | head -1)
 	# shellcheck disable=SC2016 # awk's $ fields, expanded on the node
 	root=$(on "$n" awk '$(NF-2) == "cgroup2" && $4 == "/" { print $5; exit }' /proc/self/mountinfo)
 	if [ -z "$root" ]; then
@@ -226,7 +230,7 @@ run_lib() {
 			return
 		fi
 	done
-	pass "$lib: the job's cgroup on every node: $cgroot/$(job_cgroup "{node}" "$id")"
+	pass "$lib: the job's cgroup on every node: $cgroot/$(job_cgroup nodeK "$id")"
 	local base
 	exchanging() { base=$(sent node0 "$id") && [ "$base" -gt 0 ]; }
 	if ! until_ok exchanging; then

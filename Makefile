@@ -83,7 +83,7 @@ check-vagrant: ## vagrant validate of vagrant/Vagrantfile (offline, leaves nothi
 		nonet=$$([ "$$(id -u)" -ne 0 ] || echo unshare --net) && \
 		env VAGRANT_DOTFILE_PATH=$$d/dot VAGRANT_HOME=$$d/home VAGRANT_CHECKPOINT_DISABLE=1 \
 			VAGRANT_DEFAULT_PROVIDER=libvirt $$nonet vagrant validate
-	shellcheck scripts/cluster-e2e.sh vagrant/provision.sh vagrant/provision-kernel.sh vagrant/node-exec vagrant/e2e.sh
+	shellcheck scripts/cluster-e2e.sh vagrant/provision.sh vagrant/provision-kernel.sh vagrant/node-exec vagrant/e2e.sh vagrant/rig-ssh-check.sh
 
 # The cluster e2e script (what vagrant/e2e.sh runs on the VMs) on a 3-node
 # netns rig of its own (not test-multinode's).

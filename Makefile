@@ -89,7 +89,7 @@ check-vagrant: ## vagrant validate of vagrant/Vagrantfile (offline, leaves nothi
 # netns rig of its own (not test-multinode's).
 CLUSTER_RIG ?= kvag
 test-cluster-script: build ## the cluster e2e script of vagrant/ (docs/vagrant.md) on a 3-node netns rig: Open MPI and MPICH jobs paused, checked on every node
-	@export MPIPAUSE_RIG=$(CLUSTER_RIG); kernel-tests/rig up 3 >/dev/null || exit 1; \
+	@export MPIPAUSE_RIG=$(CLUSTER_RIG); kernel-tests/rig up 3 >/dev/null || { kernel-tests/rig down >/dev/null; exit 1; }; \
 		bash scripts/cluster-e2e.sh --cgroup-parent 'mpipause-rig/$(CLUSTER_RIG)/{}' -- kernel-tests/rig exec {} --; rc=$$?; \
 		kernel-tests/rig down >/dev/null || rc=1; exit $$rc
 

@@ -73,17 +73,9 @@ test-faults: build ## the fault table: each fault injected FAULT_TRIALS (5) time
 	$(PRIV) MPIPAUSE_BIN=$(BIN) MPIPAUSE_FAULT_TRIALS=$(FAULT_TRIALS) $(GO) test -count=1 -timeout 60m -v -run '^TestFaultTable$$' ./kernel-tests/ 2>&1 \
 		| tee /tmp/mpipause-faults.log | grep -E '^(--- |PASS|FAIL|ok|panic)|faults ?[:|]' | sed 's/^ *faulttable_test.go:[0-9]*: //'; exit $${PIPESTATUS[0]}
 
-# vagrant validate reads vagrant/Vagrantfile with the libvirt provider (the
-# default; vagrant-libvirt must be installed) and fails on any error. Its
-# state goes to a temporary directory, not vagrant/.vagrant, and as root it
-# runs in a network namespace of its own, so that it surely reaches no
-# network (it downloads no box).
-check-vagrant: ## vagrant validate of vagrant/Vagrantfile (offline, leaves nothing) and shellcheck of the cluster scripts
-	@d=$$(mktemp -d) && trap 'rm -rf "$$d"' EXIT && cd vagrant && \
-		nonet=$$([ "$$(id -u)" -ne 0 ] || echo unshare --net) && \
-		env VAGRANT_DOTFILE_PATH=$$d/dot VAGRANT_HOME=$$d/home VAGRANT_CHECKPOINT_DISABLE=1 \
-			VAGRANT_DEFAULT_PROVIDER=libvirt $$nonet vagrant validate
-	shellcheck scripts/cluster-e2e.sh vagrant/provision.sh vagrant/provision-kernel.sh vagrant/node-exec vagrant/e2e.sh vagrant/rig-ssh-check.sh
+check-vagrant: ## vagrant validate of vagrant/Vagrantfile, libvirt and virtualbox (offline, leaves nothing), and shellcheck of the cluster scripts
+	@bash vagrant/validate.sh
+	shellcheck scripts/cluster-e2e.sh vagrant/provision.sh vagrant/provision-kernel.sh vagrant/node-exec vagrant/e2e.sh vagrant/rig-ssh-check.sh vagrant/validate.sh
 
 # The cluster e2e script (what vagrant/e2e.sh runs on the VMs) on a 3-node
 # netns rig of its own (not test-multinode's).

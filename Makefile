@@ -10,7 +10,7 @@ PRIV := MPIPAUSE_REQUIRE_PRIV=1
 GENERATED := loader/*_bpfel.go loader/*_bpfel.o
 
 .DEFAULT_GOAL := help
-.PHONY: help deps build generate check-generate check-format test test-unit test-fuzz test-priv test-multinode test-faults bench demo clean
+.PHONY: help deps build generate check-generate check-format check-vagrant test-cluster-script test test-unit test-fuzz test-priv test-multinode test-faults bench demo clean
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -38,7 +38,7 @@ check-format: ## fail if a Go file is not gofmt-formatted or go vet reports a pr
 		[ -z "$$f" ] || { echo "not gofmt-formatted: $$f (run: gofmt -w $$f)" >&2; exit 1; }
 	$(GO) vet ./...
 
-test: deps build check-generate check-format test-unit test-fuzz test-priv test-multinode ## install what is missing and run every test tier
+test: deps build check-generate check-format check-vagrant test-unit test-fuzz test-priv test-multinode test-cluster-script ## install what is missing and run every test tier
 	@echo "make test: all tiers passed"
 
 test-unit: ## tier 1: unit tests with every capability dropped (must pass unprivileged), and the shim's C tests
@@ -74,6 +74,18 @@ FAULT_TRIALS ?= 5
 test-faults: build ## the fault table: each fault injected FAULT_TRIALS (5) times in each pause phase on the rig, outcomes counted (also in test-multinode, 3 times)
 	$(PRIV) MPIPAUSE_BIN=$(BIN) MPIPAUSE_FAULT_TRIALS=$(FAULT_TRIALS) $(GO) test -count=1 -timeout 60m -v -run '^TestFaultTable$$' ./kernel-tests/ 2>&1 \
 		| tee /tmp/mpipause-faults.log | grep -E '^(--- |PASS|FAIL|ok|panic)|faults ?[:|]' | sed 's/^ *faulttable_test.go:[0-9]*: //'; exit $${PIPESTATUS[0]}
+
+check-vagrant: ## vagrant validate of vagrant/Vagrantfile, libvirt and virtualbox (offline, leaves nothing), and shellcheck of the cluster scripts
+	@bash vagrant/validate.sh
+	shellcheck scripts/cluster-e2e.sh vagrant/provision.sh vagrant/provision-kernel.sh vagrant/node-exec vagrant/e2e.sh vagrant/rig-ssh-check.sh vagrant/validate.sh
+
+# The cluster e2e script (what vagrant/e2e.sh runs on the VMs) on a 3-node
+# netns rig of its own (not test-multinode's).
+CLUSTER_RIG ?= kvag
+test-cluster-script: build ## the cluster e2e script of vagrant/ (docs/vagrant.md) on a 3-node netns rig: Open MPI and MPICH jobs paused, checked on every node
+	@export MPIPAUSE_RIG=$(CLUSTER_RIG); kernel-tests/rig up 3 >/dev/null || { kernel-tests/rig down >/dev/null; exit 1; }; \
+		bash scripts/cluster-e2e.sh --cgroup-parent 'mpipause-rig/$(CLUSTER_RIG)/{}' -- kernel-tests/rig exec {} --; rc=$$?; \
+		kernel-tests/rig down >/dev/null || rc=1; exit $$rc
 
 BENCH_DIR ?= bench-results
 BENCH_ENV = $(PRIV) MPIPAUSE_BIN=$(BIN) MPIPAUSE_BENCH_DIR=$(abspath $(BENCH_DIR))

@@ -13,6 +13,7 @@ pkgs=(
 	iproute2 util-linux procps   # ip netns, unshare/nsenter/setpriv, ps/pkill
 	slurmctld slurmd slurm-client libslurm-dev munge # Slurm 22.05 for the SPANK plugin (spank.h) and its e2e test
 	ca-certificates git
+	vagrant vagrant-libvirt shellcheck jq # make check-vagrant; jq: scripts/cluster-e2e.sh
 )
 
 missing=()

@@ -1,0 +1,22 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Vagrant provisioning, step 1 of 3 (as root, in each VM): a kernel mpid can
+# use. mpipause needs Linux 6.3 or later with BTF; Debian 12 ships 6.1, so
+# the VM gets Debian's own newer kernel from bookworm-backports. The next
+# provisioner reboots into it; provision.sh then checks what runs.
+set -euo pipefail
+
+export DEBIAN_FRONTEND=noninteractive
+release=$(uname -r)
+major=${release%%.*} rest=${release#*.}
+minor=${rest%%.*}
+if [ "$major" -gt 6 ] || { [ "$major" -eq 6 ] && [ "$minor" -ge 3 ]; }; then
+	echo "provision-kernel: running $release (6.3 or later): nothing to do"
+	exit 0
+fi
+codename=$(awk -F= '$1 == "VERSION_CODENAME" { print $2 }' /etc/os-release)
+echo "deb http://deb.debian.org/debian ${codename}-backports main" >/etc/apt/sources.list.d/backports.list
+apt-get update -q >/dev/null
+apt-get install -y -q -t "${codename}-backports" linux-image-amd64 >/dev/null
+newest=$(printf '%s\n' /boot/vmlinuz-* | sort -V | tail -1)
+echo "provision-kernel: installed $newest from ${codename}-backports (running $release); the next step reboots into it"

@@ -268,7 +268,7 @@ func (r *Rig) startDaemon(st *State, i int, env []string) (d Daemon, exited chan
 	if err := os.Remove(d.Ready); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return d, nil, fmt.Errorf("mpid on %s: %w", d.Node, err)
 	}
-	argv := append([]string{exe}, r.MPIDArgs(i, st.Nodes)...)
+	argv := append(append(append([]string{}, r.cfg.MPIDWrap...), exe), r.MPIDArgs(i, st.Nodes)...)
 	x, err := r.nodeCommand(st, i, argv, r.buildNodeEnv(env, i, st, false), "/")
 	if err != nil {
 		return d, nil, err

@@ -15,8 +15,12 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
+	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/internal/testutil"
+	"github.com/mpipause/mpipause/loader"
 )
 
 // unitFile is mpid's systemd unit: the tests below take its capability set
@@ -277,8 +281,8 @@ func lastRunLog(t testing.TB, i int) string {
 // READY=1 (Type=notify) on $NOTIFY_SOCKET, a real Open MPI job launched
 // with `mpipause run` is paused (COMMIT, every connection found empty and
 // every node frozen by the test's own kernel readers) and resumed, and it
-// ends with the output of an unpaused run; SCHED_RR worked; on SIGTERM each
-// mpid says STOPPING=1.
+// ends with the output of an unpaused run; so does a job of another user
+// (otherUserJob); SCHED_RR worked; on SIGTERM each mpid says STOPPING=1.
 func TestMPIDMinimalCaps(t *testing.T) {
 	bin := binDir(t)
 	sharedRig(t)
@@ -333,6 +337,7 @@ func TestMPIDMinimalCaps(t *testing.T) {
 		t.Fatalf("resume: exit %d, state %q: %s", r.code, j.State, r.stderr)
 	}
 	job.finish(ctx, t, "the job paused by mpids with the unit's capabilities", serial(t, app, 6, args...))
+	otherUserJob(ctx, t, bin, obs, check)
 	for i := range pids {
 		// Without CAP_SYS_NICE, mpid would say so here and run on without
 		// real-time scheduling.
@@ -345,6 +350,93 @@ func TestMPIDMinimalCaps(t *testing.T) {
 	ns.expectNotify(t, pids, "STOPPING=1")
 	t.Logf("mpids with only %s (CapEff %016x, no_new_privs): READY=1 and STOPPING=1 received; %d connections empty at COMMIT; output unchanged",
 		strings.Join(caps, " "), want, j.Connections)
+}
+
+// otherUserJob runs a job of uid 65534 on node0 under the mpids of the
+// unit's capabilities: they move its ranks (another user's processes) into
+// the job's cgroup, put their shim control threads under SCHED_RR, and
+// pause it (held after its first iteration, every connection up) and
+// resume it; it ends with the output of an unpaused run.
+func otherUserJob(ctx context.Context, t *testing.T, bin string, readers ...loader.Observer) {
+	t.Helper()
+	// What the user runs must be theirs to read: the checkout may be
+	// private. mpipause finds the shim next to itself.
+	dir, err := os.MkdirTemp("", "mpipause-kt-caps-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	for _, f := range []string{"mpipause", "libmpipause.so", "apps/xchg.mpich"} {
+		b, err := os.ReadFile(filepath.Join(bin, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hold := filepath.Join(dir, "hold")
+	if err := os.Mkdir(hold, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{dir, hold} {
+		if err := os.Chmod(d, 0o777); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := fmt.Sprintf("caps-uid-%d", os.Getpid())
+	app := filepath.Join(dir, "xchg.mpich")
+	args := []string{"-m", "a2a", "-n", "40", "-s", "256K"}
+	argv := []string{filepath.Join(bin, "rig"), "exec", "node0", "--",
+		"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
+		filepath.Join(dir, "mpipause"), "run", "--jobid", id, "--", "mpiexec.mpich", "-launcher", "fork", "-n", "2", app}
+	job := start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig}, append(argv, append(args, "-w", hold)...)...)
+	killJobOnCleanup(t, id)
+	defer cli(context.Background(), t, "node0", nil, "resume", id)
+	atHold(t, hold, 2, job)
+	cg := nodeJobCgroups(t, id)[0]
+	procs, err := cgroupv2.Procs(cg)
+	if err != nil || len(procs) != 2 {
+		t.Fatalf("uid 65534's job: %v in its cgroup %s (%v), want its 2 ranks\n%s", procs, cg, err, job.out.String())
+	}
+	for _, pid := range procs {
+		if uid := strings.Fields(procStatus(t, pid)["Uid"]); len(uid) == 0 || uid[0] != "65534" {
+			t.Fatalf("rank %d in %s runs as uid %v, want 65534", pid, cg, uid)
+		}
+		waitFor(t, fmt.Sprintf("rank %d's shim thread under SCHED_RR", pid), time.Minute, job.done, func() bool {
+			tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+			for _, e := range tasks {
+				tid, _ := strconv.Atoi(e.Name())
+				comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/comm", pid, tid))
+				if a, err := unix.SchedGetAttr(tid, 0); err == nil && strings.TrimSpace(string(comm)) == "mpipause-ctl" && a.Policy == unix.SCHED_RR {
+					return true
+				}
+			}
+			return false
+		})
+	}
+	j, r := jobJSON(ctx, t, "pause", id)
+	if r.code != 0 || j.State != ctl.StatePaused || j.InflightBytes != 0 || j.Connections == 0 {
+		t.Fatalf("pause of uid 65534's job: exit %d, state %q, %d bytes in flight, %d connections: %s", r.code, j.State, j.InflightBytes, j.Connections, r.stderr)
+	}
+	if f, err := cgroupv2.Frozen(cg); err != nil || !f {
+		t.Fatalf("uid 65534's job committed, but %s is not frozen (%v)", cg, err)
+	}
+	for _, o := range readers {
+		conns, err := o.Snapshot(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !allEmpty(conns) {
+			t.Fatalf("uid 65534's job committed, but %s finds bytes queued: %v", o.Kind(), nonEmpty(conns))
+		}
+	}
+	if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
+		t.Fatalf("resume of uid 65534's job: exit %d, state %q: %s", r.code, j.State, r.stderr)
+	}
+	release(t, hold)
+	job.finish(ctx, t, "uid 65534's job", serial(t, app, 2, args...))
+	t.Logf("uid 65534's MPICH job: its ranks moved into %s, their shim threads under SCHED_RR, paused (%d connections empty, frozen) and resumed; output unchanged", cg, j.Connections)
 }
 
 // TestMPIDEachCapNeeded takes each capability of the unit away in turn and
@@ -408,7 +500,7 @@ func TestMPIDEachCapNeeded(t *testing.T) {
 				// with the reduced set and with the unit's.
 				rank := rankPid(t, id)
 				probe := func(set []string) (string, error) {
-					r := runInNode(ctx, t, "node0", nil, append(capWrap(t, set), "readlink", fmt.Sprintf("/proc/%d/ns/net", rank))...)
+					r := runInNode(ctx, t, "node0", nil, append(capWrap(t, set), "readlink", "-v", fmt.Sprintf("/proc/%d/ns/net", rank))...)
 					if r.code != 0 {
 						return r.stderr, fmt.Errorf("exit %d", r.code)
 					}

@@ -11,6 +11,7 @@ pkgs=(
 	openmpi-bin libopenmpi-dev   # Open MPI 4.1 (mpirun.openmpi, mpicc.openmpi)
 	mpich libmpich-dev           # MPICH 4.0 ch4:ucx (mpiexec.mpich, mpicc.mpich)
 	iproute2 util-linux procps   # ip netns, unshare/nsenter/setpriv, ps/pkill
+	systemd                      # systemd-analyze verify of dist/systemd/mpid.service (offline)
 	ca-certificates git
 )
 

@@ -30,7 +30,9 @@ func (cfg *config) ready() error {
 	status := fmt.Sprintf("STATUS=serving node %s: peers on %s, ranks on %s, mpipause on %s",
 		node, cmp.Or(cfg.PeerListen, ":"+strconv.Itoa(port)), cfg.RankSocket, cfg.CtlSocket)
 	if _, err := sdnotify.Notify("READY=1", status, "MAINPID="+strconv.Itoa(os.Getpid())); err != nil {
-		return err
+		// A manager that wanted READY=1 gives up on mpid on its own
+		// (TimeoutStartSec=); a stray $NOTIFY_SOCKET must not stop it.
+		cfg.Log.Warn("could not tell the service manager that mpid is ready", "error", err)
 	}
 	if cfg.readyFile == "" {
 		return nil

@@ -339,10 +339,13 @@ func TestMPIDMinimalCaps(t *testing.T) {
 	job.finish(ctx, t, "the job paused by mpids with the unit's capabilities", serial(t, app, 6, args...))
 	otherUserJob(ctx, t, bin, obs, check)
 	for i := range pids {
-		// Without CAP_SYS_NICE, mpid would say so here and run on without
-		// real-time scheduling.
-		if l := lastRunLog(t, i); strings.Contains(l, "level=WARN") || strings.Contains(l, "level=ERROR") {
-			t.Errorf("node%d's mpid warned with the unit's capabilities:\n%s", i, l)
+		// A kernel refusal mpid lives with (SCHED_RR refused: it runs on
+		// with --nice alone) shows only in its log.
+		l := lastRunLog(t, i)
+		for _, bad := range []string{"no real-time scheduling", "permission denied", "operation not permitted", "level=ERROR"} {
+			if strings.Contains(l, bad) {
+				t.Errorf("node%d's mpid logged %q with the unit's capabilities:\n%s", i, bad, l)
+			}
 		}
 	}
 

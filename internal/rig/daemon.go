@@ -101,6 +101,9 @@ func (r *Rig) MPIDArgs(i, n int) []string {
 		"--cgroup-parent", r.CgroupDir(i),
 		"--ready-file", r.readyFile(i),
 		"--cluster-key", r.KeyFile(),
+		// Not the machine's own settings (/etc/mpipause/mpid.conf, if
+		// mpipause is installed here): the rig's mpids are the rig's.
+		"--config", os.DevNull,
 	}
 }
 

@@ -261,10 +261,15 @@ func (n *notifySocket) expectNotify(t testing.TB, pids []int, want ...string) ma
 	return got
 }
 
+// mpidLog is the log file of node i's mpid: its stdout and stderr.
+func mpidLog(i int) string {
+	return filepath.Join("/run/mpipause/rig", jobRig, fmt.Sprintf("mpid-node%d.log", i))
+}
+
 // lastRunLog is what node i's mpid logged since `rig up` last started it.
 func lastRunLog(t testing.TB, i int) string {
 	t.Helper()
-	b, err := os.ReadFile(filepath.Join("/run/mpipause/rig", jobRig, fmt.Sprintf("mpid-node%d.log", i)))
+	b, err := os.ReadFile(mpidLog(i))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -282,7 +287,8 @@ func lastRunLog(t testing.TB, i int) string {
 // with `mpipause run` is paused (COMMIT, every connection found empty and
 // every node frozen by the test's own kernel readers) and resumed, and it
 // ends with the output of an unpaused run; so does a job of another user
-// (otherUserJob); SCHED_RR worked; on SIGTERM each mpid says STOPPING=1.
+// (otherUserJob); SCHED_RR worked; node0's mpid, told its stderr is the
+// journal's, logs journald-style; on SIGTERM each mpid says STOPPING=1.
 func TestMPIDMinimalCaps(t *testing.T) {
 	bin := binDir(t)
 	sharedRig(t)
@@ -292,7 +298,15 @@ func TestMPIDMinimalCaps(t *testing.T) {
 	want := capMask(t, caps)
 	restoreRigOnCleanup(t)
 	ns := listenNotify(t)
-	pids, err := restartRigMPIDs(t, "MPIPAUSE_RIG_MPID_WRAP="+strings.Join(capWrap(t, caps), " "), "NOTIFY_SOCKET="+ns.path)
+	// node0's stderr (its log file, which up appends to) passes for the
+	// journal's stream, as systemd would say it in $JOURNAL_STREAM; the
+	// other nodes' logs do not match it.
+	var st syscall.Stat_t
+	if err := syscall.Stat(mpidLog(0), &st); err != nil {
+		t.Fatal(err)
+	}
+	journal := fmt.Sprintf("JOURNAL_STREAM=%d:%d", st.Dev, st.Ino)
+	pids, err := restartRigMPIDs(t, "MPIPAUSE_RIG_MPID_WRAP="+strings.Join(capWrap(t, caps), " "), "NOTIFY_SOCKET="+ns.path, journal)
 	if err != nil {
 		t.Fatalf("mpid with only %v: %v", caps, err)
 	}
@@ -342,6 +356,16 @@ func TestMPIDMinimalCaps(t *testing.T) {
 		// A kernel refusal mpid lives with (SCHED_RR refused: it runs on
 		// with --nice alone) shows only in its log.
 		l := lastRunLog(t, i)
+		// On the journal, each line starts with its priority and has no
+		// time (journald adds it); elsewhere, the time comes first.
+		lines := strings.Split(strings.TrimSpace(l), "\n")[1:] // after up's mark
+		serving := "level=INFO msg=serving node=node" + strconv.Itoa(i)
+		if i == 0 && (len(lines) == 0 || !strings.HasPrefix(lines[0], "<6>"+serving) || strings.Contains(l, "time=")) {
+			t.Errorf("node0's mpid, its stderr the journal's stream: want lines like \"<6>%s ...\" without time=, got:\n%s", serving, l)
+		}
+		if i != 0 && (len(lines) == 0 || !strings.HasPrefix(lines[0], "time=") || !strings.Contains(lines[0], serving) || strings.Contains(l, "<6>")) {
+			t.Errorf("node%d's mpid, its stderr not the journal's: want lines like \"time=... %s ...\", got:\n%s", i, serving, l)
+		}
 		for _, bad := range []string{"no real-time scheduling", "permission denied", "operation not permitted", "level=ERROR"} {
 			if strings.Contains(l, bad) {
 				t.Errorf("node%d's mpid logged %q with the unit's capabilities:\n%s", i, bad, l)
@@ -351,7 +375,7 @@ func TestMPIDMinimalCaps(t *testing.T) {
 
 	stopRigMPIDs(t)
 	ns.expectNotify(t, pids, "STOPPING=1")
-	t.Logf("mpids with only %s (CapEff %016x, no_new_privs): READY=1 and STOPPING=1 received; %d connections empty at COMMIT; output unchanged",
+	t.Logf("mpids with only %s (CapEff %016x, no_new_privs): READY=1 and STOPPING=1 received; node0 logged journald-style; %d connections empty at COMMIT; output unchanged",
 		strings.Join(caps, " "), want, j.Connections)
 }
 

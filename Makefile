@@ -70,6 +70,10 @@ test-priv: ## tier 2: privileged kernel tests (BPF, sock_diag, cgroups, netns); 
 test-multinode: build ## tier 3: real Open MPI and MPICH jobs on the netns rig
 	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -count=1 -timeout 25m -v ./kernel-tests/... 2>&1 | tee /tmp/mpipause-multinode.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:'; exit $${PIPESTATUS[0]}
 
+.PHONY: check-unit
+check-unit: build ## systemd-analyze verify dist/systemd/mpid.service offline (no running systemd needed); also in test-multinode
+	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -count=1 -v -run '^TestMPIDUnitVerifies$$' ./kernel-tests/ | grep -E '^(--- |ok|FAIL)|_test.go:'; exit $${PIPESTATUS[0]}
+
 FAULT_TRIALS ?= 5
 test-faults: build ## the fault table: each fault injected FAULT_TRIALS (5) times in each pause phase on the rig, outcomes counted (also in test-multinode, 3 times)
 	$(PRIV) MPIPAUSE_BIN=$(BIN) MPIPAUSE_FAULT_TRIALS=$(FAULT_TRIALS) $(GO) test -count=1 -timeout 60m -v -run '^TestFaultTable$$' ./kernel-tests/ 2>&1 \

@@ -23,6 +23,7 @@ import (
 )
 
 type config struct {
+	service // --config, --log-format: config.go, log.go
 	mpid.Config
 	readyFile string
 	keyFile   string
@@ -42,7 +43,7 @@ func main() {
 		}
 		return
 	}
-	cfg, err := parseFlags(os.Args[1:], os.Stdout)
+	cfg, err := parseArgs(os.Args[1:], os.Stdout)
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
 	}
@@ -57,21 +58,17 @@ func main() {
 		fmt.Fprintf(os.Stderr, "mpid: %v\n", err)
 		os.Exit(2)
 	}
-	cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
+	cfg.Log = slog.New(newLogHandler(os.Stderr, cfg.logFormat, journalStream(os.Stderr)))
 	// Packages that log through the default logger (internal/node) write
 	// the same key=value lines as the daemon, not the log package's format.
 	slog.SetDefault(cfg.Log)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	context.AfterFunc(ctx, stopping)
 	cfg.Failpoints = os.Getenv(mpid.FailpointsEnv)
 	d, err := mpid.New(cfg.Config)
 	if err == nil {
-		err = d.Run(ctx, func() error {
-			if cfg.readyFile == "" {
-				return nil
-			}
-			return writeReady(cfg.readyFile)
-		})
+		err = d.Run(ctx, cfg.ready)
 	}
 	if cfg.readyFile != "" {
 		os.Remove(cfg.readyFile)
@@ -95,6 +92,13 @@ once with 'mpid keygen' (default file ` + DefaultKeyFile + `) and copy it to
 every node, mode 0600; every frame between mpids is then authenticated, and a
 peer without the key is refused.
 
+Every option can also be set in the settings file (--config, default
+` + DefaultConfigFile + `, read if it exists): one "name = value" per
+line; the command line wins over it. 'mpid --print-config' prints such a file
+with every option at its default. Under systemd (mpid.service, Type=notify)
+mpid reports READY=1 once it serves and STOPPING=1 when it stops, and
+its log lines carry their syslog priority for the journal.
+
 environment:
   ` + mpid.FailpointsEnv + `  for mpipause's fault tests only: a directory of points where
                        mpid holds inside a pause step (see internal/mpid/node.go)
@@ -106,6 +110,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	var cfg config
 	fs := flag.NewFlagSet("mpid", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
+	cfg.service.addFlags(fs)
 	fs.StringVar(&cfg.Node, "node", "", "this node's `name`, as peers resolve it and ranks report it (default: the hostname)")
 	fs.IntVar(&cfg.PeerPort, "peer-port", mpid.DefaultPeerPort, "TCP `port` of the pause protocol, here and on every peer")
 	fs.StringVar(&cfg.PeerListen, "peer-listen", "", "TCP `address` to serve the pause protocol on (default: all addresses, --peer-port)")
@@ -134,6 +139,9 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	}
 	if fs.NArg() > 0 {
 		return cfg, fmt.Errorf("unexpected argument %q; see mpid --help", fs.Arg(0))
+	}
+	if err := cfg.service.apply(fs, out); err != nil {
+		return cfg, err
 	}
 	if cfg.PeerPort <= 0 || cfg.PeerPort > 65535 {
 		return cfg, fmt.Errorf("--peer-port %d: want 1-65535", cfg.PeerPort)

@@ -101,6 +101,9 @@ func (r *Rig) MPIDArgs(i, n int) []string {
 		"--cgroup-parent", r.CgroupDir(i),
 		"--ready-file", r.readyFile(i),
 		"--cluster-key", r.KeyFile(),
+		// Not the machine's own settings (/etc/mpipause/mpid.conf, if
+		// mpipause is installed here): the rig's mpids are the rig's.
+		"--config", os.DevNull,
 	}
 }
 
@@ -268,7 +271,7 @@ func (r *Rig) startDaemon(st *State, i int, env []string) (d Daemon, exited chan
 	if err := os.Remove(d.Ready); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return d, nil, fmt.Errorf("mpid on %s: %w", d.Node, err)
 	}
-	argv := append([]string{exe}, r.MPIDArgs(i, st.Nodes)...)
+	argv := append(append(append([]string{}, r.cfg.MPIDWrap...), exe), r.MPIDArgs(i, st.Nodes)...)
 	x, err := r.nodeCommand(st, i, argv, r.buildNodeEnv(env, i, st, false), "/")
 	if err != nil {
 		return d, nil, err

@@ -131,7 +131,7 @@ func TestDaemonsLifecycle(t *testing.T) {
 			t.Errorf("%s: ready file: %v", node, err)
 		}
 		base := strings.TrimSuffix(r.readyFile(i), ".ready")
-		wantArgs := fmt.Sprintf("--node %s --cgroup-parent mpipause-rig/%s/%s --ready-file %s --cluster-key %s", node, r.Name(), node, r.readyFile(i), r.KeyFile())
+		wantArgs := fmt.Sprintf("--node %s --cgroup-parent mpipause-rig/%s/%s --ready-file %s --cluster-key %s --config /dev/null", node, r.Name(), node, r.readyFile(i), r.KeyFile())
 		if got := readTrim(t, base+".args"); got != wantArgs {
 			t.Errorf("%s: args %q, want %q", node, got, wantArgs)
 		}

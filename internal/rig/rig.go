@@ -66,6 +66,11 @@ type Config struct {
 	BinDir string
 	// NoMPID: `up` starts no mpid (and does not need one in BinDir).
 	NoMPID bool
+	// MPIDWrap, if set, is a command line that `up` puts before each
+	// mpid's and that execs it in place (`setpriv --bounding-set=... --`,
+	// to start mpid with what its systemd unit leaves it): the process,
+	// its pid and its ready file stay mpid's.
+	MPIDWrap []string
 }
 
 // Rig is one named rig on this machine.

@@ -43,6 +43,9 @@ func main() {
 
 var errUsage = errors.New("usage")
 
+// MPIDWrapEnv names the command up puts before each mpid's (rig.Config.MPIDWrap).
+const MPIDWrapEnv = "MPIPAUSE_RIG_MPID_WRAP"
+
 const usage = `usage: rig [--name NAME] COMMAND
   up [--no-mpid] N        bring up nodes node0..node{N-1} and start bin/mpid in
                           each, waiting until all are ready (idempotent; restarts
@@ -52,6 +55,9 @@ const usage = `usage: rig [--name NAME] COMMAND
   down                    stop the mpids and remove everything the rig made (idempotent)
   ssh [opts] HOST CMD...  launcher agent: ssh's arguments, runs CMD in HOST
 The rig is "default" unless --name or $MPIPAUSE_RIG names another.
+$MPIPAUSE_RIG_MPID_WRAP, if set, is a command (words split at spaces) that up puts
+before each mpid's, and that must exec mpid in place: setpriv --bounding-set=...
+-- starts mpid with the capabilities of its systemd unit.
 mpid logs: /run/mpipause/rig/NAME/mpid-nodeK.log (removed by down).
 `
 
@@ -108,7 +114,7 @@ func run(ctx context.Context, args []string, e env, stdout, stderr io.Writer) er
 	return cmd(ctx, r, fs.Args()[1:], e, stdout)
 }
 
-func runUp(ctx context.Context, r *rig.Rig, args []string, _ env, stdout io.Writer) error {
+func runUp(ctx context.Context, r *rig.Rig, args []string, e env, stdout io.Writer) error {
 	// The flag may come before or after N.
 	var pos []string
 	noMPID := false
@@ -133,6 +139,13 @@ func runUp(ctx context.Context, r *rig.Rig, args []string, _ env, stdout io.Writ
 	if noMPID {
 		cfg := r.Config()
 		cfg.NoMPID = true
+		if r, err = rig.New(cfg); err != nil {
+			return err
+		}
+	}
+	if w := strings.Fields(e.get(MPIDWrapEnv)); len(w) > 0 {
+		cfg := r.Config()
+		cfg.MPIDWrap = w
 		if r, err = rig.New(cfg); err != nil {
 			return err
 		}

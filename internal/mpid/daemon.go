@@ -410,7 +410,9 @@ func (d *Daemon) missingLocked(j *job) string {
 	}
 	var pids []int
 	for pid := range j.missing {
-		if syscall.Kill(pid, 0) != nil {
+		// Only ESRCH means gone: under the unit mpid has no CAP_KILL, and
+		// kill(pid, 0) on another user's live rank fails with EPERM.
+		if errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
 			delete(j.missing, pid)
 			continue
 		}

@@ -39,9 +39,9 @@ const (
 	Resumed = "resumed"
 )
 
-// PauseOutcomes and ResumeOutcomes are every value of the outcome label,
-// each exported from the start (at 0) so that a rate over a counter that has
-// never moved is 0, not absent.
+// PauseOutcomes and ResumeOutcomes are every value of the outcome label.
+// Every series of every label set is exported from the start (at 0), so
+// that a rate over one that has never moved is 0, not absent.
 var (
 	PauseOutcomes  = []string{Committed, RolledBack, Failed, Refused}
 	ResumeOutcomes = []string{Resumed, Failed, Refused}
@@ -152,6 +152,16 @@ func New() *Metrics {
 	}
 	for _, s := range Steps {
 		m.stepErrors.WithLabelValues(s)
+		m.stepDuration.WithLabelValues(s)
+	}
+	for _, p := range Phases {
+		m.phaseDuration.WithLabelValues(p)
+	}
+	for _, o := range []string{Committed, RolledBack, Failed} {
+		m.pauseDuration.WithLabelValues(o)
+	}
+	for _, o := range []string{Resumed, Failed} {
+		m.resumeDuration.WithLabelValues(o)
 	}
 	m.reg.MustRegister(m.pauses, m.resumes, m.pauseDuration, m.resumeDuration, m.phaseDuration, m.drained,
 		m.stepDuration, m.stepErrors, m.leaseExpiries, m.violations, m.snapshot,

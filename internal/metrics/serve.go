@@ -46,7 +46,7 @@ func Listen(addr string) (net.Listener, error) {
 	}
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("metrics %s: %w", addr, err)
+		return nil, fmt.Errorf("metrics %s: %w (another program on that port? give --metrics-listen another)", addr, err)
 	}
 	return ln, nil
 }

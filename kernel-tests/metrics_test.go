@@ -245,6 +245,68 @@ func TestMetricsScrape(t *testing.T) {
 	waitProgress(ctx, t, obs, job.done, sentBytes(ctx, obs), 4<<20)
 }
 
+// TestMetricsRolledBack: a pause that cannot drain (a busy rank, the
+// shims' receive-side drain off) rolls back after its --timeout, and the
+// coordinator counts it as rolled_back, with its DRAIN and ABORT, and no
+// bytes drained; every node thawed and reopened (its thaw and open steps),
+// and its gates are open again.
+func TestMetricsRolledBack(t *testing.T) {
+	sharedRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	id := fmt.Sprintf("metrics-rb-%d", os.Getpid())
+	job := startUndrainedJob(ctx, t, mpiLibs[0], id)
+	defer cli(context.Background(), t, "node0", nil, "resume", id)
+	nodes := []int{0, 2} // the coordinator, and the busy rank's node
+	before := map[int]metrics.Samples{}
+	for _, k := range nodes {
+		before[k] = scrapeNode(t, k)
+	}
+	j, r := jobJSON(ctx, t, "pause", id, "--timeout", "1s")
+	if r.code != 1 || j.State != ctl.StateRunning {
+		t.Fatalf("pause of a job with an undrained busy rank: exit %d, state %q; want exit 1, rolled back\n%s%s", r.code, j.State, r.stdout, r.stderr)
+	}
+	after := map[int]metrics.Samples{}
+	for _, k := range nodes {
+		after[k] = scrapeNode(t, k)
+	}
+	b, a := before[0], after[0]
+	for o, want := range map[string]float64{metrics.RolledBack: 1, metrics.Committed: 0, metrics.Failed: 0, metrics.Refused: 0} {
+		if d := moved(b, a, metrics.Series("mpipause_pauses_total", "outcome", o)); d != want {
+			t.Errorf("node0: pauses_total{%s} moved by %v, want %v", o, d, want)
+		}
+	}
+	if d := moved(b, a, metrics.Series("mpipause_pause_duration_seconds_count", "outcome", metrics.RolledBack)); d != 1 {
+		t.Errorf("node0: pause_duration_seconds_count{rolled_back} moved by %v, want 1", d)
+	}
+	if d := moved(b, a, metrics.Series("mpipause_pause_duration_seconds_sum", "outcome", metrics.RolledBack)); d*1000 < j.TotalMs-0.01 || d*1000 > j.TotalMs+0.01 {
+		t.Errorf("node0: pause_duration_seconds_sum{rolled_back} moved by %.6f s; mpipause reports total_ms %.3f", d, j.TotalMs)
+	}
+	for ph, want := range map[string]float64{"prepare": 1, "drain": 1, "abort": 1, "freeze": 0, "verify": 0, "commit": 0} {
+		if d := moved(b, a, metrics.Series("mpipause_pause_phase_duration_seconds_count", "phase", ph)); d != want {
+			t.Errorf("node0: pause_phase_duration_seconds_count{phase=%q} moved by %v, want %v", ph, d, want)
+		}
+	}
+	if d := moved(b, a, metrics.Series("mpipause_pause_drained_bytes_count")); d != 0 {
+		t.Errorf("node0: pause_drained_bytes_count moved by %v for a pause that did not commit", d)
+	}
+	for _, k := range nodes {
+		for _, st := range []string{"prepare", "thaw", "open"} {
+			if d := moved(before[k], after[k], metrics.Series("mpipause_node_step_duration_seconds_count", "step", st)); d < 1 {
+				t.Errorf("node%d: node_step_duration_seconds_count{step=%q} moved by %v, want at least 1", k, st, d)
+			}
+		}
+		if d := moved(before[k], after[k], metrics.Series("mpipause_node_step_duration_seconds_count", "step", "freeze")); d != 0 {
+			t.Errorf("node%d: a freeze step counted for a pause that never froze (moved by %v)", k, d)
+		}
+		waitForWhy(t, fmt.Sprintf("node%d's gates to open", k), time.Minute, job.done, func() (bool, string) {
+			v := scrapeNode(t, k)["mpipause_closed_gates"]
+			return v == 0, fmt.Sprintf("closed_gates %v", v)
+		})
+	}
+	job.end(ctx, t, "the job after a rolled-back pause")
+}
+
 // listening returns the TCP ports that listen in pid's network namespace,
 // with their local addresses (/proc/PID/net/tcp{,6}, state 0A).
 func listening(t testing.TB, pid int) []string {

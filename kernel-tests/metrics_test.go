@@ -176,13 +176,17 @@ func TestMetricsScrape(t *testing.T) {
 	}
 	for _, k := range nodes {
 		b, p := before[k], paused[k]
-		for _, st := range []string{"prepare", "freeze", "verify", "commit"} {
+		for _, st := range []string{"prepare", "commit"} {
 			if d := moved(b, p, metrics.Series("mpipause_node_step_duration_seconds_count", "step", st)); d != 1 {
 				t.Errorf("node%d: node_step_duration_seconds_count{step=%q} moved by %v, want 1", k, st, d)
 			}
 		}
-		if d := moved(b, p, metrics.Series("mpipause_node_step_duration_seconds_count", "step", "drain")); d < 1 {
-			t.Errorf("node%d: no drain step counted (moved by %v)", k, d)
+		// A VERIFY that finds bytes makes the pause drain, freeze and
+		// verify again (rarely): at least once each.
+		for _, st := range []string{"drain", "freeze", "verify"} {
+			if d := moved(b, p, metrics.Series("mpipause_node_step_duration_seconds_count", "step", st)); d < 1 {
+				t.Errorf("node%d: node_step_duration_seconds_count{step=%q} moved by %v, want at least 1", k, st, d)
+			}
 		}
 		// A DRAIN check and VERIFY each take one.
 		if d := moved(b, p, metrics.Series("mpipause_observer_snapshot_duration_seconds_count")); d < 2 {

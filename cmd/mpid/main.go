@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/metrics"
 	"github.com/mpipause/mpipause/internal/mpid"
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/quiesce"
@@ -124,6 +125,7 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.StringVar(&cfg.StateDir, "state-dir", "", "`directory` of the records that let a restarted mpid resume the jobs paused before (default /run/mpipause/mpid-NODE)")
 	fs.StringVar(&cfg.keyFile, "cluster-key", DefaultKeyFile, "the cluster key `file` shared by every node's mpid (mode 0600; make one with mpid keygen)")
 	fs.StringVar(&cfg.readyFile, "ready-file", "", "write this `file` (with mpid's pid) once every socket listens; removed at exit")
+	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "", "serve Prometheus metrics at http://`address`/metrics: host:port with an explicit host, 127.0.0.1:9717 for this node only, 0.0.0.0:9717 or [::]:9717 for every interface (default: off, nothing listens)")
 	fs.BoolVar(&cfg.Unpin, "unpin-on-exit", false, "detach and unpin the jobs' BPF state on exit (default: keep it for the next mpid)")
 	// flag prints the usage on every error; only -h gets it here, a mistake
 	// gets one line.
@@ -154,6 +156,11 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	}
 	if cfg.Nice < -20 || cfg.Nice > 19 {
 		return cfg, fmt.Errorf("--nice %d: want -20..19", cfg.Nice)
+	}
+	if cfg.MetricsListen != "" {
+		if err := metrics.CheckAddr(cfg.MetricsListen); err != nil {
+			return cfg, err
+		}
 	}
 	if filepath.IsAbs(cfg.CgroupParent) || cfg.CgroupParent == "" {
 		return cfg, fmt.Errorf("--cgroup-parent %q: want a path relative to the cgroup v2 mount, such as mpipause", cfg.CgroupParent)

@@ -25,6 +25,7 @@ import (
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/metrics"
 	"github.com/mpipause/mpipause/internal/node"
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/loader"
@@ -75,7 +76,11 @@ type Config struct {
 	// Failpoints, if set, is the failpoint directory (FailpointsEnv, whose
 	// <Node> subdirectory this mpid reads), for the fault tests only.
 	Failpoints string
-	Log        *slog.Logger
+	// MetricsListen, if set, is the TCP address (host:port, an explicit
+	// host: metrics.CheckAddr) where mpid serves Prometheus metrics at
+	// /metrics. Empty: no metrics, nothing listens.
+	MetricsListen string
+	Log           *slog.Logger
 }
 
 // Daemon is a running mpid.
@@ -87,6 +92,9 @@ type Daemon struct {
 	// tr is the peer port's client side, shared by the agent and every
 	// coordinator on this node so that its connections are reused.
 	tr *quiesce.TCPTransport
+	// metrics is nil when metrics are off (every recording is then a
+	// no-op).
+	metrics *metrics.Metrics
 
 	mu   sync.Mutex
 	jobs map[string]*job
@@ -150,7 +158,14 @@ func New(cfg Config) (*Daemon, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	return &Daemon{cfg: cfg, log: cfg.Log, jobs: map[string]*job{}}, nil
+	d := &Daemon{cfg: cfg, log: cfg.Log, jobs: map[string]*job{}}
+	if cfg.MetricsListen != "" {
+		if err := metrics.CheckAddr(cfg.MetricsListen); err != nil {
+			return nil, err
+		}
+		d.metrics = metrics.New()
+	}
+	return d, nil
 }
 
 // Run serves until ctx ends. ready is called once every socket listens.
@@ -192,7 +207,12 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	if err != nil {
 		return fmt.Errorf("peer port %s: %w", d.cfg.PeerListen, err)
 	}
+	ml, err := d.listenMetrics()
+	if err != nil {
+		return err
+	}
 	local := &localNode{d: d, fp: d.failpoints(), Local: &node.Local{Name: d.cfg.Node, Ranks: rs, Observer: d.observer, Cgroup: d.cgroupOf, CtlNice: d.cfg.Nice, CtlRT: d.cfg.RTPriority,
+		Metrics: d.metrics,
 		Unready: func(id string) string {
 			d.mu.Lock()
 			defer d.mu.Unlock()
@@ -207,6 +227,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	d.agent.OnExpire = func(job string, err error) {
 		// The coordinator died or lost this node mid-pause: the agent
 		// thawed and reopened the job here on its own (G3).
+		d.metrics.LeaseExpired()
 		if err != nil {
 			d.log.Error("pause abandoned by its coordinator; rolling back here failed", "job", job, "error", err)
 			return
@@ -222,13 +243,17 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	for _, f := range interrupted {
 		go f()
 	}
-	errs := make(chan error, 3)
+	errs := make(chan error, 4)
 	var wg sync.WaitGroup
 	wg.Go(func() { errs <- wrap("rank socket", rs.Serve(ctx)) })
 	wg.Go(func() {
 		errs <- wrap("peer port", quiesce.ServeTCPWith(ctx, pl, d.peer, quiesce.ServerOptions{Key: d.cfg.ClusterKey, Log: d.log.Warn}))
 	})
 	wg.Go(func() { errs <- wrap("control socket", d.serveCtl(ctx, cl)) })
+	if ml != nil {
+		wg.Go(func() { errs <- wrap("metrics", d.serveMetrics(ctx, ml)) })
+		d.log.Info("serving metrics", "url", "http://"+ml.Addr().String()+metrics.Path)
+	}
 	wg.Go(func() { d.sweep(ctx) })
 	d.log.Info("serving", "node", d.cfg.Node, "ranks", d.cfg.RankSocket, "control", d.cfg.CtlSocket,
 		"peers", pl.Addr().String(), "cgroups", d.cgroupParent())

@@ -67,7 +67,9 @@ var _ quiesce.Committer = (*localNode)(nil)
 
 func (n *localNode) step(ctx context.Context, name, job string, fn func() error) error {
 	n.fp.hold(ctx, name, "before", job)
+	t := time.Now()
 	err := fn()
+	n.d.metrics.Step(name, time.Since(t), err)
 	n.fp.hold(ctx, name, "after", job)
 	return err
 }

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/metrics"
 	"github.com/mpipause/mpipause/internal/node"
 	"github.com/mpipause/mpipause/quiesce"
 )
@@ -112,6 +113,7 @@ func (d *Daemon) coordinator(drain time.Duration) *quiesce.Coordinator {
 func (d *Daemon) pause(ctx context.Context, req ctl.Request, v ctl.Job, progress func(ctl.Progress)) (ctl.Job, error) {
 	j, err := d.begin(req.Job, ctl.OpPause)
 	if err != nil {
+		d.metrics.PauseRefused()
 		return v, err
 	}
 	start := time.Now()
@@ -146,6 +148,7 @@ func (d *Daemon) pause(ctx context.Context, req ctl.Request, v ctl.Job, progress
 	fig := figures(v, res)
 	fig.DrainedBytes = drained
 	if err == nil {
+		d.metrics.PauseDone(metrics.Committed, total(res, start), metricPhases(res), drained)
 		fig = d.end(j, ctl.StatePaused, fig)
 		d.mu.Lock()
 		d.saveLocked(j, v)
@@ -157,6 +160,7 @@ func (d *Daemon) pause(ctx context.Context, req ctl.Request, v ctl.Job, progress
 	if fig.State == "" {
 		fig.State = ctl.StateRunning
 	}
+	d.metrics.PauseDone(pauseOutcome(fig.State), total(res, start), metricPhases(res), drained)
 	fig.Failure = failure(err, res, context.Cause(ctx))
 	fig = d.end(j, fig.State, fig)
 	d.log.Warn("pause failed", "job", req.Job, "state", fig.State, "error", fig.Failure.Reason)
@@ -181,6 +185,7 @@ func (d *Daemon) pause(ctx context.Context, req ctl.Request, v ctl.Job, progress
 func (d *Daemon) resume(ctx context.Context, req ctl.Request, v ctl.Job, progress func(ctl.Progress)) (ctl.Job, error) {
 	j, err := d.begin(req.Job, ctl.OpResume)
 	if err != nil {
+		d.metrics.ResumeRefused()
 		return v, err
 	}
 	start := time.Now()
@@ -192,11 +197,13 @@ func (d *Daemon) resume(ctx context.Context, req ctl.Request, v ctl.Job, progres
 	res, err := d.coordinator(0).Resume(ctx, req.Job, v.Nodes)
 	fig := figures(v, res)
 	if err == nil {
+		d.metrics.ResumeDone(metrics.Resumed, total(res, start))
 		fig = d.end(j, ctl.StateRunning, fig)
 		d.dropRecord(req.Job)
 		d.log.Info("resumed", "job", req.Job, "total_ms", fig.TotalMs)
 		return fig, nil
 	}
+	d.metrics.ResumeDone(metrics.Failed, total(res, start))
 	fig.Failure = failure(err, res, nil)
 	fig = d.end(j, ctl.StateFailed, fig)
 	return fig, ctl.Errorf(ctl.CodeFailed, "resume of job %s failed: %s", req.Job, fig.Failure.Reason)

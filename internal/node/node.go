@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/metrics"
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/loader"
 	"github.com/mpipause/mpipause/quiesce"
@@ -46,6 +47,9 @@ type Local struct {
 	// although some of its ranks may be registered (an mpid restarted and
 	// not all of them have registered again): a pause of it fails here.
 	Unready func(job string) string
+	// Metrics, if set, records each kernel snapshot's time and the bytes
+	// sent through closed gates.
+	Metrics *metrics.Metrics
 
 	mu sync.Mutex
 	// gated is, per job with a pause under way, the ranks Prepare closed
@@ -271,10 +275,12 @@ func (l *Local) kernelReport(ctx context.Context, job string, rep quiesce.NodeRe
 	if err != nil {
 		return rep, err
 	}
+	t0 := time.Now()
 	conns, err := obs.Snapshot(ctx)
 	if err != nil {
 		return rep, err
 	}
+	l.Metrics.Snapshot(time.Since(t0))
 	rs := l.Ranks.Ranks(job)
 	rep.Ranks = len(rs)
 	var held, mine []loader.Conn
@@ -306,6 +312,7 @@ func (l *Local) kernelReport(ctx context.Context, job string, rep quiesce.NodeRe
 	l.mu.Unlock()
 	for _, v := range through {
 		rep.Violations += uint64(v.bytes)
+		l.Metrics.Violations(uint64(v.bytes))
 		slog.Warn("bytes sent through a closed gate", "job", job, "node", l.Name,
 			"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes)
 	}

@@ -289,6 +289,26 @@ func (r *Rank) Quiet() bool {
 	return true
 }
 
+// GateClosed reports, from the gate word (or the state page's copy of it),
+// whether the rank's gate is closed or still flushing what it held: not
+// open. False when the rank shared no page or is gone. Read, never asked:
+// a frozen rank can be looked at too (mpid's metrics).
+func (r *Rank) GateClosed() bool {
+	p := r.page
+	if p == nil {
+		return false
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.mem == nil {
+		return false
+	}
+	if w := p.word(); w != nil {
+		return atomic.LoadInt32(w)&3 != gateOpen
+	}
+	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&p.mem[32])))&3 != gateOpen
+}
+
 // CtlThreadName is the name the shim gives its control thread
 // (MPP_CTL_THREAD_NAME in libmpi-shim/shim.h).
 const CtlThreadName = "mpipause-ctl"

@@ -92,11 +92,17 @@ func (r *Rig) checkMPID() error {
 	return nil
 }
 
+// MPIDArgsEnv, in up's environment, holds more arguments for every node's
+// mpid, split at white space (e.g. "--metrics-listen 127.0.0.1:9717": each
+// node is a network namespace of its own, so every mpid gets its own
+// loopback address). They come after the rig's own.
+const MPIDArgsEnv = "MPIPAUSE_RIG_MPID_ARGS"
+
 // MPIDArgs returns the arguments, after the program name, of node i's mpid
 // in a rig of n nodes. (Peers need no list: a job's coordinator learns the
 // job's nodes from rank 0, and the rig's /etc/hosts resolves them.)
 func (r *Rig) MPIDArgs(i, n int) []string {
-	return []string{
+	return append([]string{
 		"--node", NodeName(i),
 		"--cgroup-parent", r.CgroupDir(i),
 		"--ready-file", r.readyFile(i),
@@ -104,7 +110,7 @@ func (r *Rig) MPIDArgs(i, n int) []string {
 		// Not the machine's own settings (/etc/mpipause/mpid.conf, if
 		// mpipause is installed here): the rig's mpids are the rig's.
 		"--config", os.DevNull,
-	}
+	}, strings.Fields(os.Getenv(MPIDArgsEnv))...)
 }
 
 // KeyFile is the rig's cluster key, shared by its mpids (written by up).

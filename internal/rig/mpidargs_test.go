@@ -1,0 +1,27 @@
+package rig
+
+import (
+	"slices"
+	"testing"
+
+	"github.com/google/go-cmp/cmp"
+)
+
+// TestMPIDArgsEnv: MPIPAUSE_RIG_MPID_ARGS adds to every node's mpid
+// command line, after the rig's own arguments.
+func TestMPIDArgsEnv(t *testing.T) {
+	r, err := New(Config{Name: "x", Exe: "/opt/bin/rig", BinDir: "/opt/bin", StateRoot: "/run/x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(MPIDArgsEnv, "")
+	base := r.MPIDArgs(1, 3)
+	if slices.Contains(base, "--metrics-listen") {
+		t.Fatalf("without %s: %v", MPIDArgsEnv, base)
+	}
+	t.Setenv(MPIDArgsEnv, " --metrics-listen  127.0.0.1:9717\t--drain-timeout 5s ")
+	want := append(slices.Clone(base), "--metrics-listen", "127.0.0.1:9717", "--drain-timeout", "5s")
+	if d := cmp.Diff(want, r.MPIDArgs(1, 3)); d != "" {
+		t.Errorf("MPIDArgs (-want +got):\n%s", d)
+	}
+}

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# make check-install: `make install DESTDIR=tmp` installs exactly the expected
+# files with the expected modes, for PREFIX=/usr and /usr/local; the unit
+# starts the mpid that was installed; the installed mpipause finds the
+# installed shim; the man pages lint clean (groff -ww, mandoc -Tlint); a
+# second install keeps a changed config; uninstall removes everything but a
+# changed config. Fails, never skips.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+make=${MAKE:-make}
+
+fail() {
+	echo "check-install: FAIL: $*" >&2
+	exit 1
+}
+for tool in groff mandoc man unshare zcat; do
+	command -v "$tool" >/dev/null || fail "$tool is missing: run make deps"
+done
+tmp=$(mktemp -d /tmp/mpipause-check-install.XXXXXX)
+trap 'rm -rf "$tmp"' EXIT
+
+files() { (cd "$1" && find . -mindepth 1 ! -type d -printf '%P %m\n' | sort); }
+dirs() { (cd "$1" && find . -mindepth 1 -type d -printf '%P\n' | sort); }
+install_into() {
+	local dest=$1
+	shift
+	"$make" -s --no-print-directory install DESTDIR="$dest" "$@" > "$tmp/install.log" 2>&1 ||
+		{ cat "$tmp/install.log" >&2; fail "make install DESTDIR=$dest $*"; }
+}
+
+# The table: what make install puts where, and with which mode.
+for prefix in /usr /usr/local; do
+	p=${prefix#/}
+	unitdir=lib/systemd/system
+	[ "$prefix" = /usr ] || unitdir=$p/lib/systemd/system
+	want="etc/mpipause/mpid.conf 644
+$unitdir/mpid.service 644
+$p/bin/mpipause 755
+$p/lib/mpipause/libmpipause.so 644
+$p/sbin/mpid 755
+$p/share/man/man1/mpipause.1.gz 644
+$p/share/man/man8/mpid.8.gz 644"
+	d=$tmp/root$(echo "$prefix" | tr / -)
+	install_into "$d" PREFIX="$prefix"
+	diff -u <(echo "$want" | sort) <(files "$d") ||
+		fail "make install PREFIX=$prefix installed other files or modes than the table (-want +got above)"
+	cmp -s "$d/$p/sbin/mpid" bin/mpid || fail "the installed mpid is not bin/mpid"
+	cmp -s "$d/$p/bin/mpipause" bin/mpipause || fail "the installed mpipause is not bin/mpipause"
+	cmp -s "$d/$p/lib/mpipause/libmpipause.so" bin/libmpipause.so || fail "the installed shim is not bin/libmpipause.so"
+	cmp -s "$d/etc/mpipause/mpid.conf" dist/mpid.conf || fail "the installed mpid.conf is not dist/mpid.conf"
+
+	# The unit starts the mpid this install put in place.
+	exe=$(sed -n 's/^ExecStart=\([^ ]*\).*/\1/p' "$d/$unitdir/mpid.service")
+	[ "$exe" = "$prefix/sbin/mpid" ] || fail "PREFIX=$prefix: the unit's ExecStart runs \"$exe\", want $prefix/sbin/mpid"
+	[ -x "$d$exe" ] || fail "PREFIX=$prefix: the unit's ExecStart $exe is not installed"
+
+	# mpipause run finds the shim in ../lib/mpipause: in a network namespace
+	# of its own no mpid answers, so it gets as far as asking one (exit 6).
+	set +e
+	out=$(unshare -n "$d/$p/bin/mpipause" run --launcher openmpi -- true 2>&1)
+	rc=$?
+	set -e
+	[ "$rc" = 6 ] && [[ $out == *"no mpid at"* ]] ||
+		fail "PREFIX=$prefix: the installed mpipause run exited $rc ($out), want 6 (no mpid): it did not find the installed shim"
+done
+
+d=$tmp/root-usr
+# The man pages: lint clean, and man finds and renders them.
+for page in usr/share/man/man1/mpipause.1.gz usr/share/man/man8/mpid.8.gz; do
+	zcat "$d/$page" > "$tmp/page"
+	w=$(groff -man -Tutf8 -ww -z "$tmp/page" 2>&1) || fail "$page: groff: $w"
+	[ -z "$w" ] || fail "$page: groff -ww warns: $w"
+	w=$(mandoc -Tlint -W style "$tmp/page" 2>&1) || fail "$page: mandoc -Tlint: $w"
+	[ -z "$w" ] || fail "$page: mandoc -Tlint: $w"
+done
+for name in mpipause mpid; do
+	MANPATH=$d/usr/share/man man -w "$name" > /dev/null || fail "man -w $name does not find the installed page"
+	txt=$(MANPATH=$d/usr/share/man MANWIDTH=80 man "$name" 2>&1)
+	for head in NAME SYNOPSIS DESCRIPTION OPTIONS COMMANDS "SEE ALSO"; do
+		[ "$name" = mpipause ] && [ "$head" = OPTIONS ] && continue
+		grep -q "^$head" <<< "$txt" || fail "man $name has no $head section"
+	done
+done
+
+# A second install keeps the admin's config; uninstall keeps it too, and
+# removes everything else.
+echo "# changed by the admin" >> "$d/etc/mpipause/mpid.conf"
+install_into "$d"
+grep -q "changed by the admin" "$d/etc/mpipause/mpid.conf" || fail "a second make install overwrote a changed mpid.conf"
+grep -q "kept $d/etc/mpipause/mpid.conf" "$tmp/install.log" || fail "make install kept mpid.conf without saying so"
+"$make" -s --no-print-directory uninstall DESTDIR="$d" > "$tmp/uninstall.log" 2>&1 ||
+	{ cat "$tmp/uninstall.log" >&2; fail "make uninstall"; }
+diff -u <(echo "etc/mpipause/mpid.conf 644") <(files "$d") ||
+	fail "make uninstall left other files than the changed config (-want +got above)"
+cp dist/mpid.conf "$d/etc/mpipause/mpid.conf"
+"$make" -s --no-print-directory uninstall DESTDIR="$d" > "$tmp/uninstall.log" 2>&1 ||
+	{ cat "$tmp/uninstall.log" >&2; fail "make uninstall"; }
+[ -z "$(files "$d")" ] || fail "make uninstall left files: $(files "$d")"
+if dirs "$d" | grep -E '(^|/)mpipause$'; then
+	fail "make uninstall left mpipause's own directories (above)"
+fi
+
+echo "check-install: ok (PREFIX=/usr and /usr/local: the file table, the unit's ExecStart, the shim found, man pages lint clean, config kept, uninstall clean)"

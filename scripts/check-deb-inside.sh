@@ -33,12 +33,14 @@ grep -q "mpid keygen" /tmp/install.log || { cat /tmp/install.log; fail "the post
 dpkg -L mpipause > /tmp/files
 
 step "mpipause --help, mpid --help, mpid keygen --help, man -w"
-mpipause --help | grep -q '^usage: mpipause' || fail "mpipause --help"
-mpid --help | grep -q '^usage: mpid' || fail "mpid --help"
-mpid keygen --help | grep -q '^usage: mpid keygen' || fail "mpid keygen --help"
+# Output into a variable first: grep -q would stop reading early, and
+# pipefail would count the writer's SIGPIPE as a failure.
+help=$(mpipause --help) && [[ $help == "usage: mpipause"* ]] || fail "mpipause --help: $help"
+help=$(mpid --help) && [[ $help == "usage: mpid"* ]] || fail "mpid --help: $help"
+help=$(mpid keygen --help) && [[ $help == "usage: mpid keygen"* ]] || fail "mpid keygen --help: $help"
 [ "$(man -w mpipause)" = /usr/share/man/man1/mpipause.1.gz ] || fail "man -w mpipause: $(man -w mpipause 2>&1)"
 [ "$(man -w 8 mpid)" = /usr/share/man/man8/mpid.8.gz ] || fail "man -w 8 mpid: $(man -w 8 mpid 2>&1)"
-MANWIDTH=80 man mpid 2>/dev/null | grep -q 'mpid keygen' || fail "man mpid does not render mpid keygen"
+page=$(MANWIDTH=80 man mpid 2>&1) && [[ $page == *"mpid keygen"* ]] || fail "man mpid does not render mpid keygen: $page"
 # mpipause run finds the packaged shim: with no mpid to ask (a network
 # namespace of its own), it stops there, exit 6, not at the shim (exit 2).
 rc=0

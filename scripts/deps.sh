@@ -12,6 +12,8 @@ pkgs=(
 	mpich libmpich-dev           # MPICH 4.0 ch4:ucx (mpiexec.mpich, mpicc.mpich)
 	iproute2 util-linux procps   # ip netns, unshare/nsenter/setpriv, ps/pkill
 	ca-certificates git
+	dpkg-dev binutils debootstrap lintian # make deb (dpkg-shlibdeps, strip); check-deb (a fresh Debian 12 root)
+	man-db groff-base mandoc     # man pages: render and lint them (check-install)
 )
 
 missing=()

@@ -17,7 +17,7 @@ fail() {
 for tool in groff mandoc man unshare zcat; do
 	command -v "$tool" >/dev/null || fail "$tool is missing: run make deps"
 done
-tmp=$(mktemp -d /tmp/mpipause-check-install.XXXXXX)
+tmp=$(mktemp -d /tmp/mpipause-check-install-XXXXXX)
 trap 'rm -rf "$tmp"' EXIT
 
 files() { (cd "$1" && find . -mindepth 1 ! -type d -printf '%P %m\n' | sort); }
@@ -68,10 +68,13 @@ done
 d=$tmp/root-usr
 # The man pages: lint clean, and man finds and renders them.
 for page in usr/share/man/man1/mpipause.1.gz usr/share/man/man8/mpid.8.gz; do
-	zcat "$d/$page" > "$tmp/page"
-	w=$(groff -man -Tutf8 -ww -z "$tmp/page" 2>&1) || fail "$page: groff: $w"
+	# mandoc checks the section against the file's name: keep it.
+	mkdir -p "$tmp/pages"
+	f=$tmp/pages/$(basename "$page" .gz)
+	zcat "$d/$page" > "$f"
+	w=$(groff -man -Tutf8 -ww -z "$f" 2>&1) || fail "$page: groff: $w"
 	[ -z "$w" ] || fail "$page: groff -ww warns: $w"
-	w=$(mandoc -Tlint -W style "$tmp/page" 2>&1) || fail "$page: mandoc -Tlint: $w"
+	w=$(mandoc -Tlint -W style "$f" 2>&1) || fail "$page: mandoc -Tlint: $w"
 	[ -z "$w" ] || fail "$page: mandoc -Tlint: $w"
 done
 for name in mpipause mpid; do

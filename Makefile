@@ -140,6 +140,9 @@ install: man ## install the commands, the shim, mpid's unit and config, the man 
 		echo "install: mpid needs a cluster key: 'mpid keygen' on one node, copy $(SYSCONFDIR)/mpipause/cluster.key to every node (mode 0600), then 'systemctl enable --now mpid'"; fi
 
 uninstall: ## remove what make install installed (same PREFIX, DESTDIR); keeps a changed config and the cluster key
+	@# An enabled unit would leave a dangling link behind (systemctl disable works without systemd running).
+	@if [ -z "$(DESTDIR)" ] && [ -e $(UNITDIR)/mpid.service ] && command -v systemctl >/dev/null; then \
+		if [ -d /run/systemd/system ]; then systemctl disable --now mpid.service; else systemctl disable mpid.service; fi; fi
 	rm -f $(DESTDIR)$(BINDIR)/mpipause $(DESTDIR)$(SBINDIR)/mpid $(DESTDIR)$(SHIMDIR)/libmpipause.so \
 		$(DESTDIR)$(MANDIR)/man1/mpipause.1.gz $(DESTDIR)$(MANDIR)/man8/mpid.8.gz $(DESTDIR)$(UNITDIR)/mpid.service
 	@rmdir $(DESTDIR)$(SHIMDIR) 2>/dev/null || true

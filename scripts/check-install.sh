@@ -5,7 +5,9 @@
 # starts the mpid that was installed; the installed mpipause finds the
 # installed shim; the man pages lint clean (groff -ww, mandoc -Tlint); a
 # second install keeps a changed config; uninstall removes everything but a
-# changed config. Fails, never skips.
+# changed config; and install and uninstall without DESTDIR (on overlays of
+# /usr and /etc, the host untouched) leave mpid enabled by nobody. Fails,
+# never skips; needs root (mount namespaces).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 make=${MAKE:-make}
@@ -14,7 +16,8 @@ fail() {
 	echo "check-install: FAIL: $*" >&2
 	exit 1
 }
-for tool in groff mandoc man unshare zcat; do
+[ "$(id -u)" = 0 ] || fail "needs root (mount namespaces, overlays)"
+for tool in groff mandoc man unshare zcat findmnt systemctl; do
 	command -v "$tool" >/dev/null || fail "$tool is missing: run make deps"
 done
 tmp=$(mktemp -d /tmp/mpipause-check-install-XXXXXX)
@@ -104,4 +107,48 @@ if dirs "$d" | grep -E '(^|/)mpipause$'; then
 	fail "make uninstall left mpipause's own directories (above)"
 fi
 
-echo "check-install: ok (PREFIX=/usr and /usr/local: the file table, the unit's ExecStart, the shim found, man pages lint clean, config kept, uninstall clean)"
+# The same without DESTDIR, as a user runs it: in a mount namespace of
+# its own whose /usr and /etc are overlays (writes land in $tmp, the host's
+# files are untouched) and where systemd looks not running (a tmpfs over
+# /run/systemd), so that systemctl works on the files, not on the host's
+# systemd.
+mkdir -p "$tmp/ov"
+cat > "$tmp/ov/inside.sh" <<'INSIDE'
+set -euo pipefail
+fail() { echo "check-install: FAIL: (make install without DESTDIR) $*" >&2; exit 1; }
+ov=$1 want=$2 make=$3
+for d in usr etc; do
+	mkdir -p "$ov/$d/upper" "$ov/$d/work"
+	mount -t overlay overlay -o "lowerdir=/$d,upperdir=$ov/$d/upper,workdir=$ov/$d/work" "/$d"
+	[ "$(findmnt -n -o FSTYPE "/$d")" = overlay ] || fail "/$d is not an overlay: stopping before make install writes to it"
+done
+[ ! -d /run/systemd ] || mount -t tmpfs tmpfs /run/systemd
+# Start from none of it (a host with mpipause installed has it).
+rm -rf /etc/mpipause /usr/bin/mpipause /usr/sbin/mpid /usr/lib/mpipause /lib/systemd/system/mpid.service \
+	/usr/share/man/man1/mpipause.1.gz /usr/share/man/man8/mpid.8.gz /etc/systemd/system/multi-user.target.wants/mpid.service
+"$make" -s --no-print-directory install > "$ov/install.log" 2>&1 || { cat "$ov/install.log" >&2; fail "make install"; }
+while read -r f mode; do
+	[ "$(stat -c %a "/$f" 2>/dev/null)" = "$mode" ] || fail "/$f is missing or not mode $mode"
+done <<< "$want"
+grep -q "mpid keygen" "$ov/install.log" || fail "make install does not say that mpid needs a cluster key"
+[ "$(man -w mpipause)" = /usr/share/man/man1/mpipause.1.gz ] || fail "man -w mpipause: $(man -w mpipause 2>&1)"
+help=$(PATH=/usr/bin:/usr/sbin mpipause --help) && [[ $help == "usage: mpipause"* ]] || fail "mpipause --help: $help"
+systemctl enable mpid.service > /dev/null 2>&1 || fail "systemctl enable mpid.service"
+"$make" -s --no-print-directory uninstall > "$ov/uninstall.log" 2>&1 || { cat "$ov/uninstall.log" >&2; fail "make uninstall"; }
+while read -r f mode; do
+	[ ! -e "/$f" ] || fail "make uninstall left /$f"
+done <<< "$want"
+[ ! -e /etc/mpipause ] || fail "make uninstall left /etc/mpipause"
+[ ! -L /etc/systemd/system/multi-user.target.wants/mpid.service ] || fail "make uninstall left mpid enabled"
+INSIDE
+want="etc/mpipause/mpid.conf 644
+lib/systemd/system/mpid.service 644
+usr/bin/mpipause 755
+usr/lib/mpipause/libmpipause.so 644
+usr/sbin/mpid 755
+usr/share/man/man1/mpipause.1.gz 644
+usr/share/man/man8/mpid.8.gz 644"
+unshare --mount --propagation private -- bash "$tmp/ov/inside.sh" "$tmp/ov" "$want" "$make" ||
+	fail "make install and uninstall without DESTDIR (above)"
+
+echo "check-install: ok (PREFIX=/usr and /usr/local: the file table, the unit's ExecStart, the shim found, man pages lint clean, config kept, uninstall clean; and without DESTDIR, on overlays of /usr and /etc)"

@@ -13,7 +13,7 @@ pkgs=(
 	iproute2 util-linux procps   # ip netns, unshare/nsenter/setpriv, ps/pkill
 	ca-certificates git
 	dpkg-dev binutils debootstrap lintian # make deb (dpkg-shlibdeps, strip); check-deb (a fresh Debian 12 root)
-	man-db groff-base mandoc     # man pages: render and lint them (check-install)
+	man-db groff-base mandoc systemd # man pages: render and lint them; systemctl (check-install)
 )
 
 missing=()

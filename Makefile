@@ -121,13 +121,18 @@ man: ## build mpipause and mpid, and their man pages from what they print for --
 	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run ./internal/manpage/cmd/genman -o $(BIN)/man -version "$$(scripts/version.sh)" $(BIN)
 	gzip -9n -k $(BIN)/man/mpipause.1 $(BIN)/man/mpid.8
 
-install: man ## install the commands, the shim, mpid's unit and config, the man pages (PREFIX=/usr, DESTDIR); keeps an existing config
+install: man ## install the commands, the shim (and Slurm plugin), mpid's unit and config, the man pages (PREFIX=/usr, DESTDIR); keeps an existing config
 	$(MAKE) -s -C libmpi-shim OUT=$(BIN)
 	install -D -m 0755 $(BIN)/mpipause $(DESTDIR)$(BINDIR)/mpipause
 	install -D -m 0755 $(BIN)/mpid $(DESTDIR)$(SBINDIR)/mpid
 	install -D -m 0644 $(BIN)/libmpipause.so $(DESTDIR)$(SHIMDIR)/libmpipause.so
 	install -D -m 0644 $(BIN)/man/mpipause.1.gz $(DESTDIR)$(MANDIR)/man1/mpipause.1.gz
 	install -D -m 0644 $(BIN)/man/mpid.8.gz $(DESTDIR)$(MANDIR)/man8/mpid.8.gz
+	@# The Slurm SPANK plugin (slurm/; it needs spank.h, from libslurm-dev), beside the shim it gives the ranks.
+	@if [ -f slurm/Makefile ] && [ -f /usr/include/slurm/spank.h ]; then \
+		$(MAKE) -s -C slurm OUT=$(BIN) && echo "install -D -m 0644 $(BIN)/mpipause_spank.so $(DESTDIR)$(SHIMDIR)/mpipause_spank.so" && \
+		install -D -m 0644 $(BIN)/mpipause_spank.so $(DESTDIR)$(SHIMDIR)/mpipause_spank.so; \
+	elif [ -f slurm/Makefile ]; then echo "install: no Slurm SPANK plugin: it needs /usr/include/slurm/spank.h (apt-get install libslurm-dev)" >&2; fi
 	@# The unit names /usr/sbin/mpid: where this install put it instead.
 	install -d $(DESTDIR)$(UNITDIR)
 	sed 's|/usr/sbin/mpid|$(SBINDIR)/mpid|g' dist/systemd/mpid.service > $(DESTDIR)$(UNITDIR)/mpid.service
@@ -143,7 +148,7 @@ uninstall: ## remove what make install installed (same PREFIX, DESTDIR); keeps a
 	@# An enabled unit would leave a dangling link behind (systemctl disable works without systemd running).
 	@if [ -z "$(DESTDIR)" ] && [ -e $(UNITDIR)/mpid.service ] && command -v systemctl >/dev/null; then \
 		if [ -d /run/systemd/system ]; then systemctl disable --now mpid.service; else systemctl disable mpid.service; fi; fi
-	rm -f $(DESTDIR)$(BINDIR)/mpipause $(DESTDIR)$(SBINDIR)/mpid $(DESTDIR)$(SHIMDIR)/libmpipause.so \
+	rm -f $(DESTDIR)$(BINDIR)/mpipause $(DESTDIR)$(SBINDIR)/mpid $(DESTDIR)$(SHIMDIR)/libmpipause.so $(DESTDIR)$(SHIMDIR)/mpipause_spank.so \
 		$(DESTDIR)$(MANDIR)/man1/mpipause.1.gz $(DESTDIR)$(MANDIR)/man8/mpid.8.gz $(DESTDIR)$(UNITDIR)/mpid.service
 	@rmdir $(DESTDIR)$(SHIMDIR) 2>/dev/null || true
 	@conf=$(DESTDIR)$(SYSCONFDIR)/mpipause/mpid.conf; \

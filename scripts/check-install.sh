@@ -32,6 +32,14 @@ install_into() {
 		{ cat "$tmp/install.log" >&2; fail "make install DESTDIR=$dest $*"; }
 }
 
+# The Slurm SPANK plugin is installed when the tree has it (slurm/), and
+# make deps installs what it needs to build (libslurm-dev).
+spank=false
+if [ -f slurm/Makefile ]; then
+	[ -f /usr/include/slurm/spank.h ] || fail "no /usr/include/slurm/spank.h for the Slurm plugin: run make deps"
+	spank=true
+fi
+
 # The table: what make install puts where, and with which mode.
 for prefix in /usr /usr/local; do
 	p=${prefix#/}
@@ -44,6 +52,7 @@ $p/lib/mpipause/libmpipause.so 644
 $p/sbin/mpid 755
 $p/share/man/man1/mpipause.1.gz 644
 $p/share/man/man8/mpid.8.gz 644"
+	! $spank || want+=$'\n'"$p/lib/mpipause/mpipause_spank.so 644"
 	d=$tmp/root$(echo "$prefix" | tr / -)
 	install_into "$d" PREFIX="$prefix"
 	diff -u <(echo "$want" | sort) <(files "$d") ||
@@ -52,6 +61,7 @@ $p/share/man/man8/mpid.8.gz 644"
 	cmp -s "$d/$p/bin/mpipause" bin/mpipause || fail "the installed mpipause is not bin/mpipause"
 	cmp -s "$d/$p/lib/mpipause/libmpipause.so" bin/libmpipause.so || fail "the installed shim is not bin/libmpipause.so"
 	cmp -s "$d/etc/mpipause/mpid.conf" dist/mpid.conf || fail "the installed mpid.conf is not dist/mpid.conf"
+	! $spank || cmp -s "$d/$p/lib/mpipause/mpipause_spank.so" bin/mpipause_spank.so || fail "the installed Slurm plugin is not bin/mpipause_spank.so"
 
 	# The unit starts the mpid this install put in place.
 	exe=$(sed -n 's/^ExecStart=\([^ ]*\).*/\1/p' "$d/$unitdir/mpid.service")
@@ -148,6 +158,7 @@ usr/lib/mpipause/libmpipause.so 644
 usr/sbin/mpid 755
 usr/share/man/man1/mpipause.1.gz 644
 usr/share/man/man8/mpid.8.gz 644"
+! $spank || want+=$'\n'"usr/lib/mpipause/mpipause_spank.so 644"
 unshare --mount --propagation private -- bash "$tmp/ov/inside.sh" "$tmp/ov" "$want" "$make" ||
 	fail "make install and uninstall without DESTDIR (above)"
 

@@ -26,7 +26,8 @@ root=$work/root
 
 # As dh_strip does: the symbols go, the code stays byte for byte.
 strip --remove-section=.comment --remove-section=.note "$root/usr/bin/mpipause" "$root/usr/sbin/mpid"
-strip --remove-section=.comment --remove-section=.note --strip-unneeded "$root/usr/lib/mpipause/libmpipause.so"
+libs=("$root"/usr/lib/mpipause/*.so) # the shim, and the Slurm plugin when built
+strip --remove-section=.comment --remove-section=.note --strip-unneeded "${libs[@]}"
 
 doc=$root/usr/share/doc/mpipause
 install -d "$doc"
@@ -83,8 +84,10 @@ gzip -9n -c "$work/changelog" > "$doc/changelog.gz"
 # dpkg-shlibdeps reads debian/control of a source package: give it one.
 mkdir -p "$work/src/debian"
 printf 'Source: mpipause\n\nPackage: mpipause\nArchitecture: any\n' > "$work/src/debian/control"
+# (The Slurm plugin's spank_* symbols come from slurmstepd, which loads it:
+# dpkg-shlibdeps says so on stderr, and rightly adds no dependency.)
 depends=$(cd "$work/src" && dpkg-shlibdeps -O -e"$root/usr/bin/mpipause" -e"$root/usr/sbin/mpid" \
-	-e"$root/usr/lib/mpipause/libmpipause.so" 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
+	"${libs[@]/#/-e}" 2>/dev/null | sed -n 's/^shlibs:Depends=//p')
 if [ -z "$depends" ]; then
 	echo "deb: dpkg-shlibdeps found no library dependencies (the binaries link libc)" >&2
 	exit 1

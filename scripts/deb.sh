@@ -54,8 +54,9 @@ EOF
 	# The modules the binaries say they contain, not a list kept by hand.
 	for m in $( (go version -m "$root/usr/bin/mpipause"; go version -m "$root/usr/sbin/mpid") |
 		awk '$1 == "dep" { print $2 "@" $3 }' | sort -u); do
-		lic=$(ls "$(go env GOMODCACHE)/$m"/LICENSE* 2>/dev/null | head -1 || true)
-		if [ -z "$lic" ]; then
+		lics=("$(go env GOMODCACHE)/$m"/LICENSE*)
+		lic=${lics[0]}
+		if [ ! -f "$lic" ]; then
 			echo "deb: no LICENSE file for Go module $m in the module cache" >&2
 			exit 1
 		fi

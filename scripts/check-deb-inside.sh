@@ -13,7 +13,7 @@ fail() {
 	echo "check-deb (in Debian 12): FAIL: $*" >&2
 	exit 1
 }
-step() { echo "check-deb: $*"; }
+step() { echo "check-deb: [${SECONDS}s] $*"; }
 wants=/etc/systemd/system/multi-user.target.wants/mpid.service
 key=/etc/mpipause/cluster.key
 

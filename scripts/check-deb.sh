@@ -58,6 +58,7 @@ debootstrap --variant=minbase bookworm "$root" "$mirror" > "$root.log" 2>&1 ||
 	{ tail -20 "$root.log" >&2; rm -f "$root.log"; fail "debootstrap"; }
 rm -f "$root.log"
 echo "check-deb: debootstrap took $((SECONDS - start)) s"
+start=$SECONDS
 
 cp "$deb" "$root/tmp/"
 cp scripts/check-deb-inside.sh "$root/tmp/"
@@ -67,4 +68,5 @@ unshare --mount --propagation private --fork -- bash -c '
 	mount -t proc proc "$1/proc"
 	exec chroot "$1" /bin/bash /tmp/check-deb-inside.sh "/tmp/$2"
 ' _ "$root" "$(basename "$deb")" || fail "on a fresh Debian 12 (above)"
-echo "check-deb: ok ($deb: lintian clean; installs, works and purges clean on a fresh Debian 12)"
+echo "check-deb: in the fresh Debian 12: $((SECONDS - start)) s"
+echo "check-deb: ok in $SECONDS s ($deb: lintian clean; installs, works and purges clean on a fresh Debian 12)"

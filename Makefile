@@ -11,6 +11,7 @@ GENERATED := loader/*_bpfel.go loader/*_bpfel.o
 
 .DEFAULT_GOAL := help
 .PHONY: help deps build generate check-generate check-format check-vagrant test-cluster-script test test-unit test-fuzz test-priv test-multinode test-faults bench demo clean
+.PHONY: man install uninstall deb check-install check-deb
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -38,7 +39,7 @@ check-format: ## fail if a Go file is not gofmt-formatted or go vet reports a pr
 		[ -z "$$f" ] || { echo "not gofmt-formatted: $$f (run: gofmt -w $$f)" >&2; exit 1; }
 	$(GO) vet ./...
 
-test: deps build check-generate check-format check-vagrant test-unit test-fuzz test-priv test-multinode test-cluster-script ## install what is missing and run every test tier
+test: deps build check-generate check-format check-vagrant check-deb test-unit test-fuzz test-priv test-multinode test-cluster-script ## install what is missing and run every test tier
 	@echo "make test: all tiers passed"
 
 test-unit: ## tier 1: unit tests with every capability dropped (must pass unprivileged), and the shim's C tests
@@ -113,3 +114,72 @@ demo: deps build ## on a local 3-node rig: launch a real MPI job, pause it (kern
 
 clean: ## remove build output
 	rm -rf $(BIN)
+
+# Where make install puts things (docs/install.md); make deb uses the defaults.
+PREFIX ?= /usr
+DESTDIR ?=
+BINDIR ?= $(PREFIX)/bin
+SBINDIR ?= $(PREFIX)/sbin
+# mpipause run looks for the shim in ../lib/mpipause beside its own binary.
+SHIMDIR ?= $(PREFIX)/lib/mpipause
+MANDIR ?= $(PREFIX)/share/man
+SYSCONFDIR ?= /etc
+# systemd reads /usr/local/lib/systemd/system too: a /usr/local install
+# stays out of the package manager's /lib.
+UNITDIR ?= $(if $(filter /usr,$(PREFIX)),/lib/systemd/system,$(PREFIX)/lib/systemd/system)
+# Installed binaries are hardened as Debian's are: PIE, RELRO, bind now.
+INSTALL_GOFLAGS ?= -buildmode=pie -ldflags=-bindnow
+# The man pages' date: the last commit's (in a tarball, VERSION's), never the clock's.
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || stat -c %Y VERSION)
+
+man: ## build mpipause and mpid, and their man pages from what they print for --help (bin/man)
+	@mkdir -p $(BIN)
+	$(GO) build $(INSTALL_GOFLAGS) -o $(BIN)/ ./cmd/mpipause ./cmd/mpid
+	@rm -rf $(BIN)/man
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run ./internal/manpage/cmd/genman -o $(BIN)/man -version "$$(scripts/version.sh)" $(BIN)
+	gzip -9n -k $(BIN)/man/mpipause.1 $(BIN)/man/mpid.8
+
+install: man ## install the commands, the shim (and Slurm plugin), mpid's unit and config, the man pages (PREFIX=/usr, DESTDIR); keeps an existing config
+	$(MAKE) -s -C libmpi-shim OUT=$(BIN)
+	install -D -m 0755 $(BIN)/mpipause $(DESTDIR)$(BINDIR)/mpipause
+	install -D -m 0755 $(BIN)/mpid $(DESTDIR)$(SBINDIR)/mpid
+	install -D -m 0644 $(BIN)/libmpipause.so $(DESTDIR)$(SHIMDIR)/libmpipause.so
+	install -D -m 0644 $(BIN)/man/mpipause.1.gz $(DESTDIR)$(MANDIR)/man1/mpipause.1.gz
+	install -D -m 0644 $(BIN)/man/mpid.8.gz $(DESTDIR)$(MANDIR)/man8/mpid.8.gz
+	@# The Slurm SPANK plugin (slurm/; it needs spank.h, from libslurm-dev), beside the shim it gives the ranks.
+	@if [ -f slurm/Makefile ] && [ -f /usr/include/slurm/spank.h ]; then \
+		$(MAKE) -s -C slurm OUT=$(BIN) && echo "install -D -m 0644 $(BIN)/mpipause_spank.so $(DESTDIR)$(SHIMDIR)/mpipause_spank.so" && \
+		install -D -m 0644 $(BIN)/mpipause_spank.so $(DESTDIR)$(SHIMDIR)/mpipause_spank.so; \
+	elif [ -f slurm/Makefile ]; then echo "install: no Slurm SPANK plugin: it needs /usr/include/slurm/spank.h (apt-get install libslurm-dev)" >&2; fi
+	@# The unit names /usr/sbin/mpid: where this install put it instead.
+	install -d $(DESTDIR)$(UNITDIR)
+	sed 's|/usr/sbin/mpid|$(SBINDIR)/mpid|g' dist/systemd/mpid.service > $(DESTDIR)$(UNITDIR)/mpid.service
+	chmod 0644 $(DESTDIR)$(UNITDIR)/mpid.service
+	@conf=$(DESTDIR)$(SYSCONFDIR)/mpipause/mpid.conf; \
+	if [ -e $$conf ]; then echo "install: kept $$conf as it is (the shipped one is dist/mpid.conf)"; \
+	else echo "install -D -m 0644 dist/mpid.conf $$conf"; install -D -m 0644 dist/mpid.conf $$conf; fi
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+	@if [ -z "$(DESTDIR)" ] && [ ! -e $(SYSCONFDIR)/mpipause/cluster.key ]; then \
+		echo "install: mpid needs a cluster key: 'mpid keygen' on one node, copy $(SYSCONFDIR)/mpipause/cluster.key to every node (mode 0600), then 'systemctl enable --now mpid'"; fi
+
+uninstall: ## remove what make install installed (same PREFIX, DESTDIR); keeps a changed config and the cluster key
+	@# An enabled unit would leave a dangling link behind (systemctl disable works without systemd running).
+	@if [ -z "$(DESTDIR)" ] && [ -e $(UNITDIR)/mpid.service ] && command -v systemctl >/dev/null; then \
+		if [ -d /run/systemd/system ]; then systemctl disable --now mpid.service; else systemctl disable mpid.service; fi; fi
+	rm -f $(DESTDIR)$(BINDIR)/mpipause $(DESTDIR)$(SBINDIR)/mpid $(DESTDIR)$(SHIMDIR)/libmpipause.so $(DESTDIR)$(SHIMDIR)/mpipause_spank.so \
+		$(DESTDIR)$(MANDIR)/man1/mpipause.1.gz $(DESTDIR)$(MANDIR)/man8/mpid.8.gz $(DESTDIR)$(UNITDIR)/mpid.service
+	@rmdir $(DESTDIR)$(SHIMDIR) 2>/dev/null || true
+	@conf=$(DESTDIR)$(SYSCONFDIR)/mpipause/mpid.conf; \
+	if [ -e $$conf ] && cmp -s $$conf dist/mpid.conf; then echo "rm -f $$conf"; rm -f $$conf; \
+	elif [ -e $$conf ]; then echo "uninstall: kept $$conf: it differs from dist/mpid.conf"; fi; \
+	rmdir $(DESTDIR)$(SYSCONFDIR)/mpipause 2>/dev/null || true
+	@if [ -z "$(DESTDIR)" ] && [ -d /run/systemd/system ]; then systemctl daemon-reload; fi
+
+deb: ## bin/mpipause_VERSION_ARCH.deb, from make install into a staging directory (VERSION: scripts/version.sh)
+	@bash scripts/deb.sh
+
+check-install: ## make install DESTDIR=tmp installs exactly the expected files; uninstall removes them; the man pages lint clean
+	@bash scripts/check-install.sh
+
+check-deb: check-install deb ## the .deb passes lintian, installs with apt on a fresh Debian 12 (debootstrap), works, and purges clean
+	@bash scripts/check-deb.sh

@@ -12,9 +12,11 @@ pkgs=(
 	mpich libmpich-dev           # MPICH 4.0 ch4:ucx (mpiexec.mpich, mpicc.mpich)
 	iproute2 util-linux procps   # ip netns, unshare/nsenter/setpriv, ps/pkill
 	slurmctld slurmd slurm-client libslurm-dev munge # Slurm 22.05 for the SPANK plugin (spank.h) and its e2e test
-	systemd                      # systemd-analyze verify of dist/systemd/mpid.service (offline)
+	systemd                      # systemd-analyze verify of the unit (offline); systemctl (check-install)
 	ca-certificates git
 	vagrant vagrant-libvirt shellcheck jq # make check-vagrant; jq: scripts/cluster-e2e.sh
+	dpkg-dev binutils debootstrap lintian # make deb (dpkg-shlibdeps, strip); check-deb (a fresh Debian 12 root)
+	man-db groff-base mandoc       # man pages: render and lint them
 )
 
 missing=()

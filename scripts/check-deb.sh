@@ -6,7 +6,7 @@
 # (scripts/check-deb-inside.sh runs inside it). Fails, never skips.
 #
 #   DEBIAN_MIRROR   the mirror debootstrap takes Debian from (default: the
-#                   host's apt source for Debian, else http://deb.debian.org/debian)
+#                   host's apt source for Debian)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -38,7 +38,7 @@ if [ -z "$mirror" ]; then
 	[ ${#sources[@]} = 0 ] ||
 		mirror=$(awk '($1 == "URIs:" || $1 == "deb") && !found { for (i = 2; i <= NF; i++) if ($i ~ /^https?:\/\/.*\/debian\/?$/) { print $i; found = 1; break } }' "${sources[@]}")
 fi
-mirror=${mirror:-http://deb.debian.org/debian}
+[ -n "$mirror" ] || fail "no Debian mirror in the host's apt sources (/etc/apt/sources.list*): set DEBIAN_MIRROR=URL"
 
 root=$(mktemp -d /var/tmp/mpipause-check-deb.XXXXXX)
 cleanup() {

@@ -15,7 +15,14 @@ if [ "$major" -gt 6 ] || { [ "$major" -eq 6 ] && [ "$minor" -ge 3 ]; }; then
 	exit 0
 fi
 codename=$(awk -F= '$1 == "VERSION_CODENAME" { print $2 }' /etc/os-release)
-echo "deb http://deb.debian.org/debian ${codename}-backports main" >/etc/apt/sources.list.d/backports.list
+# Backports from the mirror the box already uses (deb822 or one-line sources).
+mirror=$(cat /etc/apt/sources.list.d/*.sources /etc/apt/sources.list 2>/dev/null |
+	awk '($1 == "URIs:" || $1 == "deb") && !found { for (i = 2; i <= NF; i++) if ($i ~ /^https?:\/\/.*\/debian\/?$/) { print $i; found = 1; break } }')
+if [ -z "$mirror" ]; then
+	echo "provision-kernel: no Debian mirror in /etc/apt/sources.list*; add one, then vagrant provision" >&2
+	exit 1
+fi
+echo "deb $mirror ${codename}-backports main" >/etc/apt/sources.list.d/backports.list
 apt-get update -q >/dev/null
 apt-get install -y -q -t "${codename}-backports" linux-image-amd64 >/dev/null
 newest=$(printf '%s\n' /boot/vmlinuz-* | sort -V | tail -1)

@@ -271,13 +271,7 @@ func (r *Rank) Quiet() bool {
 	if p.mem == nil {
 		return false
 	}
-	// The gate page's word when there is one (mpid writes it); the state
-	// page's copy otherwise.
-	if w := p.word(); w != nil {
-		if atomic.LoadInt32(w)&3 != gateClosed {
-			return false
-		}
-	} else if atomic.LoadUint32((*uint32)(unsafe.Pointer(&p.mem[32]))) != gateClosed {
+	if p.gateState() != gateClosed {
 		return false
 	}
 	short, gated := p.flags()
@@ -303,10 +297,18 @@ func (r *Rank) GateClosed() bool {
 	if p.mem == nil {
 		return false
 	}
+	return p.gateState() != gateOpen
+}
+
+// gateState is the gate's state (open, closed, flushing) from the gate
+// page's word when there is one (mpid writes it), else from the state page's
+// copy, which the shim publishes as the whole word, generation included.
+// The caller holds p.mu and has checked p.mem.
+func (p *statePage) gateState() uint32 {
 	if w := p.word(); w != nil {
-		return atomic.LoadInt32(w)&3 != gateOpen
+		return uint32(atomic.LoadInt32(w)) & 3
 	}
-	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&p.mem[32])))&3 != gateOpen
+	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&p.mem[32]))) & 3
 }
 
 // CtlThreadName is the name the shim gives its control thread

@@ -211,3 +211,38 @@ func TestGatePage(t *testing.T) {
 		t.Error("CloseGate without a gate page")
 	}
 }
+
+// TestStatePageGate: without a gate page, Quiet and GateClosed read the
+// state page's copy of the gate word, which the shim publishes whole, its
+// generation included (libmpi-shim/gate.c publish_gate).
+func TestStatePageGate(t *testing.T) {
+	for _, tc := range []struct {
+		name          string
+		word          int32
+		quiet, closed bool
+	}{
+		{"open, generation 0", gateWord(gateOpen, 0), false, false},
+		{"closed, generation 0", gateWord(gateClosed, 0), true, true},
+		{"closed, generation 3", gateWord(gateClosed, 3), true, true},
+		{"flushing, generation 3", gateWord(gateFlushing, 3), false, true},
+		{"open, generation 3", gateWord(gateOpen, 3), false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := receivePage(makePage(t, 64, true, func(b []byte) {
+				b[pageHeader+5] = 0 // no socket mid-message
+				binary.LittleEndian.PutUint32(b[32:], uint32(tc.word))
+			}))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.close()
+			r := &Rank{page: p}
+			if got := r.Quiet(); got != tc.quiet {
+				t.Errorf("Quiet() = %v, want %v", got, tc.quiet)
+			}
+			if got := r.GateClosed(); got != tc.closed {
+				t.Errorf("GateClosed() = %v, want %v", got, tc.closed)
+			}
+		})
+	}
+}

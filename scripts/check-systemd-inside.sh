@@ -29,11 +29,11 @@ fail() {
 step() { echo "check-systemd: [${SECONDS}s] $*"; }
 # wait_for WHAT SECONDS CMD...: until CMD succeeds, or fail after SECONDS.
 wait_for() {
-	local what=$1 left=$(($2 * 10))
+	local what=$1 secs=$2 left=$(($2 * 10))
 	shift 2
 	until "$@"; do
 		left=$((left - 1))
-		[ "$left" -gt 0 ] || fail "no $what after $(($1)) s"
+		[ "$left" -gt 0 ] || fail "no $what after $secs s"
 		sleep 0.1
 	done
 }

@@ -55,8 +55,7 @@ cleanup() {
 	if [ -d "$cg" ]; then
 		# Whatever is left of the container dies with its cgroups.
 		[ ! -e "$cg/cgroup.kill" ] || echo 1 > "$cg/cgroup.kill" || true
-		local i
-		for i in $(seq 50); do
+		for _ in $(seq 50); do
 			find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null || true
 			[ -d "$cg" ] || break
 			sleep 0.1

@@ -40,7 +40,7 @@ check-format: ## fail if a Go file is not gofmt-formatted or go vet reports a pr
 		[ -z "$$f" ] || { echo "not gofmt-formatted: $$f (run: gofmt -w $$f)" >&2; exit 1; }
 	$(GO) vet ./...
 
-test: deps build check-generate check-format check-vagrant check-deb test-unit test-fuzz test-priv test-multinode test-cluster-script ## install what is missing and run every test tier
+test: deps build check-generate check-format check-vagrant check-deb check-systemd test-unit test-fuzz test-priv test-multinode test-cluster-script ## install what is missing and run every test tier
 	@echo "make test: all tiers passed"
 
 test-unit: ## tier 1: unit tests with every capability dropped (must pass unprivileged), and the shim's C tests

@@ -3,8 +3,9 @@
 # Runs inside a Debian 12 container booted with systemd as its PID 1
 # (scripts/check-systemd.sh), as a service of that systemd, once the boot is
 # done: installs the .deb ($1) with apt, starts mpid with its unit, sandbox
-# and all, and checks that it serves and pauses and resumes a real 2-rank
-# Open MPI job (xchg, $2). Ends the container with its result: systemctl
+# and all, and checks that it serves and pauses a real 2-rank Open MPI job
+# (xchg, $2), that systemd restarts it after a SIGKILL and that the new mpid
+# resumes the job. Ends the container with its result: systemctl
 # exit 0 when every check passed, 1 otherwise.
 set -euo pipefail
 deb=$1 xchg=$2
@@ -95,7 +96,7 @@ pins=/sys/fs/bpf/mpipause/$(stat -c %i "$cg")
 echo "pins of job $job: $pins: $(ls "$pins" 2>/dev/null | paste -sd ' ')"
 [ -e "$pins/link_sockops" ] || fail "no sockops link of job $job pinned at $pins: $(find /sys/fs/bpf | paste -sd ' ')"
 
-step "mpipause pause, then resume"
+step "mpipause pause"
 out=$(mpipause pause --json "$job") || fail "mpipause pause: $out"
 state=$(jq -r .state <<< "$out")
 [ "$state" = paused ] || fail "after pause, job $job is $state: $out"
@@ -103,6 +104,23 @@ jq -r '"paused in \(.total_ms) ms: \(.connections) connections checked, \(.drain
 # The observer saw the ranks' TCP connection (sockops and iterators at work).
 [ "$(jq .connections <<< "$out")" -ge 1 ] || fail "the pause checked no connection of job $job: $out"
 [ "$(cat "$cg/cgroup.freeze")" = 1 ] || fail "job $job is paused but $cg is not frozen"
+
+step "mpid killed (SIGKILL) while the job is paused: systemd restarts it, the new mpid resumes the job"
+kill -KILL "$pid"
+# Restart=on-failure, after RestartSec=; RuntimeDirectoryPreserve= keeps
+# the record of the pause in /run/mpipause for the new mpid.
+restarted() { [ "$(show NRestarts)" = 1 ] && [ "$(systemctl is-active mpid)" = active ]; }
+wait_for "restart of mpid by systemd" 60 restarted
+newpid=$(show MainPID)
+[ "$newpid" != "$pid" ] || fail "mpid's MainPID is still $pid after its restart"
+echo "mpid restarted: MainPID $pid, now $newpid, NRestarts $(show NRestarts)"
+[ -f "/run/mpipause/mpid-$(hostname)/$job.json" ] || fail "the record of the pause is gone from /run/mpipause: $(find /run/mpipause | paste -sd ' ')"
+out=$(mpipause status --json "$job") || fail "mpipause status after mpid's restart: $out"
+[ "$(jq -r .state <<< "$out")" = paused ] || fail "after mpid's restart, job $job is $(jq -r .state <<< "$out"), want paused: $out"
+[ "$(cat "$cg/cgroup.freeze")" = 1 ] || fail "after mpid's restart, $cg is not frozen"
+pid=$newpid
+# What the journal says from here on (the kill and the restart are behind).
+journalctl -u mpid -o cat --no-pager --cursor-file=/tmp/journal.cursor > /dev/null
 out=$(mpipause resume --json "$job") || fail "mpipause resume: $out"
 state=$(jq -r .state <<< "$out")
 [ "$state" = running ] || fail "after resume, job $job is $state: $out"
@@ -116,7 +134,7 @@ systemctl stop mpid
 # Inactive, the unit may be unloaded, its Result= gone: the journal says
 # how it stopped. A clean stop is mpid exiting 0 on SIGTERM; not an exit
 # status, a signal, nor a timeout and SIGKILL.
-stopped=$(journalctl -u mpid -o cat --no-pager)
+stopped=$(journalctl -u mpid -o cat --no-pager --cursor-file=/tmp/journal.cursor)
 grep -qF 'mpid.service: Deactivated successfully.' <<< "$stopped" || fail "mpid did not stop cleanly: $(tail -5 <<< "$stopped")"
 ! grep -E 'mpid.service: (Main process exited|Failed with result|State .* timed out)' <<< "$stopped" || fail "mpid did not stop cleanly (above)"
 journalctl -u mpid -o cat --no-pager | tail -5

@@ -5,7 +5,8 @@
 # from Debian's mirror, with systemd and Open MPI) with systemd-nspawn,
 # systemd its PID 1; scripts/check-systemd-inside.sh then runs there as a
 # service: installs the .deb that make deb built with apt, starts mpid with
-# systemctl, and pauses and resumes a 2-rank Open MPI job through it. Fails,
+# systemctl, pauses a 2-rank Open MPI job through it, kills it (systemd
+# restarts it) and resumes the job through the new one. Fails,
 # never skips; leaves nothing behind (the container, its root, its cgroups
 # and its mounts go; the host's network is never touched: the container has
 # a network namespace of its own, loopback only).
@@ -134,4 +135,4 @@ rc=0
 ) || rc=$?
 echo "check-systemd: the container ran $((SECONDS - start)) s"
 [ "$rc" = 0 ] || fail "in the container (above): exit $rc"
-echo "check-systemd: ok in $SECONDS s (mpid's unit, sandbox and all, under systemd $(systemd-nspawn --version | awk 'NR == 1 { print $2 }') as PID 1: started, served, paused and resumed a 2-rank Open MPI job, stopped)"
+echo "check-systemd: ok in $SECONDS s (mpid's unit, sandbox and all, under systemd $(systemd-nspawn --version | awk 'NR == 1 { print $2 }') as PID 1: started, served, paused a 2-rank Open MPI job, restarted after a SIGKILL, resumed the job, stopped)"

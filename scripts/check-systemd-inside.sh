@@ -71,10 +71,22 @@ grep -q ' / ro,' "/proc/$pid/mountinfo" || fail "/ is not read-only for mpid (Pr
 [ "$(wc -l < /sys/fs/cgroup/system.slice/mpid.service/cgroup.procs)" = 1 ] || fail "mpid.service's cgroup holds more than mpid"
 
 step "the journal has mpid's lines, with their priorities"
-# PRIORITY 6 (info) for mpid's start line, from its own "<6>" prefix.
-journalctl -u mpid -o verbose --no-pager | grep -q 'PRIORITY=6' || fail "no info (PRIORITY=6) line of mpid's in the journal"
-journalctl -u mpid -o cat --no-pager | grep -q 'serving' || fail "mpid's serving line is not in the journal"
-journalctl -u mpid -o cat --no-pager | grep -E '^(time=|<[0-9]>)' && fail "mpid's lines carry a time stamp or a raw <N> prefix in the journal"
+# mpid's own lines (not systemd's about the unit): the serving line, at
+# PRIORITY 6 (info) from mpid's own "<6>" prefix, which journald took off.
+serving=$(journalctl -u mpid _COMM=mpid -o json --no-pager | jq -c 'select(.MESSAGE | test("msg=serving"))')
+[ -n "$serving" ] || fail "mpid's serving line is not in the journal: $(journalctl -u mpid -o cat --no-pager)"
+[ "$(jq -r .PRIORITY <<< "$serving")" = 6 ] || fail "mpid's serving line has priority $(jq -r .PRIORITY <<< "$serving"), want 6 (info): $serving"
+[[ "$(jq -r .MESSAGE <<< "$serving")" == level=INFO\ msg=serving* ]] || fail "mpid's serving line is not as journald should show it: $(jq -r .MESSAGE <<< "$serving")"
+# Every line of mpid's: its priority is its level's (checked again at the end).
+priorities_right() {
+	local bad
+	bad=$(journalctl -u mpid _COMM=mpid -o json --no-pager | jq -r '
+		{"DEBUG": "7", "INFO": "6", "WARN": "4", "ERROR": "3"} as $p
+		| select((.MESSAGE | capture("^level=(?<l>[A-Z]+) ").l) as $l | $p[$l] != .PRIORITY)
+		| "\(.PRIORITY): \(.MESSAGE)"')
+	[ -z "$bad" ] || fail "lines of mpid's with the wrong priority in the journal: $bad"
+}
+priorities_right
 
 step "mpipause list answers through the control socket"
 mpipause list || fail "mpipause list"
@@ -138,6 +150,9 @@ stopped=$(journalctl -u mpid -o cat --no-pager --cursor-file=/tmp/journal.cursor
 grep -qF 'mpid.service: Deactivated successfully.' <<< "$stopped" || fail "mpid did not stop cleanly: $(tail -5 <<< "$stopped")"
 ! grep -E 'mpid.service: (Main process exited|Failed with result|State .* timed out)' <<< "$stopped" || fail "mpid did not stop cleanly (above)"
 journalctl -u mpid -o cat --no-pager | tail -5
+
+priorities_right
+echo "mpid's lines in the journal, by priority: $(journalctl -u mpid _COMM=mpid -o json --no-pager | jq -r .PRIORITY | sort | uniq -c | paste -sd ' ')"
 
 step "systemd-analyze security mpid"
 systemd-analyze security --no-pager mpid | tail -1

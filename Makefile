@@ -12,6 +12,7 @@ GENERATED := loader/*_bpfel.go loader/*_bpfel.o
 .DEFAULT_GOAL := help
 .PHONY: help deps build generate check-generate check-format check-vagrant test-cluster-script test test-unit test-fuzz test-priv test-multinode test-faults bench demo clean
 .PHONY: man install uninstall deb check-install check-deb
+.PHONY: check-systemd
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -39,7 +40,7 @@ check-format: ## fail if a Go file is not gofmt-formatted or go vet reports a pr
 		[ -z "$$f" ] || { echo "not gofmt-formatted: $$f (run: gofmt -w $$f)" >&2; exit 1; }
 	$(GO) vet ./...
 
-test: deps build check-generate check-format check-vagrant check-deb test-unit test-fuzz test-priv test-multinode test-cluster-script ## install what is missing and run every test tier
+test: deps build check-generate check-format check-vagrant check-deb check-systemd test-unit test-fuzz test-priv test-multinode test-cluster-script ## install what is missing and run every test tier
 	@echo "make test: all tiers passed"
 
 test-unit: ## tier 1: unit tests with every capability dropped (must pass unprivileged), and the shim's C tests
@@ -183,3 +184,6 @@ check-install: ## make install DESTDIR=tmp installs exactly the expected files; 
 
 check-deb: check-install deb ## the .deb passes lintian, installs with apt on a fresh Debian 12 (debootstrap), works, and purges clean
 	@bash scripts/check-deb.sh
+
+check-systemd: build deb ## mpid's unit, sandbox and all, under a real systemd (systemd-nspawn boots a fresh Debian 12): start, a 2-rank job paused and resumed, stop
+	@bash scripts/check-systemd.sh

@@ -17,6 +17,7 @@ pkgs=(
 	vagrant vagrant-libvirt shellcheck jq # make check-vagrant; jq: scripts/cluster-e2e.sh
 	dpkg-dev binutils debootstrap lintian # make deb (dpkg-shlibdeps, strip); check-deb (a fresh Debian 12 root)
 	man-db groff-base mandoc       # man pages: render and lint them
+	systemd-container            # make check-systemd: systemd-nspawn boots a Debian 12 with mpid's unit
 )
 
 missing=()

@@ -1,0 +1,160 @@
+#!/bin/bash
+# SPDX-License-Identifier: Apache-2.0
+# Runs inside a Debian 12 container booted with systemd as its PID 1
+# (scripts/check-systemd.sh), as a service of that systemd, once the boot is
+# done: installs the .deb ($1) with apt, starts mpid with its unit, sandbox
+# and all, and checks that it serves and pauses a real 2-rank Open MPI job
+# (xchg, $2), that systemd restarts it after a SIGKILL and that the new mpid
+# resumes the job. Ends the container with its result: systemctl
+# exit 0 when every check passed, 1 otherwise.
+set -euo pipefail
+deb=$1 xchg=$2
+export DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8
+job=systemd-check
+# The job's Open MPI: both ranks on this node, over TCP on loopback (the
+# container's only interface), as root.
+export OMPI_MCA_pml=ob1 OMPI_MCA_btl=tcp,self OMPI_MCA_btl_tcp_if_include=lo \
+	OMPI_MCA_oob_tcp_if_include=lo OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+
+rc=1
+finish() {
+	# Whatever happened, the container ends, and says how.
+	[ "$rc" = 0 ] || journalctl -b -u mpid --no-pager -o short-monotonic | tail -40 || true
+	systemctl --no-block exit "$rc"
+}
+trap finish EXIT
+fail() {
+	echo "check-systemd (in the container): FAIL: $*" >&2
+	exit 1
+}
+step() { echo "check-systemd: [${SECONDS}s] $*"; }
+# wait_for WHAT SECONDS CMD...: until CMD succeeds, or fail after SECONDS.
+wait_for() {
+	local what=$1 secs=$2 left=$(($2 * 10))
+	shift 2
+	until "$@"; do
+		left=$((left - 1))
+		[ "$left" -gt 0 ] || fail "no $what after $secs s"
+		sleep 0.1
+	done
+}
+
+step "systemd $(systemctl --version | awk 'NR == 1 { print $2 }') is PID 1: $(systemctl is-system-running --wait || true)"
+state=$(systemctl is-system-running) || { systemctl --failed --no-pager; fail "the system is $state, want running"; }
+
+step "apt-get install $deb (no cluster key: mpid not enabled)"
+apt-get install -y -q --no-install-recommends "$deb" > /tmp/install.log 2>&1 || { cat /tmp/install.log; fail "apt-get install $deb"; }
+[ "$(systemctl is-enabled mpid)" = disabled ] || fail "mpid is $(systemctl is-enabled mpid) without a cluster key, want disabled"
+
+step "mpid keygen; systemctl start mpid (Type=notify: returns once mpid sent READY=1)"
+mpid keygen > /dev/null
+systemctl start mpid || { systemctl status mpid --no-pager || true; fail "systemctl start mpid"; }
+[ "$(systemctl is-active mpid)" = active ] || fail "mpid is $(systemctl is-active mpid) after start"
+systemctl show mpid -p StatusText,MainPID,NRestarts,Type
+show() { systemctl show mpid -P "$1"; }
+[ -n "$(show StatusText)" ] || fail "mpid gave systemd no STATUS= with its READY=1"
+[ "$(show NRestarts)" = 0 ] || fail "mpid restarted $(show NRestarts) times"
+pid=$(show MainPID)
+[ "$pid" != 0 ] || fail "no MainPID"
+[ "$(readlink "/proc/$pid/exe")" = /usr/sbin/mpid ] || fail "MainPID $pid is $(readlink "/proc/$pid/exe"), not /usr/sbin/mpid"
+
+step "mpid's capabilities are the unit's CapabilityBoundingSet, no more, no fewer"
+want=$(sed -n 's/^CapabilityBoundingSet=//p' /lib/systemd/system/mpid.service | tr ' A-Z' '\na-z' | sort | paste -sd,)
+have=$(capsh --decode="$(awk '$1 == "CapEff:" { print $2 }' "/proc/$pid/status")" | sed 's/.*=//' | tr , '\n' | sort | paste -sd,)
+echo "CapEff of mpid ($pid): $have"
+[ -n "$want" ] && [ "$have" = "$want" ] || fail "mpid's effective capabilities are $have, the unit's set is $want"
+# The sandbox is in force: / is read-only for mpid, /run/mpipause not.
+grep -q ' / ro,' "/proc/$pid/mountinfo" || fail "/ is not read-only for mpid (ProtectSystem=strict)"
+[ "$(awk '$1 == "NoNewPrivs:" { print $2 }' "/proc/$pid/status")" = 1 ] || fail "mpid runs without no_new_privs"
+[ "$(awk '$1 == "Seccomp:" { print $2 }' "/proc/$pid/status")" = 2 ] || fail "mpid runs without its system call filter"
+[ -d /run/mpipause ] || fail "no /run/mpipause (RuntimeDirectory=)"
+[ "$(wc -l < /sys/fs/cgroup/system.slice/mpid.service/cgroup.procs)" = 1 ] || fail "mpid.service's cgroup holds more than mpid"
+
+step "the journal has mpid's lines, with their priorities"
+# mpid's own lines (not systemd's about the unit): the serving line, at
+# PRIORITY 6 (info) from mpid's own "<6>" prefix, which journald took off.
+serving=$(journalctl -u mpid _COMM=mpid -o json --no-pager | jq -c 'select(.MESSAGE | test("msg=serving"))')
+[ -n "$serving" ] || fail "mpid's serving line is not in the journal: $(journalctl -u mpid -o cat --no-pager)"
+[ "$(jq -r .PRIORITY <<< "$serving")" = 6 ] || fail "mpid's serving line has priority $(jq -r .PRIORITY <<< "$serving"), want 6 (info): $serving"
+[[ "$(jq -r .MESSAGE <<< "$serving")" == level=INFO\ msg=serving* ]] || fail "mpid's serving line is not as journald should show it: $(jq -r .MESSAGE <<< "$serving")"
+# Every line of mpid's: its priority is its level's (checked again at the end).
+priorities_right() {
+	local bad
+	bad=$(journalctl -u mpid _COMM=mpid -o json --no-pager | jq -r '
+		{"DEBUG": "7", "INFO": "6", "WARN": "4", "ERROR": "3"} as $p
+		| select((.MESSAGE | capture("^level=(?<l>[A-Z]+) ").l) as $l | $p[$l] != .PRIORITY)
+		| "\(.PRIORITY): \(.MESSAGE)"')
+	[ -z "$bad" ] || fail "lines of mpid's with the wrong priority in the journal: $bad"
+}
+priorities_right
+
+step "mpipause list answers through the control socket"
+mpipause list || fail "mpipause list"
+
+step "a 2-rank Open MPI job under mpipause run: JOIN loads and attaches its BPF programs"
+args=(-m a2a -n 400 -s 64K -z 20000)
+sum=$("$xchg" -x 2 "${args[@]}")
+mpipause run --jobid "$job" -- mpirun.openmpi -np 2 "$xchg" "${args[@]}" > /tmp/job.out 2>&1 &
+jobpid=$!
+joined() { mpipause status --json "$job" 2>/dev/null | jq -e '(.local_ranks // []) | length == 2' > /dev/null; }
+wait_for "2 joined ranks of job $job" 60 joined
+mpipause status "$job"
+cg=$(find /sys/fs/cgroup -name "$job" -type d | head -1)
+[ -n "$cg" ] || fail "no cgroup of job $job under /sys/fs/cgroup"
+echo "job cgroup: $cg ($(wc -l < "$cg/cgroup.procs") processes)"
+[ "$(wc -l < "$cg/cgroup.procs")" -ge 2 ] || fail "the ranks are not in $cg"
+# The job's BPF state, pinned by the job cgroup's id (its inode number).
+pins=/sys/fs/bpf/mpipause/$(stat -c %i "$cg")
+echo "pins of job $job: $pins: $(ls "$pins" 2>/dev/null | paste -sd ' ')"
+[ -e "$pins/link_sockops" ] || fail "no sockops link of job $job pinned at $pins: $(find /sys/fs/bpf | paste -sd ' ')"
+
+step "mpipause pause"
+out=$(mpipause pause --json "$job") || fail "mpipause pause: $out"
+state=$(jq -r .state <<< "$out")
+[ "$state" = paused ] || fail "after pause, job $job is $state: $out"
+jq -r '"paused in \(.total_ms) ms: \(.connections) connections checked, \(.drained_bytes) bytes drained"' <<< "$out"
+# The observer saw the ranks' TCP connection (sockops and iterators at work).
+[ "$(jq .connections <<< "$out")" -ge 1 ] || fail "the pause checked no connection of job $job: $out"
+[ "$(cat "$cg/cgroup.freeze")" = 1 ] || fail "job $job is paused but $cg is not frozen"
+
+step "mpid killed (SIGKILL) while the job is paused: systemd restarts it, the new mpid resumes the job"
+kill -KILL "$pid"
+# Restart=on-failure, after RestartSec=; RuntimeDirectoryPreserve= keeps
+# the record of the pause in /run/mpipause for the new mpid.
+restarted() { [ "$(show NRestarts)" = 1 ] && [ "$(systemctl is-active mpid)" = active ]; }
+wait_for "restart of mpid by systemd" 60 restarted
+newpid=$(show MainPID)
+[ "$newpid" != "$pid" ] || fail "mpid's MainPID is still $pid after its restart"
+echo "mpid restarted: MainPID $pid, now $newpid, NRestarts $(show NRestarts)"
+[ -f "/run/mpipause/mpid-$(hostname)/$job.json" ] || fail "the record of the pause is gone from /run/mpipause: $(find /run/mpipause | paste -sd ' ')"
+out=$(mpipause status --json "$job") || fail "mpipause status after mpid's restart: $out"
+[ "$(jq -r .state <<< "$out")" = paused ] || fail "after mpid's restart, job $job is $(jq -r .state <<< "$out"), want paused: $out"
+[ "$(cat "$cg/cgroup.freeze")" = 1 ] || fail "after mpid's restart, $cg is not frozen"
+pid=$newpid
+# What the journal says from here on (the kill and the restart are behind).
+journalctl -u mpid -o cat --no-pager --cursor-file=/tmp/journal.cursor > /dev/null
+out=$(mpipause resume --json "$job") || fail "mpipause resume: $out"
+state=$(jq -r .state <<< "$out")
+[ "$state" = running ] || fail "after resume, job $job is $state: $out"
+wait "$jobpid" || { cat /tmp/job.out; fail "the job failed after its pause and resume"; }
+grep -qxF "$sum" /tmp/job.out || { cat /tmp/job.out; fail "the job's result is not the serial one ($sum)"; }
+echo "the job's result is the serial one: $sum"
+
+step "systemctl stop mpid: a clean stop"
+systemctl stop mpid
+[ "$(systemctl is-active mpid)" = inactive ] || fail "mpid is $(systemctl is-active mpid) after stop, want inactive"
+# Inactive, the unit may be unloaded, its Result= gone: the journal says
+# how it stopped. A clean stop is mpid exiting 0 on SIGTERM; not an exit
+# status, a signal, nor a timeout and SIGKILL.
+stopped=$(journalctl -u mpid -o cat --no-pager --cursor-file=/tmp/journal.cursor)
+grep -qF 'mpid.service: Deactivated successfully.' <<< "$stopped" || fail "mpid did not stop cleanly: $(tail -5 <<< "$stopped")"
+! grep -E 'mpid.service: (Main process exited|Failed with result|State .* timed out)' <<< "$stopped" || fail "mpid did not stop cleanly (above)"
+journalctl -u mpid -o cat --no-pager | tail -5
+
+priorities_right
+echo "mpid's lines in the journal, by priority: $(journalctl -u mpid _COMM=mpid -o json --no-pager | jq -r .PRIORITY | sort | uniq -c | paste -sd ' ')"
+
+step "systemd-analyze security mpid"
+systemd-analyze security --no-pager mpid | tail -1
+rc=0
+step "ok"

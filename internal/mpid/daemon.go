@@ -96,6 +96,10 @@ type Daemon struct {
 	// no-op).
 	metrics *metrics.Metrics
 
+	// refusals keeps a rank that retries a refused JOIN or HELLO from
+	// flooding the log.
+	refusals *logLimiter
+
 	mu   sync.Mutex
 	jobs map[string]*job
 	// done closes when Run ends: background work stops.
@@ -158,7 +162,7 @@ func New(cfg Config) (*Daemon, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.NewTextHandler(os.Stderr, nil))
 	}
-	d := &Daemon{cfg: cfg, log: cfg.Log, jobs: map[string]*job{}}
+	d := &Daemon{cfg: cfg, log: cfg.Log, jobs: map[string]*job{}, refusals: newLogLimiter(refusalQuiet)}
 	if cfg.MetricsListen != "" {
 		if err := metrics.CheckAddr(cfg.MetricsListen); err != nil {
 			return nil, err
@@ -463,7 +467,9 @@ func joinInts(xs []int) string {
 func (d *Daemon) rankChanged(r *ranks.Rank, gone bool, err error) {
 	switch {
 	case err != nil:
-		d.log.Warn("rank refused", "error", err)
+		if ok, held := d.refusals.allow(err.Error()); ok {
+			d.log.Warn("rank refused", "error", err, "repeats_not_logged", held)
+		}
 	case gone:
 		d.log.Info("rank gone", "job", r.Job, "rank", r.Rank, "pid", r.Pid)
 		d.mu.Lock()

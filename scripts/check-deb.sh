@@ -28,17 +28,7 @@ out=$(lintian --no-cfg --fail-on error,warning "$deb" 2>&1) || rc=$?
 grep -v 'running with root privileges' <<< "$out" || true
 [ "$rc" = 0 ] || fail "lintian reports errors or warnings (above), exit $rc"
 
-# The host's Debian mirror (deb822 or one-line sources), not the security one.
-mirror=${DEBIAN_MIRROR:-}
-if [ -z "$mirror" ]; then
-	sources=()
-	for f in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list; do
-		[ -f "$f" ] && sources+=("$f")
-	done
-	[ ${#sources[@]} = 0 ] ||
-		mirror=$(awk '($1 == "URIs:" || $1 == "deb") && !found { for (i = 2; i <= NF; i++) if ($i ~ /^https?:\/\/.*\/debian\/?$/) { print $i; found = 1; break } }' "${sources[@]}")
-fi
-[ -n "$mirror" ] || fail "no Debian mirror in the host's apt sources (/etc/apt/sources.list*): set DEBIAN_MIRROR=URL"
+mirror=$(scripts/debian-mirror.sh) || fail "no Debian mirror to debootstrap from (above)"
 
 root=$(mktemp -d /var/tmp/mpipause-check-deb.XXXXXX)
 cleanup() {

@@ -29,17 +29,7 @@ deb=bin/mpipause_$(scripts/version.sh)_$(dpkg --print-architecture).deb
 xchg=bin/apps/xchg.openmpi
 [ -x "$xchg" ] || fail "no $xchg: run make build"
 
-# The host's Debian mirror (deb822 or one-line sources), not the security one.
-mirror=${DEBIAN_MIRROR:-}
-if [ -z "$mirror" ]; then
-	sources=()
-	for f in /etc/apt/sources.list.d/*.sources /etc/apt/sources.list; do
-		[ -f "$f" ] && sources+=("$f")
-	done
-	[ ${#sources[@]} = 0 ] ||
-		mirror=$(awk '($1 == "URIs:" || $1 == "deb") && !found { for (i = 2; i <= NF; i++) if ($i ~ /^https?:\/\/.*\/debian\/?$/) { print $i; found = 1; break } }' "${sources[@]}")
-fi
-[ -n "$mirror" ] || fail "no Debian mirror in the host's apt sources (/etc/apt/sources.list*): set DEBIAN_MIRROR=URL"
+mirror=$(scripts/debian-mirror.sh) || fail "no Debian mirror to debootstrap from (above)"
 
 # The cgroup v2 hierarchy, wherever it is mounted (/sys/fs/cgroup, or
 # /sys/fs/cgroup/unified on a hybrid host): the container's systemd runs in

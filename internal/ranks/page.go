@@ -170,6 +170,22 @@ func (r *Rank) withWord(fn func(w *int32)) bool {
 	return true
 }
 
+// withPage runs fn on the rank's state page under its read lock (a close of
+// the page waits for it); false if the rank shared no page or is gone.
+func (r *Rank) withPage(fn func(p *statePage)) bool {
+	p := r.page
+	if p == nil {
+		return false
+	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if p.mem == nil {
+		return false
+	}
+	fn(p)
+	return true
+}
+
 // CloseGate closes the rank's gate, in a new generation, by writing its
 // gate word, and reports whether it could: false when the shim shared no
 // gate page (then ask it with Close). Unlike Close it wakes nobody: a
@@ -234,23 +250,16 @@ func (p *statePage) flags() (short, gated []byte) {
 // gated or holding bytes, read from the page, not asked of the rank; nil if
 // the rank shared no page or is gone.
 func (r *Rank) Sockets() []Socket {
-	p := r.page
-	if p == nil {
-		return nil
-	}
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	if p.mem == nil {
-		return nil
-	}
 	var out []Socket
-	short, gated := p.flags()
-	for fd := 0; fd < p.fds; fd++ {
-		held := atomic.LoadUint64((*uint64)(unsafe.Pointer(&p.mem[p.heldOffset+8*fd])))
-		if short[fd] != 0 || gated[fd] != 0 || held != 0 {
-			out = append(out, Socket{FD: fd, Short: short[fd] != 0, Gated: gated[fd] != 0, Held: held})
+	r.withPage(func(p *statePage) {
+		short, gated := p.flags()
+		for fd := 0; fd < p.fds; fd++ {
+			held := atomic.LoadUint64((*uint64)(unsafe.Pointer(&p.mem[p.heldOffset+8*fd])))
+			if short[fd] != 0 || gated[fd] != 0 || held != 0 {
+				out = append(out, Socket{FD: fd, Short: short[fd] != 0, Gated: gated[fd] != 0, Held: held})
+			}
 		}
-	}
+	})
 	return out
 }
 
@@ -262,25 +271,20 @@ func (r *Rank) Sockets() []Socket {
 // know whether that fd is a TCP socket (the shim does), so the caller asks
 // the rank.
 func (r *Rank) Quiet() bool {
-	p := r.page
-	if p == nil {
-		return false
-	}
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	if p.mem == nil {
-		return false
-	}
-	if p.gateState() != gateClosed {
-		return false
-	}
-	short, gated := p.flags()
-	for fd := 0; fd < p.fds; fd++ {
-		if short[fd] != 0 && gated[fd] == 0 {
-			return false
+	quiet := false
+	r.withPage(func(p *statePage) {
+		if p.gateState() != gateClosed {
+			return
 		}
-	}
-	return true
+		short, gated := p.flags()
+		for fd := 0; fd < p.fds; fd++ {
+			if short[fd] != 0 && gated[fd] == 0 {
+				return
+			}
+		}
+		quiet = true
+	})
+	return quiet
 }
 
 // GateClosed reports, from the gate word (or the state page's copy of it),
@@ -288,16 +292,9 @@ func (r *Rank) Quiet() bool {
 // open. False when the rank shared no page or is gone. Read, never asked:
 // a frozen rank can be looked at too (mpid's metrics).
 func (r *Rank) GateClosed() bool {
-	p := r.page
-	if p == nil {
-		return false
-	}
-	p.mu.RLock()
-	defer p.mu.RUnlock()
-	if p.mem == nil {
-		return false
-	}
-	return p.gateState() != gateOpen
+	closed := false
+	r.withPage(func(p *statePage) { closed = p.gateState() != gateOpen })
+	return closed
 }
 
 // gateState is the gate's state (open, closed, flushing) from the gate

@@ -482,9 +482,11 @@ func serveConn(ctx context.Context, conn net.Conn, h Handler, o ServerOptions) {
 	var s *session
 	if o.Key != nil {
 		if len(hello.Nonce) != nonceSize {
+			// Log before the refusal goes out, so the line is there by the
+			// time the peer can report the error.
+			logf("peer refused: it does not authenticate", ErrAuth)
 			_ = writeFrame(conn, Hello{Magic: HelloMagic, Version: ProtocolVersion,
 				Err: "this node requires the cluster key (mpid --cluster-key)"})
-			logf("peer refused: it does not authenticate", ErrAuth)
 			return
 		}
 		var err error

@@ -65,6 +65,7 @@ type BPFObserver struct {
 	connIter *link.Iter // Snapshot's pass, all namespaces at once
 	ns       *netnsSet
 	adopted  map[uint64]bool // netns inodes tcpIter has run in
+	skipped  []string        // what the last Snapshot could not see (SockDiagObserver.Skipped)
 
 	mu     sync.Mutex // serializes Snapshot, Close and Detach
 	closed bool

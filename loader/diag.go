@@ -90,7 +90,7 @@ func (d *SockDiagObserver) Snapshot(ctx context.Context) ([]Conn, error) {
 			}
 			if dc, err = nl.DialDiag(fd); err != nil {
 				if errors.Is(err, unix.EPERM) && d.followed(ns) {
-					d.skipped = append(d.skipped, ns.label)
+					d.skipped = append(d.skipped, "network namespace "+ns.label+" (entering it needs CAP_SYS_ADMIN)")
 					continue
 				}
 				return nil, fmt.Errorf("sock_diag in %s: %w", nsName(ns), err)
@@ -105,6 +105,7 @@ func (d *SockDiagObserver) Snapshot(ctx context.Context) ([]Conn, error) {
 			out = append(out, diagConn(&socks[i], ns.label))
 		}
 	}
+	d.skipped = d.ns.deniedSkipped(d.skipped)
 	for ino, dc := range d.diag {
 		if !live[ino] {
 			dc.Close()
@@ -121,7 +122,8 @@ func (d *SockDiagObserver) followed(ns netns) bool {
 }
 
 // Skipped names the network namespaces of the job that the last Snapshot
-// left out because the observer may not enter them (no CAP_SYS_ADMIN).
+// left out because the observer may not enter them (no CAP_SYS_ADMIN) or
+// may not even name them (another user's process, no CAP_SYS_PTRACE).
 func (d *SockDiagObserver) Skipped() []string {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -32,6 +32,11 @@ type netnsSet struct {
 	explicit []netns
 	jobDir   string // cgroup tree to follow; "" when not following
 	followed map[uint64]netns
+	// denied lists, as of the last list, the job's processes whose network
+	// namespace this process may not even name (EACCES: another user's
+	// process, no CAP_SYS_PTRACE). Their connections are not seen, and an
+	// observer must say so rather than report the rest as the whole job.
+	denied []int
 }
 
 // openNetnsSet opens the observer's own namespace (that of the calling
@@ -100,10 +105,11 @@ func (s *netnsSet) list() ([]netns, error) {
 	if s.jobDir == "" {
 		return out, nil
 	}
-	inos, err := jobNetns(s.jobDir)
+	inos, denied, err := jobNetns(s.jobDir)
 	if err != nil {
 		return nil, err
 	}
+	s.denied = denied
 	known := map[uint64]bool{}
 	for _, ns := range out {
 		known[ns.ino] = true
@@ -126,6 +132,9 @@ func (s *netnsSet) list() ([]netns, error) {
 			label = "net:[" + strconv.FormatUint(ino, 10) + "]"
 		}
 		ns, err := openNetns("/proc/"+strconv.Itoa(pid)+"/ns/net", label)
+		if isDenied(err) {
+			s.denied = append(s.denied, pid)
+		}
 		if err != nil || ns.ino != ino {
 			// The process exited or moved meanwhile; the next Snapshot
 			// sees where it went.
@@ -160,8 +169,9 @@ func (s *netnsSet) close() {
 
 // jobNetns maps the network namespace inode of every process in the cgroup
 // tree at dir to one pid living in it.
-func jobNetns(dir string) (map[uint64]int, error) {
+func jobNetns(dir string) (map[uint64]int, []int, error) {
 	out := map[uint64]int{}
+	var denied []int
 	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if path != dir && errors.Is(err, fs.ErrNotExist) {
@@ -181,18 +191,39 @@ func jobNetns(dir string) (map[uint64]int, error) {
 		}
 		for _, pid := range pids {
 			ino, err := netnsInode("/proc/" + strconv.Itoa(pid) + "/ns/net")
-			if err == nil {
+			switch {
+			case err == nil:
 				if _, ok := out[ino]; !ok {
 					out[ino] = pid
 				}
+			case isDenied(err):
+				denied = append(denied, pid)
 			}
+			// Any other error: the process exited during the walk.
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, fmt.Errorf("follow job %s: %w", dir, err)
+		return nil, nil, fmt.Errorf("follow job %s: %w", dir, err)
 	}
-	return out, nil
+	return out, denied, nil
+}
+
+func isDenied(err error) bool {
+	return errors.Is(err, fs.ErrPermission)
+}
+
+// deniedSkipped appends to skipped, as one entry for Skipped, the processes
+// whose namespace could not be read.
+func (s *netnsSet) deniedSkipped(skipped []string) []string {
+	if len(s.denied) == 0 {
+		return skipped
+	}
+	pids := make([]string, len(s.denied))
+	for i, pid := range s.denied {
+		pids[i] = strconv.Itoa(pid)
+	}
+	return append(skipped, "the network namespace of pid "+strings.Join(pids, ", ")+" (not readable: another user's process)")
 }
 
 // netnsInode reads a namespace's inode from its magic link ("net:[INODE]")

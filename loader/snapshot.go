@@ -32,6 +32,7 @@ func (o *BPFObserver) Snapshot(ctx context.Context) ([]Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	o.skipped = o.ns.deniedSkipped(o.skipped[:0])
 	labels := make(map[uint32]string, len(nss))
 	for _, ns := range nss {
 		labels[uint32(ns.ino)] = ns.label
@@ -59,6 +60,16 @@ func (o *BPFObserver) Snapshot(ctx context.Context) ([]Conn, error) {
 		return nil, err
 	}
 	return conns(recs, labels, bootOffset()), nil
+}
+
+// Skipped names what the last Snapshot left out: the network namespaces of
+// the job's processes that this process may not name (another user's
+// process, no CAP_SYS_PTRACE). The programs see their connections, but
+// without the namespace there is no label for them.
+func (o *BPFObserver) Skipped() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return append([]string(nil), o.skipped...)
 }
 
 // conns turns the records of a pass into Conns, leaving out those of

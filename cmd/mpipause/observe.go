@@ -61,6 +61,9 @@ func observe(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 		rep := newReport(obs.Kind(), *cgroup, time.Now(), conns)
+		if s, ok := obs.(interface{ Skipped() []string }); ok {
+			rep.Skipped = append(rep.Skipped, s.Skipped()...)
+		}
 		if *asJSON {
 			if err := json.NewEncoder(e.stdout).Encode(rep); err != nil {
 				return err
@@ -91,6 +94,9 @@ type report struct {
 	Time        time.Time  `json:"time"`
 	Connections []connJSON `json:"connections"`
 	Summary     summary    `json:"summary"`
+	// Skipped names what this observer could not look into, so a script
+	// never takes "no connections" for "nothing there".
+	Skipped []string `json:"skipped"`
 }
 
 type summary struct {
@@ -143,7 +149,7 @@ func newReport(kind, cgroup string, now time.Time, conns []loader.Conn) report {
 		}
 		return a.Remote.String() < b.Remote.String()
 	})
-	r := report{Observer: kind, Cgroup: cgroup, Time: now, Connections: make([]connJSON, 0, len(conns))}
+	r := report{Observer: kind, Cgroup: cgroup, Time: now, Connections: make([]connJSON, 0, len(conns)), Skipped: []string{}}
 	ns := map[string]bool{}
 	for _, c := range conns {
 		ns[c.Netns] = true
@@ -187,6 +193,9 @@ func (r report) writeTable(w io.Writer) {
 		verdict = fmt.Sprintf("%d not empty, %s in flight", s.NonEmpty, human(s.InflightBytes))
 	}
 	fmt.Fprintf(w, "%d connection%s in %d netns: %s\n", s.Connections, plural(s.Connections), s.Netns, verdict)
+	for _, sk := range r.Skipped {
+		fmt.Fprintf(w, "not seen: %s; run as root to see it\n", sk)
+	}
 }
 
 func plural(n int) string {

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
@@ -215,5 +216,129 @@ func TestObserveJob(t *testing.T) {
 				t.Errorf("summary %+v, want %d bytes in flight on 1 connection", rep.Summary, holdSize)
 			}
 		})
+	}
+}
+
+// TestObserveNamesWhatItCannotSee: an unprivileged observe of a job with
+// processes in network namespaces it may not enter (same user, no
+// CAP_SYS_ADMIN) or not even name (another user's process) shows what it
+// can and lists the rest under "skipped", in JSON and in the table, instead
+// of reporting the visible part as the whole job. As root nothing is skipped.
+func TestObserveNamesWhatItCannotSee(t *testing.T) {
+	testutil.RequirePrivileged(t)
+	const me, other = 4242, 4343
+	root, err := cgroupv2.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cg := filepath.Join(root, "mpipause-test", "skip-"+strconv.Itoa(os.Getpid()))
+	if err := cgroupv2.Create(cg); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cgroupv2.Remove(cg) })
+	cgfd, err := os.Open(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cgfd.Close()
+
+	// A process in a new network namespace of its own, started in cg.
+	sleeper := func(uid uint32) *exec.Cmd {
+		c := exec.Command("sleep", "600")
+		c.SysProcAttr = &syscall.SysProcAttr{
+			Cloneflags:  syscall.CLONE_NEWNET,
+			Credential:  &syscall.Credential{Uid: uid, Gid: uid},
+			UseCgroupFD: true,
+			CgroupFD:    int(cgfd.Fd()),
+		}
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = c.Process.Kill(); _ = c.Wait() })
+		return c
+	}
+	mine, others := sleeper(me), sleeper(other)
+	// And the job's one visible connection, in the observer's namespace.
+	hold := exec.Command(os.Args[0])
+	hold.Env = append(os.Environ(), modeEnv+"=hold")
+	hold.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(cgfd.Fd())}
+	stdin, _ := hold.StdinPipe()
+	stdout, _ := hold.StdoutPipe()
+	if err := hold.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { stdin.Close(); _ = hold.Wait() })
+	if line, err := bufio.NewReader(stdout).ReadString('\n'); err != nil || !strings.HasPrefix(line, "ready ") {
+		t.Fatalf("holder said %q (%v)", line, err)
+	}
+
+	// The observer runs as user me from a copy of this binary that user may run.
+	dir, err := os.MkdirTemp("", "mpipause-observe-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	bin := filepath.Join(dir, "mpipause")
+	if b, err := os.ReadFile(os.Args[0]); err != nil {
+		t.Fatal(err)
+	} else if err := os.WriteFile(bin, b, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	rel := strings.TrimPrefix(cg, root+"/")
+	asUser := func(args ...string) (string, string) {
+		t.Helper()
+		argv := append([]string{"--reuid", strconv.Itoa(me), "--regid", strconv.Itoa(me), "--clear-groups",
+			"--inh-caps=-all", "--bounding-set=-all", "--", bin, "observe", "--cgroup", rel}, args...)
+		c := exec.Command("setpriv", argv...)
+		c.Env = append(os.Environ(), modeEnv+"=cli")
+		var out, errb strings.Builder
+		c.Stdout, c.Stderr = &out, &errb
+		if err := c.Run(); err != nil {
+			t.Fatalf("observe as uid %d: %v; stderr %q", me, err, errb.String())
+		}
+		return out.String(), errb.String()
+	}
+
+	out, stderr := asUser("--json")
+	var rep report
+	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+		t.Fatalf("stdout is not JSON: %v\n%s\nstderr %s", err, out, stderr)
+	}
+	if rep.Observer != "sock_diag" || rep.Summary.Connections != 2 {
+		t.Errorf("observer %s saw %d connections, want sock_diag and the holder's 2", rep.Observer, rep.Summary.Connections)
+	}
+	var enter, name bool
+	for _, s := range rep.Skipped {
+		enter = enter || strings.Contains(s, "CAP_SYS_ADMIN")
+		name = name || strings.Contains(s, "pid "+strconv.Itoa(others.Process.Pid)) && strings.Contains(s, "not readable")
+		if strings.Contains(s, "pid "+strconv.Itoa(mine.Process.Pid)) {
+			t.Errorf("skipped %q: the observer's own user's process is readable", s)
+		}
+	}
+	if len(rep.Skipped) != 2 || !enter || !name {
+		t.Errorf("skipped %q; want the namespace it may not enter and pid %d's it may not name", rep.Skipped, others.Process.Pid)
+	}
+
+	table, _ := asUser()
+	if n := strings.Count(table, "\nnot seen: "); n != 2 || !strings.Contains(table, "run as root") {
+		t.Errorf("table has %d \"not seen\" lines, want 2 that say to run as root:\n%s", n, table)
+	}
+
+	// As root every namespace is entered: nothing skipped.
+	for _, kind := range []string{"bpf", "sock_diag"} {
+		code, out, stderr := cli(t, false, "observe", "--cgroup", rel, "--observer", kind, "--json")
+		if code != 0 {
+			t.Fatalf("%s as root: exit %d, stderr %q", kind, code, stderr)
+		}
+		var rep report
+		if err := json.Unmarshal([]byte(out), &rep); err != nil {
+			t.Fatalf("%s: stdout is not JSON: %v\n%s", kind, err, out)
+		}
+		if rep.Skipped == nil || len(rep.Skipped) != 0 || rep.Summary.Connections != 2 {
+			t.Errorf("%s as root: skipped %q, %d connections; want [] and 2", kind, rep.Skipped, rep.Summary.Connections)
+		}
 	}
 }

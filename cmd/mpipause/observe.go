@@ -121,6 +121,8 @@ columns (JSON fields in parentheses):
             (retransmits)
   SENT, RECEIVED and RETRANS come from the BPF observer; sock_diag shows -
   (counted: false).
+Whatever the observer may not look into (a namespace it may not enter, another
+user's process) is named after the table ("not seen") and in skipped.
 `
 
 type connJSON struct {

@@ -283,7 +283,7 @@ func unreached(req *Message, got *Report, err error) Report {
 		err = fmt.Errorf("%w: reply accounts for %d of %d nodes", ErrIncomplete, reportNodes(got), len(req.Nodes))
 	}
 	var out Report
-	out.Add(NodeReport{Node: req.Nodes[0], Unreached: true, Err: fmt.Sprintf("%s: %v", req.Kind, err)})
+	out.Add(NodeReport{Node: req.Nodes[0], Unreached: true, Refused: permanent(err), Err: fmt.Sprintf("%s: %v", req.Kind, err)})
 	for _, name := range req.Nodes[1:] {
 		out.Add(NodeReport{Node: name, Unreached: true, Err: fmt.Sprintf("%s: not reached: %s did not answer", req.Kind, req.Nodes[0])})
 	}

@@ -109,6 +109,34 @@ func TestAuthenticatedTransport(t *testing.T) {
 	}
 }
 
+// TestPauseWithAnotherKeyFailsAtOnce: a node that holds another cluster
+// key fails the pause in PREPARE with the reason (not after PREPARE's
+// deadline with the reason as a "last error"), and the node that did
+// prepare is rolled back.
+func TestPauseWithAnotherKeyFailsAtOnce(t *testing.T) {
+	key := mustKey(t)
+	good, bad := serveAuth(t, key), serveAuth(t, mustKey(t))
+	opts := fastOpts()
+	opts.Prepare, opts.Abort = time.Minute, time.Minute
+	res, err := NewCoordinator(&TCPTransport{Key: key}, opts).Pause(context.Background(), "j", []string{good.addr, bad.addr})
+	if err == nil || !strings.Contains(err.Error(), "does not hold this node's cluster key") || strings.Contains(err.Error(), "deadline") {
+		t.Fatalf("pause with a node of another key: %v; want the key named, no deadline", err)
+	}
+	// The rollback asks the refusing node no more than it must, either.
+	for _, p := range res.Phases {
+		if p.Phase == KindAbort && !strings.Contains(p.Err, "refused by 1 nodes") {
+			t.Errorf("rollback: %+v; want it ended by the refusal, not by its deadline", p)
+		}
+	}
+	if len(res.Unconfirmed) != 1 || res.Unconfirmed[0].Node != bad.addr || !res.Unconfirmed[0].Refused {
+		t.Errorf("unconfirmed %+v; want only the refusing node, marked refused", res.Unconfirmed)
+	}
+	checkRolledBack(t, &cluster{fakes: []*fakeNode{good.fake}})
+	if n := bad.fake.calls["prepare"]; n != 0 {
+		t.Errorf("the node of another key ran %d PREPAREs", n)
+	}
+}
+
 // rawClient does the client's handshake by hand and returns the
 // connection, its reader and its session, so a test can send what it likes.
 func rawClient(t *testing.T, addr string, key *Key) (net.Conn, *bufio.Reader, *session) {

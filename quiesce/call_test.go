@@ -3,6 +3,8 @@ package quiesce
 import (
 	"context"
 	"errors"
+	"fmt"
+	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -32,6 +34,10 @@ func (s *scriptedTransport) Call(ctx context.Context, to string, req Message) (M
 		return Message{}, ctx.Err()
 	case "fail":
 		return Message{}, errors.New("connection refused")
+	case "nohost":
+		return Message{}, fmt.Errorf("dial n: %w", &net.DNSError{Err: "no such host", Name: "n", IsNotFound: true})
+	case "auth":
+		return Message{}, fmt.Errorf("n: %w: it does not hold this node's cluster key", ErrAuth)
 	case "refuse":
 		rep.Err = "no"
 	}
@@ -93,5 +99,35 @@ func TestCallRetransmits(t *testing.T) {
 	}
 	if n := tr.attempts.Load(); n < 3 {
 		t.Errorf("%d attempts in 50 ms with a 5 ms retransmission", n)
+	}
+}
+
+// TestCallPermanentErrors: an error that every retry would repeat (a peer
+// without this cluster's key, a name that does not resolve) ends the call
+// at its first attempt, with the error itself in the chain rather than as a
+// "last error" after the deadline; a passing error is still retried.
+func TestCallPermanentErrors(t *testing.T) {
+	p := RetryPolicy{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond}
+	req := &Message{Version: ProtocolVersion, Job: "j", Kind: KindPrepare, Nodes: []string{"n"}}
+	var dns *net.DNSError
+	for _, tc := range []struct {
+		name   string
+		script []string
+		is     func(error) bool
+	}{
+		{"another key", []string{"auth", "answer"}, func(err error) bool { return errors.Is(err, ErrAuth) }},
+		{"no such host", []string{"nohost", "answer"}, func(err error) bool { return errors.As(err, &dns) && dns.IsNotFound }},
+	} {
+		tr := &scriptedTransport{script: tc.script}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		rep, err := call(ctx, tr, p, "n", req)
+		cancel()
+		if rep != nil || !tc.is(err) || errors.Is(err, context.DeadlineExceeded) {
+			t.Errorf("%s: reply %+v, error %v; want the error itself, not a deadline", tc.name, rep, err)
+		}
+	}
+	tr := &scriptedTransport{script: []string{"fail", "answer"}}
+	if _, err := call(context.Background(), tr, p, "n", req); err != nil {
+		t.Errorf("a refused connection is not retried: %v", err)
 	}
 }

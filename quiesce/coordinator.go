@@ -411,7 +411,9 @@ func (r *run) abort(ctx context.Context, phase Kind, cause error, last Report) (
 // thawOpen repeats a thaw-and-open round until every node acknowledges or the
 // deadline passes, and returns the nodes that never did. Every repetition is a
 // new round: a node that failed is asked again, one that succeeded does a
-// harmless no-op.
+// harmless no-op. It stops early when every node still pending refused the
+// cluster for good (NodeReport.Refused): such a node never took a step of
+// this operation, and its answer would be the same until the deadline.
 func (r *run) thawOpen(ctx context.Context, kind Kind, d time.Duration) []NodeReport {
 	var pending []NodeReport
 	_ = r.phase(ctx, kind, d, func(ctx context.Context, st *PhaseStat) error {
@@ -431,12 +433,24 @@ func (r *run) thawOpen(ctx context.Context, kind Kind, d time.Duration) []NodeRe
 					pending[i] = NodeReport{Node: n, Err: err.Error()}
 				}
 			}
+			if err == nil && allRefused(pending) {
+				return fmt.Errorf("%s refused by %d nodes", kind, len(pending))
+			}
 			if sleep(ctx, r.c.opt.Retry.Initial) != nil {
 				return fmt.Errorf("%s not confirmed on %d nodes: %w", kind, len(pending), ctx.Err())
 			}
 		}
 	})
 	return pending
+}
+
+func allRefused(pending []NodeReport) bool {
+	for _, n := range pending {
+		if !n.Refused {
+			return false
+		}
+	}
+	return len(pending) > 0
 }
 
 // Resume thaws the job on every node and then reopens its gates. It is

@@ -145,6 +145,10 @@ type NodeReport struct {
 	// Unreached is set, with Err, when the node's reply never arrived: the
 	// node may be fine and the network not, which matters for retrying.
 	Unreached bool `json:"unreached,omitempty"`
+	// Refused is set, with Unreached, when the node turned the sender away
+	// for good (another cluster key, another protocol version) or its name
+	// does not resolve: asking it again within this operation will not help.
+	Refused bool `json:"refused,omitempty"`
 	// Checked counts the job connections the node examined, and Ranks the
 	// job's ranks on the node: what a clean report vouches for.
 	Checked int `json:"checked,omitempty"`

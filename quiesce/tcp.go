@@ -355,7 +355,8 @@ func (t *TCPTransport) dial(ctx context.Context, to, addr string) (c *tcpConn, e
 		return nil, t.fail(ctx, to, err)
 	}
 	if h.Err != "" && h.Magic == HelloMagic && h.Version == ProtocolVersion {
-		return nil, fmt.Errorf("%s refused the connection: %s", to, h.Err)
+		// The one refusal a peer of our version sends: we hold no key.
+		return nil, fmt.Errorf("%s refused the connection: %w: %s", to, ErrAuth, h.Err)
 	}
 	if h.Magic != HelloMagic || h.Version != ProtocolVersion || h.Err != "" {
 		return nil, fmt.Errorf("%s: %w: hello magic %q version %d: %s", to, ErrVersion, h.Magic, h.Version, h.Err)
@@ -367,7 +368,7 @@ func (t *TCPTransport) dial(ctx context.Context, to, addr string) (c *tcpConn, e
 		}
 		s = newSession(t.Key, mine.Nonce, h.Nonce, true)
 		if !hmac.Equal(h.Proof, s.proof()) {
-			return nil, fmt.Errorf("%s: %w: it does not hold this node's cluster key", to, ErrAuth)
+			return nil, fmt.Errorf("%s: %w: it does not hold this node's cluster key (every node needs the same key file)", to, ErrAuth)
 		}
 	}
 	return &tcpConn{conn: conn, fr: framer{w: conn, r: br, s: s}, deadline: dl}, nil

@@ -70,6 +70,7 @@ const (
 	tagNodeChecked    = 8
 	tagNodeRanks      = 9
 	tagNodeDrained    = 10
+	tagNodeRefused    = 11
 
 	// Conn
 	tagConnNode      = 1
@@ -217,7 +218,8 @@ func (n *NodeReport) appendWire(b []byte) []byte {
 	b = appendBool(b, tagNodeUnreached, n.Unreached)
 	b = appendInt(b, tagNodeChecked, int64(n.Checked))
 	b = appendInt(b, tagNodeRanks, int64(n.Ranks))
-	return appendUint(b, tagNodeDrained, n.Drained)
+	b = appendUint(b, tagNodeDrained, n.Drained)
+	return appendBool(b, tagNodeRefused, n.Refused)
 }
 
 func (c *Conn) appendWire(b []byte) []byte {
@@ -528,6 +530,8 @@ func (r *wireReader) nodeReport(nr *NodeReport) {
 			nr.Ranks = r.int(wt)
 		case tagNodeDrained:
 			nr.Drained = r.uint(wt)
+		case tagNodeRefused:
+			nr.Refused = r.bool(wt)
 		default:
 			r.skip(wt)
 		}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -12,6 +13,8 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/rig"
+	"github.com/mpipause/mpipause/quiesce"
 )
 
 // TestCoordinatorDiesMidPause: the coordinator's mpid (node0) is killed
@@ -204,4 +207,73 @@ func waitRegisteredAgain(ctx context.Context, t *testing.T, id string, done <-ch
 		return true, ""
 	})
 	t.Logf("registered again: %d ranks, state %s", last.Ranks, last.State)
+}
+
+// TestMisKeyedNodeFailsAtOnce: node2's mpid holds another cluster key (a
+// key file not copied to every node, the usual slip). A pause fails in
+// PREPARE naming node2 and the key, without waiting out PREPARE's and
+// ABORT's deadlines; nothing stays frozen; once node2 has the cluster's key
+// again the failed pause's rollback is confirmed on its own, the job pauses
+// and resumes, and its output is that of an unpaused run.
+func TestMisKeyedNodeFailsAtOnce(t *testing.T) {
+	bin := binDir(t)
+	sharedRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	restartNode2 := func(env ...string) {
+		t.Helper()
+		pid := statusOf(t, jobRig).Nodes[2].MPIDPid
+		if pid > 0 && running(pid) {
+			syscall.Kill(pid, syscall.SIGTERM)
+			waitFor(t, "node2's mpid to exit", time.Minute, nil, func() bool { return !running(pid) })
+		}
+		cmd := exec.CommandContext(ctx, filepath.Join(bin, "rig"), "up", fmt.Sprint(jobNodes))
+		cmd.Env = append(append(os.Environ(), "MPIPAUSE_RIG="+jobRig), env...)
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("rig up: %v\n%s", err, out)
+		}
+	}
+	restored := false
+	t.Cleanup(func() {
+		if !restored {
+			restartNode2()
+		}
+	})
+	restartNode2(rig.MPIDArgsEnv + "=" + os.Getenv(rig.MPIDArgsEnv) + " --cluster-key " + newKeyFile(t))
+
+	lib := mpiLibs[0]
+	id := fmt.Sprintf("miskeyed-%d", os.Getpid())
+	app := filepath.Join(bin, "apps", "xchg."+lib.name)
+	args := []string{"-m", "a2a", "-n", "600", "-s", "64K"}
+	job := runJob(ctx, t, lib, id, app, args...)
+	waitRegisteredAgain(ctx, t, id, job.done)
+
+	start := time.Now()
+	j, r := jobJSON(ctx, t, "pause", id)
+	took := time.Since(start)
+	t.Logf("pause with a mis-keyed node2: exit %d in %v: %s", r.code, took.Round(time.Millisecond), strings.TrimSpace(r.stderr))
+	if r.code == 0 || j.Failure == nil || j.Failure.Phase != string(quiesce.KindPrepare) ||
+		!strings.Contains(j.Failure.Reason, "node2") || !strings.Contains(j.Failure.Reason, "cluster key") ||
+		strings.Contains(j.Failure.Reason, "deadline") {
+		t.Fatalf("pause: exit %d, failure %+v; want it failed in PREPARE naming node2 and the key, not a deadline", r.code, j.Failure)
+	}
+	if !strings.Contains(r.stderr, "cluster key") {
+		t.Errorf("the pause's error does not name the cluster key: %q", r.stderr)
+	}
+	checkFrozen(t, id, false, "after the failed pause")
+
+	restartNode2()
+	restored = true
+	waitForWhy(t, "the rollback to be confirmed on node2", time.Minute, job.done, func() (bool, string) {
+		s, r := jobJSON(ctx, t, "status", id)
+		return r.code == 0 && s.State == ctl.StateRunning, string(s.State)
+	})
+	waitRegisteredAgain(ctx, t, id, job.done)
+	if j, r = jobJSON(ctx, t, "pause", id); r.code != 0 || j.State != ctl.StatePaused {
+		t.Fatalf("pause with the key restored: exit %d, state %q\n%s", r.code, j.State, r.stderr)
+	}
+	if j, r = jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
+		t.Fatalf("resume: exit %d, state %q\n%s", r.code, j.State, r.stderr)
+	}
+	job.finish(ctx, t, "the job after a mis-keyed node", serial(t, app, 6, args...))
 }

@@ -131,3 +131,16 @@ func TestCallPermanentErrors(t *testing.T) {
 		t.Errorf("a refused connection is not retried: %v", err)
 	}
 }
+
+// TestDialErrorSaysResolve: a name that does not resolve is reported with
+// what to do, and stays a permanent error; a refused connection is not.
+func TestDialErrorSaysResolve(t *testing.T) {
+	nx := dialError("node9", &net.OpError{Op: "dial", Net: "tcp", Err: &net.DNSError{Err: "no such host", Name: "node9", IsNotFound: true}})
+	if !permanent(nx) || !strings.Contains(nx.Error(), "must resolve") || !strings.Contains(nx.Error(), "node9") {
+		t.Errorf("no such host: %v (permanent %v)", nx, permanent(nx))
+	}
+	refused := dialError("node9", &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")})
+	if permanent(refused) || strings.Contains(refused.Error(), "resolve") {
+		t.Errorf("connection refused: %v (permanent %v)", refused, permanent(refused))
+	}
+}

@@ -327,7 +327,7 @@ func (t *TCPTransport) Call(ctx context.Context, to string, req Message) (Messag
 func (t *TCPTransport) dial(ctx context.Context, to, addr string) (c *tcpConn, err error) {
 	conn, err := t.Dialer.DialContext(ctx, "tcp", addr)
 	if err != nil {
-		return nil, fmt.Errorf("dial %s: %w", to, err)
+		return nil, dialError(to, err)
 	}
 	defer func() {
 		if err != nil {
@@ -372,6 +372,16 @@ func (t *TCPTransport) dial(ctx context.Context, to, addr string) (c *tcpConn, e
 		}
 	}
 	return &tcpConn{conn: conn, fr: framer{w: conn, r: br, s: s}, deadline: dl}, nil
+}
+
+// dialError says what to do about a name that does not resolve: with a
+// node's own name (mpid --node, the host name) the coordinator cannot even
+// reach its own node.
+func dialError(to string, err error) error {
+	if permanent(err) {
+		return fmt.Errorf("dial %s: %w (every node's name must resolve on every node: /etc/hosts or DNS)", to, err)
+	}
+	return fmt.Errorf("dial %s: %w", to, err)
 }
 
 // roundTrip sends req on c and reads its reply into rep. It returns c to

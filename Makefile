@@ -8,6 +8,9 @@ BIN := $(CURDIR)/bin
 # Privileged tests fail instead of skipping when this is set (internal/testutil).
 PRIV := MPIPAUSE_REQUIRE_PRIV=1
 GENERATED := loader/*_bpfel.go loader/*_bpfel.o
+# The commands print the version the .deb and the man pages carry (--version).
+VERSION_STR := $(shell scripts/version.sh)
+STAMP := -X github.com/mpipause/mpipause/internal/version.stamped=$(VERSION_STR)
 
 .DEFAULT_GOAL := help
 .PHONY: help deps build generate check-generate check-format check-vagrant test-cluster-script test test-unit test-fuzz test-priv test-multinode test-faults bench demo clean
@@ -22,7 +25,7 @@ deps: ## install the Debian packages that are missing (root)
 
 build: ## build bin/mpipause, bin/mpid, bin/rig, bin/libmpipause.so, bin/libucxfinalize.so, the MPI test apps and the Slurm plugin bin/mpipause_spank.so
 	@mkdir -p $(BIN)
-	$(GO) build -o $(BIN)/ ./cmd/mpipause ./cmd/mpid ./internal/rig/cmd/rig
+	$(GO) build -ldflags "$(STAMP)" -o $(BIN)/ ./cmd/mpipause ./cmd/mpid ./internal/rig/cmd/rig
 	$(MAKE) -s -C libmpi-shim OUT=$(BIN)
 	$(MAKE) -s -C kernel-tests/ucx-finalize OUT=$(BIN)
 	$(MAKE) -s -C kernel-tests/apps OUT=$(BIN)/apps
@@ -129,7 +132,7 @@ SYSCONFDIR ?= /etc
 # stays out of the package manager's /lib.
 UNITDIR ?= $(if $(filter /usr,$(PREFIX)),/lib/systemd/system,$(PREFIX)/lib/systemd/system)
 # Installed binaries are hardened as Debian's are: PIE, RELRO, bind now.
-INSTALL_GOFLAGS ?= -buildmode=pie -ldflags=-bindnow
+INSTALL_GOFLAGS ?= -buildmode=pie -ldflags="-bindnow $(STAMP)"
 # The man pages' date: the last commit's (in a tarball, VERSION's), never the clock's.
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || stat -c %Y VERSION)
 

@@ -32,12 +32,16 @@ grep -q "mpid keygen" /tmp/install.log || { cat /tmp/install.log; fail "the post
 [ ! -e "$wants" ] || fail "mpid was enabled without a cluster key"
 dpkg -L mpipause > /tmp/files
 
-step "mpipause --help, mpid --help, mpid keygen --help, man -w"
+step "mpipause --help, mpid --help, mpid keygen --help, --version, man -w"
 # Output into a variable first: grep -q would stop reading early, and
 # pipefail would count the writer's SIGPIPE as a failure.
 help=$(mpipause --help) && [[ $help == "usage: mpipause"* ]] || fail "mpipause --help: $help"
 help=$(mpid --help) && [[ $help == "usage: mpid"* ]] || fail "mpid --help: $help"
 help=$(mpid keygen --help) && [[ $help == "usage: mpid keygen"* ]] || fail "mpid keygen --help: $help"
+# The commands say the package's version.
+pkg=$(dpkg-query -W -f='${Version}' mpipause)
+[ "$(mpipause --version)" = "mpipause $pkg" ] || fail "mpipause --version: $(mpipause --version 2>&1); the package is $pkg"
+[ "$(mpid --version)" = "mpid $pkg" ] || fail "mpid --version: $(mpid --version 2>&1); the package is $pkg"
 [ "$(man -w mpipause)" = /usr/share/man/man1/mpipause.1.gz ] || fail "man -w mpipause: $(man -w mpipause 2>&1)"
 [ "$(man -w 8 mpid)" = /usr/share/man/man8/mpid.8.gz ] || fail "man -w 8 mpid: $(man -w 8 mpid 2>&1)"
 page=$(MANWIDTH=80 man mpid 2>&1) && [[ $page == *"mpid keygen"* ]] || fail "man mpid does not render mpid keygen: $page"

@@ -11,6 +11,8 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+
+	"github.com/mpipause/mpipause/internal/version"
 )
 
 // DefaultConfigFile is the settings file mpid reads when --config names no
@@ -25,21 +27,23 @@ var defaultConfig = DefaultConfigFile
 // settings file, the log format, readiness notification. Its options are
 // the ones the file cannot hold.
 type service struct {
-	configFile  string
-	printConfig bool
-	logFormat   string
+	configFile   string
+	printConfig  bool
+	printVersion bool
+	logFormat    string
 	// origin says where each option the file set was set: "FILE:LINE".
 	origin map[string]string
 }
 
 // notInFile are the options a settings file cannot set: they say which file
 // to read, or what to do instead of running.
-var notInFile = map[string]bool{"config": true, "print-config": true, "help": true, "h": true}
+var notInFile = map[string]bool{"config": true, "print-config": true, "version": true, "help": true, "h": true}
 
 // addFlags adds the service options to set.
 func (s *service) addFlags(set *flag.FlagSet) {
 	set.StringVar(&s.configFile, "config", defaultConfig, "settings `file`: one \"name = value\" per line, name a long option of mpid (mpid --print-config shows them all); the command line wins over it; a missing "+DefaultConfigFile+" is no error")
 	set.BoolVar(&s.printConfig, "print-config", false, "print a settings file listing every option at its default, commented out, and exit")
+	set.BoolVar(&s.printVersion, "version", false, "print mpid's version and exit")
 	set.StringVar(&s.logFormat, "log-format", "text", "`format` of the log lines on stderr: text (key=value) or json; when stderr is the journal, each line starts with its syslog priority <N> and has no time stamp (journald adds it)")
 }
 
@@ -47,6 +51,10 @@ func (s *service) addFlags(set *flag.FlagSet) {
 // command line, or, with --print-config, prints the default file and
 // returns flag.ErrHelp (mpid exits 0).
 func (s *service) apply(set *flag.FlagSet, out io.Writer) error {
+	if s.printVersion {
+		fmt.Fprintln(out, "mpid", version.String())
+		return flag.ErrHelp
+	}
 	if s.printConfig {
 		printConfig(set, out)
 		return flag.ErrHelp

@@ -17,6 +17,7 @@ import (
 	"syscall"
 
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/version"
 )
 
 // env is everything a subcommand may touch of the outside world, so that the
@@ -40,6 +41,19 @@ var commands = []cmd{
 	{"resume", "resume a paused job", resumeCmd},
 	{"status", "show a job's state and its last pause or resume", statusCmd},
 	{"list", "list the jobs on this node", listCmd},
+	{"version", "print mpipause's version (also: mpipause --version)", versionCmd},
+}
+
+func versionCmd(ctx context.Context, e *env, args []string) error {
+	fs := newFlags(e, "version", "")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if fs.NArg() != 0 {
+		return usageError{fmt.Sprintf("unexpected argument %q; version takes none", fs.Arg(0))}
+	}
+	fmt.Fprintln(e.stdout, "mpipause", version.String())
+	return nil
 }
 
 // usageError is a mistake in how the command was called: exit code 2.
@@ -67,6 +81,8 @@ func run(ctx context.Context, e *env, args []string) int {
 	case "-h", "-help", "--help", "help":
 		usage(e.stdout)
 		return 0
+	case "-version", "--version":
+		return exit(e, "version", versionCmd(ctx, e, args[1:]))
 	}
 	for _, c := range commands {
 		if c.name == args[0] {

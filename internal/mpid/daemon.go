@@ -28,6 +28,7 @@ import (
 	"github.com/mpipause/mpipause/internal/metrics"
 	"github.com/mpipause/mpipause/internal/node"
 	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/internal/version"
 	"github.com/mpipause/mpipause/loader"
 	"github.com/mpipause/mpipause/quiesce"
 	"golang.org/x/sys/unix"
@@ -259,7 +260,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 		d.log.Info("serving metrics", "url", "http://"+ml.Addr().String()+metrics.Path)
 	}
 	wg.Go(func() { d.sweep(ctx) })
-	d.log.Info("serving", "node", d.cfg.Node, "ranks", d.cfg.RankSocket, "control", d.cfg.CtlSocket,
+	d.log.Info("serving", "version", version.String(), "node", d.cfg.Node, "ranks", d.cfg.RankSocket, "control", d.cfg.CtlSocket,
 		"peers", pl.Addr().String(), "cgroups", d.cgroupParent())
 	if ready != nil {
 		if err := ready(); err != nil {

@@ -127,8 +127,7 @@ func (e *AbortError) Error() string {
 		s += " (" + e.Report.String() + ")"
 	}
 	if len(e.Unconfirmed) > 0 {
-		s += fmt.Sprintf("; rollback not confirmed on %d nodes, first %s: %s",
-			len(e.Unconfirmed), e.Unconfirmed[0].Node, e.Unconfirmed[0].Err)
+		s += "; rollback not confirmed on " + firstOf(len(e.Unconfirmed), e.Unconfirmed[0])
 	}
 	return s
 }
@@ -276,7 +275,7 @@ func (r *run) once(kind Kind, last *Report) func(ctx context.Context, st *PhaseS
 		r.progress(ctx, Progress{Phase: kind, Round: st.Rounds, Report: rep})
 		*last = rep
 		if f := rep.Failed(); len(f) > 0 {
-			return fmt.Errorf("%w: %d nodes, first %s: %s", ErrNodeFailed, len(f), f[0].Node, f[0].Err)
+			return fmt.Errorf("%w: %s", ErrNodeFailed, firstOf(len(f), f[0]))
 		}
 		if !rep.Empty() {
 			return fmt.Errorf("%w: %s", ErrNotEmpty, rep.String())
@@ -326,7 +325,7 @@ func (c *Coordinator) Pause(ctx context.Context, job string, nodes []string) (Re
 			r.progress(ctx, Progress{Phase: KindDrain, Round: st.Rounds, Report: last})
 			if failed, _, _ := rep.split(); failed > 0 {
 				f := rep.Failed()[0]
-				return fmt.Errorf("%w: %d nodes, first %s: %s", ErrNodeFailed, failed, f.Node, f.Err)
+				return fmt.Errorf("%w: %s", ErrNodeFailed, firstOf(failed, f))
 			}
 			if rep.Empty() {
 				return nil
@@ -434,7 +433,7 @@ func (r *run) thawOpen(ctx context.Context, kind Kind, d time.Duration) []NodeRe
 				}
 			}
 			if err == nil && allRefused(pending) {
-				return fmt.Errorf("%s refused by %d nodes", kind, len(pending))
+				return fmt.Errorf("%s refused by %s", kind, firstOf(len(pending), pending[0]))
 			}
 			if sleep(ctx, r.c.opt.Retry.Initial) != nil {
 				return fmt.Errorf("%s not confirmed on %d nodes: %w", kind, len(pending), ctx.Err())
@@ -442,6 +441,15 @@ func (r *run) thawOpen(ctx context.Context, kind Kind, d time.Duration) []NodeRe
 		}
 	})
 	return pending
+}
+
+// firstOf names the first of n nodes that failed and why: "node2: why" when
+// it is the only one, "3 nodes, first node2: why" when not.
+func firstOf(n int, first NodeReport) string {
+	if n == 1 {
+		return first.Node + ": " + first.Err
+	}
+	return fmt.Sprintf("%d nodes, first %s: %s", n, first.Node, first.Err)
 }
 
 func allRefused(pending []NodeReport) bool {
@@ -466,8 +474,8 @@ func (c *Coordinator) Resume(ctx context.Context, job string, nodes []string) (R
 	r.res.Unconfirmed = unconfirmed
 	if len(unconfirmed) > 0 {
 		r.res.State = StateFailed
-		err := fmt.Errorf("resume of job %s: %w: not confirmed on %d nodes, first %s: %s",
-			job, ErrNodeFailed, len(unconfirmed), unconfirmed[0].Node, unconfirmed[0].Err)
+		err := fmt.Errorf("resume of job %s: %w: not confirmed on %s",
+			job, ErrNodeFailed, firstOf(len(unconfirmed), unconfirmed[0]))
 		r.res.Error = err.Error()
 		return r.res, err
 	}

@@ -35,9 +35,11 @@ func (s *scriptedTransport) Call(ctx context.Context, to string, req Message) (M
 	case "fail":
 		return Message{}, errors.New("connection refused")
 	case "nohost":
-		return Message{}, fmt.Errorf("dial n: %w", &net.DNSError{Err: "no such host", Name: "n", IsNotFound: true})
+		return Message{}, dialError("n", &net.DNSError{Err: "no such host", Name: "n", IsNotFound: true})
+	case "badmac":
+		return Message{}, fmt.Errorf("%w: frame 2: bad MAC", ErrAuth)
 	case "auth":
-		return Message{}, fmt.Errorf("n: %w: it does not hold this node's cluster key", ErrAuth)
+		return Message{}, permanentError{fmt.Errorf("n: %w: it does not hold this node's cluster key", ErrAuth)}
 	case "refuse":
 		rep.Err = "no"
 	}
@@ -126,9 +128,9 @@ func TestCallPermanentErrors(t *testing.T) {
 			t.Errorf("%s: reply %+v, error %v; want the error itself, not a deadline", tc.name, rep, err)
 		}
 	}
-	tr := &scriptedTransport{script: []string{"fail", "answer"}}
-	if _, err := call(context.Background(), tr, p, "n", req); err != nil {
-		t.Errorf("a refused connection is not retried: %v", err)
+	tr := &scriptedTransport{script: []string{"fail", "badmac", "answer"}}
+	if _, err := call(context.Background(), tr, p, "n", req); err != nil || tr.attempts.Load() < 3 {
+		t.Errorf("a refused connection and a frame failing its MAC are retried: %v after %d attempts", err, tr.attempts.Load())
 	}
 }
 

@@ -356,19 +356,19 @@ func (t *TCPTransport) dial(ctx context.Context, to, addr string) (c *tcpConn, e
 	}
 	if h.Err != "" && h.Magic == HelloMagic && h.Version == ProtocolVersion {
 		// The one refusal a peer of our version sends: we hold no key.
-		return nil, fmt.Errorf("%s refused the connection: %w: %s", to, ErrAuth, h.Err)
+		return nil, permanentError{fmt.Errorf("%s refused the connection: %w: %s", to, ErrAuth, h.Err)}
 	}
 	if h.Magic != HelloMagic || h.Version != ProtocolVersion || h.Err != "" {
-		return nil, fmt.Errorf("%s: %w: hello magic %q version %d: %s", to, ErrVersion, h.Magic, h.Version, h.Err)
+		return nil, permanentError{fmt.Errorf("%s: %w: hello magic %q version %d: %s", to, ErrVersion, h.Magic, h.Version, h.Err)}
 	}
 	var s *session
 	if t.Key != nil {
 		if len(h.Nonce) != nonceSize || len(h.Proof) == 0 {
-			return nil, fmt.Errorf("%s: %w: it does not authenticate (started without the cluster key?)", to, ErrAuth)
+			return nil, permanentError{fmt.Errorf("%s: %w: it does not authenticate (started without the cluster key?)", to, ErrAuth)}
 		}
 		s = newSession(t.Key, mine.Nonce, h.Nonce, true)
 		if !hmac.Equal(h.Proof, s.proof()) {
-			return nil, fmt.Errorf("%s: %w: it does not hold this node's cluster key (every node needs the same key file)", to, ErrAuth)
+			return nil, permanentError{fmt.Errorf("%s: %w: it does not hold this node's cluster key (every node needs the same key file)", to, ErrAuth)}
 		}
 	}
 	return &tcpConn{conn: conn, fr: framer{w: conn, r: br, s: s}, deadline: dl}, nil
@@ -378,8 +378,9 @@ func (t *TCPTransport) dial(ctx context.Context, to, addr string) (c *tcpConn, e
 // node's own name (mpid --node, the host name) the coordinator cannot even
 // reach its own node.
 func dialError(to string, err error) error {
-	if permanent(err) {
-		return fmt.Errorf("dial %s: %w (every node's name must resolve on every node: /etc/hosts or DNS)", to, err)
+	var dns *net.DNSError
+	if errors.As(err, &dns) && dns.IsNotFound {
+		return permanentError{fmt.Errorf("dial %s: %w (every node's name must resolve on every node: /etc/hosts or DNS)", to, err)}
 	}
 	return fmt.Errorf("dial %s: %w", to, err)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"sync"
 	"time"
 )
@@ -166,20 +165,22 @@ func refused(to string, kind Kind, why string) error {
 }
 
 // permanent reports whether a transport error will be the same on every
-// retry until the call's deadline: a peer that fails authentication (no or
-// another cluster key), speaks another protocol version, or has a name that
-// does not resolve. Such a call fails at once, so that a misconfigured
-// cluster is told so in milliseconds rather than after the phase's deadline
-// (35 s for PREPARE) with the reason in a "last error".
-//
-//go:noinline
+// retry until the call's deadline: the peer turned the handshake down (no
+// or another cluster key, another protocol version) or its name does not
+// resolve (TCPTransport marks these with permanentError). Such a call fails
+// at once, so that a misconfigured cluster is told so in milliseconds
+// rather than after the phase's deadline (PREPARE's 5 s, then ABORT's 30 s)
+// with the reason as a "last error". A frame that fails its MAC on an
+// established connection is not one: a new connection may do.
 func permanent(err error) bool {
-	if err == nil {
-		return false
-	}
-	var dns *net.DNSError
-	return errors.Is(err, ErrAuth) || errors.Is(err, ErrVersion) || (errors.As(err, &dns) && dns.IsNotFound)
+	var p permanentError
+	return errors.As(err, &p)
 }
+
+// permanentError marks an error that retrying will not change.
+type permanentError struct{ error }
+
+func (e permanentError) Unwrap() error { return e.error }
 
 //go:noinline
 func gaveUp(to string, kind Kind, err, lastErr error) error {

@@ -223,7 +223,7 @@ func (s *netnsSet) deniedSkipped(skipped []string) []string {
 	for i, pid := range s.denied {
 		pids[i] = strconv.Itoa(pid)
 	}
-	return append(skipped, "the network namespace of pid "+strings.Join(pids, ", ")+" (not readable: another user's process)")
+	return append(skipped, "the network namespace of pid "+strings.Join(pids, ", ")+" (not readable: another user's process; its connections are shown only if it is this observer's own)")
 }
 
 // netnsInode reads a namespace's inode from its magic link ("net:[INODE]")

@@ -260,8 +260,8 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 		d.log.Info("serving metrics", "url", "http://"+ml.Addr().String()+metrics.Path)
 	}
 	wg.Go(func() { d.sweep(ctx) })
-	d.log.Info("serving", "version", version.String(), "node", d.cfg.Node, "ranks", d.cfg.RankSocket, "control", d.cfg.CtlSocket,
-		"peers", pl.Addr().String(), "cgroups", d.cgroupParent())
+	d.log.Info("serving", "node", d.cfg.Node, "ranks", d.cfg.RankSocket, "control", d.cfg.CtlSocket,
+		"peers", pl.Addr().String(), "cgroups", d.cgroupParent(), "version", version.String())
 	if ready != nil {
 		if err := ready(); err != nil {
 			cancel()

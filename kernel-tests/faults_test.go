@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
@@ -222,15 +221,9 @@ func TestMisKeyedNodeFailsAtOnce(t *testing.T) {
 	defer cancel()
 	restartNode2 := func(env ...string) {
 		t.Helper()
-		pid := statusOf(t, jobRig).Nodes[2].MPIDPid
-		if pid > 0 && running(pid) {
-			syscall.Kill(pid, syscall.SIGTERM)
-			waitFor(t, "node2's mpid to exit", time.Minute, nil, func() bool { return !running(pid) })
-		}
-		cmd := exec.CommandContext(ctx, filepath.Join(bin, "rig"), "up", fmt.Sprint(jobNodes))
-		cmd.Env = append(append(os.Environ(), "MPIPAUSE_RIG="+jobRig), env...)
-		if out, err := cmd.CombinedOutput(); err != nil {
-			t.Fatalf("rig up: %v\n%s", err, out)
+		stopRigMPIDs(t, 2)
+		if _, err := startRigMPIDs(t, env...); err != nil {
+			t.Fatal(err)
 		}
 	}
 	restored := false

@@ -143,6 +143,15 @@ func procStatus(t testing.TB, pid int) map[string]string {
 func restartRigMPIDs(t *testing.T, env ...string) ([]int, error) {
 	t.Helper()
 	stopRigMPIDs(t)
+	return startRigMPIDs(t, env...)
+}
+
+// startRigMPIDs starts, with `rig up`, its environment plus env, an mpid on
+// every node of the shared rig that has none running, and waits for their
+// ready files. It returns the mpids' pids by node, or `rig up`'s error and
+// output.
+func startRigMPIDs(t *testing.T, env ...string) ([]int, error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(os.Getenv("MPIPAUSE_BIN"), "rig"), "up", fmt.Sprint(jobNodes))
@@ -160,11 +169,15 @@ func restartRigMPIDs(t *testing.T, env ...string) ([]int, error) {
 	return pids, nil
 }
 
-// stopRigMPIDs stops the shared rig's mpids and waits until they are gone.
-func stopRigMPIDs(t *testing.T) []int {
+// stopRigMPIDs stops the shared rig's mpids (only those of the nodes at
+// the indices given, if any) and waits until they are gone.
+func stopRigMPIDs(t *testing.T, only ...int) []int {
 	t.Helper()
 	var pids []int
-	for _, n := range statusOf(t, jobRig).Nodes {
+	for i, n := range statusOf(t, jobRig).Nodes {
+		if len(only) > 0 && !slices.Contains(only, i) {
+			continue
+		}
 		if n.MPIDPid > 0 && running(n.MPIDPid) {
 			syscall.Kill(n.MPIDPid, syscall.SIGTERM)
 			pids = append(pids, n.MPIDPid)

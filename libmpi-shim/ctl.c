@@ -5,7 +5,7 @@
 //
 // Protocol (docs/ARCHITECTURE.md, "Rank channel"): text lines. The shim
 // says
-//   HELLO 1 job=<id> rank=<r> size=<n> pid=<pid> host=<name>[ root=<h>][ hosts=<h0,h1,...>]
+//   HELLO 2 job=<id> rank=<r> size=<n> pid=<pid> host=<name> key=<job key>[ root=<h>][ hosts=<h0,h1,...>]
 // and then answers each request of mpid with one line:
 //   CLOSE -> CLOSED <state>     STATE -> STATE <state>     OPEN -> OPENED flushed=<n> errors=<n>
 //   REOPEN [gen] -> REOPENED, at once, then "EVENT flushed bytes=<n> errors=<n> errno=<e>" after the
@@ -27,7 +27,7 @@
 // Before all that, from the library's constructor, a rank of a job that
 // names itself (MPIPAUSE_JOBID) asks mpid once to move it into the job's
 // cgroup, on a connection of its own (mpp_ctl_join):
-//   JOIN 1 job=<id> pid=<pid>      answered by     OK | ERR <reason>
+//   JOIN 2 job=<id> pid=<pid> key=<job key>      answered by     OK | ERR <reason>
 // The kernel charges a socket to the cgroup of the process that creates it,
 // at creation, for good: a rank must be in the job's cgroup before MPI_Init
 // opens its sockets, or mpid, which watches the job's sockets by cgroup,
@@ -541,13 +541,33 @@ int mpp_valid_jobid(const char *id)
 	return n > 0;
 }
 
-// mpp_join_line writes "JOIN 1 job=<id> pid=<pid>\n" into b and returns
-// its length; -1 if id is not a valid job id or b is too small.
-int mpp_join_line(char *b, size_t n, const char *id, long pid)
+// mpp_job_key is the job key the launcher gave this rank (MPIPAUSE_JOBKEY:
+// a secret that makes mpid let the rank into its job; docs/security.md),
+// or NULL if there is none or it could not travel in a line (1 to
+// MPP_KEY_MAX printable characters, no spaces, no '=').
+const char *mpp_job_key(void)
 {
-	if (!id || !mpp_valid_jobid(id) || pid <= 0)
+	const char *k = getenv("MPIPAUSE_JOBKEY");
+	size_t n = 0;
+
+	if (!k)
+		return NULL;
+	for (; k[n]; n++) {
+		unsigned char c = (unsigned char)k[n];
+		if (n >= MPP_KEY_MAX || c <= ' ' || c >= 0x7f || c == '=')
+			return NULL;
+	}
+	return n > 0 ? k : NULL;
+}
+
+// mpp_join_line writes "JOIN 2 job=<id> pid=<pid> key=<key>\n" into b and
+// returns its length; -1 if id is not a valid job id, there is no key or b
+// is too small.
+int mpp_join_line(char *b, size_t n, const char *id, long pid, const char *key)
+{
+	if (!id || !mpp_valid_jobid(id) || pid <= 0 || !key)
 		return -1;
-	int r = snprintf(b, n, "JOIN 1 job=%s pid=%ld\n", id, pid);
+	int r = snprintf(b, n, "JOIN 2 job=%s pid=%ld key=%s\n", id, pid, key);
 	return r > 0 && (size_t)r < n ? r : -1;
 }
 
@@ -681,14 +701,21 @@ out:
 void mpp_ctl_join(void)
 {
 	const char *id = getenv("MPIPAUSE_JOBID");
-	char line[MPP_JOBID_MAX + 48], why[320];
+	const char *key = mpp_job_key();
+	char line[MPP_JOBID_MAX + MPP_KEY_MAX + 56], why[320];
 	struct sockaddr_un a;
 	const char *name;
 	int saved = errno;
 
 	if (!id || !*id || !is_rank())
 		return;
-	if (mpp_join_line(line, sizeof(line), id, (long)getpid()) < 0) {
+	if (!key) {
+		warn("mpipause: this rank has no job key (MPIPAUSE_JOBKEY): launch the job with `mpipause run`; "
+		     "this rank could not join its job's cgroup, so %s\n",
+		     "the job will not be pausable cleanly");
+		goto out;
+	}
+	if (mpp_join_line(line, sizeof(line), id, (long)getpid(), key) < 0) {
 		warn("mpipause: MPIPAUSE_JOBID is not a valid job id (1 to 128 printable characters, no spaces, no '='); "
 		     "this rank could not join its job's cgroup, so %s\n",
 		     "the job will not be pausable cleanly");

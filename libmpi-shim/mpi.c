@@ -81,13 +81,13 @@ static void sanitize(char *s)
 static void attach(void)
 {
 	struct abi a;
-	char id[IDLEN] = "", host[HOSTLEN] = "", root[HOSTLEN] = "", small[256 + 2 * HOSTLEN];
+	char id[IDLEN] = "", host[HOSTLEN] = "", root[HOSTLEN] = "", small[256 + 2 * HOSTLEN + MPP_KEY_MAX];
 	char *hosts = NULL, *hello = small;
 	size_t hello_len = sizeof(small);
 	int rank = -1, size = 0, have_id;
 
 	if (load_abi(&a) < 0) {
-		mpp_ctl_start("HELLO 1 job=unknown rank=-1 size=0\n"); // still gateable
+		mpp_ctl_start("HELLO 2 job=unknown rank=-1 size=0\n"); // still gateable
 		return;
 	}
 	a.comm_rank(a.world, &rank);
@@ -127,8 +127,11 @@ static void attach(void)
 		a.comm_free(&dup);
 	}
 	sanitize(id);
-	int n = snprintf(hello, hello_len, "HELLO 1 job=%s rank=%d size=%d pid=%d host=%s", id, rank, size,
+	const char *key = mpp_job_key();
+	int n = snprintf(hello, hello_len, "HELLO 2 job=%s rank=%d size=%d pid=%d host=%s", id, rank, size,
 			 (int)getpid(), host);
+	if (key)
+		n += snprintf(hello + n, hello_len - n, " key=%s", key);
 	if (root[0]) {
 		sanitize(root);
 		n += snprintf(hello + n, hello_len - n, " root=%s", root);

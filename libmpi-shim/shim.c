@@ -49,10 +49,10 @@ EXPORT int mpipause_test_signals(void)
 }
 
 // mpipause_test_join_line formats the JOIN line as the constructor does,
-// for the C tests: its length, or -1 for an invalid job id.
-EXPORT int mpipause_test_join_line(char *b, size_t n, const char *id, long pid)
+// for the C tests: its length, or -1 for an invalid job id or no key.
+EXPORT int mpipause_test_join_line(char *b, size_t n, const char *id, long pid, const char *key)
 {
-	return mpp_join_line(b, n, id, pid);
+	return mpp_join_line(b, n, id, pid, key);
 }
 
 // mpipause_test_gate_page shares the gate word's page as registering does

@@ -118,7 +118,10 @@ void mpp_ctl_stop(void);
 #define JOIN_TIMEOUT_MS 2000
 void mpp_ctl_join(void);
 int mpp_valid_jobid(const char *id);
-int mpp_join_line(char *b, size_t n, const char *id, long pid);
+int mpp_join_line(char *b, size_t n, const char *id, long pid, const char *key);
+// MPP_KEY_MAX is the longest job key (ranks.MaxKey).
+#define MPP_KEY_MAX 320
+const char *mpp_job_key(void);
 
 // SIGTSTP/SIGCONT (sig.c): install returns the pipe the handler writes to.
 int mpp_signals_install(void);

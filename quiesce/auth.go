@@ -186,3 +186,20 @@ func (s *session) open(b []byte) ([]byte, error) {
 	s.recv++
 	return body, nil
 }
+
+// Derive returns a secret that only holders of the cluster key can compute
+// for these parts: HMAC-SHA256(key, label, then each part), each
+// length-prefixed so that no two lists of parts give the same input. mpid
+// derives the per-job keys it hands to launchers this way
+// (docs/security.md), so any node of the cluster can check one without
+// state, and one job's key says nothing about another's.
+func (k *Key) Derive(label string, parts ...string) []byte {
+	m := hmac.New(sha256.New, k.b[:])
+	var n [8]byte
+	for _, p := range append([]string{label}, parts...) {
+		binary.BigEndian.PutUint64(n[:], uint64(len(p)))
+		m.Write(n[:])
+		m.Write([]byte(p))
+	}
+	return m.Sum(nil)
+}

@@ -200,7 +200,7 @@ func (c *Coordinator) newRun(job string, nodes []string) (*run, error) {
 // individual nodes are in the report.
 func (r *run) round(ctx context.Context, kind Kind) (Report, error) {
 	r.seq++
-	req := Message{Version: ProtocolVersion, Job: r.job, Epoch: r.epoch, Seq: r.seq, Kind: kind, Nodes: r.nodes, Fanout: r.c.opt.Fanout}
+	req := Message{Version: ProtocolVersion, Job: r.job, Epoch: r.epoch, Seq: r.seq, Kind: kind, Nodes: r.nodes, Fanout: r.c.opt.Fanout, Coordinator: r.nodes[0]}
 	if (kind == KindDrain || kind == KindFreeze) && r.c.opt.DrainWait > 0 {
 		req.Wait = r.c.opt.DrainWait
 		if dl, ok := ctx.Deadline(); ok {

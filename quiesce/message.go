@@ -74,6 +74,11 @@ type Message struct {
 	// field uses the tree, which changes what the round costs, not what it
 	// finds.
 	Fanout Fanout `json:"fanout,omitempty"`
+	// Coordinator names the node whose coordinator sent the request (the
+	// first of the whole job's Nodes; a subtree's Nodes start with its
+	// recipient instead): a node refuses a step of a job it knows from
+	// another coordinator (docs/security.md).
+	Coordinator string `json:"coordinator,omitempty"`
 }
 
 // DrainPoll is how often a node waiting on a DRAIN (Message.Wait) checks
@@ -86,6 +91,12 @@ type Control struct {
 	Op      string        `json:"op"`
 	UID     uint32        `json:"uid"`
 	Timeout time.Duration `json:"timeout_ns,omitempty"`
+	// Token is the job key a rank presented (a node registering with the
+	// coordinator); Node the node that registers.
+	// Size is the job's size as the registering node's ranks told it.
+	Token string `json:"token,omitempty"`
+	Node  string `json:"node,omitempty"`
+	Size  int    `json:"size,omitempty"`
 	// Answer: Result is the daemon's report; Code and Message a refusal.
 	Result  json.RawMessage `json:"result,omitempty"`
 	Code    string          `json:"code,omitempty"`

@@ -51,6 +51,7 @@ const (
 	tagMsgControl = 10
 	tagMsgWait    = 11
 	tagMsgFanout  = 12
+	tagMsgCoord   = 13
 
 	// Report
 	tagRepNodes   = 1
@@ -87,6 +88,9 @@ const (
 	tagCtlResult  = 4
 	tagCtlCode    = 5
 	tagCtlMessage = 6
+	tagCtlToken   = 7
+	tagCtlNode    = 8
+	tagCtlSize    = 9
 )
 
 // --- encoding ---
@@ -187,7 +191,8 @@ func (m *Message) appendWire(b []byte) []byte {
 		b = endNested(b, at)
 	}
 	b = appendInt(b, tagMsgWait, int64(m.Wait))
-	return appendString(b, tagMsgFanout, string(m.Fanout))
+	b = appendString(b, tagMsgFanout, string(m.Fanout))
+	return appendString(b, tagMsgCoord, m.Coordinator)
 }
 
 func (r *Report) appendWire(b []byte) []byte {
@@ -240,6 +245,9 @@ func (c *Control) appendWire(b []byte) []byte {
 		b = append(b, c.Result...)
 	}
 	b = appendString(b, tagCtlCode, c.Code)
+	b = appendString(b, tagCtlToken, c.Token)
+	b = appendString(b, tagCtlNode, c.Node)
+	b = appendInt(b, tagCtlSize, int64(c.Size))
 	return appendString(b, tagCtlMessage, c.Message)
 }
 
@@ -447,6 +455,8 @@ func (r *wireReader) message(m *Message) {
 			m.Wait = time.Duration(r.int64(wt))
 		case tagMsgFanout:
 			m.Fanout = Fanout(r.str(wt))
+		case tagMsgCoord:
+			m.Coordinator = r.str(wt)
 		default:
 			r.skip(wt)
 		}
@@ -588,6 +598,16 @@ func (r *wireReader) control(c *Control) {
 			c.Code = r.str(wt)
 		case tagCtlMessage:
 			c.Message = r.str(wt)
+		case tagCtlToken:
+			c.Token = r.str(wt)
+		case tagCtlNode:
+			c.Node = r.str(wt)
+		case tagCtlSize:
+			v := r.int64(wt)
+			if v < 0 || v > 1<<31-1 {
+				r.fail("size out of range")
+			}
+			c.Size = int(v)
 		default:
 			r.skip(wt)
 		}

@@ -205,12 +205,12 @@ func TestJobUsage(t *testing.T) {
 
 func TestInject(t *testing.T) {
 	got := inject("openmpi", []string{"mpirun", "-np", "4", "./a"}, "j1", "/x/libmpipause.so")
-	want := "mpirun -x MPIPAUSE_JOBID=j1 -x LD_PRELOAD=/x/libmpipause.so -np 4 ./a"
+	want := "mpirun -x MPIPAUSE_JOBID=j1 -x LD_PRELOAD=/x/libmpipause.so -x MPIPAUSE_JOBKEY -np 4 ./a"
 	if strings.Join(got, " ") != want {
 		t.Errorf("openmpi: %q, want %q", got, want)
 	}
 	got = inject("hydra", []string{"mpiexec", "-n", "4", "./a"}, "j1", "/x/libmpipause.so")
-	want = "mpiexec -genv MPIPAUSE_JOBID j1 -genv LD_PRELOAD /x/libmpipause.so -n 4 ./a"
+	want = "mpiexec -genv MPIPAUSE_JOBID j1 -genv LD_PRELOAD /x/libmpipause.so -genvlist MPIPAUSE_JOBKEY -n 4 ./a"
 	if strings.Join(got, " ") != want {
 		t.Errorf("hydra: %q, want %q", got, want)
 	}

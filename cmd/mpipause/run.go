@@ -76,17 +76,21 @@ func runCmd(ctx context.Context, e *env, args []string) error {
 			return err
 		}
 	}
-	// A job launched without mpid would run, but could not be paused: say
-	// so before it starts, not at the first Ctrl-Z.
+	// The job is made before it starts (mpid answers with its job key,
+	// which only its ranks get): a job launched without mpid would run,
+	// but could not be paused: say so now, not at the first Ctrl-Z.
 	pctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	_, err = ctl.Do(pctx, ctl.Addr(), ctl.Request{Op: ctl.OpList}, nil)
+	rep, err := ctl.Do(pctx, ctl.Addr(), ctl.Request{Op: ctl.OpCreate, Job: id}, nil)
 	cancel()
 	if err != nil {
 		return err
 	}
+	if rep.Token == "" {
+		return ctl.Errorf(ctl.CodeUnavailable, "mpid at %s made job %s but sent no job key: is it of another release?", ctl.Addr(), id)
+	}
 	argv = inject(kind, argv, id, preload(os.Getenv("LD_PRELOAD"), shim))
 	fmt.Fprintf(e.stdout, "job %s\n", id)
-	return launch(ctx, e, id, argv)
+	return launch(ctx, e, id, rep.Token, argv)
 }
 
 func newJobID() string {
@@ -147,23 +151,26 @@ func preload(have, shim string) string {
 // inject gives every rank the shim and the job id through the launcher's own
 // option for it, so that ranks on other nodes get them too and the launcher
 // itself runs without the shim.
+// The job key is a secret: it goes to the launcher in its environment and
+// is passed on by name, never on a command line, which every user of the
+// node can read in /proc.
 func inject(kind string, argv []string, id, preload string) []string {
 	out := []string{argv[0]}
 	switch kind {
 	case "openmpi":
-		out = append(out, "-x", "MPIPAUSE_JOBID="+id, "-x", "LD_PRELOAD="+preload)
+		out = append(out, "-x", "MPIPAUSE_JOBID="+id, "-x", "LD_PRELOAD="+preload, "-x", ctl.TokenEnv)
 	case "hydra":
-		out = append(out, "-genv", "MPIPAUSE_JOBID", id, "-genv", "LD_PRELOAD", preload)
+		out = append(out, "-genv", "MPIPAUSE_JOBID", id, "-genv", "LD_PRELOAD", preload, "-genvlist", ctl.TokenEnv)
 	}
 	return append(out, argv[1:]...)
 }
 
 // launch runs the launcher and handles the terminal's job-control signals
 // for the whole job.
-func launch(ctx context.Context, e *env, id string, argv []string) error {
+func launch(ctx context.Context, e *env, id, token string, argv []string) error {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = e.stdout, e.stderr
-	cmd.Env = append(os.Environ(), "MPIPAUSE_JOBID="+id)
+	cmd.Env = append(os.Environ(), "MPIPAUSE_JOBID="+id, ctl.TokenEnv+"="+token)
 	tty := isTerminal(os.Stdin)
 	if tty {
 		// Ctrl-Z and Ctrl-C go to the terminal's foreground process group:

@@ -37,12 +37,23 @@ func Addr() string {
 	return DefaultAddr
 }
 
+// TokenEnv is the variable a launcher hands each rank its job key in
+// (mpid's authority.go: what the key is, and how mpid checks it).
+const TokenEnv = "MPIPAUSE_JOBKEY"
+
 // Operations.
 const (
 	OpPause  = "pause"
 	OpResume = "resume"
 	OpStatus = "status"
 	OpList   = "list"
+	// OpCreate makes a job owned by the caller, coordinated by this node,
+	// and answers with its job key for the ranks (`mpipause run`).
+	OpCreate = "create"
+	// OpToken, root only, answers with the job key of job Job of user
+	// Owner whose coordinator is the first host of Nodelist (the SPANK
+	// plugin, in slurmstepd, for a step's tasks).
+	OpToken = "token"
 )
 
 // Request is what the CLI asks.
@@ -53,6 +64,9 @@ type Request struct {
 	// Timeout bounds the drain of a pause (the --timeout flag); zero takes
 	// mpid's default.
 	Timeout time.Duration `json:"timeout_ns,omitempty"`
+	// Owner and Nodelist: OpToken's user and Slurm host list.
+	Owner    *uint32 `json:"owner_uid,omitempty"`
+	Nodelist string  `json:"nodelist,omitempty"`
 }
 
 // Job states as the CLI shows them.
@@ -184,6 +198,9 @@ type Reply struct {
 	Job      *Job      `json:"job,omitempty"`
 	Jobs     []Job     `json:"jobs,omitempty"`
 	Err      *Error    `json:"error,omitempty"`
+	// Token is the job key OpCreate and OpToken answer with: a secret, for
+	// the ranks' environment only.
+	Token string `json:"token,omitempty"`
 	// Final marks the last line (a list of zero jobs is final too).
 	Final bool `json:"final,omitempty"`
 }
@@ -201,9 +218,16 @@ func (r *Request) Validate() error {
 		return Errorf(CodeBadRequest, "control request version %d, this mpid speaks %d: use the mpipause of the same release", r.Version, Version)
 	}
 	switch r.Op {
-	case OpPause, OpResume:
+	case OpPause, OpResume, OpCreate:
 		if err := ValidJobID(r.Job); err != nil {
 			return err
+		}
+	case OpToken:
+		if err := ValidJobID(r.Job); err != nil {
+			return err
+		}
+		if r.Owner == nil || r.Nodelist == "" {
+			return Errorf(CodeBadRequest, "a token request names the owner and the step's node list")
 		}
 	case OpStatus:
 		if r.Job != "" {
@@ -290,7 +314,7 @@ func decodeReply(line []byte) (Reply, error) {
 	if err := json.Unmarshal(line, &r); err != nil {
 		return r, err
 	}
-	answer := r.Job != nil || r.Jobs != nil || r.Err != nil
+	answer := r.Job != nil || r.Jobs != nil || r.Err != nil || r.Token != ""
 	if (r.Progress != nil && (answer || r.Final)) || (r.Progress == nil && !r.Final) || (r.Job != nil && r.Jobs != nil) {
 		return r, errors.New("not one progress line or one final answer")
 	}

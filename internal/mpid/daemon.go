@@ -91,8 +91,9 @@ type Daemon struct {
 	ranks *ranks.Server
 	agent *quiesce.Agent
 	// tr is the peer port's client side, shared by the agent and every
-	// coordinator on this node so that its connections are reused.
-	tr *quiesce.TCPTransport
+	// coordinator on this node so that its connections are reused (a
+	// quiesce.MemNetwork in in-process tests).
+	tr quiesce.Transport
 	// metrics is nil when metrics are off (every recording is then a
 	// no-op).
 	metrics *metrics.Metrics
@@ -109,7 +110,11 @@ type Daemon struct {
 
 // job is what this node knows of one job.
 type job struct {
+	// id is the job's key (ranks.JobKey: "<owner uid>:<name>"), the name
+	// of its cgroup, its records and its protocol messages; name is the id
+	// its owner chose, what the CLI shows.
 	id     string
+	name   string
 	dir    string // cgroup v2 directory of the job's ranks on this node
 	owner  uint32
 	joined int // ranks moved in by JOIN
@@ -125,12 +130,24 @@ type job struct {
 	// ranks' registrations told the old mpid comes from its record, until
 	// they register again. missing: the adopted ranks (pids) that have not
 	// registered again yet; the job cannot be paused before they have.
-	adopted     bool
-	missing     map[int]bool
-	nodes       []string
+	adopted bool
+	missing map[int]bool
+	nodes   []string
+	// coordinator is the node named by the job key (authority.go): the
+	// only one whose protocol steps this node runs for the job.
 	coordinator string
 	size        int
 	localRanks  []int
+	// Coordinator side: remotes are the other nodes whose mpid registered
+	// ranks of the job here; creator is the `mpipause run` that created it
+	// (the job is kept while it lives, ranks or not).
+	remotes map[string]bool
+	creator *os.Process
+	// Other nodes: registered says the coordinator has confirmed this
+	// node (registration is retried by sweep until it has, and repeated
+	// so that a restarted coordinator learns its nodes again).
+	registered bool
+	token      string
 }
 
 // New prepares a daemon; Run starts it.
@@ -226,8 +243,9 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 			}
 			return ""
 		}}}
-	d.tr = &quiesce.TCPTransport{Resolve: d.resolve, Key: d.cfg.ClusterKey}
-	defer d.tr.CloseIdle()
+	tcp := &quiesce.TCPTransport{Resolve: d.resolve, Key: d.cfg.ClusterKey}
+	defer tcp.CloseIdle()
+	d.tr = tcp
 	d.agent = quiesce.NewAgent(local, d.tr, quiesce.DefaultRetry)
 	d.agent.OnExpire = func(job string, err error) {
 		// The coordinator died or lost this node mid-pause: the agent
@@ -330,23 +348,67 @@ func (d *Daemon) jobDir(id string) string {
 	return filepath.Join(d.cgroupParent(), id)
 }
 
-// getJobLocked returns the job, making its record and cgroup if needed.
-func (d *Daemon) getJobLocked(id string, uid uint32) (*job, error) {
-	if err := ctl.ValidJobID(id); err != nil {
+// maxJobsPerUser bounds the jobs one user can make mpid keep (each is a
+// cgroup and a set of BPF programs).
+const maxJobsPerUser = 64
+
+// authorizeLocked returns the job a process of uid asks to join as job
+// name with job key token, making its record (and cgroup) if it is new
+// here: the key must be this job's (authority.go). The job then names its
+// coordinator; a new job on another node than the coordinator registers
+// there (register).
+func (d *Daemon) authorizeLocked(uid uint32, name, token string) (*job, error) {
+	if err := ctl.ValidJobID(name); err != nil {
 		return nil, err
 	}
-	j := d.jobs[id]
-	if j == nil {
-		dir := d.jobDir(id)
-		if err := cgroupv2.Create(dir); err != nil {
+	coord, err := checkToken(d.cfg.ClusterKey, uid, name, token)
+	if err != nil {
+		return nil, err
+	}
+	key := ranks.JobKey(uid, name)
+	j := d.jobs[key]
+	switch {
+	case j == nil:
+		if j, err = d.newJobLocked(uid, name, coord); err != nil {
 			return nil, err
 		}
-		j = &job{id: id, dir: dir, owner: uid, state: ctl.StateRunning, since: time.Now()}
-		d.jobs[id] = j
+	case j.coordinator == "":
+		// Adopted without a record that names it.
+		j.coordinator = coord
+	case j.coordinator != coord:
+		return nil, fmt.Errorf("job %s of uid %d is coordinated by %s, and this rank's job key names %s: two launches under one job id? give each its own", name, uid, j.coordinator, coord)
 	}
-	if uid != j.owner && uid != 0 {
-		return nil, fmt.Errorf("job %s belongs to uid %d; uid %d may not join it", id, j.owner, uid)
+	if coord != d.cfg.Node && j.token == "" {
+		j.token = token
+		go d.register(j.id, coord, token, uid)
 	}
+	return j, nil
+}
+
+// newJobLocked makes the record of job name of uid, coordinated by coord.
+func (d *Daemon) newJobLocked(uid uint32, name, coord string) (*job, error) {
+	if uid != 0 {
+		n := 0
+		for _, o := range d.jobs {
+			if o.owner == uid {
+				n++
+			}
+		}
+		if n >= maxJobsPerUser {
+			return nil, fmt.Errorf("uid %d has %d jobs on %s, the most one user may have: let some end first", uid, n, d.cfg.Node)
+		}
+	}
+	key := ranks.JobKey(uid, name)
+	j := &job{id: key, name: name, dir: d.jobDir(key), owner: uid, coordinator: coord, state: ctl.StateRunning, since: time.Now()}
+	if d.cfg.FixedCgroup == "" {
+		if err := cgroupv2.Create(j.dir); err != nil {
+			return nil, err
+		}
+	}
+	if coord == d.cfg.Node {
+		j.remotes = map[string]bool{}
+	}
+	d.jobs[key] = j
 	return j, nil
 }
 
@@ -377,24 +439,24 @@ func (d *Daemon) openObserverLocked(j *job) error {
 
 // join moves a rank into its job's cgroup before it opens any socket: the
 // kernel files a socket under its creator's cgroup at creation, for good.
-func (d *Daemon) join(id string, pid int, uid uint32) error {
+func (d *Daemon) join(req ranks.JoinRequest) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.cfg.FixedCgroup != "" {
-		return inCgroup(pid, d.cfg.FixedCgroup)
-	}
-	j, err := d.getJobLocked(id, uid)
+	j, err := d.authorizeLocked(req.UID, req.Job, req.Key)
 	if err != nil {
 		return err
 	}
-	if err := cgroupv2.AddProc(j.dir, pid); err != nil {
+	if d.cfg.FixedCgroup != "" {
+		return inCgroup(req.Pid, d.cfg.FixedCgroup)
+	}
+	if err := cgroupv2.AddProc(j.dir, req.Pid); err != nil {
 		return err
 	}
 	j.joined++
 	if err := d.openObserverLocked(j); err != nil {
 		return err
 	}
-	d.log.Info("rank joined", "job", id, "pid", pid, "uid", uid, "cgroup", j.dir)
+	d.log.Info("rank joined", "job", j.id, "pid", req.Pid, "uid", req.UID, "cgroup", j.dir)
 	return nil
 }
 
@@ -405,9 +467,12 @@ func (d *Daemon) join(id string, pid int, uid uint32) error {
 func (d *Daemon) admit(r *ranks.Rank) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	j, err := d.getJobLocked(r.Job, r.UID)
+	j, err := d.authorizeLocked(r.UID, r.Job, r.Key)
 	if err != nil {
-		return err
+		return fmt.Errorf("rank %d (pid %d, uid %d) of job %s: %w", r.Rank, r.Pid, r.UID, r.Job, err)
+	}
+	if r.Size > j.size {
+		j.size = r.Size
 	}
 	if err := inCgroup(r.Pid, j.dir); err != nil {
 		if d.cfg.FixedCgroup != "" {
@@ -501,11 +566,21 @@ func (d *Daemon) rankChanged(r *ranks.Rank, gone bool, err error) {
 // exited (not "never prepared here", as a forgotten job did), and its
 // rollback finds the cgroup to thaw; sweep ends the job after that.
 func (d *Daemon) maybeEndLocked(j *job) {
-	if j.busy || len(d.ranks.Ranks(j.id)) > 0 || d.agent.Pausing(j.id) {
+	if j.busy || len(d.ranks.Ranks(j.id)) > 0 || d.agent.Pausing(j.id) || len(j.remotes) > 0 {
 		return
 	}
-	if procs, err := cgroupv2.Procs(j.dir); err != nil || len(procs) > 0 {
+	if j.creator != nil {
+		if !errors.Is(j.creator.Signal(syscall.Signal(0)), os.ErrProcessDone) {
+			return // `mpipause run` is still launching or running it
+		}
+		j.creator.Release()
+		j.creator = nil
+	}
+	if procs, err := cgroupv2.Procs(j.dir); (err != nil && !errors.Is(err, os.ErrNotExist)) || len(procs) > 0 {
 		return
+	}
+	if j.coordinator != "" && j.coordinator != d.cfg.Node && j.token != "" {
+		go d.unregister(j.id, j.coordinator, j.token, j.owner)
 	}
 	d.log.Info("job ended", "job", j.id)
 	d.dropRecord(j.id)
@@ -547,6 +622,11 @@ func (d *Daemon) sweep(ctx context.Context) {
 		d.mu.Lock()
 		for _, j := range d.jobs {
 			d.maybeEndLocked(j)
+			if d.jobs[j.id] == j && j.coordinator != "" && j.coordinator != d.cfg.Node && j.token != "" {
+				// Again and again: a restarted coordinator learns its
+				// nodes back this way.
+				go d.register(j.id, j.coordinator, j.token, j.owner)
+			}
 		}
 		d.mu.Unlock()
 	}
@@ -598,7 +678,9 @@ func (d *Daemon) rankEvent(r *ranks.Rank, ev string) {
 		return
 	}
 	go func() {
-		rep, err := d.do(context.Background(), ctl.Request{Version: ctl.Version, Op: op, Job: r.Job}, 0, nil)
+		// The rank's own uid, for its own job: a rank's signal pauses its
+		// job, and nothing else.
+		rep, err := d.doAt(context.Background(), ctl.Request{Version: ctl.Version, Op: op, Job: r.JobKey()}, r.UID, nil, true)
 		var ce *ctl.Error
 		switch {
 		case errors.As(err, &ce) && (ce.Code == ctl.CodeElsewhere || ce.Code == ctl.CodeState):
@@ -725,6 +807,12 @@ func (d *Daemon) ctlConn(ctx context.Context, c *net.UnixConn) {
 			ctl.Write(c, ctl.Reply{Jobs: d.list(uid), Final: true})
 			return
 		}
+	case ctl.OpCreate:
+		ctl.Write(c, d.create(req.Job, uid, int(cred.Pid)))
+		return
+	case ctl.OpToken:
+		ctl.Write(c, d.token(req, uid))
+		return
 	}
 	j, err := d.do(context.WithoutCancel(ctx), req, uid, progress)
 	wmu.Lock()
@@ -765,28 +853,40 @@ func (d *Daemon) list(uid uint32) []ctl.Job {
 	return out
 }
 
-// view is the job as this node sees it.
+// view is the job (by key) as this node sees it.
 func (d *Daemon) view(id string) (ctl.Job, error) {
 	d.mu.Lock()
 	j := d.jobs[id]
 	if j == nil {
 		d.mu.Unlock()
-		return ctl.Job{}, ctl.Errorf(ctl.CodeUnknownJob, "no job %s on %s: see `mpipause list`", id, d.cfg.Node)
+		return ctl.Job{}, ctl.Errorf(ctl.CodeUnknownJob, "no job %s on %s: see `mpipause list`", jobName(id), d.cfg.Node)
 	}
 	v := j.last
-	v.ID, v.Owner, v.Since, v.Unpausable = j.id, j.owner, j.since, j.unwatched
+	v.ID, v.Owner, v.Since, v.Unpausable = j.name, j.owner, j.since, j.unwatched
 	if v.Unpausable == "" {
 		v.Unpausable = d.missingLocked(j)
 	}
-	state, coordinated := j.state, false
+	state, coordinated := j.state, j.coordinator == d.cfg.Node
 	adopted, nodes, coordinator, size, local := j.adopted, j.nodes, j.coordinator, j.size, j.localRanks
+	v.Nodes = []string{d.cfg.Node}
+	if coordinated {
+		remotes := make([]string, 0, len(j.remotes))
+		for n := range j.remotes {
+			remotes = append(remotes, n)
+		}
+		slices.Sort(remotes)
+		v.Nodes = append(v.Nodes, remotes...)
+	}
 	d.mu.Unlock()
 	rs := d.ranks.Ranks(id)
 	if adopted && len(rs) == 0 {
 		// What the ranks told the previous mpid, from its record.
 		v.Node, v.Ranks, v.LocalRanks, v.Coordinator = d.cfg.Node, size, local, coordinator
-		v.Nodes, v.State = nodes, state
-		if coordinator != d.cfg.Node {
+		v.State = state
+		if coordinated && len(nodes) > len(v.Nodes) {
+			v.Nodes = nodes
+		}
+		if !coordinated {
 			v.Nodes = []string{d.cfg.Node}
 			if _, ok := d.agent.State(id); ok {
 				v.State = agentState(d.agent, id)
@@ -795,29 +895,27 @@ func (d *Daemon) view(id string) (ctl.Job, error) {
 		return v, nil
 	}
 	v.LocalRanks = nil
+	v.Ranks = size
 	for _, r := range rs {
 		v.LocalRanks = append(v.LocalRanks, r.Rank)
-		if r.Size > v.Ranks {
-			v.Ranks = r.Size
-		}
-		if r.Rank == 0 {
-			coordinated = true
-			v.Nodes = jobNodes(d.cfg.Node, r.Host, r.Hosts)
-		}
-		if r.Root != "" {
-			v.Coordinator = r.Root
-		}
+		v.Ranks = max(v.Ranks, r.Size)
 	}
 	slices.Sort(v.LocalRanks)
-	v.Node = d.cfg.Node
+	v.Node, v.Coordinator = d.cfg.Node, coordinator
 	if coordinated {
-		v.Coordinator = d.cfg.Node
 		v.State = state
 	} else {
-		v.Nodes = []string{d.cfg.Node}
 		v.State = agentState(d.agent, id)
 	}
 	return v, nil
+}
+
+// jobName is the id part of a job key, for messages.
+func jobName(key string) string {
+	if _, name, ok := ranks.SplitJobKey(key); ok {
+		return name
+	}
+	return key
 }
 
 // agentState is a non-coordinator node's idea of the job's state: the last
@@ -837,19 +935,6 @@ func agentState(a *quiesce.Agent, id string) string {
 		return ctl.StateRunning
 	}
 	return ctl.StatePausing
-}
-
-// jobNodes is the job's node list with the coordinator (this node) first,
-// each node once, in the order rank 0 reported the hosts. Rank 0's own host
-// name is this node, whatever it calls itself (a short name, an FQDN).
-func jobNodes(self, rank0Host string, hosts []string) []string {
-	out := []string{self}
-	for _, h := range hosts {
-		if h != "" && h != rank0Host && !slices.Contains(out, h) {
-			out = append(out, h)
-		}
-	}
-	return out
 }
 
 func (d *Daemon) failpoints() failpoints {

@@ -130,11 +130,11 @@ func (d *Daemon) recordCommit(id string) error {
 	}
 	r := record{Version: recordVersion, Job: id, State: ctl.StatePaused, Since: time.Now(), Nodes: []string{d.cfg.Node}}
 	if j := d.jobs[id]; j != nil {
-		r.Owner = j.owner
+		r.Owner, r.Coordinator = j.owner, j.coordinator
 	}
 	for _, rk := range d.ranks.Ranks(id) {
 		r.LocalRanks = append(r.LocalRanks, rk.Rank)
-		r.Ranks, r.Coordinator = rk.Size, rk.Root
+		r.Ranks = rk.Size
 	}
 	return writeRecord(d.stateDir(), r)
 }

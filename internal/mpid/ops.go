@@ -15,31 +15,41 @@ import (
 	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/internal/metrics"
 	"github.com/mpipause/mpipause/internal/node"
+	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/quiesce"
 )
 
-// do runs a status, pause or resume request of a caller with uid. A pause
-// or resume of a job coordinated elsewhere goes to the coordinator's mpid.
+// do runs a status, pause or resume request of a caller with uid, for the
+// job the caller names (lookup). A pause or resume of a job coordinated
+// elsewhere goes to the coordinator's mpid.
 func (d *Daemon) do(ctx context.Context, req ctl.Request, uid uint32, progress func(ctl.Progress)) (ctl.Job, error) {
-	return d.doAt(ctx, req, uid, progress, true)
-}
-
-func (d *Daemon) doAt(ctx context.Context, req ctl.Request, uid uint32, progress func(ctl.Progress), mayForward bool) (ctl.Job, error) {
-	v, err := d.view(req.Job)
+	key, err := d.lookup(req.Job, uid)
 	if err != nil {
 		return ctl.Job{}, err
 	}
-	if uid != 0 && uid != v.Owner {
-		// Nothing about the job, not even its state, goes to a stranger.
-		return ctl.Job{}, ctl.Errorf(ctl.CodePermission, "permission denied: job %s belongs to uid %d (you are uid %d)", req.Job, v.Owner, uid)
+	req.Job = key
+	return d.doAt(ctx, req, uid, progress, true)
+}
+
+// doAt runs req for the job whose key is req.Job.
+func (d *Daemon) doAt(ctx context.Context, req ctl.Request, uid uint32, progress func(ctl.Progress), mayForward bool) (ctl.Job, error) {
+	owner, _, ok := ranks.SplitJobKey(req.Job)
+	if !ok || (uid != 0 && uid != owner) {
+		// Nothing about the job, not even that it exists, goes to a
+		// stranger: their name for it is in their own namespace.
+		return ctl.Job{}, ctl.Errorf(ctl.CodeUnknownJob, "no job %s on %s: see `mpipause list`", jobName(req.Job), d.cfg.Node)
+	}
+	v, err := d.view(req.Job)
+	if err != nil {
+		return ctl.Job{}, err
 	}
 	if req.Op == ctl.OpStatus {
 		return v, nil
 	}
 	if v.Coordinator != d.cfg.Node {
 		if v.Coordinator == "" || !mayForward {
-			return v, ctl.Errorf(ctl.CodeElsewhere, "job %s: rank 0 is not on %s (ranks here: %s) and its node is not known here; run mpipause on the node of rank 0, which coordinates the job",
-				req.Job, d.cfg.Node, ctl.RankList(v.LocalRanks))
+			return v, ctl.Errorf(ctl.CodeElsewhere, "job %s is not coordinated by %s (ranks here: %s) and its coordinator is not known here; run mpipause on the node that launched it",
+				jobName(req.Job), d.cfg.Node, ctl.RankList(v.LocalRanks))
 		}
 		return d.forward(ctx, v.Coordinator, req, uid)
 	}
@@ -433,10 +443,18 @@ func (d *Daemon) forward(ctx context.Context, to string, req ctl.Request, uid ui
 // passed on by another node's mpid is run here as the coordinator.
 func (d *Daemon) peer(ctx context.Context, m quiesce.Message) (quiesce.Message, error) {
 	if m.Kind != quiesce.KindControl {
+		if why := d.foreignStep(m); why != "" {
+			d.log.Warn("protocol step refused", "job", m.Job, "kind", m.Kind, "coordinator", m.Coordinator, "reason", why)
+			return quiesce.Message{Version: quiesce.ProtocolVersion, Job: m.Job, Epoch: m.Epoch, Seq: m.Seq, Kind: m.Kind, Reply: true, Err: why}, nil
+		}
 		return d.agent.Handle(ctx, m)
 	}
 	reply := quiesce.Message{Version: quiesce.ProtocolVersion, Job: m.Job, Kind: m.Kind, Reply: true}
 	c := m.Control
+	if m.Version == quiesce.ProtocolVersion && c != nil && (c.Op == opRegister || c.Op == opUnregister) {
+		reply.Control = d.registered(m)
+		return reply, nil
+	}
 	if m.Version != quiesce.ProtocolVersion || c == nil || (c.Op != ctl.OpPause && c.Op != ctl.OpResume) {
 		reply.Err = "malformed control request"
 		return reply, nil
@@ -462,4 +480,20 @@ func (d *Daemon) peer(ctx context.Context, m quiesce.Message) (quiesce.Message, 
 	reply.Control = out
 	d.log.Info("request from a peer", "job", m.Job, "op", c.Op, "uid", c.UID, "code", out.Code)
 	return reply, nil
+}
+
+// foreignStep says why this node refuses a protocol step: its job is not a
+// job key, or it is a job this node knows as coordinated by another node
+// than the one the step comes from. A step of a job unknown here finds
+// nothing to act on.
+func (d *Daemon) foreignStep(m quiesce.Message) string {
+	if _, _, ok := ranks.SplitJobKey(m.Job); !ok {
+		return fmt.Sprintf("job %q is not a job key", m.Job)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if j := d.jobs[m.Job]; j != nil && j.coordinator != "" && j.coordinator != m.Coordinator {
+		return fmt.Sprintf("job %s is coordinated by %s, not %s", m.Job, j.coordinator, m.Coordinator)
+	}
+	return ""
 }

@@ -9,24 +9,6 @@ import (
 	"github.com/mpipause/mpipause/quiesce"
 )
 
-func TestJobNodes(t *testing.T) {
-	for _, tt := range []struct {
-		self, host string
-		hosts      []string
-		want       []string
-	}{
-		{"n0", "n0", []string{"n0", "n0", "n1", "n2", "n1"}, []string{"n0", "n1", "n2"}},
-		// Rank 0 calls its host by another name than mpid's --node: it is
-		// still this node, not a second one.
-		{"n0", "n0.cluster", []string{"n0.cluster", "n1.cluster"}, []string{"n0", "n1.cluster"}},
-		{"n0", "n0", nil, []string{"n0"}},
-	} {
-		if got := jobNodes(tt.self, tt.host, tt.hosts); !slices.Equal(got, tt.want) {
-			t.Errorf("jobNodes(%s, %s, %v) = %v, want %v", tt.self, tt.host, tt.hosts, got, tt.want)
-		}
-	}
-}
-
 // TestFailureReport: a drain timeout names the connections, the ranks at
 // both ends where known, and the ranks with unread data.
 func TestFailureReport(t *testing.T) {

@@ -10,7 +10,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
@@ -173,7 +172,12 @@ func (d *Daemon) adopt() (interrupted []func()) {
 	defer d.mu.Unlock()
 	for _, e := range entries {
 		id := e.Name()
-		if !e.IsDir() || ctl.ValidJobID(id) != nil || d.jobs[id] != nil {
+		if !e.IsDir() || d.jobs[id] != nil {
+			continue
+		}
+		owner, name, ok := ranks.SplitJobKey(id)
+		if !ok {
+			// Not a job of this release's layout (<uid>:<id>): left alone.
 			continue
 		}
 		cg := filepath.Join(d.cgroupParent(), id)
@@ -194,7 +198,7 @@ func (d *Daemon) adopt() (interrupted []func()) {
 				d.log.Warn("job frozen by a pause that never committed here (mpid died inside it): thawed", "job", id)
 			}
 		}
-		j := &job{id: id, dir: cg, state: ctl.StateRunning, since: time.Now(), adopted: true, missing: map[int]bool{}}
+		j := &job{id: id, name: name, owner: owner, dir: cg, state: ctl.StateRunning, since: time.Now(), adopted: true, missing: map[int]bool{}}
 		for _, pid := range procs {
 			// A registered rank runs the shim's control thread; the
 			// launcher's daemons and the ranks' own children do not.
@@ -205,8 +209,8 @@ func (d *Daemon) adopt() (interrupted []func()) {
 		if frozen {
 			j.state = ctl.StatePaused
 		}
-		if r, ok := recs[id]; ok {
-			j.owner, j.since, j.last = r.Owner, r.Since, r.Last
+		if r, ok := recs[id]; ok && r.Owner == owner {
+			j.since, j.last = r.Since, r.Last
 			j.nodes, j.coordinator, j.size, j.localRanks = r.Nodes, r.Coordinator, r.Ranks, r.LocalRanks
 			delete(recs, id)
 			if r.State == ctl.StatePausing {
@@ -218,8 +222,6 @@ func (d *Daemon) adopt() (interrupted []func()) {
 				interrupted = append(interrupted, func() { d.confirmRollback(id, nodes) })
 				d.log.Warn("found a pause this node was coordinating when its mpid died: rolling it back on every node", "job", id, "nodes", strings.Join(nodes, ","))
 			}
-		} else {
-			j.owner = procOwner(procs[0])
 		}
 		d.jobs[id] = j
 		d.log.Warn("adopted a job left by the previous mpid", "job", id, "state", j.state, "cgroup", cg, "ranks", len(j.missing),
@@ -231,12 +233,4 @@ func (d *Daemon) adopt() (interrupted []func()) {
 		d.dropRecord(id)
 	}
 	return interrupted
-}
-
-func procOwner(pid int) uint32 {
-	var st syscall.Stat_t
-	if err := syscall.Stat(fmt.Sprintf("/proc/%d", pid), &st); err != nil {
-		return 0
-	}
-	return st.Uid
 }

@@ -12,10 +12,10 @@ import (
 // what the decoder accepts.
 
 func FuzzParseHello(f *testing.F) {
-	f.Add("HELLO 1 job=j rank=0 size=2 pid=42 host=h\n")
-	f.Add("HELLO 1 job=j rank=1 size=2 pid=42 host=h root=r hosts=a,b,c")
-	f.Add("HELLO 1 job=../x rank=0 size=1 pid=1 host=h")
-	f.Add("HELLO 1 job=j rank=-1 size=0 pid=1 host=h rank=2")
+	f.Add("HELLO 2 job=j rank=0 size=2 pid=42 host=h key=n:1f\n")
+	f.Add("HELLO 2 job=j rank=1 size=2 pid=42 host=h root=r hosts=a,b,c key=n:1f")
+	f.Add("HELLO 2 job=../x rank=0 size=1 pid=1 host=h key=n:1f")
+	f.Add("HELLO 2 job=j rank=-1 size=0 pid=1 host=h rank=2 key=n:1f")
 	f.Fuzz(func(t *testing.T, line string) {
 		r, err := ParseHello(line)
 		if err != nil {
@@ -28,16 +28,16 @@ func FuzzParseHello(f *testing.F) {
 }
 
 func FuzzParseJoin(f *testing.F) {
-	f.Add("JOIN 1 job=j pid=42\n")
-	f.Add("JOIN 1 pid=42 job=a.b-c")
-	f.Add("JOIN 1 job=.. pid=1")
-	f.Add("JOIN 1 job=j pid=042")
+	f.Add("JOIN 2 job=j pid=42 key=n:1f\n")
+	f.Add("JOIN 2 pid=42 job=a.b-c key=n:1f")
+	f.Add("JOIN 2 job=.. pid=1 key=n:1f")
+	f.Add("JOIN 2 job=j pid=042 key=n:1f")
 	f.Fuzz(func(t *testing.T, line string) {
-		job, pid, err := ParseJoin(line)
+		job, pid, key, err := ParseJoin(line)
 		if err != nil {
 			return
 		}
-		if !ValidJobID(job) || pid <= 0 || strings.ContainsAny(job, "/= \n") {
+		if !ValidJobID(job) || pid <= 0 || strings.ContainsAny(job, "/= \n") || !validKey(key) || strings.ContainsAny(key, "= \n") {
 			t.Fatalf("accepted %q as job %q pid %d", line, job, pid)
 		}
 	})

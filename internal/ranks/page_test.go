@@ -132,14 +132,14 @@ func TestGatePage(t *testing.T) {
 	defer c.Close()
 	gfd, word := makeGatePage(t, gatePageSize, true)
 	quiet := func(b []byte) { b[pageHeader+5] = 0 } // no socket mid-message
-	hello := fmt.Sprintf("HELLO 1 job=gp rank=0 size=1 pid=%d host=h\n", os.Getpid())
+	hello := fmt.Sprintf("HELLO 2 job=gp rank=0 size=1 pid=%d host=h key=k\n", os.Getpid())
 	if _, _, err := c.WriteMsgUnix([]byte(hello), pageFds(t, makePage(t, 64, true, quiet), gfd), nil); err != nil {
 		t.Fatal(err)
 	}
 	if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == 1 }); err != nil {
 		t.Fatal(err)
 	}
-	r := s.Ranks("gp")[0]
+	r := s.Ranks(JobKey(uint32(os.Getuid()), "gp"))[0]
 	if r.Quiet() {
 		t.Error("Quiet with the gate open")
 	}

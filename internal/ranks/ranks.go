@@ -49,7 +49,10 @@ type Rank struct {
 	UID   uint32   `json:"uid"`
 	Host  string   `json:"host"`
 	Hosts []string `json:"hosts,omitempty"` // rank 0 only: the job's hosts
-	Root  string   `json:"root,omitempty"`  // the host of rank 0, which coordinates the job
+	Root  string   `json:"root,omitempty"`  // the host of rank 0 (a cross-check: the job key names the coordinator)
+	// Key is the job key the launcher gave the rank (MPIPAUSE_JOBKEY): a
+	// secret, so never marshalled.
+	Key string `json:"-"`
 
 	conn    *net.UnixConn
 	page    *statePage // nil if the shim sent none
@@ -88,13 +91,41 @@ type Server struct {
 	// text, which the rank prints. The shim waits 2 s for the answer, then
 	// runs on unjoined. Without Join every JOIN is refused ("joining is not
 	// supported here"). Refused JOINs also go to OnChange (r nil, err).
-	Join func(job string, pid int, uid uint32) error
+	Join func(JoinRequest) error
 
 	ln      *net.UnixListener
 	mu      sync.Mutex
 	ranks   []*Rank
 	changed chan struct{} // closed and replaced at every change of ranks
 }
+
+// JoinRequest is a JOIN as the kernel and the line vouch for it: Pid and
+// UID from SO_PEERCRED (the line's pid equal to it), Job and Key from the
+// line (Key is still to be checked).
+type JoinRequest struct {
+	Job string
+	Key string
+	Pid int
+	UID uint32
+}
+
+// JobKey is where a job lives in mpid: a user's job ids are that user's
+// namespace, so uid 1001's "4243.0" is another job than uid 1002's and
+// neither can name the other's (docs/security.md).
+func JobKey(uid uint32, id string) string { return strconv.FormatUint(uint64(uid), 10) + ":" + id }
+
+// SplitJobKey is JobKey's inverse.
+func SplitJobKey(key string) (uid uint32, id string, ok bool) {
+	u, id, ok := strings.Cut(key, ":")
+	n, err := strconv.ParseUint(u, 10, 32)
+	if !ok || err != nil || u == "" || (len(u) > 1 && u[0] == '0') || !ValidJobID(id) {
+		return 0, "", false
+	}
+	return uint32(n), id, true
+}
+
+// JobKey is the key of the rank's job: its own uid's namespace.
+func (r *Rank) JobKey() string { return JobKey(r.UID, r.Job) }
 
 // Listen opens the rank socket at addr: "@name" for an abstract socket,
 // else a path.
@@ -280,7 +311,7 @@ func isJoin(line string) bool {
 // join answers a JOIN (OK or ERR <reason>) and closes the connection.
 func (s *Server) join(c *net.UnixConn, f firstLine) {
 	defer c.Close()
-	job, pid, err := ParseJoin(f.line)
+	job, pid, key, err := ParseJoin(f.line)
 	switch {
 	case err != nil:
 	case pid != int(f.cred.Pid):
@@ -288,7 +319,7 @@ func (s *Server) join(c *net.UnixConn, f firstLine) {
 	case s.Join == nil:
 		err = errors.New("joining is not supported here")
 	default:
-		err = s.Join(job, pid, f.cred.Uid)
+		err = s.Join(JoinRequest{Job: job, Key: key, Pid: pid, UID: f.cred.Uid})
 	}
 	reply := "OK\n"
 	if err != nil {
@@ -323,39 +354,71 @@ func oneLine(s string) string {
 // MaxJobID is the longest job id a JOIN may carry.
 const MaxJobID = 128
 
-// ParseJoin parses "JOIN 1 job=<id> pid=<pid>" (one trailing newline
-// allowed): version 1, exactly the fields job and pid, each once, single
-// spaces. A job id is 1 to MaxJobID printable ASCII characters other than
-// '=' (so no spaces and no control characters); pid is a positive decimal
-// without sign or leading zeros.
-func ParseJoin(line string) (job string, pid int, err error) {
+// JoinVersion and HelloVersion are the line formats mpid speaks; a shim of
+// another release is refused with a reason that says so.
+const (
+	JoinVersion  = "2"
+	HelloVersion = "2"
+)
+
+// MaxKey bounds a job key: a node name (253) and ':' and 64 hex digits.
+const MaxKey = 320
+
+// validKey: what a key= field may hold (checked for real by mpid, with the
+// cluster key): printable ASCII without spaces or '='.
+func validKey(v string) bool {
+	if len(v) == 0 || len(v) > MaxKey {
+		return false
+	}
+	for i := 0; i < len(v); i++ {
+		if c := v[i]; c <= ' ' || c > '~' || c == '=' {
+			return false
+		}
+	}
+	return true
+}
+
+// ParseJoin parses "JOIN 2 job=<id> pid=<pid> key=<job key>" (one trailing
+// newline allowed): exactly these fields, each once, single spaces. A job
+// id is 1 to MaxJobID printable ASCII characters other than '=' (so no
+// spaces and no control characters); pid is a positive decimal without
+// sign or leading zeros; the key is what the launcher gave the rank.
+func ParseJoin(line string) (job string, pid int, key string, err error) {
 	f := strings.Split(strings.TrimSuffix(line, "\n"), " ")
-	if len(f) < 2 || f[0] != "JOIN" || f[1] != "1" {
-		return "", 0, fmt.Errorf("not a version 1 JOIN: %q", line)
+	if len(f) < 2 || f[0] != "JOIN" {
+		return "", 0, "", fmt.Errorf("not a JOIN: %q", line)
 	}
-	if len(f) != 4 {
-		return "", 0, fmt.Errorf("JOIN wants job= and pid=, got %q", line)
+	if f[1] != JoinVersion {
+		return "", 0, "", fmt.Errorf("JOIN version %q, this mpid speaks %s: the rank's shim is of another mpipause release; relaunch the job with this one", f[1], JoinVersion)
 	}
-	var haveJob, havePid bool
+	if len(f) != 5 {
+		return "", 0, "", fmt.Errorf("JOIN wants job=, pid= and key=, got %q (launch the job with `mpipause run`, which gives its ranks their job key)", line)
+	}
+	var haveJob, havePid, haveKey bool
 	for _, kv := range f[2:] {
 		k, v, _ := strings.Cut(kv, "=")
 		switch {
 		case k == "job" && !haveJob:
 			if !ValidJobID(v) {
-				return "", 0, fmt.Errorf("JOIN job id %q: %s", v, JobIDRule)
+				return "", 0, "", fmt.Errorf("JOIN job id %q: %s", v, JobIDRule)
 			}
 			job, haveJob = v, true
 		case k == "pid" && !havePid:
 			n, perr := strconv.ParseInt(v, 10, 32)
 			if perr != nil || n <= 0 || v[0] == '0' || v[0] == '+' {
-				return "", 0, fmt.Errorf("JOIN pid %q", v)
+				return "", 0, "", fmt.Errorf("JOIN pid %q", v)
 			}
 			pid, havePid = int(n), true
+		case k == "key" && !haveKey:
+			if !validKey(v) {
+				return "", 0, "", errors.New("JOIN key malformed")
+			}
+			key, haveKey = v, true
 		default:
-			return "", 0, fmt.Errorf("JOIN field %q", kv)
+			return "", 0, "", fmt.Errorf("JOIN field %q", kv)
 		}
 	}
-	return job, pid, nil
+	return job, pid, key, nil
 }
 
 // JobIDRule says what ValidJobID accepts, for error messages.
@@ -377,12 +440,15 @@ func ValidJobID(s string) bool {
 	return true
 }
 
-// ParseHello parses "HELLO 1 job=... rank=... size=... pid=... host=...
-// [root=h] [hosts=a,b]".
+// ParseHello parses "HELLO 2 job=... rank=... size=... pid=... host=...
+// key=... [root=h] [hosts=a,b]".
 func ParseHello(line string) (*Rank, error) {
 	f := strings.Fields(line)
-	if len(f) < 2 || f[0] != "HELLO" || f[1] != "1" {
-		return nil, fmt.Errorf("not a version 1 HELLO: %q", line)
+	if len(f) < 2 || f[0] != "HELLO" {
+		return nil, fmt.Errorf("not a HELLO: %q", line)
+	}
+	if f[1] != HelloVersion {
+		return nil, fmt.Errorf("HELLO version %q, this mpid speaks %s: the rank's shim is of another mpipause release; relaunch the job with this one", f[1], HelloVersion)
 	}
 	r := &Rank{Rank: -1}
 	seen := map[string]bool{}
@@ -408,6 +474,11 @@ func ParseHello(line string) (*Rank, error) {
 			r.Hosts = strings.Split(v, ",")
 		case "root":
 			r.Root = v
+		case "key":
+			if !validKey(v) {
+				return nil, errors.New("HELLO key malformed")
+			}
+			r.Key = v
 		}
 		if err != nil {
 			return nil, fmt.Errorf("HELLO field %q: %w", kv, err)
@@ -415,6 +486,9 @@ func ParseHello(line string) (*Rank, error) {
 	}
 	if r.Job == "" || r.Pid <= 0 {
 		return nil, fmt.Errorf("HELLO without job or pid: %q", line)
+	}
+	if r.Key == "" {
+		return nil, errors.New("HELLO without a job key: launch the job with `mpipause run`, which gives its ranks their job key")
 	}
 	// The same rules as everywhere a job id or rank comes in: what mpid
 	// builds paths and reports from must hold whatever a process sends.
@@ -451,13 +525,14 @@ func (r *Rank) read(br *bufio.Reader, onEvent func(*Rank, string)) {
 	}
 }
 
-// Ranks returns the ranks of job registered now, by rank.
-func (s *Server) Ranks(job string) []*Rank {
+// Ranks returns the ranks of the job with that key (JobKey) registered
+// now, by rank; all ranks for "".
+func (s *Server) Ranks(key string) []*Rank {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []*Rank
 	for _, r := range s.ranks {
-		if job == "" || r.Job == job {
+		if key == "" || r.JobKey() == key {
 			out = append(out, r)
 		}
 	}

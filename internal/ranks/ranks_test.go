@@ -14,18 +14,18 @@ import (
 )
 
 func TestParseHello(t *testing.T) {
-	r, err := ParseHello("HELLO 1 job=j-1 rank=0 size=6 pid=42 host=node0 hosts=node0,node1,node2")
+	r, err := ParseHello("HELLO 2 job=j-1 rank=0 size=6 pid=42 host=node0 key=node0:1f hosts=node0,node1,node2")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if r.Job != "j-1" || r.Rank != 0 || r.Size != 6 || r.Pid != 42 || r.Host != "node0" || strings.Join(r.Hosts, " ") != "node0 node1 node2" {
 		t.Errorf("parsed %+v", r)
 	}
-	r, err = ParseHello("HELLO 1 job=j-1 rank=3 size=6 pid=43 host=node1 root=node0")
+	r, err = ParseHello("HELLO 2 job=j-1 rank=3 size=6 pid=43 host=node1 root=node0 key=node0:1f")
 	if err != nil || r.Root != "node0" || r.Hosts != nil {
 		t.Errorf("rank 3: %+v %v", r, err)
 	}
-	for _, bad := range []string{"", "HELLO 2 job=x pid=1", "HELLO 1 job=x pid=1 root=a root=b", "HELLO 1 job=x", "HELLO 1 pid=3", "HELLO 1 job=x pid=1 rank=one", "HELLO 1 job=x job=y pid=1", "HELLO 1 job=x pid=1 junk"} {
+	for _, bad := range []string{"", "HELLO 1 job=x rank=0 size=1 pid=1 key=k", "HELLO 2 job=x rank=0 size=1 pid=1", "HELLO 2 job=x rank=0 size=1 pid=1 key=a=b", "HELLO 2 job=x pid=1 root=a root=b key=k", "HELLO 2 job=x key=k", "HELLO 2 pid=3 key=k", "HELLO 2 job=x pid=1 rank=one key=k", "HELLO 2 job=x job=y pid=1 key=k", "HELLO 2 job=x pid=1 junk key=k"} {
 		if _, err := ParseHello(bad); err == nil {
 			t.Errorf("ParseHello(%q) accepted", bad)
 		}
@@ -112,9 +112,9 @@ func TestServer(t *testing.T) {
 	go func() { done <- s.Serve(ctx) }()
 
 	// A HELLO that lies about its pid is refused.
-	liar := fakeShim(t, addr, fmt.Sprintf("HELLO 1 job=j rank=1 size=2 pid=%d host=h\n", os.Getpid()+1))
+	liar := fakeShim(t, addr, fmt.Sprintf("HELLO 2 job=j rank=1 size=2 pid=%d host=h key=k\n", os.Getpid()+1))
 	defer liar.Close()
-	c := fakeShim(t, addr, fmt.Sprintf("HELLO 1 job=j rank=0 size=2 pid=%d host=h\n", os.Getpid()))
+	c := fakeShim(t, addr, fmt.Sprintf("HELLO 2 job=j rank=0 size=2 pid=%d host=h key=k\n", os.Getpid()))
 	if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == 1 }); err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +123,7 @@ func TestServer(t *testing.T) {
 	if _, err := liar.Read(make([]byte, 1)); err == nil {
 		t.Error("the lying rank's connection is still open")
 	}
-	rs := s.Ranks("j")
+	rs := s.Ranks(JobKey(uint32(os.Getuid()), "j"))
 	if len(rs) != 1 || rs[0].Rank != 0 || rs[0].UID != uint32(os.Getuid()) {
 		t.Fatalf("ranks %+v", rs)
 	}
@@ -156,14 +156,14 @@ func TestParseJoin(t *testing.T) {
 		line, job string
 		pid       int
 	}{
-		{"JOIN 1 job=j-1 pid=42", "j-1", 42},
-		{"JOIN 1 job=j-1 pid=42\n", "j-1", 42},
-		{"JOIN 1 pid=7 job=slurm-12.0", "slurm-12.0", 7},
-		{"JOIN 1 job=a.b:c-d@e_f pid=2147483647", "a.b:c-d@e_f", 2147483647},
-		{"JOIN 1 job=" + id128 + " pid=1", id128, 1},
+		{"JOIN 2 job=j-1 pid=42 key=n0:1f", "j-1", 42},
+		{"JOIN 2 job=j-1 pid=42 key=n0:1f\n", "j-1", 42},
+		{"JOIN 2 pid=7 key=n0:1f job=slurm-12.0", "slurm-12.0", 7},
+		{"JOIN 2 job=a.b:c-d@e_f pid=2147483647 key=n0:1f", "a.b:c-d@e_f", 2147483647},
+		{"JOIN 2 job=" + id128 + " pid=1 key=n0:1f", id128, 1},
 	} {
-		job, pid, err := ParseJoin(c.line)
-		if err != nil || job != c.job || pid != c.pid {
+		job, pid, key, err := ParseJoin(c.line)
+		if err != nil || job != c.job || pid != c.pid || key != "n0:1f" {
 			t.Errorf("ParseJoin(%q) = %q, %d, %v; want %q, %d", c.line, job, pid, err, c.job, c.pid)
 		}
 	}
@@ -173,42 +173,47 @@ func TestParseJoin(t *testing.T) {
 		"JOIN 1",
 		"join 1 job=x pid=1",
 		"HELLO 1 job=x pid=1",
+		"JOIN 1 job=x pid=1",
+		"JOIN 1 job=x pid=1 key=n0:1f",
 		"JOIN 2 job=x pid=1",
-		"JOIN 01 job=x pid=1",
-		"JOIN 1 job=x",
-		"JOIN 1 pid=1",
-		"JOIN 1 job=x pid=1 extra=2",
-		"JOIN 1 job=x pid=1 junk",
-		"JOIN 1 job=x job=y",
-		"JOIN 1 pid=1 pid=2",
-		"JOIN 1 job=x jobx pid=1",
-		"JOIN 1 job= pid=1",
-		"JOIN 1 job pid=1",
-		"JOIN 1 job=a=b pid=1",
-		"JOIN 1 job=a,b pid=1",
-		"JOIN 1 job=a/b pid=1",
-		"JOIN 1 job=. pid=1",
-		"JOIN 1 job=.. pid=1",
-		"JOIN 1 job=a\tb pid=1",
-		"JOIN 1 job=a\x01 pid=1",
-		"JOIN 1 job=a\x7f pid=1",
-		"JOIN 1 job=caf\u00e9 pid=1",
-		"JOIN 1 job=" + id128 + "a pid=1",
-		"JOIN 1 job=x pid=",
-		"JOIN 1 job=x pid=0",
-		"JOIN 1 job=x pid=-1",
-		"JOIN 1 job=x pid=+1",
-		"JOIN 1 job=x pid=01",
-		"JOIN 1 job=x pid=1x",
-		"JOIN 1 job=x pid=0x10",
-		"JOIN 1 job=x pid=99999999999",
+		"JOIN 2 job=x pid=1 key=",
+		"JOIN 2 job=x pid=1 key=a=b",
+		"JOIN 2 job=x pid=1 key=k key=k",
+		"JOIN 02 job=x pid=1 key=k",
+		"JOIN 2 job=x key=k",
+		"JOIN 2 pid=1 key=k",
+		"JOIN 2 job=x pid=1 extra=2 key=k",
+		"JOIN 2 job=x pid=1 junk key=k",
+		"JOIN 2 job=x job=y key=k",
+		"JOIN 2 pid=1 pid=2 key=k",
+		"JOIN 2 job=x jobx pid=1 key=k",
+		"JOIN 2 job= pid=1 key=k",
+		"JOIN 2 job pid=1 key=k",
+		"JOIN 2 job=a=b pid=1 key=k",
+		"JOIN 2 job=a,b pid=1 key=k",
+		"JOIN 2 job=a/b pid=1 key=k",
+		"JOIN 2 job=. pid=1 key=k",
+		"JOIN 2 job=.. pid=1 key=k",
+		"JOIN 2 job=a\tb pid=1 key=k",
+		"JOIN 2 job=a\x01 pid=1 key=k",
+		"JOIN 2 job=a\x7f pid=1 key=k",
+		"JOIN 2 job=caf\u00e9 pid=1 key=k",
+		"JOIN 2 job=" + id128 + "a pid=1 key=k",
+		"JOIN 2 job=x pid= key=k",
+		"JOIN 2 job=x pid=0 key=k",
+		"JOIN 2 job=x pid=-1 key=k",
+		"JOIN 2 job=x pid=+1 key=k",
+		"JOIN 2 job=x pid=01 key=k",
+		"JOIN 2 job=x pid=1x key=k",
+		"JOIN 2 job=x pid=0x10 key=k",
+		"JOIN 2 job=x pid=99999999999 key=k",
 		"JOIN  1 job=x pid=1",
-		"JOIN 1 job=x  pid=1",
-		"JOIN 1 job=x pid=1 ",
-		"JOIN 1 job=x pid=1\r",
-		"JOIN 1 job=x pid=1\n\n",
+		"JOIN 2 job=x  pid=1 key=k",
+		"JOIN 2 job=x pid=1  key=k",
+		"JOIN 2 job=x pid=1\r key=k",
+		"JOIN 2 job=x pid=1\n\n key=k",
 	} {
-		if job, pid, err := ParseJoin(bad); err == nil {
+		if job, pid, _, err := ParseJoin(bad); err == nil {
 			t.Errorf("ParseJoin(%q) accepted: %q, %d", bad, job, pid)
 		}
 	}
@@ -216,7 +221,7 @@ func TestParseJoin(t *testing.T) {
 
 // joinServer serves ranks with the Join hook join on a fresh socket; the
 // refusals OnChange is told of go to the channel.
-func joinServer(t *testing.T, join func(string, int, uint32) error) (*Server, string, <-chan error) {
+func joinServer(t *testing.T, join func(JoinRequest) error) (*Server, string, <-chan error) {
 	t.Helper()
 	addr := fmt.Sprintf("@mpipause-ranks-join-test-%d-%s", os.Getpid(), t.Name())
 	s, err := Listen(addr)
@@ -274,11 +279,14 @@ func TestServerJoin(t *testing.T) {
 
 	t.Run("ok", func(t *testing.T) {
 		calls := make(chan call, 10)
-		s, addr, refused := joinServer(t, func(job string, pid int, uid uint32) error {
-			calls <- call{job, pid, uid}
+		s, addr, refused := joinServer(t, func(r JoinRequest) error {
+			if r.Key != "n0:1f" {
+				t.Errorf("Join got key %q", r.Key)
+			}
+			calls <- call{r.Job, r.Pid, r.UID}
 			return nil
 		})
-		reply, hungUp := joinOnce(t, addr, fmt.Sprintf("JOIN 1 job=j-7 pid=%d\n", me))
+		reply, hungUp := joinOnce(t, addr, fmt.Sprintf("JOIN 2 job=j-7 pid=%d key=n0:1f\n", me))
 		if reply != "OK" || !hungUp {
 			t.Errorf("reply %q, hung up %v; want OK and the connection closed", reply, hungUp)
 		}
@@ -299,10 +307,10 @@ func TestServerJoin(t *testing.T) {
 	})
 
 	t.Run("hook error", func(t *testing.T) {
-		_, addr, refused := joinServer(t, func(string, int, uint32) error {
+		_, addr, refused := joinServer(t, func(JoinRequest) error {
 			return errors.New("cannot move pid into /sys/fs/cgroup/job:\npermission denied")
 		})
-		reply, hungUp := joinOnce(t, addr, fmt.Sprintf("JOIN 1 job=j pid=%d\n", me))
+		reply, hungUp := joinOnce(t, addr, fmt.Sprintf("JOIN 2 job=j pid=%d key=n0:1f\n", me))
 		if want := "ERR cannot move pid into /sys/fs/cgroup/job: permission denied"; reply != want || !hungUp {
 			t.Errorf("reply %q, hung up %v; want %q and the connection closed", reply, hungUp, want)
 		}
@@ -311,8 +319,8 @@ func TestServerJoin(t *testing.T) {
 
 	t.Run("pid mismatch", func(t *testing.T) {
 		called := make(chan struct{}, 1)
-		_, addr, refused := joinServer(t, func(string, int, uint32) error { called <- struct{}{}; return nil })
-		reply, hungUp := joinOnce(t, addr, fmt.Sprintf("JOIN 1 job=j pid=%d\n", me+1))
+		_, addr, refused := joinServer(t, func(JoinRequest) error { called <- struct{}{}; return nil })
+		reply, hungUp := joinOnce(t, addr, fmt.Sprintf("JOIN 2 job=j pid=%d key=n0:1f\n", me+1))
 		if want := "ERR pid does not match the connection's credentials"; reply != want || !hungUp {
 			t.Errorf("reply %q, hung up %v; want %q and the connection closed", reply, hungUp, want)
 		}
@@ -324,8 +332,8 @@ func TestServerJoin(t *testing.T) {
 
 	t.Run("malformed", func(t *testing.T) {
 		called := make(chan struct{}, 1)
-		_, addr, refused := joinServer(t, func(string, int, uint32) error { called <- struct{}{}; return nil })
-		reply, hungUp := joinOnce(t, addr, fmt.Sprintf("JOIN 1 job=a=b pid=%d\n", me))
+		_, addr, refused := joinServer(t, func(JoinRequest) error { called <- struct{}{}; return nil })
+		reply, hungUp := joinOnce(t, addr, fmt.Sprintf("JOIN 2 job=a=b pid=%d key=n0:1f\n", me))
 		if !strings.HasPrefix(reply, "ERR JOIN job id") || !hungUp {
 			t.Errorf("reply %q, hung up %v; want an ERR about the job id and the connection closed", reply, hungUp)
 		}
@@ -337,7 +345,7 @@ func TestServerJoin(t *testing.T) {
 
 	t.Run("no hook", func(t *testing.T) {
 		_, addr, refused := joinServer(t, nil)
-		reply, hungUp := joinOnce(t, addr, fmt.Sprintf("JOIN 1 job=j pid=%d\n", me))
+		reply, hungUp := joinOnce(t, addr, fmt.Sprintf("JOIN 2 job=j pid=%d key=n0:1f\n", me))
 		if want := "ERR joining is not supported here"; reply != want || !hungUp {
 			t.Errorf("reply %q, hung up %v; want %q and the connection closed", reply, hungUp, want)
 		}
@@ -345,18 +353,18 @@ func TestServerJoin(t *testing.T) {
 	})
 
 	t.Run("hello after join", func(t *testing.T) {
-		s, addr, _ := joinServer(t, func(string, int, uint32) error { return nil })
-		if reply, _ := joinOnce(t, addr, fmt.Sprintf("JOIN 1 job=j pid=%d\n", me)); reply != "OK" {
+		s, addr, _ := joinServer(t, func(JoinRequest) error { return nil })
+		if reply, _ := joinOnce(t, addr, fmt.Sprintf("JOIN 2 job=j pid=%d key=n0:1f\n", me)); reply != "OK" {
 			t.Fatalf("JOIN: %q", reply)
 		}
-		c := fakeShim(t, addr, fmt.Sprintf("HELLO 1 job=j rank=0 size=1 pid=%d host=h\n", me))
+		c := fakeShim(t, addr, fmt.Sprintf("HELLO 2 job=j rank=0 size=1 pid=%d host=h key=k\n", me))
 		defer c.Close()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == 1 }); err != nil {
 			t.Fatalf("the HELLO after a JOIN did not register: %v", err)
 		}
-		if g, err := s.Ranks("j")[0].State(ctx); err != nil || g.State != "open" {
+		if g, err := s.Ranks(JobKey(uint32(os.Getuid()), "j"))[0].State(ctx); err != nil || g.State != "open" {
 			t.Errorf("State: %+v %v", g, err)
 		}
 	})
@@ -382,12 +390,12 @@ func TestLongHello(t *testing.T) {
 	for i := range hosts {
 		hosts[i] = fmt.Sprintf("node%05d.cluster.example", i)
 	}
-	c := fakeShim(t, addr, fmt.Sprintf("HELLO 1 job=big rank=0 size=20000 pid=%d host=%s hosts=%s\n", os.Getpid(), hosts[0], strings.Join(hosts, ",")))
+	c := fakeShim(t, addr, fmt.Sprintf("HELLO 2 job=big rank=0 size=20000 pid=%d host=%s key=k hosts=%s\n", os.Getpid(), hosts[0], strings.Join(hosts, ",")))
 	defer c.Close()
 	if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == 1 }); err != nil {
 		t.Fatal(err)
 	}
-	if got := s.Ranks("big")[0].Hosts; len(got) != len(hosts) || got[len(got)-1] != hosts[len(hosts)-1] {
+	if got := s.Ranks(JobKey(uint32(os.Getuid()), "big"))[0].Hosts; len(got) != len(hosts) || got[len(got)-1] != hosts[len(hosts)-1] {
 		t.Errorf("%d hosts arrived, last %q; want %d", len(got), got[len(got)-1], len(hosts))
 	}
 }
@@ -401,11 +409,11 @@ func TestLateReply(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	fmt.Fprintf(c, "HELLO 1 job=late rank=0 size=1 pid=%d host=h\n", os.Getpid())
+	fmt.Fprintf(c, "HELLO 2 job=late rank=0 size=1 pid=%d host=h key=k\n", os.Getpid())
 	if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == 1 }); err != nil {
 		t.Fatal(err)
 	}
-	r := s.Ranks("late")[0]
+	r := s.Ranks(JobKey(uint32(os.Getuid()), "late"))[0]
 	br := bufio.NewReader(c)
 	short, stop := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer stop()
@@ -425,7 +433,7 @@ func TestLateReply(t *testing.T) {
 	if err != nil || g.State != "closed" || g.Gated != 2 {
 		t.Errorf("Close after a late reply: %+v %v; want its own reply", g, err)
 	}
-	if len(s.Ranks("late")) != 1 {
+	if len(s.Ranks(JobKey(uint32(os.Getuid()), "late"))) != 1 {
 		t.Error("the rank was cut off by its late reply")
 	}
 }

@@ -536,21 +536,22 @@ static void test_signals(void)
 // The early JOIN (ctl.c): the formatting and the job id rules.
 static void test_join_line(void)
 {
-	int (*line)(char *, size_t, const char *, long) =
-		(int (*)(char *, size_t, const char *, long))dlsym(RTLD_DEFAULT, "mpipause_test_join_line");
+	int (*line)(char *, size_t, const char *, long, const char *) =
+		(int (*)(char *, size_t, const char *, long, const char *))dlsym(RTLD_DEFAULT, "mpipause_test_join_line");
 	CHECK(line != NULL, "no mpipause_test_join_line");
 	char b[256], id128[129], id129[130];
 	memset(id128, 'a', 128), id128[128] = 0;
 	memset(id129, 'a', 129), id129[129] = 0;
-	int n = line(b, sizeof(b), "slurm-42.0", 1234);
-	CHECK(n > 0 && strcmp(b, "JOIN 1 job=slurm-42.0 pid=1234\n") == 0 && (size_t)n == strlen(b), "got %d %s", n, b);
-	n = line(b, sizeof(b), id128, 7);
-	CHECK(n == (int)strlen("JOIN 1 job= pid=7\n") + 128, "a 128-byte id: %d", n);
+	int n = line(b, sizeof(b), "slurm-42.0", 1234, "n0:ab");
+	CHECK(n > 0 && strcmp(b, "JOIN 2 job=slurm-42.0 pid=1234 key=n0:ab\n") == 0 && (size_t)n == strlen(b), "got %d %s", n, b);
+	n = line(b, sizeof(b), id128, 7, "k");
+	CHECK(n == (int)strlen("JOIN 2 job= pid=7 key=k\n") + 128, "a 128-byte id: %d", n);
 	const char *bad[] = {"", "a b", "a=b", "a,b", "a/b", ".", "..", "a\tb", "a\nb", "a\x01", "a\x7f", "caf\xc3\xa9", id129};
 	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
-		CHECK(line(b, sizeof(b), bad[i], 7) == -1, "invalid id %zu (%s) accepted", i, bad[i]);
-	CHECK(line(b, sizeof(b), "x", 0) == -1, "pid 0 accepted");
-	CHECK(line(b, 10, "x", 7) == -1, "a line that does not fit accepted");
+		CHECK(line(b, sizeof(b), bad[i], 7, "k") == -1, "invalid id %zu (%s) accepted", i, bad[i]);
+	CHECK(line(b, sizeof(b), "x", 0, "k") == -1, "pid 0 accepted");
+	CHECK(line(b, sizeof(b), "x", 7, NULL) == -1, "a JOIN without a key");
+	CHECK(line(b, 10, "x", 7, "k") == -1, "a line that does not fit accepted");
 }
 
 static int join_seq;
@@ -690,7 +691,7 @@ static void test_join_ok(void)
 	snprintf(sockv, sizeof(sockv), "MPIPAUSE_MPID_SOCKET=%s", name);
 	for (int i = 0; i < 2; i++) {
 		snprintf(jobv, sizeof(jobv), "MPIPAUSE_JOBID=%s", ids[i]);
-		const char *env[] = {sockv, jobv, ranks[i], NULL};
+		const char *env[] = {sockv, jobv, ranks[i], "MPIPAUSE_JOBKEY=node0:4b", NULL};
 		int errfd;
 		pid_t pid = spawn(env, &errfd);
 		int c = take(ln, got, sizeof(got));
@@ -699,7 +700,7 @@ static void test_join_ok(void)
 			close(c);
 		}
 		int st = reap(pid, errfd, err, sizeof(err), NULL);
-		snprintf(want, sizeof(want), "JOIN 1 job=%s pid=%d\n", ids[i], (int)pid);
+		snprintf(want, sizeof(want), "JOIN 2 job=%s pid=%d key=node0:4b\n", ids[i], (int)pid);
 		CHECK(c >= 0 && strcmp(got, want) == 0, "mpid got %s, want %s", got, want);
 		CHECK(st == 0, "the rank exited %d: %s", st, err);
 		CHECK(err[0] == 0, "a joined rank printed: %s", err);
@@ -714,7 +715,7 @@ static void test_join_refused(void)
 	char name[64], sockv[96], got[512], err[1024];
 	int ln = join_listen(name, sizeof(name)), errfd;
 	snprintf(sockv, sizeof(sockv), "MPIPAUSE_MPID_SOCKET=%s", name);
-	const char *env[] = {sockv, "MPIPAUSE_JOBID=j", "PMI_RANK=0", NULL};
+	const char *env[] = {sockv, "MPIPAUSE_JOBID=j", "PMI_RANK=0", "MPIPAUSE_JOBKEY=n:1", NULL};
 
 	pid_t pid = spawn(env, &errfd);
 	int c = take(ln, got, sizeof(got));
@@ -723,7 +724,7 @@ static void test_join_refused(void)
 		close(c);
 	}
 	int st = reap(pid, errfd, err, sizeof(err), NULL);
-	CHECK(c >= 0 && strncmp(got, "JOIN 1 job=j pid=", 17) == 0, "mpid got %s", got);
+	CHECK(c >= 0 && strncmp(got, "JOIN 2 job=j pid=", 17) == 0, "mpid got %s", got);
 	CHECK(st == 0, "the refused rank exited %d: %s", st, err);
 	CHECK(lines(err) == 1 && strstr(err, "not a process of this job") && strstr(err, "not be pausable cleanly"),
 	      "want one warning with mpid's reason, got: %s", err);
@@ -748,7 +749,7 @@ static void test_join_refused(void)
 	CHECK(st == 0, "without mpid the rank exited %d: %s", st, err);
 	CHECK(lines(err) == 1 && strstr(err, "could not join its job's cgroup") && strstr(err, "not be pausable cleanly"),
 	      "without mpid: %s", err);
-	const char *quiet[] = {sockv, "MPIPAUSE_JOBID=j", "PMI_RANK=0", "MPIPAUSE_QUIET=1", NULL};
+	const char *quiet[] = {sockv, "MPIPAUSE_JOBID=j", "PMI_RANK=0", "MPIPAUSE_QUIET=1", "MPIPAUSE_JOBKEY=n:1", NULL};
 	pid = spawn(quiet, &errfd);
 	st = reap(pid, errfd, err, sizeof(err), NULL);
 	CHECK(st == 0 && err[0] == 0, "MPIPAUSE_QUIET=1: exit %d, printed: %s", st, err);
@@ -763,16 +764,19 @@ static void test_join_skipped(void)
 	snprintf(sockv, sizeof(sockv), "MPIPAUSE_MPID_SOCKET=%s", name);
 	snprintf(long_id, sizeof(long_id), "MPIPAUSE_JOBID=%0129d", 0);
 	struct {
-		const char *env[4];
+		const char *env[5];
 		int warns;
+		const char *says;
 	} cases[] = {
-		{{sockv, "MPIPAUSE_JOBID=j", NULL}, 0},
-		{{sockv, "MPIPAUSE_JOBID=", "PMI_RANK=0", NULL}, 0},
-		{{sockv, "PMI_RANK=0", NULL}, 0},
-		{{sockv, "MPIPAUSE_JOBID=a b", "SLURM_PROCID=0", NULL}, 1},
-		{{sockv, "MPIPAUSE_JOBID=a=b", "PMI_RANK=0", NULL}, 1},
-		{{sockv, "MPIPAUSE_JOBID=a\x01", "PMI_RANK=0", NULL}, 1},
-		{{sockv, long_id, "PMI_RANK=0", NULL}, 1},
+		{{sockv, "MPIPAUSE_JOBID=j", NULL}, 0, NULL},
+		{{sockv, "MPIPAUSE_JOBID=", "PMI_RANK=0", NULL}, 0, NULL},
+		{{sockv, "PMI_RANK=0", NULL}, 0, NULL},
+		{{sockv, "MPIPAUSE_JOBID=a b", "SLURM_PROCID=0", "MPIPAUSE_JOBKEY=n:1", NULL}, 1, "not a valid job id"},
+		{{sockv, "MPIPAUSE_JOBID=a=b", "PMI_RANK=0", "MPIPAUSE_JOBKEY=n:1", NULL}, 1, "not a valid job id"},
+		{{sockv, "MPIPAUSE_JOBID=a\x01", "PMI_RANK=0", "MPIPAUSE_JOBKEY=n:1", NULL}, 1, "not a valid job id"},
+		{{sockv, long_id, "PMI_RANK=0", "MPIPAUSE_JOBKEY=n:1", NULL}, 1, "not a valid job id"},
+		{{sockv, "MPIPAUSE_JOBID=j", "PMI_RANK=0", NULL}, 1, "no job key"},
+		{{sockv, "MPIPAUSE_JOBID=j", "PMI_RANK=0", "MPIPAUSE_JOBKEY=a b", NULL}, 1, "no job key"},
 	};
 	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
 		pid_t pid = spawn(cases[i].env, &errfd);
@@ -785,7 +789,7 @@ static void test_join_skipped(void)
 		}
 		CHECK(st == 0, "case %zu: exit %d: %s", i, st, err);
 		CHECK(!joined, "case %zu: the process sent a JOIN", i);
-		CHECK(lines(err) == cases[i].warns && (!cases[i].warns || strstr(err, "not a valid job id")),
+		CHECK(lines(err) == cases[i].warns && (!cases[i].warns || strstr(err, cases[i].says)),
 		      "case %zu: want %d warning lines, got: %s", i, cases[i].warns, err);
 	}
 	close(ln);

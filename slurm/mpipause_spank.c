@@ -165,6 +165,8 @@ static int preload_with(const char *have, char *out, size_t n)
 	return r > 0 && (size_t)r < n ? 0 : -1;
 }
 
+static int job_key(spank_t sp, const char *id, char *key, size_t n);
+
 int slurm_spank_user_init(spank_t sp, int ac, char **av)
 {
 	(void)ac;
@@ -185,8 +187,14 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 		slurm_error("mpipause: LD_PRELOAD of step %s is too long to add the shim to", id);
 		return 0;
 	}
+	char key[512];
+	if (job_key(sp, id, key, sizeof(key)) < 0) {
+		slurm_error("mpipause: step %s runs without mpipause and cannot be paused cleanly: %s", id, key);
+		return 0;
+	}
 	if (spank_setenv(sp, "LD_PRELOAD", pre, 1) != ESPANK_SUCCESS ||
-	    spank_setenv(sp, "MPIPAUSE_JOBID", id, 1) != ESPANK_SUCCESS) {
+	    spank_setenv(sp, "MPIPAUSE_JOBID", id, 1) != ESPANK_SUCCESS ||
+	    spank_setenv(sp, "MPIPAUSE_JOBKEY", key, 1) != ESPANK_SUCCESS) {
 		slurm_error("mpipause: cannot set the environment of step %s", id);
 		return 0;
 	}
@@ -214,15 +222,15 @@ static void say(const char *fmt, ...)
 	}
 }
 
-// ctl_do sends one control request for job id to mpid and returns its final
-// line in out (with its newline cut): 0, or -1 with why in out.
-static int ctl_do(const char *op, const char *id, char *out, size_t n)
+// ctl_send sends one control request line (req, rlen bytes) to mpid and
+// returns its final line in out (with its newline cut): 0, or -1 with why
+// in out.
+static int ctl_send(const char *req, int rlen, char *out, size_t n)
 {
 	struct sockaddr_un a = {.sun_family = AF_UNIX};
 	size_t l = strlen(ctl_addr);
 	socklen_t al;
-	char req[128];
-	int fd, rlen;
+	int fd;
 
 	if (ctl_addr[0] == '@') {
 		memcpy(a.sun_path + 1, ctl_addr + 1, l - 1);
@@ -231,7 +239,6 @@ static int ctl_do(const char *op, const char *id, char *out, size_t n)
 		memcpy(a.sun_path, ctl_addr, l);
 		al = offsetof(struct sockaddr_un, sun_path) + l + 1;
 	}
-	rlen = snprintf(req, sizeof(req), "{\"version\":1,\"op\":\"%s\",\"job\":\"%s\"}\n", op, id);
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (fd < 0 || connect(fd, (struct sockaddr *)&a, al) < 0) {
 		snprintf(out, n, "no mpid at %s: %s", ctl_addr, strerror(errno));
@@ -276,6 +283,53 @@ static int ctl_do(const char *op, const char *id, char *out, size_t n)
 		snprintf(out, n, "mpid at %s closed the connection without an answer", ctl_addr);
 		return -1;
 	}
+	return 0;
+}
+
+// ctl_do sends one control request for job id to mpid and returns its final
+// line in out (with its newline cut): 0, or -1 with why in out.
+static int ctl_do(const char *op, const char *id, char *out, size_t n)
+{
+	char req[256];
+	int rlen = snprintf(req, sizeof(req), "{\"version\":1,\"op\":\"%s\",\"job\":\"%s\"}\n", op, id);
+	return ctl_send(req, rlen, out, n);
+}
+
+// job_key asks mpid (as root, in slurmstepd) for the job key of step id of
+// user uid, whose coordinator is the first node of the step's node list:
+// the secret the tasks present to their nodes' mpids (docs/security.md).
+// 0 with the key in key, or -1 with why in key.
+static int job_key(spank_t sp, const char *id, char *key, size_t n)
+{
+	uid_t uid;
+	char nodes[4096] = "", req[4096 + 512], rep[2048];
+	static const char *const vars[] = {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"};
+
+	if (spank_get_item(sp, S_JOB_UID, &uid) != ESPANK_SUCCESS) {
+		snprintf(key, n, "the step's user is not known");
+		return -1;
+	}
+	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]) && !nodes[0]; i++)
+		if (spank_getenv(sp, vars[i], nodes, sizeof(nodes)) != ESPANK_SUCCESS)
+			nodes[0] = 0;
+	// A host list is names, brackets, ranges and commas: nothing to escape.
+	if (!nodes[0] || strspn(nodes, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-.,[]") != strlen(nodes)) {
+		snprintf(key, n, "the step's node list (SLURM_STEP_NODELIST) is missing or not a host list");
+		return -1;
+	}
+	int rlen = snprintf(req, sizeof(req), "{\"version\":1,\"op\":\"token\",\"job\":\"%s\",\"owner_uid\":%u,\"nodelist\":\"%s\"}\n",
+			    id, (unsigned)uid, nodes);
+	if (ctl_send(req, rlen, rep, sizeof(rep)) < 0) {
+		snprintf(key, n, "%s", rep);
+		return -1;
+	}
+	const char *t = strstr(rep, "\"token\":\"");
+	const char *e = t ? strchr(t + 9, '"') : NULL;
+	if (!t || !e || (size_t)(e - (t + 9)) >= n) {
+		snprintf(key, n, "mpid did not give the job key: %.200s", rep);
+		return -1;
+	}
+	snprintf(key, n, "%.*s", (int)(e - (t + 9)), t + 9);
 	return 0;
 }
 

@@ -320,7 +320,7 @@ static int job_key(spank_t sp, const char *id, char *key, size_t n)
 	int rlen = snprintf(req, sizeof(req), "{\"version\":1,\"op\":\"token\",\"job\":\"%s\",\"owner_uid\":%u,\"nodelist\":\"%s\"}\n",
 			    id, (unsigned)uid, nodes);
 	if (ctl_send(req, rlen, rep, sizeof(rep)) < 0) {
-		snprintf(key, n, "%s", rep);
+		snprintf(key, n, "%.300s", rep);
 		return -1;
 	}
 	const char *t = strstr(rep, "\"token\":\"");

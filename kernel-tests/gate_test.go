@@ -26,7 +26,7 @@ const testRankSocket = "@mpipause-kt-ranks"
 
 // shimEnv preloads the shim and points it at testRankSocket.
 func shimEnv(bin string) []string {
-	return []string{"LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so"), "MPIPAUSE_MPID_SOCKET=" + testRankSocket}
+	return []string{"LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so"), "MPIPAUSE_MPID_SOCKET=" + testRankSocket, fakeJobKey}
 }
 
 // listenInNode opens testRankSocket (an abstract unix socket, which belongs

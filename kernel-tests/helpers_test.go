@@ -276,7 +276,7 @@ func shimmedRank(ctx context.Context, t testing.TB, sock, job string, env ...str
 	t.Helper()
 	bin := binDir(t)
 	hold := t.TempDir()
-	env = append([]string{"LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so"), "MPIPAUSE_MPID_SOCKET=" + sock, "MPIPAUSE_JOBID=" + job}, env...)
+	env = append([]string{"LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so"), "MPIPAUSE_MPID_SOCKET=" + sock, "MPIPAUSE_JOBID=" + job, fakeJobKey}, env...)
 	return start(ctx, t, "", env, filepath.Join(bin, "apps", "xchg.mpich"), "-n", "3", "-s", "1K", "-w", hold), hold
 }
 

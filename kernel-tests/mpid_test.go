@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpipause/mpipause/internal/mpid"
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/quiesce"
 )
@@ -32,8 +33,9 @@ func TestMpidAdmitsJobRanks(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
+	keyFile := newKeyFile(t)
 	mpid := start(ctx, t, "", nil, filepath.Join(bin, "mpid"), "--cgroup", cg, "--ready-file", ready, "--rank-socket", sock, "--unpin-on-exit",
-		"--cluster-key", newKeyFile(t), "--peer-port", fmt.Sprint(testPeerPort()))
+		"--cluster-key", keyFile, "--peer-port", fmt.Sprint(testPeerPort()))
 	log := &mpid.out
 	defer func() {
 		mpid.cmd.Process.Signal(syscall.SIGTERM) // unpins
@@ -57,7 +59,7 @@ func TestMpidAdmitsJobRanks(t *testing.T) {
 		return p.out.String()
 	}
 
-	out := run(true, "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=kt-job")
+	out := run(true, "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=kt-job", jobKeyEnv(t, keyFile, "kt-job"))
 	if strings.Contains(out, "mpipause:") {
 		t.Errorf("a registered rank printed a warning:\n%s", out)
 	}
@@ -66,7 +68,7 @@ func TestMpidAdmitsJobRanks(t *testing.T) {
 		return strings.Contains(l, `msg="rank registered" job=kt-job rank=0 size=1`) && strings.Contains(l, `msg="rank gone" job=kt-job`)
 	})
 
-	run(false, "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=outsider")
+	run(false, "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=outsider", jobKeyEnv(t, keyFile, "outsider"))
 	waitFor(t, "mpid to refuse a process outside the job", 30*time.Second, nil, func() bool {
 		return strings.Contains(log.String(), `msg="rank refused"`) && strings.Contains(log.String(), "not in the job's cgroup")
 	})
@@ -217,7 +219,7 @@ func TestFortranRanksRegister(t *testing.T) {
 			defer cancel()
 			go srv.Serve(ctx)
 			cmd := exec.CommandContext(ctx, filepath.Join(bin, "apps", "fhello."+lib))
-			cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(bin, "libmpipause.so"), "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=f-"+lib)
+			cmd.Env = append(os.Environ(), "LD_PRELOAD="+filepath.Join(bin, "libmpipause.so"), "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=f-"+lib, fakeJobKey)
 			out, err := cmd.CombinedOutput()
 			if err != nil || !strings.Contains(string(out), "fhello ranks=1") {
 				t.Fatalf("fhello: %v\n%s", err, out)
@@ -274,7 +276,7 @@ func TestShimMalformedRequests(t *testing.T) {
 	}
 	defer c.Close()
 	br := bufio.NewReader(c)
-	if l, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(l, "HELLO 1 job=bad ") {
+	if l, err := br.ReadString('\n'); err != nil || !strings.HasPrefix(l, "HELLO 2 job=bad ") {
 		t.Fatalf("hello: %q %v", l, err)
 	}
 	for _, req := range []string{"FREEZE", "", "CLOSE now"} {
@@ -308,6 +310,26 @@ func newKeyFile(t *testing.T) string {
 	}
 	return path
 }
+
+// jobKeyEnv is the environment entry that gives a rank the job key of job
+// id, for root (the tests' uid), as the mpid with keyFile on this host (its
+// node name, the host name) checks it: what `mpipause run` would hand it.
+func jobKeyEnv(t *testing.T, keyFile, id string) string {
+	t.Helper()
+	k, err := quiesce.LoadKey(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	host, err := os.Hostname()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mpid.TokenEnv + "=" + mpid.JobToken(k, 0, id, host)
+}
+
+// fakeJobKey is a job key for ranks that register with a rank server of
+// the test's own, which checks none.
+const fakeJobKey = "MPIPAUSE_JOBKEY=test:00"
 
 // testPeerPort is a peer port for an mpid of the test's own, in the host's
 // network namespace, away from the default one.

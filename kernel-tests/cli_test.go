@@ -19,6 +19,7 @@ import (
 
 	"github.com/mpipause/mpipause/internal/bench"
 	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/loader"
 )
@@ -94,7 +95,9 @@ func killJobOnCleanup(t testing.TB, id string) {
 	})
 }
 
-// nodeJobCgroups are the job's cgroups on every rig node.
+// nodeJobCgroups are the job's cgroups on every rig node: mpid names each
+// by the job's key (its owner's uid and id); one not made yet is taken to
+// be root's, the tests' own uid.
 func nodeJobCgroups(t testing.TB, id string) []string {
 	t.Helper()
 	root, err := cgroupv2.Root()
@@ -103,7 +106,15 @@ func nodeJobCgroups(t testing.TB, id string) []string {
 	}
 	var out []string
 	for k := 0; k < jobNodes; k++ {
-		out = append(out, filepath.Join(root, rigCgroups, fmt.Sprintf("node%d", k), id))
+		dir := filepath.Join(root, rigCgroups, fmt.Sprintf("node%d", k))
+		cg := filepath.Join(dir, ranks.JobKey(0, id))
+		entries, _ := os.ReadDir(dir)
+		for _, e := range entries {
+			if _, name, ok := ranks.SplitJobKey(e.Name()); ok && name == id {
+				cg = filepath.Join(dir, e.Name())
+			}
+		}
+		out = append(out, cg)
 	}
 	return out
 }

@@ -99,7 +99,7 @@ jobpid=$!
 joined() { mpipause status --json "$job" 2>/dev/null | jq -e '(.local_ranks // []) | length == 2' > /dev/null; }
 wait_for "2 joined ranks of job $job" 60 joined
 mpipause status "$job"
-cg=$(find /sys/fs/cgroup -name "$job" -type d | head -1)
+cg=$(find /sys/fs/cgroup -name "*:$job" -type d | head -1)
 [ -n "$cg" ] || fail "no cgroup of job $job under /sys/fs/cgroup"
 echo "job cgroup: $cg ($(wc -l < "$cg/cgroup.procs") processes)"
 [ "$(wc -l < "$cg/cgroup.procs")" -ge 2 ] || fail "the ranks are not in $cg"

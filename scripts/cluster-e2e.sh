@@ -113,8 +113,10 @@ for ((k = 0; k < nodes; k++)); do
 	hosts+=${hosts:+,}node$k:$per_node
 done
 ranks=$((nodes * per_node))
-# The job's cgroup on NODE, relative to the cgroup v2 mount (what observe takes).
-job_cgroup() { echo "${cg_parent//\{\}/$1}/$2"; }
+# The job's cgroup on NODE, relative to the cgroup v2 mount (what observe
+# takes): mpid names it <owner uid>:<id>, and the jobs run as the node-exec
+# command's user.
+job_cgroup() { echo "${cg_parent//\{\}/$1}/$job_uid:$2"; }
 
 # observe NODE ID: the kernel's view of the job's connections on NODE (JSON).
 # By the absolute path found by the preflight: sudo's secure_path may not
@@ -164,6 +166,7 @@ for n in "${node_list[@]}"; do
 	cgroot=$root
 	pass "$n: mpid answers, cgroup v2 at $root"
 done
+job_uid=$(on node0 id -u) || fail "node0: id -u"
 if [ "$failed" -gt 0 ]; then
 	echo "$passed passed, $failed failed"
 	exit 1

@@ -13,7 +13,7 @@ VERSION_STR := $(shell scripts/version.sh)
 STAMP := -X github.com/mpipause/mpipause/internal/version.stamped=$(VERSION_STR)
 
 .DEFAULT_GOAL := help
-.PHONY: help deps build generate check-generate check-format check-vagrant test-cluster-script test test-unit test-fuzz test-priv test-multinode test-faults bench demo clean
+.PHONY: help deps build generate check-generate check-format check-vagrant test-cluster-script test test-unit test-fuzz test-priv test-multinode test-security test-faults bench demo clean
 .PHONY: man install uninstall deb check-install check-deb
 .PHONY: check-systemd
 
@@ -43,7 +43,7 @@ check-format: ## fail if a Go file is not gofmt-formatted or go vet reports a pr
 		[ -z "$$f" ] || { echo "not gofmt-formatted: $$f (run: gofmt -w $$f)" >&2; exit 1; }
 	$(GO) vet ./...
 
-test: deps build check-generate check-format check-vagrant check-deb check-systemd test-unit test-fuzz test-priv test-multinode test-cluster-script ## install what is missing and run every test tier
+test: deps build check-generate check-format check-vagrant check-deb check-systemd test-unit test-fuzz test-priv test-multinode test-security test-cluster-script ## install what is missing and run every test tier
 	@echo "make test: all tiers passed"
 
 test-unit: ## tier 1: unit tests with every capability dropped (must pass unprivileged), and the shim's C tests
@@ -73,7 +73,11 @@ test-priv: ## tier 2: privileged kernel tests (BPF, sock_diag, cgroups, netns); 
 	$(PRIV) $(GO) test -count=1 -timeout 15m ./loader/... ./internal/... ./cmd/...
 
 test-multinode: build ## tier 3: real Open MPI and MPICH jobs on the netns rig
-	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -count=1 -timeout 25m -v ./kernel-tests/... 2>&1 | tee /tmp/mpipause-multinode.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:'; exit $${PIPESTATUS[0]}
+	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -count=1 -timeout 25m -v -skip '^TestSecurity$$' ./kernel-tests/... 2>&1 | tee /tmp/mpipause-multinode.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:'; exit $${PIPESTATUS[0]}
+
+test-security: build ## tier 4: each attack of issue 19's table as uid 1001 against uid 1002's job on the rig, judged on the victim; prints attack x outcome
+	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -count=1 -timeout 20m -v -run '^TestSecurity$$' ./kernel-tests/ 2>&1 \
+		| tee /tmp/mpipause-security.log | grep -E '^(--- |PASS|FAIL|ok|panic)|security [|]|security_test.go:'; exit $${PIPESTATUS[0]}
 
 .PHONY: check-unit
 check-unit: build ## systemd-analyze verify dist/systemd/mpid.service offline (no running systemd needed); also in test-multinode

@@ -41,6 +41,10 @@ var (
 )
 
 func TestMain(m *testing.M) {
+	if mode := os.Getenv(attackEnv); mode != "" {
+		// The security tier's stand-in attacker (attacker_test.go).
+		os.Exit(attackMain(mode, os.Args[1:]))
+	}
 	// The shared rig's mpids get the failpoint directory of the fault
 	// table (faulttable_test.go); without its files it does nothing.
 	os.Setenv(mpid.FailpointsEnv, failpointRoot)

@@ -66,7 +66,6 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	context.AfterFunc(ctx, stopping)
-	cfg.Failpoints = os.Getenv(mpid.FailpointsEnv)
 	d, err := mpid.New(cfg.Config)
 	if err == nil {
 		err = d.Run(ctx, cfg.ready)
@@ -99,10 +98,6 @@ line; the command line wins over it. 'mpid --print-config' prints such a file
 with every option at its default. Under systemd (mpid.service, Type=notify)
 mpid reports READY=1 once it serves and STOPPING=1 when it stops, and
 its log lines carry their syslog priority for the journal.
-
-environment:
-  ` + mpid.FailpointsEnv + `  for mpipause's fault tests only: a directory of points where
-                       mpid holds inside a pause step (see internal/mpid/node.go)
 
 options:
 `

@@ -74,9 +74,6 @@ type Config struct {
 	// priority (1..99); where the kernel refuses, mpid logs it and runs
 	// with Nice alone.
 	RTPriority int
-	// Failpoints, if set, is the failpoint directory (FailpointsEnv, whose
-	// <Node> subdirectory this mpid reads), for the fault tests only.
-	Failpoints string
 	// MetricsListen, if set, is the TCP address (host:port, an explicit
 	// host: metrics.CheckAddr) where mpid serves Prometheus metrics at
 	// /metrics. Empty: no metrics, nothing listens.
@@ -850,11 +847,4 @@ func jobNodes(self, rank0Host string, hosts []string) []string {
 		}
 	}
 	return out
-}
-
-func (d *Daemon) failpoints() failpoints {
-	if d.cfg.Failpoints == "" {
-		return failpoints{}
-	}
-	return failpoints{dir: filepath.Join(d.cfg.Failpoints, d.cfg.Node), log: d.log}
 }

@@ -160,6 +160,14 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	if filepath.IsAbs(cfg.CgroupParent) || cfg.CgroupParent == "" {
 		return cfg, fmt.Errorf("--cgroup-parent %q: want a path relative to the cgroup v2 mount, such as mpipause", cfg.CgroupParent)
 	}
+	// The node's name is what the ranks' HELLOs must match and what peers
+	// and root's terminal see: the same rule as ranks' host names.
+	if cfg.Node != "" && !ranks.ValidHostName(cfg.Node) {
+		return cfg, fmt.Errorf("--node %q: %s", cfg.Node, ranks.HostNameRule)
+	}
+	if h, err := os.Hostname(); cfg.Node == "" && err == nil && !ranks.ValidHostName(h) {
+		return cfg, fmt.Errorf("the hostname %q is not a node name mpid can use (%s): set --node", h, ranks.HostNameRule)
+	}
 	return cfg, nil
 }
 

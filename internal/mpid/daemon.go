@@ -589,7 +589,8 @@ func (d *Daemon) rankEvent(r *ranks.Rank, ev string) {
 		}
 		return
 	}
-	d.log.Info("rank asks for "+ev, "job", r.Job, "rank", r.Rank, "pid", r.Pid)
+	// ev is the rank's to write: an attribute (quoted), never the message.
+	d.log.Info("rank event", "event", ev, "job", r.Job, "rank", r.Rank, "pid", r.Pid)
 	op := map[string]string{"pause": ctl.OpPause, "resume": ctl.OpResume}[ev]
 	if op == "" {
 		return

@@ -30,8 +30,8 @@ var exitCodes = map[string]int{
 
 const exitCodeHelp = `exit status:
   0  done             1  failed (a pause is rolled back: the job runs on)
-  2  bad usage        3  no such job on this node
-  4  not your job     5  wrong state (already paused, not paused, busy)
+  2  bad usage        3  no such job of yours on this node (root: none at all)
+  5  wrong state (already paused, not paused, busy)
   6  no mpid here (or the job's coordinator does not answer)
   7  the job cannot be paused cleanly
   8  the job's coordinator (rank 0's node) is not known on this node

@@ -769,7 +769,7 @@ func (d *Daemon) view(id string) (ctl.Job, error) {
 	j := d.jobs[id]
 	if j == nil {
 		d.mu.Unlock()
-		return ctl.Job{}, ctl.Errorf(ctl.CodeUnknownJob, "no job %s on %s: see `mpipause list`", id, d.cfg.Node)
+		return ctl.Job{}, d.noJob(id)
 	}
 	v := j.last
 	v.ID, v.Owner, v.Since, v.Unpausable = j.id, j.owner, j.since, j.unwatched

@@ -30,8 +30,9 @@ func (d *Daemon) doAt(ctx context.Context, req ctl.Request, uid uint32, progress
 		return ctl.Job{}, err
 	}
 	if uid != 0 && uid != v.Owner {
-		// Nothing about the job, not even its state, goes to a stranger.
-		return ctl.Job{}, ctl.Errorf(ctl.CodePermission, "permission denied: job %s belongs to uid %d (you are uid %d)", req.Job, v.Owner, uid)
+		// Nothing about the job, not even that it exists or whose it is,
+		// goes to a stranger: the answer to a job that does not exist.
+		return ctl.Job{}, d.noJob(req.Job)
 	}
 	if req.Op == ctl.OpStatus {
 		return v, nil
@@ -50,6 +51,12 @@ func (d *Daemon) doAt(ctx context.Context, req ctl.Request, uid uint32, progress
 		return d.resume(ctx, req, v, progress)
 	}
 	return v, ctl.Errorf(ctl.CodeBadRequest, "unknown operation %q", req.Op)
+}
+
+// noJob is the answer about a job this node does not know, and about
+// another user's job: the same, so a stranger learns nothing from it.
+func (d *Daemon) noJob(id string) error {
+	return ctl.Errorf(ctl.CodeUnknownJob, "no job %s on %s: see `mpipause list`", id, d.cfg.Node)
 }
 
 // begin marks the job busy for op if its state allows op.

@@ -23,9 +23,11 @@ help: ## list the targets
 deps: ## install the Debian packages that are missing (root)
 	@bash scripts/deps.sh
 
-build: ## build bin/mpipause, bin/mpid, bin/rig, bin/libmpipause.so, bin/libucxfinalize.so, the MPI test apps and the Slurm plugin bin/mpipause_spank.so
-	@mkdir -p $(BIN)
+build: ## build bin/mpipause, bin/mpid, bin/rig, bin/libmpipause.so, bin/libucxfinalize.so, the MPI test apps, the fault tests' bin/test/mpid and the Slurm plugin bin/mpipause_spank.so
+	@mkdir -p $(BIN)/test
 	$(GO) build -ldflags "$(STAMP)" -o $(BIN)/ ./cmd/mpipause ./cmd/mpid ./internal/rig/cmd/rig
+	@# The fault tests' mpid: the failpoint hook is in this build only (internal/mpid/failpoints.go).
+	$(GO) build -tags failpoints -ldflags "$(STAMP)" -o $(BIN)/test/ ./cmd/mpid
 	$(MAKE) -s -C libmpi-shim OUT=$(BIN)
 	$(MAKE) -s -C kernel-tests/ucx-finalize OUT=$(BIN)
 	$(MAKE) -s -C kernel-tests/apps OUT=$(BIN)/apps
@@ -42,12 +44,14 @@ check-format: ## fail if a Go file is not gofmt-formatted or go vet reports a pr
 	@f=$$("$$($(GO) env GOROOT)/bin/gofmt" -l $$(git ls-files '*.go')); \
 		[ -z "$$f" ] || { echo "not gofmt-formatted: $$f (run: gofmt -w $$f)" >&2; exit 1; }
 	$(GO) vet ./...
+	$(GO) vet -tags failpoints ./internal/mpid/ ./cmd/mpid/
 
 test: deps build check-generate check-format check-vagrant check-deb check-systemd test-unit test-fuzz test-priv test-multinode test-security test-cluster-script ## install what is missing and run every test tier
 	@echo "make test: all tiers passed"
 
 test-unit: ## tier 1: unit tests with every capability dropped (must pass unprivileged), and the shim's C tests
 	env -u CI -u MPIPAUSE_REQUIRE_PRIV setpriv --inh-caps=-all --bounding-set=-all -- $(GO) test -count=1 ./...
+	env -u CI -u MPIPAUSE_REQUIRE_PRIV setpriv --inh-caps=-all --bounding-set=-all -- $(GO) test -count=1 -tags failpoints -run Failpoint ./internal/mpid/
 	setpriv --inh-caps=-all --bounding-set=-all -- $(MAKE) -s -C libmpi-shim OUT=$(BIN) test
 
 # Every decoder of bytes from the network or another process, as package:target.

@@ -19,8 +19,8 @@ import (
 
 	"github.com/mpipause/mpipause/internal/bench"
 	"github.com/mpipause/mpipause/internal/cgroupv2"
-	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/loader"
 )
 
@@ -516,11 +516,13 @@ func TestPauseBadInput(t *testing.T) {
 		{name: "bad job id", argv: []string{"resume", "a/b"}, code: 2, say: "job id \"a/b\"", after: ctl.StatePaused},
 		{name: "bad timeout", argv: []string{"pause", "--timeout", "-1s", id}, code: 2, say: "--timeout", after: ctl.StatePaused},
 		{name: "no mpid", env: []string{"MPIPAUSE_CTL_SOCKET=@mpipause-kt-nobody"}, argv: []string{"status", id}, code: 6, say: "no mpid at @mpipause-kt-nobody", after: ctl.StatePaused},
-		{name: "another user's job", argv: append(slices.Clone(nobody), "resume", id), code: 4, say: "permission denied", after: ctl.StatePaused},
-		{name: "another user's status", argv: append(slices.Clone(nobody), "status", id), code: 4, say: "permission denied", after: ctl.StatePaused},
+		// Another user's job gets the answer of a job that does not exist:
+		// not that it exists, not whose it is.
+		{name: "another user's job", argv: append(slices.Clone(nobody), "resume", id), code: 3, say: "mpipause resume: no job " + id + " on node0: see `mpipause list`", after: ctl.StatePaused},
+		{name: "another user's status", argv: append(slices.Clone(nobody), "status", id), code: 3, say: "mpipause status: no job " + id + " on node0: see `mpipause list`", after: ctl.StatePaused},
 		{name: "resume, from another node", node: "node2", argv: []string{"resume", id}, code: 0, after: ctl.StateRunning},
 		{name: "pause, from another node", node: "node1", argv: []string{id}, code: 0, after: ctl.StatePaused},
-		{name: "another user's job, from another node", node: "node1", argv: append(slices.Clone(nobody), "resume", id), code: 4, say: "permission denied", after: ctl.StatePaused},
+		{name: "another user's job, from another node", node: "node1", argv: append(slices.Clone(nobody), "resume", id), code: 3, say: "mpipause resume: no job " + id + " on node1: see `mpipause list`", after: ctl.StatePaused},
 		{name: "resume", argv: []string{"resume", id}, code: 0, after: ctl.StateRunning},
 	} {
 		node := c.node

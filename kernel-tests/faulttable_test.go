@@ -21,9 +21,9 @@ import (
 	"github.com/mpipause/mpipause/loader"
 )
 
-// failpointRoot is where the shared rig's mpids look for failpoints
-// (internal/mpid/node.go): TestMain puts it in the environment `rig up`
-// hands them.
+// failpointRoot is where the shared rig's mpids, the test build
+// bin/test/mpid, look for failpoints (internal/mpid/failpoints.go): TestMain
+// puts it in the environment `rig up` hands them.
 var failpointRoot = "/run/mpipause/failpoints-" + jobRig
 
 // Outcomes of a fault trial.
@@ -241,8 +241,8 @@ func runTrial(ctx context.Context, t *testing.T, obs loader.Observer, tr *trial)
 		}
 	})
 	if !reached {
-		t.Fatalf("%s: the pause ended before %s's mpid reached %s (%s): were the rig's mpids started with %s set?\n%s",
-			tr.row.name, node, tr.phase, where, "MPIPAUSE_FAILPOINTS", tr.pause.out.String())
+		t.Fatalf("%s: the pause ended before %s's mpid reached %s (%s): were the rig's mpids the test build (%s) started with %s set?\n%s",
+			tr.row.name, node, tr.phase, where, testMPID, "MPIPAUSE_FAILPOINTS", tr.pause.out.String())
 	}
 	// A random point inside the hold: the rest of the protocol waits on it.
 	time.Sleep(time.Duration(tr.rng.IntN(30)) * time.Millisecond)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/mpid"
+	"github.com/mpipause/mpipause/internal/rig"
 	"github.com/mpipause/mpipause/internal/testutil"
 	"github.com/mpipause/mpipause/loader"
 )
@@ -46,8 +47,12 @@ func TestMain(m *testing.M) {
 		os.Exit(attackMain(mode, os.Args[1:]))
 	}
 	// The shared rig's mpids get the failpoint directory of the fault
-	// table (faulttable_test.go); without its files it does nothing.
+	// table (faulttable_test.go); without its files it does nothing. Only
+	// the test build of mpid has the hook: the rigs run that one.
 	os.Setenv(mpid.FailpointsEnv, failpointRoot)
+	if bin := os.Getenv("MPIPAUSE_BIN"); bin != "" {
+		os.Setenv(rig.MPIDEnv, filepath.Join(bin, testMPID))
+	}
 	code := m.Run()
 	os.RemoveAll(failpointRoot)
 	if jobRigUp {
@@ -59,6 +64,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
+// testMPID, in binDir, is mpid built with the failpoint hook (make build).
+const testMPID = "test/mpid"
+
 // binDir is where `make build` left the binaries the tests run.
 func binDir(t testing.TB) string {
 	t.Helper()
@@ -67,7 +75,7 @@ func binDir(t testing.TB) string {
 	if d == "" {
 		t.Fatal("MPIPAUSE_BIN is not set: run this tier with `make test-multinode` (it builds bin/ and sets it)")
 	}
-	for _, f := range []string{"rig", "mpipause", "apps/xchg.openmpi", "apps/xchg.mpich"} {
+	for _, f := range []string{"rig", "mpipause", testMPID, "apps/xchg.openmpi", "apps/xchg.mpich"} {
 		if _, err := os.Stat(filepath.Join(d, f)); err != nil {
 			t.Fatalf("%s: %v (run `make build`)", filepath.Join(d, f), err)
 		}

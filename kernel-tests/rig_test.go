@@ -103,8 +103,8 @@ func TestRigLifecycle(t *testing.T) {
 	t.Cleanup(func() { rigCommand(context.Background(), name, "down") })
 
 	mustRig(t, name, "up", "3")
-	// Every node has its mpid, running bin/mpid and ready, as soon as up
-	// returns.
+	// Every node has its mpid, running the one TestMain chose (the test
+	// build, bin/test/mpid) and ready, as soon as up returns.
 	mpids := map[string]int{}
 	for _, n := range statusOf(t, name).Nodes {
 		if n.MPIDPid == 0 || !n.MPIDAlive || !n.MPIDReady {
@@ -112,8 +112,8 @@ func TestRigLifecycle(t *testing.T) {
 			continue
 		}
 		mpids[n.Name] = n.MPIDPid
-		if exe, err := os.Readlink("/proc/" + strconv.Itoa(n.MPIDPid) + "/exe"); err != nil || strings.TrimSuffix(exe, " (deleted)") != filepath.Join(bin, "mpid") {
-			t.Errorf("%s's mpid (pid %d) runs %q (%v), want %s", n.Name, n.MPIDPid, exe, err, filepath.Join(bin, "mpid"))
+		if exe, err := os.Readlink("/proc/" + strconv.Itoa(n.MPIDPid) + "/exe"); err != nil || strings.TrimSuffix(exe, " (deleted)") != filepath.Join(bin, testMPID) {
+			t.Errorf("%s's mpid (pid %d) runs %q (%v), want %s", n.Name, n.MPIDPid, exe, err, filepath.Join(bin, testMPID))
 		}
 		if _, err := os.Stat("/run/mpipause/rig/" + name + "/mpid-" + n.Name + ".ready"); err != nil {
 			t.Errorf("%s's mpid ready file: %v", n.Name, err)

@@ -58,6 +58,8 @@ $p/share/man/man8/mpid.8.gz 644"
 	diff -u <(echo "$want" | sort) <(files "$d") ||
 		fail "make install PREFIX=$prefix installed other files or modes than the table (-want +got above)"
 	cmp -s "$d/$p/sbin/mpid" bin/mpid || fail "the installed mpid is not bin/mpid"
+	# The fault tests' failpoint hook is in their build (bin/test/mpid) only.
+	! grep -q MPIPAUSE_FAILPOINTS "$d/$p/sbin/mpid" || fail "the installed mpid has the failpoint hook (build tag failpoints)"
 	cmp -s "$d/$p/bin/mpipause" bin/mpipause || fail "the installed mpipause is not bin/mpipause"
 	cmp -s "$d/$p/lib/mpipause/libmpipause.so" bin/libmpipause.so || fail "the installed shim is not bin/libmpipause.so"
 	cmp -s "$d/etc/mpipause/mpid.conf" dist/mpid.conf || fail "the installed mpid.conf is not dist/mpid.conf"

@@ -147,6 +147,7 @@ func TestConfigFileErrors(t *testing.T) {
 		{"no equals sign", "node a\n", `FILE:1: "node a" is not`},
 		{"config in the file", "config = /etc/other.conf\n", `FILE:1: unknown option "config"`},
 		{"bad quoting", `node = "a"b"` + "\n", "FILE:1: node = \"a\"b\": bad quoting"},
+		{"node not a host name", "node = node_1\n", `FILE:1: --node "node_1": want a host name (RFC 1123)`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			conf := writeConf(t, tc.text)
@@ -174,5 +175,23 @@ func TestConfigFileMissing(t *testing.T) {
 	_, err = parse(t, "--config", writeConf(t, "nice = 3\n"), "--peer-port", "0")
 	if err == nil || err.Error() != "--peer-port 0: want 1-65535" {
 		t.Errorf("--peer-port 0 on the command line: %v", err)
+	}
+}
+
+// TestNodeName: --node must be a host name (what the ranks' HELLOs carry,
+// ranks.ValidHostName); anything else stops mpid with one line that shows
+// the name escaped.
+func TestNodeName(t *testing.T) {
+	for _, good := range []string{"node0", "n1.cluster.example"} {
+		if cfg, err := parse(t, "--config", os.DevNull, "--node", good); err != nil || cfg.Node != good {
+			t.Errorf("--node %s: %v", good, err)
+		}
+	}
+	for _, bad := range []string{"node\x1b[2J", "-n", "a..b", strings.Repeat("a", 64)} {
+		_, err := parse(t, "--config", os.DevNull, "--node", bad)
+		if err == nil || !strings.HasPrefix(err.Error(), "--node ") || !strings.Contains(err.Error(), "RFC 1123") ||
+			strings.ContainsAny(err.Error(), "\n\x1b") {
+			t.Errorf("--node %q: %v; want one printable line naming --node and the rule", bad, err)
+		}
 	}
 }

@@ -66,7 +66,6 @@ func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	context.AfterFunc(ctx, stopping)
-	cfg.Failpoints = os.Getenv(mpid.FailpointsEnv)
 	d, err := mpid.New(cfg.Config)
 	if err == nil {
 		err = d.Run(ctx, cfg.ready)
@@ -99,10 +98,6 @@ line; the command line wins over it. 'mpid --print-config' prints such a file
 with every option at its default. Under systemd (mpid.service, Type=notify)
 mpid reports READY=1 once it serves and STOPPING=1 when it stops, and
 its log lines carry their syslog priority for the journal.
-
-environment:
-  ` + mpid.FailpointsEnv + `  for mpipause's fault tests only: a directory of points where
-                       mpid holds inside a pause step (see internal/mpid/node.go)
 
 options:
 `
@@ -164,6 +159,14 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	}
 	if filepath.IsAbs(cfg.CgroupParent) || cfg.CgroupParent == "" {
 		return cfg, fmt.Errorf("--cgroup-parent %q: want a path relative to the cgroup v2 mount, such as mpipause", cfg.CgroupParent)
+	}
+	// The node's name is what the ranks' HELLOs must match and what peers
+	// and root's terminal see: the same rule as ranks' host names.
+	if cfg.Node != "" && !ranks.ValidHostName(cfg.Node) {
+		return cfg, fmt.Errorf("--node %q: %s", cfg.Node, ranks.HostNameRule)
+	}
+	if h, err := os.Hostname(); cfg.Node == "" && err == nil && !ranks.ValidHostName(h) {
+		return cfg, fmt.Errorf("the hostname %q is not a node name mpid can use (%s): set --node", h, ranks.HostNameRule)
 	}
 	return cfg, nil
 }

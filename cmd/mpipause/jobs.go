@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/term"
 	"github.com/mpipause/mpipause/quiesce"
 )
 
@@ -29,8 +30,8 @@ var exitCodes = map[string]int{
 
 const exitCodeHelp = `exit status:
   0  done             1  failed (a pause is rolled back: the job runs on)
-  2  bad usage        3  no such job on this node
-  4  not your job     5  wrong state (already paused, not paused, busy)
+  2  bad usage        3  no such job of yours on this node (root: none at all)
+  5  wrong state (already paused, not paused, busy)
   6  no mpid here (or the job's coordinator does not answer)
   7  the job cannot be paused cleanly
   8  the job's coordinator (rank 0's node) is not known on this node
@@ -85,7 +86,7 @@ Resumes a paused job on every node.`,
 	var pr *progressPrinter
 	if !f.json {
 		pr = &progressPrinter{w: e.stdout, tty: e.isTTY, op: op}
-		fmt.Fprintf(e.stdout, "%s job %s\n", map[string]string{ctl.OpPause: "pausing", ctl.OpResume: "resuming"}[op], id)
+		fmt.Fprintf(e.stdout, "%s job %s\n", map[string]string{ctl.OpPause: "pausing", ctl.OpResume: "resuming"}[op], term.Safe(id))
 	}
 	do := func(id string) (*ctl.Reply, error) {
 		return ctl.Do(ctx, ctl.Addr(), ctl.Request{Op: op, Job: id, Timeout: f.timeout}, func(p ctl.Progress) {
@@ -130,9 +131,7 @@ func printReply(e *env, asJSON bool, rep *ctl.Reply, err error) error {
 		if rep != nil {
 			out.Job, out.Jobs = rep.Job, rep.Jobs
 		}
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		enc.Encode(out)
+		writeJSON(e.stdout, out, "  ")
 		if ce != nil {
 			return silent{ce}
 		}
@@ -212,9 +211,7 @@ func listCmd(ctx context.Context, e *env, args []string) error {
 		return err
 	}
 	if asJSON {
-		enc := json.NewEncoder(e.stdout)
-		enc.SetIndent("", "  ")
-		return enc.Encode(rep.Jobs)
+		return writeJSON(e.stdout, rep.Jobs, "  ")
 	}
 	if len(rep.Jobs) == 0 {
 		fmt.Fprintln(e.stdout, "no jobs on this node")
@@ -232,24 +229,26 @@ func listCmd(ctx context.Context, e *env, args []string) error {
 	return nil
 }
 
-// printJob is the human view of a job.
+// printJob is the human view of a job. Its names and reasons come from
+// ranks and other nodes: every string is shown through term.Safe.
 func printJob(w io.Writer, j ctl.Job) {
+	q, qs := term.Safe, safeJoin
 	where := "coordinated here"
 	switch {
 	case j.Coordinator == "":
 		where = "coordinated by the node of rank 0"
 	case j.Coordinator != j.Node:
-		where = "coordinated by " + j.Coordinator
+		where = "coordinated by " + q(j.Coordinator)
 	}
-	fmt.Fprintf(w, "job %s: %s since %s (%s)\n", j.ID, j.State, j.Since.Local().Format(time.TimeOnly), where)
-	fmt.Fprintf(w, "  ranks %d on %d nodes (%s); here: %s\n", j.Ranks, len(j.Nodes), strings.Join(j.Nodes, ","), ctl.RankList(j.LocalRanks))
+	fmt.Fprintf(w, "job %s: %s since %s (%s)\n", q(j.ID), q(j.State), j.Since.Local().Format(time.TimeOnly), where)
+	fmt.Fprintf(w, "  ranks %d on %d nodes (%s); here: %s\n", j.Ranks, len(j.Nodes), qs(j.Nodes), ctl.RankList(j.LocalRanks))
 	if j.Unpausable != "" {
-		fmt.Fprintf(w, "  cannot be paused cleanly: %s\n", j.Unpausable)
+		fmt.Fprintf(w, "  cannot be paused cleanly: %s\n", q(j.Unpausable))
 	}
 	if len(j.Phases) > 0 {
 		var ph []string
 		for _, p := range j.Phases {
-			ph = append(ph, fmt.Sprintf("%s %s", strings.ToLower(p.Name), msStr(p.Ms)))
+			ph = append(ph, fmt.Sprintf("%s %s", strings.ToLower(q(p.Name)), msStr(p.Ms)))
 		}
 		fmt.Fprintf(w, "  last: %s in %s (%s)\n", lastOp(j), msStr(j.TotalMs), strings.Join(ph, ", "))
 		if j.State == ctl.StatePaused {
@@ -258,19 +257,43 @@ func printJob(w io.Writer, j ctl.Job) {
 		}
 	}
 	if f := j.Failure; f != nil {
-		fmt.Fprintf(w, "  failed in %s: %s\n", f.Phase, f.Reason)
+		fmt.Fprintf(w, "  failed in %s: %s\n", q(f.Phase), q(f.Reason))
 		for i, c := range f.Conns {
 			if i == 10 {
 				fmt.Fprintf(w, "  ... %d more connections\n", len(f.Conns)-i)
 				break
 			}
 			fmt.Fprintf(w, "  %s %s (rank %s) -> %s (rank %s): %s unacknowledged, %s unread\n",
-				c.Node, c.Local, rankStr(c.Rank), c.Remote, rankStr(c.Peer), human(c.SendQueue), human(c.Unread))
+				q(c.Node), q(c.Local), rankStr(c.Rank), q(c.Remote), rankStr(c.Peer), human(c.SendQueue), human(c.Unread))
 		}
 		if len(f.Unconfirmed) > 0 {
-			fmt.Fprintf(w, "  not confirmed running again on: %s\n", strings.Join(f.Unconfirmed, ","))
+			fmt.Fprintf(w, "  not confirmed running again on: %s\n", qs(f.Unconfirmed))
 		}
 	}
+}
+
+// safeJoin is names, each through term.Safe, joined by commas.
+func safeJoin(names []string) string {
+	out := make([]string, len(names))
+	for i, n := range names {
+		out[i] = term.Safe(n)
+	}
+	return strings.Join(out, ",")
+}
+
+// writeJSON is the --json output, indented or (indent "") one line:
+// encoding/json escapes control characters, term.SafeJSON the rest a
+// terminal may act on.
+func writeJSON(w io.Writer, v any, indent string) error {
+	b, err := json.Marshal(v)
+	if indent != "" {
+		b, err = json.MarshalIndent(v, "", indent)
+	}
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(term.SafeJSON(b), '\n'))
+	return err
 }
 
 func rankStr(r int) string {
@@ -307,7 +330,7 @@ func (p *progressPrinter) show(pr ctl.Progress) {
 	if !pr.Done {
 		if p.tty && pr.Phase == "DRAIN" {
 			fmt.Fprintf(p.w, "\r  %-8s round %d: %d/%d nodes empty, %d connections hold %s  (at %s)\x1b[K",
-				pr.Phase, pr.Round, pr.NodesClean, pr.Nodes, pr.Conns, human(pr.InflightBytes), msStr(pr.Ms))
+				term.Safe(pr.Phase), pr.Round, pr.NodesClean, pr.Nodes, pr.Conns, human(pr.InflightBytes), msStr(pr.Ms))
 			p.pending = true
 		}
 		return
@@ -324,7 +347,7 @@ func (p *progressPrinter) show(pr ctl.Progress) {
 	if pr.Round > 1 {
 		rounds = fmt.Sprintf(", %d rounds", pr.Round)
 	}
-	fmt.Fprintf(p.w, "  %-8s %d nodes%s  %s  (at %s)\n", pr.Phase, pr.Nodes, rounds, state, msStr(pr.Ms))
+	fmt.Fprintf(p.w, "  %-8s %d nodes%s  %s  (at %s)\n", term.Safe(pr.Phase), pr.Nodes, rounds, state, msStr(pr.Ms))
 }
 
 func (p *progressPrinter) finish() {

@@ -225,3 +225,68 @@ func TestInject(t *testing.T) {
 		}
 	}
 }
+
+// TestUntrustedTextEscaped: node names, reasons and ids in mpid's answers
+// come from ranks and other nodes; whatever they hold (here terminal
+// escapes: clear screen, set title, C1 CSI, bidi override, DEL), the CLI's
+// human output shows them as text and its JSON stays JSON of the same
+// value with none of them raw.
+func TestUntrustedTextEscaped(t *testing.T) {
+	const evil = "n1\x1b[2J\x1b]0;owned\x07\u009b31m\u202e\x7f"
+	job := pausedJob
+	job.ID = "j\x1b[8m"
+	job.Nodes = []string{"n0", evil}
+	job.Coordinator = evil
+	job.Unpausable = "rank on " + evil
+	job.State = ctl.StateRunning
+	job.Failure = &ctl.Failure{Phase: "DRAIN", Reason: "node " + evil + " said: \x1b[1mno", Unconfirmed: []string{evil},
+		Conns: []ctl.Conn{{Node: evil, Local: "10.0.0.1:1", Remote: "10.0.0.2:2", Rank: 1, Peer: 2}}}
+	serveFake(t, func(req ctl.Request) []ctl.Reply {
+		switch {
+		case req.Op == ctl.OpList || req.Op == ctl.OpStatus && req.Job == "":
+			return []ctl.Reply{{Jobs: []ctl.Job{job}, Final: true}}
+		case req.Op == ctl.OpStatus && req.Job == "gone":
+			return []ctl.Reply{{Err: ctl.Errorf(ctl.CodeUnknownJob, "no job on %s", evil), Final: true}}
+		case req.Op == ctl.OpStatus:
+			return []ctl.Reply{{Job: &job, Final: true}}
+		}
+		return []ctl.Reply{{Err: ctl.Errorf(ctl.CodeFailed, "failed on %s", evil), Job: &job, Final: true}}
+	})
+	raw := func(s string) bool {
+		for _, r := range s {
+			if r != '\n' && (r < ' ' || r == 0x7f || r >= 0x80 && r <= 0x9f || r == 0x202e) {
+				return true
+			}
+		}
+		return false
+	}
+	for _, args := range [][]string{{"status"}, {"status", "j1"}, {"status", "gone"}, {"list"}, {"pause", "j1"}} {
+		code, out, errOut := runCLI(t, args...)
+		if raw(out) || raw(errOut) {
+			t.Errorf("mpipause %v (exit %d) printed raw control characters:\n%q\n%q", args, code, out, errOut)
+		}
+		if !strings.Contains(out+errOut, `n1\x1b[2J\x1b]0;owned\a\u009b31m\u202e\x7f`) {
+			t.Errorf("mpipause %v: the node's name is not shown escaped:\n%s%s", args, out, errOut)
+		}
+	}
+	for _, args := range [][]string{{"status", "--json", "j1"}, {"status", "--json"}, {"list", "--json"}, {"pause", "--json", "j1"}} {
+		_, out, _ := runCLI(t, args...)
+		if raw(out) {
+			t.Errorf("mpipause %v printed raw control characters:\n%q", args, out)
+		}
+		var v struct {
+			Nodes []string `json:"nodes"`
+			Jobs  []ctl.Job
+		}
+		if args[0] == "list" {
+			err := json.Unmarshal([]byte(out), &v.Jobs)
+			if err != nil || len(v.Jobs) != 1 || v.Jobs[0].Coordinator != evil {
+				t.Errorf("mpipause %v: %v, %+v: want the same names back from the JSON", args, err, v.Jobs)
+			}
+			continue
+		}
+		if err := json.Unmarshal([]byte(out), &v); err != nil || (len(v.Nodes) != 2 || v.Nodes[1] != evil) && (len(v.Jobs) != 1 || v.Jobs[0].Nodes[1] != evil) {
+			t.Errorf("mpipause %v: %v, %+v: want the same names back from the JSON\n%s", args, err, v, out)
+		}
+	}
+}

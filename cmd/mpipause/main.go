@@ -17,6 +17,7 @@ import (
 	"syscall"
 
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/term"
 	"github.com/mpipause/mpipause/internal/version"
 )
 
@@ -112,14 +113,15 @@ func exit(e *env, name string, err error) int {
 	case errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.As(err, new(usageError)):
-		fmt.Fprintf(e.stderr, "mpipause %s: %v\n", name, err)
+		fmt.Fprintf(e.stderr, "mpipause %s: %s\n", name, term.Safe(err.Error()))
 		return 2
 	case errors.Is(err, context.Canceled):
 		return 130
 	case errors.As(err, &quiet):
 		return exitCodes[quiet.err.Code]
 	case errors.As(err, &ce):
-		fmt.Fprintf(e.stderr, "mpipause %s: %v\n", name, ce.Message)
+		// mpid's messages can quote what a rank or another node said.
+		fmt.Fprintf(e.stderr, "mpipause %s: %s\n", name, term.Safe(ce.Message))
 		if c, ok := exitCodes[ce.Code]; ok {
 			return c
 		}
@@ -127,7 +129,7 @@ func exit(e *env, name string, err error) int {
 	case errors.As(err, new(exitStatus)):
 		return int(err.(exitStatus))
 	default:
-		fmt.Fprintf(e.stderr, "mpipause %s: %v\n", name, err)
+		fmt.Fprintf(e.stderr, "mpipause %s: %s\n", name, term.Safe(err.Error()))
 		return 1
 	}
 }

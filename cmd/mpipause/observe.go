@@ -2,12 +2,12 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"sort"
 	"time"
 
+	"github.com/mpipause/mpipause/internal/term"
 	"github.com/mpipause/mpipause/loader"
 )
 
@@ -65,7 +65,7 @@ func observe(ctx context.Context, e *env, args []string) error {
 			rep.Skipped = append(rep.Skipped, s.Skipped()...)
 		}
 		if *asJSON {
-			if err := json.NewEncoder(e.stdout).Encode(rep); err != nil {
+			if err := writeJSON(e.stdout, rep, ""); err != nil {
 				return err
 			}
 		} else {
@@ -179,7 +179,7 @@ func nsLabel(ns string) string {
 }
 
 func (r report) writeTable(w io.Writer) {
-	fmt.Fprintf(w, "observer %s  cgroup %s  %s\n", r.Observer, r.Cgroup, r.Time.Format("15:04:05.000"))
+	fmt.Fprintf(w, "observer %s  cgroup %s  %s\n", r.Observer, term.Safe(r.Cgroup), r.Time.Format("15:04:05.000"))
 	t := table{header: []string{"NETNS", "LOCAL", "REMOTE", "STATE", "SEND-Q", "UNREAD", "SENT", "RECEIVED", "RETRANS"}, right: 4}
 	for _, c := range r.Connections {
 		sent, recv, retr := "-", "-", "-"
@@ -196,7 +196,7 @@ func (r report) writeTable(w io.Writer) {
 	}
 	fmt.Fprintf(w, "%d connection%s in %d netns: %s\n", s.Connections, plural(s.Connections), s.Netns, verdict)
 	for _, sk := range r.Skipped {
-		fmt.Fprintf(w, "not seen: %s; run as root to see it\n", sk)
+		fmt.Fprintf(w, "not seen: %s; run as root to see it\n", term.Safe(sk))
 	}
 }
 

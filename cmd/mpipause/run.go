@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/term"
 )
 
 // exitStatus is the launcher's own exit status, passed on unchanged.
@@ -89,7 +90,7 @@ func runCmd(ctx context.Context, e *env, args []string) error {
 		return ctl.Errorf(ctl.CodeUnavailable, "mpid at %s made job %s but sent no job key: is it of another release?", ctl.Addr(), id)
 	}
 	argv = inject(kind, argv, id, preload(os.Getenv("LD_PRELOAD"), shim))
-	fmt.Fprintf(e.stdout, "job %s\n", id)
+	fmt.Fprintf(e.stdout, "job %s\n", term.Safe(id))
 	return launch(ctx, e, id, rep.Token, argv)
 }
 
@@ -196,7 +197,9 @@ func launch(ctx context.Context, e *env, id, token string, argv []string) error 
 		}
 	}
 	paused := false
-	say := func(format string, args ...any) { fmt.Fprintf(e.stderr, "mpipause: "+format+"\n", args...) }
+	say := func(format string, args ...any) {
+		fmt.Fprintf(e.stderr, "mpipause: %s\n", term.Safe(fmt.Sprintf(format, args...)))
+	}
 	do := func(op string) (*ctl.Reply, error) {
 		// Not ctx: Ctrl-C cancels it, and a resume on the way out must run.
 		c, cancel := context.WithTimeout(context.Background(), time.Minute)

@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/mpipause/mpipause/internal/term"
 )
 
 // table prints columns padded to their widest cell: text columns left
@@ -14,7 +16,14 @@ type table struct {
 	rows   [][]string
 }
 
-func (t *table) add(cells ...string) { t.rows = append(t.rows, cells) }
+// add adds a row; its cells (job ids, node names, addresses) are shown
+// through term.Safe.
+func (t *table) add(cells ...string) {
+	for i, c := range cells {
+		cells[i] = term.Safe(c)
+	}
+	t.rows = append(t.rows, cells)
+}
 
 func (t *table) write(w io.Writer) {
 	width := make([]int, len(t.header))

@@ -167,7 +167,7 @@ const (
 	CodeFailed      = "failed"      // the pause or resume ran and failed (rolled back)
 	CodeBadRequest  = "bad-request" // malformed request or job id
 	CodeUnknownJob  = "unknown-job" // no such job on this node
-	CodePermission  = "permission"  // caller is neither root nor the job's owner
+	CodePermission  = "permission"  // not sent for another user's job: a stranger gets CodeUnknownJob
 	CodeState       = "state"       // paused job paused again, running job resumed, operation in progress
 	CodeUnavailable = "unavailable" // mpid unreachable or cannot serve
 	CodeUnpausable  = "unpausable"  // the job cannot be paused cleanly (ranks not under mpid's watch)

@@ -9,6 +9,7 @@ import (
 	"strings"
 
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/quiesce"
 )
 
@@ -51,7 +52,7 @@ func checkToken(k *quiesce.Key, uid uint32, id, token string) (string, error) {
 		return "", errBadToken
 	}
 	coord := token[:i]
-	if !validNodeName(coord) {
+	if !ranks.ValidHostName(coord) {
 		return "", errBadToken
 	}
 	want := JobToken(k, uid, id, coord)
@@ -59,28 +60,6 @@ func checkToken(k *quiesce.Key, uid uint32, id, token string) (string, error) {
 		return "", errBadToken
 	}
 	return coord, nil
-}
-
-// validNodeName: an RFC 1123 host name (labels of letters, digits and
-// '-', 1 to 63 each, not starting or ending with '-', at most 253 in all).
-// Node names travel in job keys and protocol messages and end up in
-// terminals.
-func validNodeName(s string) bool {
-	if len(s) == 0 || len(s) > 253 {
-		return false
-	}
-	for _, l := range strings.Split(s, ".") {
-		if len(l) == 0 || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
-			return false
-		}
-		for i := 0; i < len(l); i++ {
-			c := l[i]
-			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-') {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 // firstHost is the first host of a Slurm host list ("node[0-2],login",
@@ -119,7 +98,7 @@ func firstHost(list string) (string, error) {
 		item = item[open+close+1:]
 	}
 	h := b.String()
-	if !validNodeName(h) {
+	if !ranks.ValidHostName(h) {
 		return "", fmt.Errorf("host list %q: the first host %q is not a host name", list, h)
 	}
 	return h, nil

@@ -74,9 +74,6 @@ type Config struct {
 	// priority (1..99); where the kernel refuses, mpid logs it and runs
 	// with Nice alone.
 	RTPriority int
-	// Failpoints, if set, is the failpoint directory (FailpointsEnv, whose
-	// <Node> subdirectory this mpid reads), for the fault tests only.
-	Failpoints string
 	// MetricsListen, if set, is the TCP address (host:port, an explicit
 	// host: metrics.CheckAddr) where mpid serves Prometheus metrics at
 	// /metrics. Empty: no metrics, nothing listens.
@@ -672,7 +669,8 @@ func (d *Daemon) rankEvent(r *ranks.Rank, ev string) {
 		}
 		return
 	}
-	d.log.Info("rank asks for "+ev, "job", r.Job, "rank", r.Rank, "pid", r.Pid)
+	// ev is the rank's to write: an attribute (quoted), never the message.
+	d.log.Info("rank event", "event", ev, "job", r.Job, "rank", r.Rank, "pid", r.Pid)
 	op := map[string]string{"pause": ctl.OpPause, "resume": ctl.OpResume}[ev]
 	if op == "" {
 		return
@@ -859,7 +857,7 @@ func (d *Daemon) view(id string) (ctl.Job, error) {
 	j := d.jobs[id]
 	if j == nil {
 		d.mu.Unlock()
-		return ctl.Job{}, ctl.Errorf(ctl.CodeUnknownJob, "no job %s on %s: see `mpipause list`", jobName(id), d.cfg.Node)
+		return ctl.Job{}, d.noJob(id)
 	}
 	v := j.last
 	v.ID, v.Owner, v.Since, v.Unpausable = j.name, j.owner, j.since, j.unwatched
@@ -935,11 +933,4 @@ func agentState(a *quiesce.Agent, id string) string {
 		return ctl.StateRunning
 	}
 	return ctl.StatePausing
-}
-
-func (d *Daemon) failpoints() failpoints {
-	if d.cfg.Failpoints == "" {
-		return failpoints{}
-	}
-	return failpoints{dir: filepath.Join(d.cfg.Failpoints, d.cfg.Node), log: d.log}
 }

@@ -2,10 +2,6 @@ package mpid
 
 import (
 	"context"
-	"log/slog"
-	"os"
-	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
@@ -14,44 +10,14 @@ import (
 )
 
 // FailpointsEnv names a directory of failpoints, for the fault tests
-// (kernel-tests/faulttable_test.go): a file <dir>/<node>/<STEP> holding
-// "before" or "after" makes this node's mpid stop at that point of its
-// next local STEP (PREPARE, DRAIN, FREEZE, VERIFY, COMMIT, THAW, OPEN),
-// write <STEP>.reached, and hold until the file goes (or the step's
-// deadline passes), so that a test can kill or cut it off there. Unset,
-// no file is ever looked at.
+// (kernel-tests/faulttable_test.go), read only by an mpid built with
+// -tags failpoints (bin/test/mpid; failpoints.go): a file <dir>/<node>/<STEP>
+// holding "before" or "after" makes this node's mpid stop at that point of
+// its next local STEP (PREPARE, DRAIN, FREEZE, VERIFY, COMMIT, THAW, OPEN),
+// create <STEP>.reached, and hold until the file goes (or the step's
+// deadline passes), so that a test can kill or cut it off there. The
+// production mpid has no such hook: it never reads this variable.
 const FailpointsEnv = "MPIPAUSE_FAILPOINTS"
-
-// failpointHold bounds a hold whose file nobody removes.
-const failpointHold = time.Minute
-
-type failpoints struct {
-	dir string
-	log *slog.Logger
-}
-
-func (f failpoints) hold(ctx context.Context, step, where, job string) {
-	if f.dir == "" {
-		return
-	}
-	p := filepath.Join(f.dir, step)
-	b, err := os.ReadFile(p)
-	if err != nil || strings.TrimSpace(string(b)) != where {
-		return
-	}
-	if err := os.WriteFile(p+".reached", []byte(job), 0o644); err != nil {
-		f.log.Error("failpoint", "error", err)
-		return
-	}
-	f.log.Warn("failpoint reached; holding", "step", step, "where", where, "job", job)
-	end := time.Now().Add(failpointHold)
-	for time.Now().Before(end) && ctx.Err() == nil {
-		if _, err := os.Stat(p); err != nil {
-			return
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
 
 // localNode is the node half of the protocol as mpid runs it: node.Local,
 // plus a record of every pause committed here, written before the COMMIT

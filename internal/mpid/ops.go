@@ -37,7 +37,7 @@ func (d *Daemon) doAt(ctx context.Context, req ctl.Request, uid uint32, progress
 	if !ok || (uid != 0 && uid != owner) {
 		// Nothing about the job, not even that it exists, goes to a
 		// stranger: their name for it is in their own namespace.
-		return ctl.Job{}, ctl.Errorf(ctl.CodeUnknownJob, "no job %s on %s: see `mpipause list`", jobName(req.Job), d.cfg.Node)
+		return ctl.Job{}, d.noJob(req.Job)
 	}
 	v, err := d.view(req.Job)
 	if err != nil {
@@ -60,6 +60,12 @@ func (d *Daemon) doAt(ctx context.Context, req ctl.Request, uid uint32, progress
 		return d.resume(ctx, req, v, progress)
 	}
 	return v, ctl.Errorf(ctl.CodeBadRequest, "unknown operation %q", req.Op)
+}
+
+// noJob is the answer about a job this node does not know, and about
+// another user's job: the same, so a stranger learns nothing from it.
+func (d *Daemon) noJob(key string) error {
+	return ctl.Errorf(ctl.CodeUnknownJob, "no job %s on %s: see `mpipause list`", jobName(key), d.cfg.Node)
 }
 
 // begin marks the job busy for op if its state allows op.

@@ -1,11 +1,15 @@
 package mpid
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/quiesce"
 )
 
@@ -46,5 +50,44 @@ func TestFailureReportViolations(t *testing.T) {
 	want := "the drain timed out: 40 bytes sent through closed gates on n1 in the last round"
 	if !strings.HasPrefix(f.Reason, want) {
 		t.Errorf("reason %q; want it to start %q", f.Reason, want)
+	}
+}
+
+// TestStrangerSeesNoJob: a caller who neither owns the job nor is root
+// gets, for every operation, exactly the answer about a job that does not
+// exist (code, message): nothing about the job, not that it exists, not
+// its owner. A job coordinated elsewhere is not forwarded for a stranger.
+// The owner and root still see it.
+func TestStrangerSeesNoJob(t *testing.T) {
+	ctx := context.Background()
+	daemon := func(jobs map[string]*job) *Daemon {
+		return &Daemon{cfg: Config{Node: "n0"}, ranks: ranks.NewServer(nil), agent: quiesce.NewAgent(nil, nil, quiesce.DefaultRetry), jobs: jobs}
+	}
+	d := daemon(map[string]*job{
+		"1000:here":      {id: "1000:here", name: "here", owner: 1000, adopted: true, coordinator: "n0", state: ctl.StatePaused, size: 2, localRanks: []int{0, 1}, nodes: []string{"n0"}},
+		"1000:elsewhere": {id: "1000:elsewhere", name: "elsewhere", owner: 1000, adopted: true, coordinator: "n9", state: ctl.StateRunning, size: 2, localRanks: []int{1}},
+	})
+	empty := daemon(map[string]*job{})
+	for _, id := range []string{"here", "elsewhere"} {
+		for _, op := range []string{ctl.OpStatus, ctl.OpPause, ctl.OpResume} {
+			req := ctl.Request{Version: ctl.Version, Op: op, Job: id}
+			v, err := d.do(ctx, req, 2000, nil)
+			_, want := empty.do(ctx, req, 2000, nil)
+			var ce, wce *ctl.Error
+			if !errors.As(err, &ce) || !errors.As(want, &wce) || ce.Code != wce.Code || ce.Message != wce.Message || v.ID != "" {
+				t.Errorf("%s %s by a stranger: %+v, %v; want %v, as for no such job", op, id, v, err, want)
+			}
+			if err != nil && strings.Contains(err.Error(), "1000") {
+				t.Errorf("%s %s by a stranger names the owner: %v", op, id, err)
+			}
+		}
+	}
+	for _, uid := range []uint32{1000, 0} {
+		if v, err := d.do(ctx, ctl.Request{Version: ctl.Version, Op: ctl.OpStatus, Job: "here"}, uid, nil); err != nil || v.ID != "here" || v.State != ctl.StatePaused {
+			t.Errorf("status by uid %d: %+v, %v; want the job", uid, v, err)
+		}
+	}
+	if l := d.list(2000); len(l) != 0 {
+		t.Errorf("list by a stranger: %+v", l)
 	}
 }

@@ -81,7 +81,7 @@ func (d *Daemon) registered(m quiesce.Message) *quiesce.Control {
 		return out
 	}
 	uid, name, ok := ranks.SplitJobKey(m.Job)
-	if !ok || uid != c.UID || !validNodeName(c.Node) {
+	if !ok || uid != c.UID || !ranks.ValidHostName(c.Node) {
 		return refuse("malformed registration")
 	}
 	coord, err := checkToken(d.cfg.ClusterKey, uid, name, c.Token)

@@ -16,6 +16,8 @@ func FuzzParseHello(f *testing.F) {
 	f.Add("HELLO 2 job=j rank=1 size=2 pid=42 host=h root=r hosts=a,b,c key=n:1f")
 	f.Add("HELLO 2 job=../x rank=0 size=1 pid=1 host=h key=n:1f")
 	f.Add("HELLO 2 job=j rank=-1 size=0 pid=1 host=h rank=2 key=n:1f")
+	f.Add("HELLO 2 job=j rank=0 size=2 pid=42 host=h key=n:1f hosts=h,\x1b[2J")
+	f.Add("HELLO 2 job=j rank=1 size=2 pid=42 host=h root=r.example-1.org key=n:1f")
 	f.Fuzz(func(t *testing.T, line string) {
 		r, err := ParseHello(line)
 		if err != nil {
@@ -23,6 +25,12 @@ func FuzzParseHello(f *testing.F) {
 		}
 		if !ValidJobID(r.Job) || r.Pid <= 0 || r.Size <= 0 || r.Rank < 0 || r.Rank >= r.Size {
 			t.Fatalf("accepted %q as %+v", line, r)
+		}
+		// Names reach node lists, peers' addresses and terminals.
+		for _, h := range append([]string{r.Host, r.Root}, r.Hosts...) {
+			if h != "" && !ValidHostName(h) {
+				t.Fatalf("accepted %q with host name %q", line, h)
+			}
 		}
 	})
 }

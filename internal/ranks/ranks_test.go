@@ -32,6 +32,47 @@ func TestParseHello(t *testing.T) {
 	}
 }
 
+// TestParseHelloHostNames: a HELLO whose host=, root= or any hosts= entry
+// is not a host name (terminal escapes for root's mpipause status, a path,
+// an empty entry) is refused, saying which field and what a name may be.
+func TestParseHelloHostNames(t *testing.T) {
+	const ok = "HELLO 2 job=j rank=0 size=2 pid=42 key=k host=node0 root=node0 hosts=node0,node1.example.org"
+	if _, err := ParseHello(ok); err != nil {
+		t.Fatalf("ParseHello(%q): %v", ok, err)
+	}
+	for _, c := range []struct{ line, field string }{
+		{"HELLO 2 job=j rank=0 size=2 pid=42 key=k host=node0 hosts=node0,\x1b]0;pwned\x07", "hosts"},
+		{"HELLO 2 job=j rank=0 size=2 pid=42 key=k host=node0 hosts=node0,\x1b[2J", "hosts"},
+		{"HELLO 2 job=j rank=0 size=2 pid=42 key=k host=node0 hosts=node0,,node1", "hosts"},
+		{"HELLO 2 job=j rank=0 size=2 pid=42 key=k host=node0 hosts=../../etc", "hosts"},
+		{"HELLO 2 job=j rank=1 size=2 pid=42 key=k host=\x1b[31mnode1 root=node0", "host"},
+		{"HELLO 2 job=j rank=1 size=2 pid=42 key=k host=node1 root=node0\x9b", "root"},
+		{"HELLO 2 job=j rank=1 size=2 pid=42 key=k host= root=node0", "host"},
+		{"HELLO 2 job=j rank=1 size=2 pid=42 key=k host=node1 root=-node0", "root"},
+	} {
+		_, err := ParseHello(c.line)
+		if err == nil || !strings.Contains(err.Error(), "HELLO "+c.field+" ") || !strings.Contains(err.Error(), "RFC 1123") {
+			t.Errorf("ParseHello(%q): %v; want it refused naming %s and the rule", c.line, err, c.field)
+		}
+	}
+}
+
+func TestValidHostName(t *testing.T) {
+	label63 := strings.Repeat("a", 63)
+	long := strings.Repeat(label63+".", 4)[:253]
+	for _, good := range []string{"node0", "n", "0", "Node-1", "a.b.c", "node1.example.org", "xn--bcher-kva.example", label63, long} {
+		if !ValidHostName(good) {
+			t.Errorf("ValidHostName(%q) = false", good)
+		}
+	}
+	for _, bad := range []string{"", ".", "a..b", ".a", "a.", "-a", "a-", "a.-b", "a_b", "a b", "a/b", "a,b", "a=b",
+		label63 + "a", long + "a", "node\x1b[2J", "\x1b]0;x\x07", "n\x00", "n\u00e9", "n\u202e", "n\x7f"} {
+		if ValidHostName(bad) {
+			t.Errorf("ValidHostName(%q) = true", bad)
+		}
+	}
+}
+
 func TestParseOpened(t *testing.T) {
 	o, err := ParseOpened("OPENED flushed=5 errors=1 errno=32")
 	if err != nil || o != (Opened{Flushed: 5, Errors: 1, Errno: 32}) {

@@ -23,6 +23,11 @@ import (
 // MPIDBinary is the node daemon's file name in BinDir.
 const MPIDBinary = "mpid"
 
+// MPIDEnv, in up's environment, names the mpid binary to start instead of
+// BinDir/mpid: the fault tests set it to the test build (bin/test/mpid,
+// with the failpoint hook the production mpid does not have).
+const MPIDEnv = "MPIPAUSE_RIG_MPID"
+
 // CgroupParent is where, relative to the cgroup v2 root, each node's mpid
 // keeps its cgroups: CgroupParent/<rig>/<node>. The nodes share the host's
 // hierarchy (no cgroup namespace), so rig and node names keep them apart.
@@ -53,6 +58,12 @@ type Daemon struct {
 }
 
 func (r *Rig) mpidPath() string {
+	if p := os.Getenv(MPIDEnv); p != "" {
+		if abs, err := filepath.Abs(p); err == nil {
+			return abs
+		}
+		return p
+	}
 	if r.cfg.BinDir == "" {
 		return ""
 	}

@@ -25,3 +25,20 @@ func TestMPIDArgsEnv(t *testing.T) {
 		t.Errorf("MPIDArgs (-want +got):\n%s", d)
 	}
 }
+
+// TestMPIDEnv: MPIPAUSE_RIG_MPID picks the mpid binary up starts (the
+// tests' build with failpoints); without it, BinDir/mpid.
+func TestMPIDEnv(t *testing.T) {
+	r, err := New(Config{Name: "x", Exe: "/opt/bin/rig", BinDir: "/opt/bin", StateRoot: "/run/x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Setenv(MPIDEnv, "")
+	if p := r.mpidPath(); p != "/opt/bin/mpid" {
+		t.Errorf("without %s: %s, want /opt/bin/mpid", MPIDEnv, p)
+	}
+	t.Setenv(MPIDEnv, "/opt/bin/test/mpid")
+	if p := r.mpidPath(); p != "/opt/bin/test/mpid" {
+		t.Errorf("%s=/opt/bin/test/mpid: %s", MPIDEnv, p)
+	}
+}

@@ -114,8 +114,9 @@ type job struct {
 	name   string
 	dir    string // cgroup v2 directory of the job's ranks on this node
 	owner  uint32
-	joined int // ranks moved in by JOIN
-	obs    loader.Observer
+	joined int             // ranks moved in by JOIN
+	obs    loader.Observer // under mu; opened under obsMu (openObserver)
+	obsMu  sync.Mutex
 	// unwatched, if set, says why the kernel cannot vouch for the job.
 	unwatched string
 	// Coordinator side (rank 0 registered here).
@@ -409,9 +410,16 @@ func (d *Daemon) newJobLocked(uid uint32, name, coord string) (*job, error) {
 	return j, nil
 }
 
-// openObserverLocked attaches the kernel observer to the job's cgroup.
-func (d *Daemon) openObserverLocked(j *job) error {
-	if j.obs != nil {
+// openObserver attaches the kernel observer to the job's cgroup. Loading
+// BPF programs takes tens of milliseconds: it holds the job's own lock, not
+// d.mu, which every pause and resume of every job takes.
+func (d *Daemon) openObserver(j *job) error {
+	j.obsMu.Lock()
+	defer j.obsMu.Unlock()
+	d.mu.Lock()
+	have := j.obs != nil
+	d.mu.Unlock()
+	if have {
 		return nil
 	}
 	cfg := loader.Config{Cgroup: j.dir, FollowJob: true, Pin: true, Require: loader.KindBPF}
@@ -430,6 +438,14 @@ func (d *Daemon) openObserverLocked(j *job) error {
 	if err != nil {
 		return fmt.Errorf("observe job %s: %w", j.id, err)
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.jobs[j.id] != j {
+		// The job ended meanwhile; its successor of the same key (if
+		// any) opens its own.
+		obs.Close()
+		return fmt.Errorf("job %s ended", j.id)
+	}
 	j.obs = obs
 	return nil
 }
@@ -437,24 +453,32 @@ func (d *Daemon) openObserverLocked(j *job) error {
 // join moves a rank into its job's cgroup before it opens any socket: the
 // kernel files a socket under its creator's cgroup at creation, for good.
 func (d *Daemon) join(req ranks.JoinRequest) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	j, err := d.authorizeLocked(req.UID, req.Job, req.Key)
-	if err != nil {
+	j, err := d.joinLocked(req)
+	if err != nil || j == nil {
 		return err
 	}
-	if d.cfg.FixedCgroup != "" {
-		return inCgroup(req.Pid, d.cfg.FixedCgroup)
-	}
-	if err := cgroupv2.AddProc(j.dir, req.Pid); err != nil {
-		return err
-	}
-	j.joined++
-	if err := d.openObserverLocked(j); err != nil {
+	if err := d.openObserver(j); err != nil {
 		return err
 	}
 	d.log.Info("rank joined", "job", j.id, "pid", req.Pid, "uid", req.UID, "cgroup", j.dir)
 	return nil
+}
+
+func (d *Daemon) joinLocked(req ranks.JoinRequest) (*job, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	j, err := d.authorizeLocked(req.UID, req.Job, req.Key)
+	if err != nil {
+		return nil, err
+	}
+	if d.cfg.FixedCgroup != "" {
+		return nil, inCgroup(req.Pid, d.cfg.FixedCgroup)
+	}
+	if err := cgroupv2.AddProc(j.dir, req.Pid); err != nil {
+		return nil, err
+	}
+	j.joined++
+	return j, nil
 }
 
 // admit accepts a rank's HELLO. A rank that did not JOIN first may have
@@ -462,21 +486,29 @@ func (d *Daemon) join(req ranks.JoinRequest) error {
 // frozen) but the job is marked unpausable, because no kernel check could
 // vouch for those sockets.
 func (d *Daemon) admit(r *ranks.Rank) error {
+	j, err := d.admitLocked(r)
+	if err != nil {
+		return err
+	}
+	return d.openObserver(j)
+}
+
+func (d *Daemon) admitLocked(r *ranks.Rank) (*job, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	j, err := d.authorizeLocked(r.UID, r.Job, r.Key)
 	if err != nil {
-		return fmt.Errorf("rank %d (pid %d, uid %d) of job %s: %w", r.Rank, r.Pid, r.UID, r.Job, err)
+		return nil, fmt.Errorf("rank %d (pid %d, uid %d) of job %s: %w", r.Rank, r.Pid, r.UID, r.Job, err)
 	}
 	if r.Size > j.size {
 		j.size = r.Size
 	}
 	if err := inCgroup(r.Pid, j.dir); err != nil {
 		if d.cfg.FixedCgroup != "" {
-			return err
+			return nil, err
 		}
 		if err := cgroupv2.AddProc(j.dir, r.Pid); err != nil {
-			return err
+			return nil, err
 		}
 		if j.unwatched == "" {
 			j.unwatched = fmt.Sprintf("rank %d (pid %d on %s) registered without joining its job cgroup at start, so the kernel cannot check its connections; launch the job with `mpipause run`", r.Rank, r.Pid, d.cfg.Node)
@@ -489,7 +521,7 @@ func (d *Daemon) admit(r *ranks.Rank) error {
 			j.adopted = false
 		}
 	}
-	return d.openObserverLocked(j)
+	return j, nil
 }
 
 // missingLocked says why an adopted job cannot be paused yet: some of the
@@ -631,14 +663,16 @@ func (d *Daemon) sweep(ctx context.Context) {
 
 func (d *Daemon) observer(id string) (loader.Observer, error) {
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	j := d.jobs[id]
+	d.mu.Unlock()
 	if j == nil {
 		return nil, fmt.Errorf("job %s is not known on %s", id, d.cfg.Node)
 	}
-	if err := d.openObserverLocked(j); err != nil {
+	if err := d.openObserver(j); err != nil {
 		return nil, err
 	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
 	return j.obs, nil
 }
 

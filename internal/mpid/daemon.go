@@ -377,17 +377,21 @@ func (d *Daemon) openObserverLocked(j *job) error {
 
 // join moves a rank into its job's cgroup before it opens any socket: the
 // kernel files a socket under its creator's cgroup at creation, for good.
-func (d *Daemon) join(id string, pid int, uid uint32) error {
+func (d *Daemon) join(id string, p *ranks.Proc) error {
+	pid, uid := p.Pid, p.UID
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.cfg.FixedCgroup != "" {
-		return inCgroup(pid, d.cfg.FixedCgroup)
+		if err := inCgroup(pid, d.cfg.FixedCgroup); err != nil {
+			return err
+		}
+		return p.Alive() // alive after the read: what it read was the process's
 	}
 	j, err := d.getJobLocked(id, uid)
 	if err != nil {
 		return err
 	}
-	if err := cgroupv2.AddProc(j.dir, pid); err != nil {
+	if err := p.MoveTo(j.dir); err != nil {
 		return err
 	}
 	j.joined++
@@ -413,7 +417,7 @@ func (d *Daemon) admit(r *ranks.Rank) error {
 		if d.cfg.FixedCgroup != "" {
 			return err
 		}
-		if err := cgroupv2.AddProc(j.dir, r.Pid); err != nil {
+		if err := r.Proc().MoveTo(j.dir); err != nil {
 			return err
 		}
 		if j.unwatched == "" {
@@ -467,31 +471,26 @@ func joinInts(xs []int) string {
 
 func (d *Daemon) rankChanged(r *ranks.Rank, gone bool, err error) {
 	switch {
-	case err != nil:
+	case err != nil && !gone:
 		if ok, held := d.refusals.allow(err.Error()); ok {
 			d.log.Warn("rank refused", "error", err, "repeats_not_logged", held)
 		}
 	case gone:
-		d.log.Info("rank gone", "job", r.Job, "rank", r.Rank, "pid", r.Pid)
+		if err == nil {
+			d.log.Info("rank gone", "job", r.Job, "rank", r.Rank, "pid", r.Pid)
+		} else if ok, held := d.refusals.allow(fmt.Sprintf("cut off: uid %d", r.UID)); ok {
+			// One line per user and interval, whatever the pids.
+			d.log.Warn("rank cut off", "error", err, "repeats_not_logged", held)
+		}
 		d.mu.Lock()
 		if j := d.jobs[r.Job]; j != nil {
 			d.maybeEndLocked(j)
 		}
 		d.mu.Unlock()
 	default:
+		// Its shim's control thread is raised only for a pause step
+		// (node.Local.Prepare), never for registering.
 		d.log.Info("rank registered", "job", r.Job, "rank", r.Rank, "size", r.Size, "pid", r.Pid, "host", r.Host)
-		if d.cfg.Nice != 0 || d.cfg.RTPriority != 0 {
-			// The shim starts its control thread right after its HELLO:
-			// give it a moment to appear (a pause boosts it too, if late).
-			go func() {
-				for range 50 {
-					if r.Boost(d.cfg.Nice, d.cfg.RTPriority) {
-						return
-					}
-					time.Sleep(20 * time.Millisecond)
-				}
-			}()
-		}
 	}
 }
 

@@ -216,7 +216,7 @@ func TestParseJoin(t *testing.T) {
 
 // joinServer serves ranks with the Join hook join on a fresh socket; the
 // refusals OnChange is told of go to the channel.
-func joinServer(t *testing.T, join func(string, int, uint32) error) (*Server, string, <-chan error) {
+func joinServer(t *testing.T, join func(string, *Proc) error) (*Server, string, <-chan error) {
 	t.Helper()
 	addr := fmt.Sprintf("@mpipause-ranks-join-test-%d-%s", os.Getpid(), t.Name())
 	s, err := Listen(addr)
@@ -274,8 +274,8 @@ func TestServerJoin(t *testing.T) {
 
 	t.Run("ok", func(t *testing.T) {
 		calls := make(chan call, 10)
-		s, addr, refused := joinServer(t, func(job string, pid int, uid uint32) error {
-			calls <- call{job, pid, uid}
+		s, addr, refused := joinServer(t, func(job string, p *Proc) error {
+			calls <- call{job, p.Pid, p.UID}
 			return nil
 		})
 		reply, hungUp := joinOnce(t, addr, fmt.Sprintf("JOIN 1 job=j-7 pid=%d\n", me))
@@ -299,7 +299,7 @@ func TestServerJoin(t *testing.T) {
 	})
 
 	t.Run("hook error", func(t *testing.T) {
-		_, addr, refused := joinServer(t, func(string, int, uint32) error {
+		_, addr, refused := joinServer(t, func(string, *Proc) error {
 			return errors.New("cannot move pid into /sys/fs/cgroup/job:\npermission denied")
 		})
 		reply, hungUp := joinOnce(t, addr, fmt.Sprintf("JOIN 1 job=j pid=%d\n", me))
@@ -311,7 +311,7 @@ func TestServerJoin(t *testing.T) {
 
 	t.Run("pid mismatch", func(t *testing.T) {
 		called := make(chan struct{}, 1)
-		_, addr, refused := joinServer(t, func(string, int, uint32) error { called <- struct{}{}; return nil })
+		_, addr, refused := joinServer(t, func(string, *Proc) error { called <- struct{}{}; return nil })
 		reply, hungUp := joinOnce(t, addr, fmt.Sprintf("JOIN 1 job=j pid=%d\n", me+1))
 		if want := "ERR pid does not match the connection's credentials"; reply != want || !hungUp {
 			t.Errorf("reply %q, hung up %v; want %q and the connection closed", reply, hungUp, want)
@@ -324,7 +324,7 @@ func TestServerJoin(t *testing.T) {
 
 	t.Run("malformed", func(t *testing.T) {
 		called := make(chan struct{}, 1)
-		_, addr, refused := joinServer(t, func(string, int, uint32) error { called <- struct{}{}; return nil })
+		_, addr, refused := joinServer(t, func(string, *Proc) error { called <- struct{}{}; return nil })
 		reply, hungUp := joinOnce(t, addr, fmt.Sprintf("JOIN 1 job=a=b pid=%d\n", me))
 		if !strings.HasPrefix(reply, "ERR JOIN job id") || !hungUp {
 			t.Errorf("reply %q, hung up %v; want an ERR about the job id and the connection closed", reply, hungUp)
@@ -345,7 +345,7 @@ func TestServerJoin(t *testing.T) {
 	})
 
 	t.Run("hello after join", func(t *testing.T) {
-		s, addr, _ := joinServer(t, func(string, int, uint32) error { return nil })
+		s, addr, _ := joinServer(t, func(string, *Proc) error { return nil })
 		if reply, _ := joinOnce(t, addr, fmt.Sprintf("JOIN 1 job=j pid=%d\n", me)); reply != "OK" {
 			t.Fatalf("JOIN: %q", reply)
 		}

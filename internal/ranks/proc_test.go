@@ -96,7 +96,7 @@ func TestHelloOfExitedPeer(t *testing.T) {
 			t.Errorf("refused with %v, want %v", err, ErrExited)
 		}
 	case <-ctx.Done():
-		t.Fatal("the HELLO of an exited process was neither refused nor registered")
+		t.Fatal("the HELLO of an exited process was not refused")
 	}
 	if rs := s.Ranks("j"); len(rs) != 0 {
 		t.Errorf("an exited process registered: %+v", rs)

@@ -168,11 +168,8 @@ func TestMoveTo(t *testing.T) {
 
 // TestBoostRestores: Boost raises only a thread of the rank's own process
 // named as the shim names its control thread, and Unboost gives it back
-// what it had. Privileged (raising needs CAP_SYS_NICE).
+// what it had. Skipped without CAP_SYS_NICE, which raising needs.
 func TestBoostRestores(t *testing.T) {
-	if os.Geteuid() != 0 {
-		t.Skip("needs CAP_SYS_NICE")
-	}
 	tidc := make(chan int)
 	stop := make(chan struct{})
 	defer close(stop)
@@ -194,7 +191,9 @@ func TestBoostRestores(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := r.Boost(-5, 1); err != nil {
+	if err := r.Boost(-5, 1); err != nil && strings.Contains(err.Error(), "refused") {
+		t.Skipf("needs CAP_SYS_NICE: %v", err)
+	} else if err != nil {
 		t.Fatalf("Boost: %v", err)
 	}
 	if a, _ := unix.SchedGetAttr(tid, 0); a.Policy != unix.SCHED_RR || a.Priority != 1 {

@@ -368,9 +368,17 @@ func (r *Rank) Boost(nice, rt int) error {
 	if err != nil {
 		return fmt.Errorf("thread %d: %w", tid, err)
 	}
+	// sched_getattr reports no niceness for a real-time thread: the
+	// kernel's getpriority does (as 20 - nice).
+	prio, err := unix.Getpriority(unix.PRIO_PROCESS, tid)
+	if err != nil {
+		return fmt.Errorf("thread %d: %w", tid, err)
+	}
+	was.Nice = int32(20 - prio)
 	ok := nice == 0 || unix.Setpriority(unix.PRIO_PROCESS, tid, nice) == nil
 	if rt > 0 {
-		a := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_RR, Priority: uint32(rt)}
+		// With the niceness too: sched_setattr sets it whatever the policy.
+		a := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_RR, Priority: uint32(rt), Nice: int32(nice)}
 		ok = unix.SchedSetAttr(tid, &a, 0) == nil || ok
 	}
 	if !p.hasThreadLocked(tid, "") {

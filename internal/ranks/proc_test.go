@@ -196,15 +196,17 @@ func TestBoostRestores(t *testing.T) {
 	} else if err != nil {
 		t.Fatalf("Boost: %v", err)
 	}
-	if a, _ := unix.SchedGetAttr(tid, 0); a.Policy != unix.SCHED_RR || a.Priority != 1 {
-		t.Errorf("after Boost: policy %d priority %d, want SCHED_RR 1", a.Policy, a.Priority)
+	// sched_getattr reports no niceness for a real-time thread.
+	nice := func() int { p, _ := unix.Getpriority(unix.PRIO_PROCESS, tid); return 20 - p }
+	if a, _ := unix.SchedGetAttr(tid, 0); a.Policy != unix.SCHED_RR || a.Priority != 1 || nice() != -5 {
+		t.Errorf("after Boost: policy %d priority %d nice %d, want SCHED_RR 1, nice -5", a.Policy, a.Priority, nice())
 	}
 	if err := r.Unboost(); err != nil {
 		t.Fatalf("Unboost: %v", err)
 	}
 	a, _ := unix.SchedGetAttr(tid, 0)
-	if a.Policy != before.Policy || a.Priority != before.Priority || a.Nice != before.Nice {
-		t.Errorf("after Unboost: policy %d priority %d nice %d, want %d %d %d", a.Policy, a.Priority, a.Nice, before.Policy, before.Priority, before.Nice)
+	if a.Policy != before.Policy || a.Priority != before.Priority || nice() != int(before.Nice) {
+		t.Errorf("after Unboost: policy %d priority %d nice %d, want %d %d %d", a.Policy, a.Priority, nice(), before.Policy, before.Priority, before.Nice)
 	}
 	// A rank whose process has gone boosts nothing.
 	p.Close()

@@ -15,7 +15,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/internal/testutil"

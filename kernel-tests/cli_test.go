@@ -479,20 +479,6 @@ func TestPauseBadInput(t *testing.T) {
 		m, _ := filepath.Glob(filepath.Join(hold, "ready.*"))
 		return len(m) == 6
 	})
-	// mpid raises every rank's shim control thread (nice -10), so that its
-	// requests are served ahead of the ranks' busy polling.
-	waitFor(t, "every rank's shim thread at nice -10", time.Minute, job.done, func() bool {
-		n := 0
-		for _, cg := range nodeJobCgroups(t, id) {
-			pids, _ := cgroupv2.Procs(cg)
-			for _, pid := range pids {
-				if threadNice(pid, "mpipause-ctl") == "-10" {
-					n++
-				}
-			}
-		}
-		return n == 6
-	})
 	state := func() string {
 		j, _ := jobJSON(ctx, t, "status", id)
 		return j.State

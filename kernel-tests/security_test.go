@@ -496,7 +496,7 @@ func secH4(ctx context.Context, t *testing.T, e *secEnv, row *secRow) {
 	favoured := func() string {
 		tids := map[int]string{tid: "the stand-in's"}
 		for _, pid := range a.ranks {
-			for _, x := range ctlThreads(pid) {
+			for _, x := range shimCtlTids(pid) {
 				tids[x] = "own shim's"
 			}
 		}
@@ -526,7 +526,7 @@ func secH4(ctx context.Context, t *testing.T, e *secEnv, row *secRow) {
 }
 
 // ctlThreads are pid's threads named mpipause-ctl.
-func ctlThreads(pid int) []int {
+func shimCtlTids(pid int) []int {
 	var out []int
 	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
 	for _, e := range ents {

@@ -460,21 +460,25 @@ func (d *Daemon) join(req ranks.JoinRequest) error {
 	if err := d.openObserver(j); err != nil {
 		return err
 	}
-	d.log.Info("rank joined", "job", j.id, "pid", req.Pid, "uid", req.UID, "cgroup", j.dir)
+	d.log.Info("rank joined", "job", j.id, "pid", req.Proc.Pid, "uid", req.Proc.UID, "cgroup", j.dir)
 	return nil
 }
 
 func (d *Daemon) joinLocked(req ranks.JoinRequest) (*job, error) {
+	p := req.Proc
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	j, err := d.authorizeLocked(req.UID, req.Job, req.Key)
+	j, err := d.authorizeLocked(p.UID, req.Job, req.Key)
 	if err != nil {
 		return nil, err
 	}
 	if d.cfg.FixedCgroup != "" {
-		return nil, inCgroup(req.Pid, d.cfg.FixedCgroup)
+		if err := inCgroup(p.Pid, d.cfg.FixedCgroup); err != nil {
+			return nil, err
+		}
+		return nil, p.Alive() // alive after the read: what it read was the process's
 	}
-	if err := cgroupv2.AddProc(j.dir, req.Pid); err != nil {
+	if err := p.MoveTo(j.dir); err != nil {
 		return nil, err
 	}
 	j.joined++
@@ -507,7 +511,7 @@ func (d *Daemon) admitLocked(r *ranks.Rank) (*job, error) {
 		if d.cfg.FixedCgroup != "" {
 			return nil, err
 		}
-		if err := cgroupv2.AddProc(j.dir, r.Pid); err != nil {
+		if err := r.Proc().MoveTo(j.dir); err != nil {
 			return nil, err
 		}
 		if j.unwatched == "" {
@@ -561,31 +565,26 @@ func joinInts(xs []int) string {
 
 func (d *Daemon) rankChanged(r *ranks.Rank, gone bool, err error) {
 	switch {
-	case err != nil:
+	case err != nil && !gone:
 		if ok, held := d.refusals.allow(err.Error()); ok {
 			d.log.Warn("rank refused", "error", err, "repeats_not_logged", held)
 		}
 	case gone:
-		d.log.Info("rank gone", "job", r.Job, "rank", r.Rank, "pid", r.Pid)
+		if err == nil {
+			d.log.Info("rank gone", "job", r.Job, "rank", r.Rank, "pid", r.Pid)
+		} else if ok, held := d.refusals.allow(fmt.Sprintf("cut off: uid %d", r.UID)); ok {
+			// One line per user and interval, whatever the pids.
+			d.log.Warn("rank cut off", "error", err, "repeats_not_logged", held)
+		}
 		d.mu.Lock()
 		if j := d.jobs[r.Job]; j != nil {
 			d.maybeEndLocked(j)
 		}
 		d.mu.Unlock()
 	default:
+		// Its shim's control thread is raised only for a pause step
+		// (node.Local.Prepare), never for registering.
 		d.log.Info("rank registered", "job", r.Job, "rank", r.Rank, "size", r.Size, "pid", r.Pid, "host", r.Host)
-		if d.cfg.Nice != 0 || d.cfg.RTPriority != 0 {
-			// The shim starts its control thread right after its HELLO:
-			// give it a moment to appear (a pause boosts it too, if late).
-			go func() {
-				for range 50 {
-					if r.Boost(d.cfg.Nice, d.cfg.RTPriority) {
-						return
-					}
-					time.Sleep(20 * time.Millisecond)
-				}
-			}()
-		}
 	}
 }
 

@@ -59,7 +59,10 @@ func (n *localNode) Verify(ctx context.Context, job string) (rep quiesce.NodeRep
 }
 
 func (n *localNode) Commit(ctx context.Context, job string) error {
-	return n.step(ctx, "COMMIT", job, func() error { return n.d.recordCommit(job) })
+	return n.step(ctx, "COMMIT", job, func() error {
+		n.Local.Unboost(job) // frozen now: the pause step that needed them is over
+		return n.d.recordCommit(job)
+	})
 }
 
 func (n *localNode) Thaw(ctx context.Context, job string) error {

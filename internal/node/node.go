@@ -40,8 +40,9 @@ type Local struct {
 	// this node (the one Freeze freezes).
 	Cgroup func(job string) (string, error)
 	// CtlNice, if not 0, is the niceness given to each rank's shim control
-	// thread at its first pause, and CtlRT, if not 0, its SCHED_RR priority
-	// (ranks.Rank.Boost).
+	// thread for a pause step, from PREPARE until the pause commits or the
+	// job's gates reopen (rollback, resume), and CtlRT, if not 0, its
+	// SCHED_RR priority for that time (ranks.Rank.Boost, Unboost).
 	CtlNice, CtlRT int
 	// Unready, if set, says why a job known here cannot be gated yet
 	// although some of its ranks may be registered (an mpid restarted and
@@ -212,7 +213,10 @@ func (l *Local) Prepare(ctx context.Context, job string) error {
 	l.mu.Unlock()
 	return l.eachRank(job, "close gate", func(r *ranks.Rank) error {
 		if l.CtlNice != 0 || l.CtlRT != 0 {
-			r.Boost(l.CtlNice, l.CtlRT)
+			if err := r.Boost(l.CtlNice, l.CtlRT); err != nil {
+				// The pause goes on, only slower on a busy node.
+				slog.Debug("shim control thread not raised", "job", job, "rank", r.Rank, "error", err)
+			}
 		}
 		if !r.CloseGate() {
 			if _, err := r.Close(ctx); err != nil {
@@ -422,6 +426,7 @@ func (l *Local) Open(ctx context.Context, job string) error {
 	// through; the flush of what it held (MiBs, for MPICH) goes on behind,
 	// in order, and is reported as an event.
 	err := l.eachRank(job, "open gate", func(r *ranks.Rank) error {
+		defer r.Unboost() // the pause step is over
 		if ok, err := r.ReopenGate(); ok || err != nil {
 			return err
 		}
@@ -438,6 +443,17 @@ func (l *Local) Open(ctx context.Context, job string) error {
 		l.mu.Unlock()
 	}
 	return err
+}
+
+// Unboost gives the shim control threads of the job's ranks here what they
+// had before PREPARE raised them: the pause has committed (they are frozen)
+// or ended.
+func (l *Local) Unboost(job string) {
+	for _, r := range l.Ranks.Ranks(job) {
+		if err := r.Unboost(); err != nil {
+			slog.Warn("shim control thread not lowered again", "job", job, "rank", r.Rank, "error", err)
+		}
+	}
 }
 
 func unmap(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()) }

@@ -332,31 +332,108 @@ func CtlThread(pid int) int {
 	return 0
 }
 
-// Boost raises the rank's shim control thread once per rank (a thread
-// keeps it): niceness nice and, if rt is not 0, SCHED_RR at priority rt.
-// The thread sleeps but for mpid's requests and, under a closed gate, the
-// bytes it drains; raised, it runs as they come instead of after the time
-// slices of the rank's busy-polling threads. Nice alone was not enough:
-// with MPICH's threads (some 30 busy-polling threads on 2 cores) a thread
-// at nice -10 still waited up to 107 ms runnable before it served a DRAIN,
-// and pauses took 200-400 ms; under SCHED_RR 1, 40 of 40 committed within
-// 80 ms. A refused real-time policy leaves the niceness. It reports whether
-// the thread was found.
-func (r *Rank) Boost(nice, rt int) bool {
-	if r.boosted.Load() {
-		return true
+// Boost raises the rank's shim control thread for a pause step (node.Local
+// calls it at PREPARE and Unboost when the step ends): niceness nice and,
+// if rt is not 0, SCHED_RR at priority rt. The thread sleeps but for mpid's
+// requests and, under a closed gate, the bytes it drains; raised, it runs
+// as they come instead of after the time slices of the rank's busy-polling
+// threads. Nice alone was not enough: with MPICH's threads (some 30
+// busy-polling threads on 2 cores) a thread at nice -10 still waited up to
+// 107 ms runnable before it served a DRAIN, and pauses took 200-400 ms;
+// under SCHED_RR 1, 40 of 40 committed within 80 ms. A refused real-time
+// policy leaves the niceness.
+//
+// The thread is found by its name, which its process chooses, so it is
+// only ever a thread of the rank's own registered process (its pidfd,
+// checked alive before and after), and what it had before is kept for
+// Unboost (docs/ARCHITECTURE.md, "Scheduling"). Boosting a boosted rank
+// does nothing.
+func (r *Rank) Boost(nice, rt int) error {
+	r.bmu.Lock()
+	defer r.bmu.Unlock()
+	if r.boost != nil {
+		return nil
 	}
-	tid := CtlThread(r.Pid)
-	if tid == 0 {
-		return false
+	p := r.proc
+	if p == nil {
+		return errors.New("no pidfd for the rank")
 	}
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	tid, err := p.threadLocked(CtlThreadName)
+	if err != nil {
+		return err
+	}
+	was, err := unix.SchedGetAttr(tid, 0)
+	if err != nil {
+		return fmt.Errorf("thread %d: %w", tid, err)
+	}
+	// sched_getattr reports no niceness for a real-time thread: the
+	// kernel's getpriority does (as 20 - nice).
+	prio, err := unix.Getpriority(unix.PRIO_PROCESS, tid)
+	if err != nil {
+		return fmt.Errorf("thread %d: %w", tid, err)
+	}
+	was.Nice = int32(20 - prio)
 	ok := nice == 0 || unix.Setpriority(unix.PRIO_PROCESS, tid, nice) == nil
 	if rt > 0 {
-		a := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_RR, Priority: uint32(rt)}
+		// With the niceness too: sched_setattr sets it whatever the policy.
+		a := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_RR, Priority: uint32(rt), Nice: int32(nice)}
 		ok = unix.SchedSetAttr(tid, &a, 0) == nil || ok
 	}
-	if ok {
-		r.boosted.Store(true)
+	if !p.hasThreadLocked(tid, "") {
+		// The thread went between the checks and the change, so its
+		// number may have been another's at the change: give that what
+		// the thread had (most likely what it had too).
+		restore(tid, was)
+		return fmt.Errorf("pid %d: thread %d: %w while being raised", r.Pid, tid, ErrExited)
 	}
-	return ok
+	if !ok {
+		return fmt.Errorf("thread %d: the kernel refused nice %d and SCHED_RR %d", tid, nice, rt)
+	}
+	r.boost = &threadBoost{tid: tid, was: *was}
+	return nil
+}
+
+// Unboost gives the thread Boost raised what it had before, if it is still
+// a thread of the rank's process (one gone with its process needs nothing).
+func (r *Rank) Unboost() error {
+	r.bmu.Lock()
+	defer r.bmu.Unlock()
+	b := r.boost
+	if b == nil {
+		return nil
+	}
+	r.boost = nil
+	p := r.proc
+	p.mu.RLock()
+	defer p.mu.RUnlock()
+	if !p.hasThreadLocked(b.tid, "") {
+		return nil
+	}
+	return restore(b.tid, &b.was)
+}
+
+// Boosted reports whether the rank's control thread is raised now.
+func (r *Rank) Boosted() bool {
+	r.bmu.Lock()
+	defer r.bmu.Unlock()
+	return r.boost != nil
+}
+
+// threadBoost is a raised thread and what it had before.
+type threadBoost struct {
+	tid int
+	was unix.SchedAttr
+}
+
+// restore sets tid's policy, priority and niceness to was (sched_setattr
+// sets the niceness too for the normal policies).
+func restore(tid int, was *unix.SchedAttr) error {
+	a := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: was.Policy, Flags: was.Flags & unix.SCHED_FLAG_RESET_ON_FORK,
+		Nice: was.Nice, Priority: was.Priority}
+	if err := unix.SchedSetAttr(tid, &a, 0); err != nil && !errors.Is(err, unix.ESRCH) {
+		return fmt.Errorf("thread %d back to policy %d, priority %d, nice %d: %w", tid, was.Policy, was.Priority, was.Nice, err)
+	}
+	return nil
 }

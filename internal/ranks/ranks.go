@@ -19,15 +19,16 @@ package ranks
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -56,9 +57,11 @@ type Rank struct {
 
 	conn    *net.UnixConn
 	page    *statePage // nil if the shim sent none
-	boosted atomic.Bool
-	mu      sync.Mutex // one request at a time
-	owed    int        // replies still due to requests given up on (under mu)
+	proc    *Proc      // the registered process, for the registration's life
+	bmu     sync.Mutex
+	boost   *threadBoost // under bmu: the control thread as Boost found it
+	mu      sync.Mutex   // one request at a time
+	owed    int          // replies still due to requests given up on (under mu)
 	replies chan string
 	gone    chan struct{}
 }
@@ -83,15 +86,21 @@ type Server struct {
 	// it got SIGTSTP, "resume" when it got SIGCONT. It runs on the rank's
 	// reader: it must not make requests to that rank itself.
 	OnEvent func(r *Rank, event string)
-	// Join, if set, acts on a JOIN: process pid, of user uid (both from
-	// SO_PEERCRED, the pid also the one the line names), asks to be moved
-	// into the cgroup of job, before it has created any socket (mpid:
-	// check the job and the user, write pid to the job cgroup's
-	// cgroup.procs). A nil return answers OK; an error answers ERR with its
+	// Join, if set, acts on a JOIN: process p (p.Pid and p.UID from
+	// SO_PEERCRED, the pid also the one the line names; p holds its pidfd,
+	// taken at accept) asks to be moved into the cgroup of job, before it
+	// has created any socket (mpid: check the job and the user, then
+	// p.MoveTo the job's cgroup, never a write of the bare pid). p is alive
+	// when Join is called and is closed when Join returns: Join must not
+	// keep it. A nil return answers OK; an error answers ERR with its
 	// text, which the rank prints. The shim waits 2 s for the answer, then
 	// runs on unjoined. Without Join every JOIN is refused ("joining is not
 	// supported here"). Refused JOINs also go to OnChange (r nil, err).
 	Join func(JoinRequest) error
+
+	// pending counts, per uid, the connections whose first line has not
+	// arrived yet (under mu).
+	pending map[uint32]int
 
 	ln      *net.UnixListener
 	mu      sync.Mutex
@@ -99,14 +108,14 @@ type Server struct {
 	changed chan struct{} // closed and replaced at every change of ranks
 }
 
-// JoinRequest is a JOIN as the kernel and the line vouch for it: Pid and
-// UID from SO_PEERCRED (the line's pid equal to it), Job and Key from the
-// line (Key is still to be checked).
+// JoinRequest is a JOIN as the kernel and the line vouch for it: Proc is
+// the process that connected (its pid, from SO_PEERCRED, equal to the
+// line's; its uid; its pidfd, alive when Join is called and closed when it
+// returns), Job and Key come from the line (Key is still to be checked).
 type JoinRequest struct {
-	Job string
-	Key string
-	Pid int
-	UID uint32
+	Job  string
+	Key  string
+	Proc *Proc
 }
 
 // JobKey is where a job lives in mpid: a user's job ids are that user's
@@ -166,10 +175,17 @@ func (s *Server) Serve(ctx context.Context) error {
 }
 
 func (s *Server) handshake(c *net.UnixConn) {
-	f, err := first(c)
+	// The pidfd first, before anything is read: the process that connected,
+	// whatever holds its pid number by the time its line comes.
+	proc, err := peerProc(c)
+	var f firstLine
+	if err == nil {
+		f, err = s.first(c, proc)
+	}
 	if err == nil && isJoin(f.line) {
 		f.page.close() // a JOIN carries no state page
 		s.join(c, f)
+		proc.Close()
 		return
 	}
 	var r *Rank
@@ -177,10 +193,13 @@ func (s *Server) handshake(c *net.UnixConn) {
 		r, err = hello(c, f)
 	}
 	if err == nil && s.Admit != nil {
-		err = s.Admit(r)
+		if err = s.Admit(r); err != nil {
+			r.page.close()
+		}
 	}
 	if err != nil {
 		c.Close()
+		proc.Close()
 		if s.OnChange != nil {
 			s.OnChange(nil, false, err)
 		}
@@ -193,13 +212,15 @@ func (s *Server) handshake(c *net.UnixConn) {
 	s.ranks = append(s.ranks, r)
 	s.notifyLocked()
 	s.mu.Unlock()
-	r.read(bufio.NewReader(c), s.OnEvent)
+	cut := r.read(bufio.NewReaderSize(c, MaxRankLine), s.OnEvent)
 	s.mu.Lock()
 	s.ranks = slices.DeleteFunc(s.ranks, func(x *Rank) bool { return x == r })
 	s.notifyLocked()
 	s.mu.Unlock()
+	r.Unboost()
+	r.proc.Close()
 	if s.OnChange != nil {
-		s.OnChange(r, true, nil)
+		s.OnChange(r, true, cut)
 	}
 }
 
@@ -208,16 +229,15 @@ func (s *Server) notifyLocked() {
 	s.changed = make(chan struct{})
 }
 
-// firstLine is a connection's first line, the peer's credentials and the
-// state page the first byte brought, if any.
+// firstLine is a connection's first line, the peer process and the state
+// page the first byte brought, if any.
 type firstLine struct {
 	line string
-	cred *unix.Ucred
+	proc *Proc
 	page *statePage
 	perr error // the attached fd was not a valid state page
 }
 
-// first reads a connection's first line and its peer's credentials.
 // PeerCred is what the kernel says of the process at the other end of c:
 // who is asking, whatever the request claims.
 func PeerCred(c *net.UnixConn) (*unix.Ucred, error) {
@@ -233,32 +253,115 @@ func PeerCred(c *net.UnixConn) (*unix.Ucred, error) {
 	return cred, cerr
 }
 
-func first(c *net.UnixConn) (firstLine, error) {
-	cred, err := PeerCred(c)
-	if err != nil {
-		return firstLine{}, err
+// MaxPendingPerUID bounds, per uid, the connections that wait for their
+// first line (each up to 10 s). A shim writes its line right after its
+// connect(), so its line is there when mpid reads; past the bound a
+// connection is served only if its whole line is there already, and closed
+// at once if not.
+const MaxPendingPerUID = 16
+
+// first reads a connection's first line, waiting for it (10 s at most)
+// unless the peer's uid has MaxPendingPerUID connections waiting already.
+func (s *Server) first(c *net.UnixConn, p *Proc) (firstLine, error) {
+	s.mu.Lock()
+	if s.pending == nil {
+		s.pending = map[uint32]int{}
+	}
+	wait := s.pending[p.UID] < MaxPendingPerUID
+	if wait {
+		s.pending[p.UID]++
+	}
+	s.mu.Unlock()
+	if wait {
+		defer func() {
+			s.mu.Lock()
+			if s.pending[p.UID]--; s.pending[p.UID] == 0 {
+				delete(s.pending, p.UID)
+			}
+			s.mu.Unlock()
+		}()
 	}
 	c.SetReadDeadline(time.Now().Add(10 * time.Second))
-	// The first byte comes with the state page's fd, if the shim sent one.
-	b := make([]byte, 1)
-	oob := make([]byte, unix.CmsgSpace(2*4))
-	n, oobn, _, _, err := c.ReadMsgUnix(b, oob)
-	if err != nil || n != 1 {
-		return firstLine{}, fmt.Errorf("HELLO: %v", err)
+	defer c.SetReadDeadline(time.Time{})
+	f, err := readFirst(c, wait)
+	if errors.Is(err, unix.EAGAIN) {
+		return f, fmt.Errorf("uid %d has %d rank connections waiting for their first line already; closed one more whose line was not there", p.UID, MaxPendingPerUID)
 	}
-	page, perr := receivePage(oob[:oobn])
-	line, err := readLine(c)
+	f.proc = p
+	return f, err
+}
+
+// maxFirstLine bounds a HELLO: rank 0's lists every host of the job, 64
+// bytes at most each, so a 10,000-node job fits. What is held grows only
+// with what the peer has sent, and MaxPendingPerUID bounds how many lines
+// a user has mpid read at once.
+const maxFirstLine = 1 << 20
+
+// readFirst reads the first line without consuming anything after it (the
+// rank's replies, which the buffered reader of read takes): it peeks at
+// what has arrived and takes up to the newline. The first byte comes with
+// the state page's fd, if the shim sent one. Without wait, a line that has
+// not fully arrived is an EAGAIN.
+func readFirst(c *net.UnixConn, wait bool) (firstLine, error) {
+	raw, err := c.SyscallConn()
 	if err != nil {
-		page.close()
 		return firstLine{}, err
 	}
-	c.SetReadDeadline(time.Time{})
-	return firstLine{line: string(b) + line, cred: cred, page: page, perr: perr}, nil
+	recv := func(op func(fd int) (int, error)) (int, error) {
+		var n int
+		var oerr error
+		err := raw.Read(func(fd uintptr) bool {
+			n, oerr = op(int(fd))
+			return !wait || !errors.Is(oerr, unix.EAGAIN)
+		})
+		if err != nil {
+			return 0, err
+		}
+		if oerr == nil && n == 0 {
+			return 0, io.EOF
+		}
+		return n, oerr
+	}
+	one := make([]byte, 1)
+	oob := make([]byte, unix.CmsgSpace(2*4))
+	var oobn int
+	if _, err := recv(func(fd int) (n int, err error) {
+		n, oobn, _, _, err = unix.Recvmsg(fd, one, oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+		return n, err
+	}); err != nil {
+		return firstLine{}, fmt.Errorf("HELLO: %w", err)
+	}
+	page, perr := receivePage(oob[:oobn])
+	b := []byte{one[0]}
+	buf := make([]byte, 4096)
+	for b[len(b)-1] != '\n' {
+		if len(b) >= maxFirstLine {
+			page.close()
+			return firstLine{}, errors.New("first line too long")
+		}
+		want := min(len(buf), maxFirstLine-len(b))
+		n, err := recv(func(fd int) (int, error) {
+			n, _, err := unix.Recvfrom(fd, buf[:want], unix.MSG_PEEK|unix.MSG_DONTWAIT)
+			return n, err
+		})
+		if err == nil {
+			if i := bytes.IndexByte(buf[:n], '\n'); i >= 0 {
+				n = i + 1
+			}
+			n, err = recv(func(fd int) (int, error) { return unix.Read(fd, buf[:n]) })
+		}
+		if err != nil {
+			page.close()
+			return firstLine{}, err
+		}
+		b = append(b, buf[:n]...)
+	}
+	return firstLine{line: string(b[:len(b)-1]), page: page, perr: perr}, nil
 }
 
 // hello checks a HELLO first line.
 func hello(c *net.UnixConn, f firstLine) (*Rank, error) {
-	page, cred := f.page, f.cred
+	page, proc := f.page, f.proc
 	r, err := ParseHello(f.line)
 	if err != nil {
 		page.close()
@@ -268,38 +371,23 @@ func hello(c *net.UnixConn, f firstLine) (*Rank, error) {
 		page.close()
 		return nil, fmt.Errorf("rank %d (pid %d): state page: %w", r.Rank, r.Pid, f.perr)
 	}
-	r.page = page
-	if r.Pid != int(cred.Pid) {
-		return nil, fmt.Errorf("rank says pid %d, the kernel says %d", r.Pid, cred.Pid)
+	if r.Pid != proc.Pid {
+		page.close()
+		return nil, fmt.Errorf("rank says pid %d, the kernel says %d", r.Pid, proc.Pid)
 	}
-	r.UID = cred.Uid
+	if err := proc.Alive(); err != nil {
+		page.close()
+		return nil, fmt.Errorf("rank %d (pid %d): %w", r.Rank, r.Pid, err)
+	}
+	r.page = page
+	r.UID = proc.UID
+	r.proc = proc
 	r.conn = c
 	// Room for the replies owed to callers that gave up (see request); a
 	// shim that answers more than it was asked is cut off.
 	r.replies = make(chan string, maxOwed)
 	r.gone = make(chan struct{})
 	return r, nil
-}
-
-// maxFirstLine bounds a HELLO: rank 0's lists every host of the job, 64
-// bytes at most each, so a 10,000-node job fits.
-const maxFirstLine = 1 << 20
-
-// readLine reads one line byte by byte, so nothing after it is consumed
-// before the buffered reader takes over.
-func readLine(c *net.UnixConn) (string, error) {
-	var b []byte
-	one := make([]byte, 1)
-	for len(b) < maxFirstLine {
-		if _, err := c.Read(one); err != nil {
-			return "", err
-		}
-		if one[0] == '\n' {
-			return string(b), nil
-		}
-		b = append(b, one[0])
-	}
-	return "", errors.New("first line too long")
 }
 
 // isJoin: the first line is a JOIN (well formed or not), not a HELLO.
@@ -312,14 +400,19 @@ func isJoin(line string) bool {
 func (s *Server) join(c *net.UnixConn, f firstLine) {
 	defer c.Close()
 	job, pid, key, err := ParseJoin(f.line)
+	p := f.proc
 	switch {
 	case err != nil:
-	case pid != int(f.cred.Pid):
+	case pid != p.Pid:
 		err = errors.New("pid does not match the connection's credentials")
 	case s.Join == nil:
 		err = errors.New("joining is not supported here")
 	default:
-		err = s.Join(JoinRequest{Job: job, Key: key, Pid: pid, UID: f.cred.Uid})
+		// A JOIN of a process that has exited is refused even though
+		// its line names its pid: the number may be another's by now.
+		if err = p.Alive(); err == nil {
+			err = s.Join(JoinRequest{Job: job, Key: key, Proc: p})
+		}
 	}
 	reply := "OK\n"
 	if err != nil {
@@ -328,7 +421,7 @@ func (s *Server) join(c *net.UnixConn, f firstLine) {
 	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	c.Write([]byte(reply)) // a rank that gave up waiting has gone: nothing to do
 	if err != nil && s.OnChange != nil {
-		s.OnChange(nil, false, fmt.Errorf("JOIN from pid %d (uid %d) refused: %w", f.cred.Pid, f.cred.Uid, err))
+		s.OnChange(nil, false, fmt.Errorf("JOIN from pid %d (uid %d) refused: %w", p.Pid, p.UID, err))
 	}
 }
 
@@ -534,16 +627,26 @@ func ValidHostName(s string) bool {
 	return true
 }
 
-// read delivers the rank's reply lines until its connection closes.
-func (r *Rank) read(br *bufio.Reader, onEvent func(*Rank, string)) {
+// MaxRankLine bounds a line from a registered rank (replies and events,
+// some tens of bytes): a longer one cuts the rank off.
+const MaxRankLine = 4096
+
+// read delivers the rank's reply lines until its connection closes, and
+// says why it cut the rank off, if it did (nil when the rank hung up). br
+// holds MaxRankLine bytes: what a rank sends never takes more.
+func (r *Rank) read(br *bufio.Reader, onEvent func(*Rank, string)) error {
 	defer close(r.gone)
 	defer r.conn.Close()
 	defer r.page.close()
 	for {
-		line, err := br.ReadString('\n')
-		if err != nil {
-			return
+		b, err := br.ReadSlice('\n')
+		if errors.Is(err, bufio.ErrBufferFull) {
+			return fmt.Errorf("rank %d (pid %d, uid %d) of job %s sent a line longer than %d bytes; cut off", r.Rank, r.Pid, r.UID, r.Job, MaxRankLine)
 		}
+		if err != nil {
+			return nil
+		}
+		line := string(b)
 		if ev, ok := strings.CutPrefix(line, "EVENT "); ok {
 			if onEvent != nil {
 				onEvent(r, strings.TrimSpace(ev))
@@ -553,7 +656,7 @@ func (r *Rank) read(br *bufio.Reader, onEvent func(*Rank, string)) {
 		select {
 		case r.replies <- strings.TrimSuffix(line, "\n"):
 		default:
-			return // a reply nobody asked for: not a shim
+			return fmt.Errorf("rank %d (pid %d, uid %d) of job %s answered more than it was asked; cut off", r.Rank, r.Pid, r.UID, r.Job)
 		}
 	}
 }

@@ -324,7 +324,7 @@ func TestServerJoin(t *testing.T) {
 			if r.Key != "n0:1f" {
 				t.Errorf("Join got key %q", r.Key)
 			}
-			calls <- call{r.Job, r.Pid, r.UID}
+			calls <- call{r.Job, r.Proc.Pid, r.Proc.UID}
 			return nil
 		})
 		reply, hungUp := joinOnce(t, addr, fmt.Sprintf("JOIN 2 job=j-7 pid=%d key=n0:1f\n", me))

@@ -1,0 +1,123 @@
+package kerneltests
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/ctl"
+	"golang.org/x/sys/unix"
+)
+
+// ctlThreads is, per rank of the job (by pid), its shim control thread's
+// scheduling: policy and niceness. Threads are found by the name the shim
+// gives them, which is also what a user could give any thread (issue 19,
+// H4).
+func ctlThreads(t *testing.T, id string) map[int]unix.SchedAttr {
+	t.Helper()
+	out := map[int]unix.SchedAttr{}
+	for _, cg := range nodeJobCgroups(t, id) {
+		pids, _ := cgroupv2.Procs(cg)
+		for _, pid := range pids {
+			tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+			for _, e := range tasks {
+				tid, _ := strconv.Atoi(e.Name())
+				comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/comm", pid, tid))
+				if strings.TrimSpace(string(comm)) != "mpipause-ctl" {
+					continue
+				}
+				if a, err := unix.SchedGetAttr(tid, 0); err == nil {
+					out[pid] = *a
+				}
+			}
+		}
+	}
+	return out
+}
+
+// TestCtlThreadRaisedOnlyForPause: a registered rank's shim control thread
+// (named by its process, so a user's choice) is not raised when the rank
+// registers; mpid raises it (SCHED_RR, nice -10) from PREPARE, and gives it
+// back what it had once the pause has committed and after the resume.
+func TestCtlThreadRaisedOnlyForPause(t *testing.T) {
+	for _, lib := range mpiLibs {
+		t.Run(lib.name, func(t *testing.T) { ctlThreadRaisedOnlyForPause(t, lib) })
+	}
+}
+
+func ctlThreadRaisedOnlyForPause(t *testing.T, lib mpiLib) {
+	bin := binDir(t)
+	sharedRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	hold := t.TempDir()
+	id := fmt.Sprintf("boost-%s-%d", lib.name, os.Getpid())
+	app := filepath.Join(bin, "apps", "xchg."+lib.name)
+	args := []string{"-m", "a2a", "-n", "4", "-s", "64K"}
+	job := runJob(ctx, t, lib, id, app, append(args, "-w", hold)...)
+	defer cli(context.Background(), t, "node0", nil, "resume", id)
+	atHold(t, hold, 6, job)
+	normal := func(when string) {
+		t.Helper()
+		th := ctlThreads(t, id)
+		if len(th) != 6 {
+			t.Fatalf("%s: %d shim control threads found, want 6", when, len(th))
+		}
+		for pid, a := range th {
+			if a.Policy != unix.SCHED_NORMAL || a.Nice != 0 {
+				t.Errorf("%s: rank %d's control thread has policy %d, nice %d; want SCHED_NORMAL, nice 0", when, pid, a.Policy, a.Nice)
+			}
+		}
+	}
+	normal("registered")
+
+	// Hold node0's mpid before its first DRAIN: every node has prepared.
+	dir := filepath.Join(failpointRoot, "node0")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fp := filepath.Join(dir, "DRAIN")
+	os.Remove(fp + ".reached")
+	if err := os.WriteFile(fp, []byte("before"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(fp)
+	pause := start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig}, filepath.Join(bin, "rig"), "exec", "node0", "--",
+		"mpipause", "pause", "--json", id)
+	waitFor(t, "node0's mpid at DRAIN", time.Minute, pause.done, func() bool {
+		_, err := os.Stat(fp + ".reached")
+		return err == nil
+	})
+	th := ctlThreads(t, id)
+	for pid, a := range th {
+		// sched_getattr reports no niceness for a real-time thread.
+		if n := threadNice(pid, "mpipause-ctl"); a.Policy != unix.SCHED_RR || n != "-10" {
+			t.Errorf("during the pause step: rank %d's control thread has policy %d, nice %s; want SCHED_RR, nice -10", pid, a.Policy, n)
+		}
+	}
+	if len(th) != 6 {
+		t.Errorf("during the pause step: %d shim control threads found, want 6", len(th))
+	}
+	os.Remove(fp)
+	select {
+	case <-pause.done:
+	case <-ctx.Done():
+		t.Fatal("the pause did not end")
+	}
+	if j, err := pauseResult(pause); err != nil || j.State != ctl.StatePaused {
+		t.Fatalf("pause: %+v %v\n%s", j, err, pause.out.String())
+	}
+	normal("paused (committed)")
+	if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
+		t.Fatalf("resume: exit %d, state %q: %s", r.code, j.State, r.stderr)
+	}
+	normal("resumed")
+	release(t, hold)
+	job.finish(ctx, t, id, serial(t, app, 6, args...))
+}

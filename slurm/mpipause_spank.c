@@ -58,7 +58,7 @@
 SPANK_PLUGIN(mpipause, 1);
 
 #define DEFAULT_SHIM "/usr/lib/mpipause/libmpipause.so"
-#define DEFAULT_CTL "@mpipause-ctl"
+#define DEFAULT_CTL "/run/mpipause/ctl.sock"
 // The longest job id: two 10-digit numbers and a dot.
 #define IDLEN 32
 

@@ -1,9 +1,9 @@
 // Package ctl is the control channel between the mpipause CLI and the mpid
-// of its node: a unix socket (abstract by default, so one per network
-// namespace, like the rank socket) carrying one JSON request and a stream of
-// JSON replies, one per line: progress lines while a pause or resume runs,
-// then one final line. mpid learns who is asking from SO_PEERCRED, never from
-// the request.
+// of its node: a unix socket (DefaultAddr, beside the rank socket) carrying
+// one JSON request and a stream of JSON replies, one per line: progress
+// lines while a pause or resume runs, then one final line. mpid learns who is
+// asking from SO_PEERCRED, never from the request; the client likewise
+// checks who answers (Do) before it trusts a byte.
 package ctl
 
 import (
@@ -26,8 +26,9 @@ import (
 const Version = 1
 
 // DefaultAddr is mpid's control socket unless MPIPAUSE_CTL_SOCKET says
-// otherwise.
-const DefaultAddr = "@mpipause-ctl"
+// otherwise: a path in a directory only root may write, beside
+// ranks.DefaultAddr.
+const DefaultAddr = "/run/mpipause/ctl.sock"
 
 // Addr is the control socket the CLI uses: $MPIPAUSE_CTL_SOCKET or DefaultAddr.
 func Addr() string {

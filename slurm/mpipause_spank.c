@@ -239,6 +239,20 @@ static int ctl_do(const char *op, const char *id, char *out, size_t n)
 			close(fd);
 		return -1;
 	}
+	// Only root's word counts (SO_PEERCRED, before a byte is sent): an
+	// abstract ctl= name can be bound by any user while mpid is down.
+	struct ucred cr;
+	socklen_t cl = sizeof(cr);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0) {
+		snprintf(out, n, "cannot tell who serves %s: %s", ctl_addr, strerror(errno));
+		close(fd);
+		return -1;
+	}
+	if (cr.uid != 0) {
+		snprintf(out, n, "%s is served by uid %u, not by root: not mpid, not trusted", ctl_addr, (unsigned)cr.uid);
+		close(fd);
+		return -1;
+	}
 	struct timeval tv = {.tv_sec = 60};
 	setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	if (write(fd, req, rlen) != rlen) {

@@ -242,6 +242,9 @@ func Do(ctx context.Context, addr string, req Request, progress func(Progress)) 
 		return nil, Errorf(CodeUnavailable, "no mpid at %s: %v (is mpid running on this node? see mpid --help)", addr, unwrapOp(err))
 	}
 	defer c.Close()
+	if err := checkServer(c, addr); err != nil {
+		return nil, err
+	}
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
 	defer stop()
 	b, err := json.Marshal(req)
@@ -280,6 +283,27 @@ func Do(ctx context.Context, addr string, req Request, progress func(Progress)) 
 			return &r, nil
 		}
 	}
+}
+
+// checkServer refuses a control socket served by anyone but root (mpid) or
+// the caller's own user, from the kernel's word (SO_PEERCRED), before a
+// byte is sent or read: whoever else holds the address (an abstract name
+// any user can bind while mpid is down) must not answer root's questions
+// about its jobs. The caller's own user is the shim's rule too: a server
+// of theirs can mislead no one but them.
+func checkServer(c net.Conn, addr string) error {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return Errorf(CodeUnavailable, "%s is not a unix socket", addr)
+	}
+	cred, err := ranks.PeerCred(uc)
+	if err != nil {
+		return Errorf(CodeUnavailable, "cannot tell who serves %s: %v", addr, err)
+	}
+	if cred.Uid != 0 && int(cred.Uid) != os.Geteuid() {
+		return Errorf(CodeUnavailable, "%s is served by uid %d, not by root: not mpid, not trusted (pid %d holds it; mpid runs as root)", addr, cred.Uid, cred.Pid)
+	}
+	return nil
 }
 
 // decodeReply decodes one reply line: a progress line (not final), or a

@@ -21,6 +21,7 @@ import (
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/mpid"
+	"github.com/mpipause/mpipause/internal/rig"
 	"github.com/mpipause/mpipause/internal/testutil"
 	"github.com/mpipause/mpipause/loader"
 )
@@ -39,6 +40,22 @@ var (
 	jobRigErr  error
 	jobRigUp   bool
 )
+
+// rigDir is the state directory of the rig named name: its mpids' logs
+// and ready files.
+func rigDir(name string) string { return filepath.Join(rig.DefaultStateRoot, name) }
+
+// nodeHostPath is the host's path of path as node i of the rig named name
+// sees it: a node's /run/mpipause (its mpid's sockets and state) is its own
+// (rig.NodeRunMount).
+func nodeHostPath(t testing.TB, name string, i int, path string) string {
+	t.Helper()
+	r, err := rig.New(rig.Config{Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.NodePath(i, path)
+}
 
 func TestMain(m *testing.M) {
 	// The shared rig's mpids get the failpoint directory of the fault

@@ -58,6 +58,9 @@ func nodeHostPath(t testing.TB, name string, i int, path string) string {
 }
 
 func TestMain(m *testing.M) {
+	if addr := os.Getenv(squatEnv); addr != "" {
+		os.Exit(squat(addr)) // the test binary as another user's squatter
+	}
 	// The shared rig's mpids get the failpoint directory of the fault
 	// table (faulttable_test.go); without its files it does nothing.
 	os.Setenv(mpid.FailpointsEnv, failpointRoot)

@@ -22,15 +22,9 @@ import (
 
 // Defaults for Config's empty fields.
 const (
-	DefaultName = "default"
-	// DefaultStateRoot is outside /run/mpipause, which each node has of its
-	// own (NodeRunDir): `rig exec` inside a node must still find the rig.
-	DefaultStateRoot = "/run/mpipause-rig"
-	// NodeRunMount is where a node sees its NodeRunDir: mpid's default
-	// directory for its sockets and state, so that each node's mpid has its
-	// own and two rigs (or a rig and the host's mpid) never share one.
-	NodeRunMount    = "/run/mpipause"
-	DefaultEtcNetns = "/etc/netns"
+	DefaultName      = "default"
+	DefaultStateRoot = "/run/mpipause-rig" // not in NodeRunMount: `rig exec` inside a node must find it
+	DefaultEtcNetns  = "/etc/netns"
 	// NameEnv selects the rig a command works on; `rig exec` sets it in
 	// every node command, so a launcher inside a node reaches its own rig.
 	NameEnv = "MPIPAUSE_RIG"
@@ -42,6 +36,11 @@ const (
 	bridgeName = "br0"
 	nodeIf     = "eth0"
 )
+
+// NodeRunMount is where a node sees its NodeRunDir: mpid's default
+// directory for its sockets and state, so that each node's mpid has its own
+// and two rigs (or a rig and the host's mpid) never share one.
+const NodeRunMount = "/run/mpipause"
 
 // DefaultSubnet is the rig's private subnet. It never leaves the rig's
 // bridge namespace, so it cannot collide with anything on the host.

@@ -35,7 +35,7 @@ func TestCoordinatorDiesMidPause(t *testing.T) {
 	logs := map[string]string{}
 	var coord int
 	for i, n := range statusOf(t, jobRig).Nodes {
-		logs[n.Name] = filepath.Join("/run/mpipause/rig", jobRig, "mpid-"+n.Name+".log")
+		logs[n.Name] = filepath.Join(rigDir(jobRig), "mpid-"+n.Name+".log")
 		if i == 0 {
 			coord = n.MPIDPid
 		}
@@ -114,7 +114,7 @@ func TestMpidRestartWhilePaused(t *testing.T) {
 		t.Fatalf("resume after the restart: exit %d, %+v\n%s", r.code, j, r.stderr)
 	}
 	checkFrozen(t, id, false, "after the resume")
-	b, _ := os.ReadFile(filepath.Join("/run/mpipause/rig", jobRig, "mpid-node0.log"))
+	b, _ := os.ReadFile(filepath.Join(rigDir(jobRig), "mpid-node0.log"))
 	if !strings.Contains(string(b), "adopted a job left by the previous mpid") {
 		t.Error("node0's new mpid did not say it adopted the job")
 	}

@@ -23,8 +23,9 @@ import (
 
 // failpointRoot is where the shared rig's mpids, the test build
 // bin/test/mpid, look for failpoints (internal/mpid/failpoints.go): TestMain
-// puts it in the environment `rig up` hands them.
-var failpointRoot = "/run/mpipause/failpoints-" + jobRig
+// puts it in the environment `rig up` hands them. Not under /run/mpipause,
+// which each node has of its own.
+var failpointRoot = "/run/mpipause-failpoints-" + jobRig
 
 // Outcomes of a fault trial.
 const (
@@ -407,7 +408,7 @@ func cutLink(heal bool) func(ctx context.Context, t *testing.T, tr *trial) {
 		// and the lease's grace have passed (its mpid says so). Healed
 		// then, the coordinator's ABORT reaches it and is confirmed.
 		os.Remove(tr.fp)
-		logf := filepath.Join("/run/mpipause/rig", jobRig, "mpid-node"+strconv.Itoa(tr.row.node)+".log")
+		logf := filepath.Join(rigDir(jobRig), "mpid-node"+strconv.Itoa(tr.row.node)+".log")
 		rolled := func() int {
 			b, _ := os.ReadFile(logf)
 			return strings.Count(string(b), "rolled back here")

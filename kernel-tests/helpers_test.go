@@ -41,10 +41,29 @@ var (
 	jobRigUp   bool
 )
 
+// rigDir is the state directory of the rig named name: its mpids' logs
+// and ready files.
+func rigDir(name string) string { return filepath.Join(rig.DefaultStateRoot, name) }
+
+// nodeHostPath is the host's path of path as node i of the rig named name
+// sees it: a node's /run/mpipause (its mpid's sockets and state) is its own
+// (rig.NodeRunMount).
+func nodeHostPath(t testing.TB, name string, i int, path string) string {
+	t.Helper()
+	r, err := rig.New(rig.Config{Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.NodePath(i, path)
+}
+
 func TestMain(m *testing.M) {
 	if mode := os.Getenv(attackEnv); mode != "" {
 		// The security tier's stand-in attacker (attacker_test.go).
 		os.Exit(attackMain(mode, os.Args[1:]))
+	}
+	if addr := os.Getenv(squatEnv); addr != "" {
+		os.Exit(squat(addr)) // the test binary as another user's squatter
 	}
 	// The shared rig's mpids get the failpoint directory of the fault
 	// table (faulttable_test.go); without its files it does nothing. Only

@@ -43,7 +43,7 @@ func traceHost(t *testing.T, name string) hostTrace {
 		t.Fatal(err)
 	}
 	for _, l := range strings.Split(string(mi), "\n") {
-		if strings.Contains(l, "/rig/"+name) || strings.Contains(l, "/netns/"+name+"-") {
+		if strings.Contains(l, rigDir(name)+"/") || strings.Contains(l, "/netns/"+name+"-") {
 			h.mounts = append(h.mounts, l)
 		}
 	}
@@ -115,7 +115,7 @@ func TestRigLifecycle(t *testing.T) {
 		if exe, err := os.Readlink("/proc/" + strconv.Itoa(n.MPIDPid) + "/exe"); err != nil || strings.TrimSuffix(exe, " (deleted)") != filepath.Join(bin, testMPID) {
 			t.Errorf("%s's mpid (pid %d) runs %q (%v), want %s", n.Name, n.MPIDPid, exe, err, filepath.Join(bin, testMPID))
 		}
-		if _, err := os.Stat("/run/mpipause/rig/" + name + "/mpid-" + n.Name + ".ready"); err != nil {
+		if _, err := os.Stat(filepath.Join(rigDir(name), "mpid-"+n.Name+".ready")); err != nil {
 			t.Errorf("%s's mpid ready file: %v", n.Name, err)
 		}
 		// mpid runs every thread under SCHED_RR (its default
@@ -201,7 +201,7 @@ func TestRigLifecycle(t *testing.T) {
 			t.Errorf("left behind in %s: %v", what, left)
 		}
 	}
-	if _, err := os.Stat("/run/mpipause/rig/" + name); !os.IsNotExist(err) {
+	if _, err := os.Stat(rigDir(name)); !os.IsNotExist(err) {
 		t.Errorf("state directory left behind: %v", err)
 	}
 	for node, pid := range mpids {
@@ -254,8 +254,8 @@ func TestRigNoMPID(t *testing.T) {
 	if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); len(lines) != 1 || !strings.HasSuffix(lines[0], ": run make build") {
 		t.Errorf("up without mpid: want one line ending in run make build, got %q", out)
 	}
-	if _, err := os.Stat("/run/mpipause/rig/" + name); !os.IsNotExist(err) {
-		t.Errorf("up without mpid left %s: %v", "/run/mpipause/rig/"+name, err)
+	if _, err := os.Stat(rigDir(name)); !os.IsNotExist(err) {
+		t.Errorf("up without mpid left %s: %v", rigDir(name), err)
 	}
 }
 

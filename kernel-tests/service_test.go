@@ -274,7 +274,7 @@ func (n *notifySocket) expectNotify(t testing.TB, pids []int, want ...string) ma
 
 // mpidLog is the log file of node i's mpid: its stdout and stderr.
 func mpidLog(i int) string {
-	return filepath.Join("/run/mpipause/rig", jobRig, fmt.Sprintf("mpid-node%d.log", i))
+	return filepath.Join(rigDir(jobRig), fmt.Sprintf("mpid-node%d.log", i))
 }
 
 // lastRunLog is what node i's mpid logged since `rig up` last started it.

@@ -77,15 +77,16 @@ static void warn(const char *fmt, const char *arg)
 }
 
 // sock_addr fills in mpid's address: $MPIPAUSE_MPID_SOCKET (a path, or
-// @name for an abstract socket), else the abstract @mpipause-mpid, which
-// is per network namespace: per rig node as per machine.
+// @name for an abstract socket), else /run/mpipause/rank.sock, whose
+// directory only root may write. Whoever serves it, the shim talks only to
+// root or to its own user (SO_PEERCRED, connect_mpid and the JOIN).
 static socklen_t sock_addr(struct sockaddr_un *a, const char **name)
 {
 	const char *p = getenv("MPIPAUSE_MPID_SOCKET");
 	size_t n;
 
 	if (!p || !*p)
-		p = "@mpipause-mpid";
+		p = "/run/mpipause/rank.sock";
 	*name = p;
 	memset(a, 0, sizeof(*a));
 	a->sun_family = AF_UNIX;

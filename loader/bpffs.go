@@ -22,15 +22,21 @@ var (
 const pinRoot = "mpipause"
 
 // findBPFFS returns a bpffs mount point to pin in: dir if given (it must be
-// a bpffs), else the first bpf mount in mountinfo, else a bpffs it mounts
-// at /sys/fs/bpf when mount is true. `ip netns exec` remounts /sys, so in a
-// rig node /sys/fs/bpf is empty while another bpf mount may still be there.
+// a bpffs), else /sys/fs/bpf if it is one, else the first bpf mount in
+// mountinfo, else a bpffs it mounts at /sys/fs/bpf when mount is true.
+// `ip netns exec` remounts /sys, so in a rig node /sys/fs/bpf is empty while
+// another bpf mount may still be there. /sys/fs/bpf comes first because a
+// rig node's mountinfo also lists the other rigs' bpffs mounts, which are
+// theirs (and may be hidden under the node's own /run/mpipause).
 func findBPFFS(dir string, mount bool) (string, error) {
 	if dir != "" {
 		if err := isBPFFS(dir); err != nil {
 			return "", fmt.Errorf("%w: Config.BPFFS %s: %v; mount one with: mount -t bpf bpf %s", ErrNoBPFFS, dir, err, dir)
 		}
 		return dir, nil
+	}
+	if isBPFFS(defaultBPFFS) == nil {
+		return defaultBPFFS, nil
 	}
 	f, err := os.Open(mountinfoPath)
 	if err != nil {

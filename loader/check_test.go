@@ -131,6 +131,7 @@ func TestOpenBadInput(t *testing.T) {
 			// otherwise), so a stray pin would show here.
 			bpffs := mountBPFFS(t)
 			swap(t, &mountinfoPath, writeMountinfo(t, bpffs))
+			swap(t, &defaultBPFFS, bpffs)
 			if tt.setup != nil {
 				tt.setup(t)
 			}

@@ -68,6 +68,12 @@ grep -q ' / ro,' "/proc/$pid/mountinfo" || fail "/ is not read-only for mpid (Pr
 [ "$(awk '$1 == "NoNewPrivs:" { print $2 }' "/proc/$pid/status")" = 1 ] || fail "mpid runs without no_new_privs"
 [ "$(awk '$1 == "Seccomp:" { print $2 }' "/proc/$pid/status")" = 2 ] || fail "mpid runs without its system call filter"
 [ -d /run/mpipause ] || fail "no /run/mpipause (RuntimeDirectory=)"
+# The sockets are there, in a directory only root may write (no user can
+# take them while mpid restarts), and anyone may connect.
+[ "$(stat -c '%U %a' /run/mpipause)" = "root 755" ] || fail "/run/mpipause is $(stat -c '%U %a' /run/mpipause), want root 755"
+for s in rank.sock ctl.sock; do
+	[ -S "/run/mpipause/$s" ] && [ "$(stat -c %a "/run/mpipause/$s")" = 666 ] || fail "/run/mpipause/$s is not a socket of mode 666: $(ls -l /run/mpipause)"
+done
 [ "$(wc -l < /sys/fs/cgroup/system.slice/mpid.service/cgroup.procs)" = 1 ] || fail "mpid.service's cgroup holds more than mpid"
 
 step "the journal has mpid's lines, with their priorities"

@@ -58,7 +58,7 @@
 SPANK_PLUGIN(mpipause, 1);
 
 #define DEFAULT_SHIM "/usr/lib/mpipause/libmpipause.so"
-#define DEFAULT_CTL "@mpipause-ctl"
+#define DEFAULT_CTL "/run/mpipause/ctl.sock"
 // The longest job id: two 10-digit numbers and a dot.
 #define IDLEN 32
 
@@ -244,6 +244,20 @@ static int ctl_send(const char *req, int rlen, char *out, size_t n)
 		snprintf(out, n, "no mpid at %s: %s", ctl_addr, strerror(errno));
 		if (fd >= 0)
 			close(fd);
+		return -1;
+	}
+	// Only root's word counts (SO_PEERCRED, before a byte is sent): an
+	// abstract ctl= name can be bound by any user while mpid is down.
+	struct ucred cr;
+	socklen_t cl = sizeof(cr);
+	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0) {
+		snprintf(out, n, "cannot tell who serves %s: %s", ctl_addr, strerror(errno));
+		close(fd);
+		return -1;
+	}
+	if (cr.uid != 0) {
+		snprintf(out, n, "%s is served by uid %u, not by root: not mpid, not trusted", ctl_addr, (unsigned)cr.uid);
+		close(fd);
 		return -1;
 	}
 	struct timeval tv = {.tv_sec = 60};

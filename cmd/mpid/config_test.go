@@ -11,6 +11,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mpipause/mpipause/internal/ranks"
 )
 
 func init() {
@@ -127,7 +129,7 @@ log-format = json
 	if cfg.PeerPort != 7200 {
 		t.Errorf("peer-port %d: the command line's 7200 must win over the file's 7171", cfg.PeerPort)
 	}
-	if cfg.RankSocket != "@mpipause-mpid" || cfg.Nice != -10 {
+	if cfg.RankSocket != ranks.DefaultAddr || cfg.Nice != -10 {
 		t.Errorf("options the file leaves out must keep their defaults: %+v", cfg)
 	}
 }

@@ -1,9 +1,9 @@
 // Package ctl is the control channel between the mpipause CLI and the mpid
-// of its node: a unix socket (abstract by default, so one per network
-// namespace, like the rank socket) carrying one JSON request and a stream of
-// JSON replies, one per line: progress lines while a pause or resume runs,
-// then one final line. mpid learns who is asking from SO_PEERCRED, never from
-// the request.
+// of its node: a unix socket (DefaultAddr, beside the rank socket) carrying
+// one JSON request and a stream of JSON replies, one per line: progress
+// lines while a pause or resume runs, then one final line. mpid learns who is
+// asking from SO_PEERCRED, never from the request; the client likewise
+// checks who answers (Do) before it trusts a byte.
 package ctl
 
 import (
@@ -26,8 +26,9 @@ import (
 const Version = 1
 
 // DefaultAddr is mpid's control socket unless MPIPAUSE_CTL_SOCKET says
-// otherwise.
-const DefaultAddr = "@mpipause-ctl"
+// otherwise: a path in a directory only root may write, beside
+// ranks.DefaultAddr.
+const DefaultAddr = "/run/mpipause/ctl.sock"
 
 // Addr is the control socket the CLI uses: $MPIPAUSE_CTL_SOCKET or DefaultAddr.
 func Addr() string {
@@ -265,6 +266,9 @@ func Do(ctx context.Context, addr string, req Request, progress func(Progress)) 
 		return nil, Errorf(CodeUnavailable, "no mpid at %s: %v (is mpid running on this node? see mpid --help)", addr, unwrapOp(err))
 	}
 	defer c.Close()
+	if err := checkServer(c, addr); err != nil {
+		return nil, err
+	}
 	stop := context.AfterFunc(ctx, func() { c.SetDeadline(time.Now()) })
 	defer stop()
 	b, err := json.Marshal(req)
@@ -303,6 +307,27 @@ func Do(ctx context.Context, addr string, req Request, progress func(Progress)) 
 			return &r, nil
 		}
 	}
+}
+
+// checkServer refuses a control socket served by anyone but root (mpid) or
+// the caller's own user, from the kernel's word (SO_PEERCRED), before a
+// byte is sent or read: whoever else holds the address (an abstract name
+// any user can bind while mpid is down) must not answer root's questions
+// about its jobs. The caller's own user is the shim's rule too: a server
+// of theirs can mislead no one but them.
+func checkServer(c net.Conn, addr string) error {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return Errorf(CodeUnavailable, "%s is not a unix socket", addr)
+	}
+	cred, err := ranks.PeerCred(uc)
+	if err != nil {
+		return Errorf(CodeUnavailable, "cannot tell who serves %s: %v", addr, err)
+	}
+	if cred.Uid != 0 && int(cred.Uid) != os.Geteuid() {
+		return Errorf(CodeUnavailable, "%s is served by uid %d, not by root: not mpid, not trusted (pid %d holds it; mpid runs as root)", addr, cred.Uid, cred.Pid)
+	}
+	return nil
 }
 
 // decodeReply decodes one reply line: a progress line (not final), or a

@@ -6,10 +6,89 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
+
+	"github.com/mpipause/mpipause/internal/testutil"
 )
+
+// fakeEnv makes the test binary a fake mpid of uid 1001 at the address it
+// names (TestDoRefusesOtherUser).
+const fakeEnv = "MPIPAUSE_CTL_TEST_FAKE"
+
+func TestMain(m *testing.M) {
+	if addr := os.Getenv(fakeEnv); addr != "" {
+		os.Exit(fakeMpid(addr))
+	}
+	os.Exit(m.Run())
+}
+
+// fakeMpid becomes uid 1001, serves addr with a forged "paused" for every
+// request, says "ready" on stdout and exits when stdin closes.
+func fakeMpid(addr string) int {
+	for _, err := range []error{syscall.Setgroups(nil), syscall.Setresgid(1001, 1001, 1001), syscall.Setresuid(1001, 1001, 1001)} {
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "fake mpid: become uid 1001:", err)
+			return 1
+		}
+	}
+	ln, err := net.Listen("unix", addr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "fake mpid:", err)
+		return 1
+	}
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			ReadRequest(bufio.NewReader(c))
+			Write(c, Reply{Job: &Job{ID: "j1", State: StatePaused}, Final: true})
+			c.Close()
+		}
+	}()
+	fmt.Println("ready")
+	os.Stdin.Read(make([]byte, 1))
+	return 0
+}
+
+// TestDoRefusesOtherUser: a control socket served by a user other than
+// root (and the caller) is refused before its answer is read: the forged
+// "paused" of a squatter on the address never reaches the caller.
+func TestDoRefusesOtherUser(t *testing.T) {
+	testutil.RequirePrivileged(t) // setresuid, in the fake
+	addr := fmt.Sprintf("@mpipause-ctl-test-squat-%d", os.Getpid())
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), fakeEnv+"="+addr)
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer cmd.Wait()
+	defer stdin.Close()
+	if l, err := bufio.NewReader(stdout).ReadString('\n'); l != "ready\n" {
+		t.Fatalf("fake mpid did not start: %q %v", l, err)
+	}
+	r, err := Do(context.Background(), addr, Request{Op: OpStatus, Job: "j1"}, nil)
+	var ce *Error
+	want := addr + " is served by uid 1001, not by root"
+	if !errors.As(err, &ce) || ce.Code != CodeUnavailable || !strings.Contains(ce.Message, want) || strings.Contains(ce.Message, "\n") {
+		t.Fatalf("Do against uid 1001's server: %+v, %v; want an unavailable error, one line saying %q", r, err, want)
+	}
+}
 
 func TestReadRequest(t *testing.T) {
 	good := []string{

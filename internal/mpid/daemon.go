@@ -47,7 +47,9 @@ type Config struct {
 	// PeerPort is the port dialled on other nodes.
 	PeerPort int
 	// RankSocket and CtlSocket are the unix sockets of the shims and of the
-	// CLI ("@name": abstract, one per network namespace).
+	// CLI: paths in a directory only root may write (listenSocket), or
+	// "@name" (abstract, one per network namespace, which any local user
+	// may take while mpid is down: for tests).
 	RankSocket string
 	CtlSocket  string
 	// CgroupParent is where job cgroups are made: <v2 root>/<CgroupParent>/<job>.
@@ -209,17 +211,21 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 		}
 		d.cfg.FixedCgroup = dir
 	}
-	rs, err := ranks.Listen(d.cfg.RankSocket)
-	if err != nil {
-		return fmt.Errorf("rank socket %s: %w (is another mpid running in this network namespace?)", d.cfg.RankSocket, err)
+	rl, err := listenSocket(d.cfg.RankSocket)
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("rank socket %s: %w (is another mpid running on this node?)", d.cfg.RankSocket, err)
 	}
+	if err != nil {
+		return fmt.Errorf("rank socket %s: %w", d.cfg.RankSocket, err)
+	}
+	rs := ranks.NewServer(rl)
 	d.ranks = rs
 	rs.Admit = d.admit
 	rs.Join = d.join
 	rs.OnChange = d.rankChanged
 	rs.OnEvent = d.rankEvent
 	// A failure below ends the process, which closes what is open.
-	cl, err := listenUnix(d.cfg.CtlSocket)
+	cl, err := listenSocket(d.cfg.CtlSocket)
 	if err != nil {
 		return fmt.Errorf("control socket %s: %w", d.cfg.CtlSocket, err)
 	}
@@ -301,24 +307,6 @@ func wrap(what string, err error) error {
 		return nil
 	}
 	return fmt.Errorf("%s: %w", what, err)
-}
-
-func listenUnix(addr string) (*net.UnixListener, error) {
-	if !strings.HasPrefix(addr, "@") {
-		// A path left by a dead daemon would refuse the bind.
-		if fi, err := os.Lstat(addr); err == nil && fi.Mode()&os.ModeSocket != 0 {
-			os.Remove(addr)
-		}
-	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: addr, Net: "unix"})
-	if err != nil {
-		return nil, err
-	}
-	if !strings.HasPrefix(addr, "@") {
-		// Anyone may ask; mpid decides per request from the peer's uid.
-		os.Chmod(addr, 0o666)
-	}
-	return ln, nil
 }
 
 // shutdown closes the observers; their pinned state stays unless Unpin.

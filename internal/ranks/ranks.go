@@ -35,8 +35,10 @@ import (
 )
 
 // DefaultAddr is where the shim looks for mpid unless MPIPAUSE_MPID_SOCKET
-// says otherwise: an abstract socket, so one per network namespace.
-const DefaultAddr = "@mpipause-mpid"
+// says otherwise: a path in a directory only root may write, so that no
+// user can serve it in mpid's place while mpid is down (an abstract name
+// can be bound by anyone).
+const DefaultAddr = "/run/mpipause/rank.sock"
 
 // ErrGone: the rank's connection closed (it finalized, exited or crashed).
 var ErrGone = errors.New("rank is gone")

@@ -40,7 +40,7 @@ func TestNodeEnv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := &State{Agent: "/run/mpipause/rig/x/ssh"}
+	st := &State{Agent: "/run/mpipause-rig/x/ssh"}
 	env := r.nodeEnv([]string{"PATH=/usr/bin", "HOSTNAME=host", "MPIPAUSE_RIG_NODE=node9", "UCX_TLS=rc", "HOME=/root"}, 1, st)
 	get := func(k string) []string {
 		var v []string

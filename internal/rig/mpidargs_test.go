@@ -42,3 +42,24 @@ func TestMPIDEnv(t *testing.T) {
 		t.Errorf("%s=/opt/bin/test/mpid: %s", MPIDEnv, p)
 	}
 }
+
+// TestNodePath: a node's /run/mpipause is its own directory on the host;
+// every other path is the host's.
+func TestNodePath(t *testing.T) {
+	r, err := New(Config{Name: "x", Exe: "/opt/bin/rig", StateRoot: "/run/x"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for in, want := range map[string]string{
+		"/run/mpipause/ctl.sock":      "/run/x/x/run/node1/ctl.sock",
+		"/run/mpipause/mpid-node1/j1": "/run/x/x/run/node1/mpid-node1/j1",
+		"/run/mpipause":               "/run/x/x/run/node1",
+		"/run/mpipause-rig/x/ssh":     "/run/mpipause-rig/x/ssh",
+		"/run/mpipausex/a":            "/run/mpipausex/a",
+		"/etc/hosts":                  "/etc/hosts",
+	} {
+		if got := r.NodePath(1, in); got != want {
+			t.Errorf("NodePath(1, %s) = %s, want %s", in, got, want)
+		}
+	}
+}

@@ -34,6 +34,8 @@ type NodeSpec struct {
 	Cgroup2Opts string `json:"cgroup2_opts,omitempty"`
 	// Tracefs is where the host mounts tracefs under /sys, if it does.
 	Tracefs string `json:"tracefs,omitempty"`
+	// RunDir is the node's own directory, bound on NodeRunMount.
+	RunDir string `json:"run_dir,omitempty"`
 }
 
 // nodeSpecFromHost fills the host-derived fields of a NodeSpec.
@@ -64,7 +66,10 @@ func nodeSpecFromHost(mounts []mount) NodeSpec {
 //   - the node's directory of the rig's bpffs on /sys/fs/bpf, where a daemon
 //     looks for a bpffs and where its pins outlive its restarts;
 //   - tracefs again if the host has it under /sys;
-//   - every file of EtcDir bound over /etc/<file> (the node's /etc/hosts).
+//   - every file of EtcDir bound over /etc/<file> (the node's /etc/hosts);
+//   - RunDir on /run/mpipause (NodeRunMount), mpid's sockets and state: the
+//     node's own, as on a machine of its own (the mount point is made on
+//     the host if missing, and never removed: see Down).
 func InitNode(spec NodeSpec) error {
 	if err := unix.Sethostname([]byte(spec.Hostname)); err != nil {
 		return fmt.Errorf("set host name: %w", err)
@@ -88,6 +93,14 @@ func InitNode(spec NodeSpec) error {
 	if spec.Tracefs != "" {
 		if err := unix.Mount("tracefs", spec.Tracefs, "tracefs", unix.MS_NOSUID|unix.MS_NODEV|unix.MS_NOEXEC, ""); err != nil {
 			return fmt.Errorf("mount tracefs on %s: %w", spec.Tracefs, err)
+		}
+	}
+	if spec.RunDir != "" {
+		if err := os.MkdirAll(NodeRunMount, 0o755); err != nil {
+			return fmt.Errorf("make %s: %w", NodeRunMount, err)
+		}
+		if err := unix.Mount(spec.RunDir, NodeRunMount, "", unix.MS_BIND, ""); err != nil {
+			return fmt.Errorf("bind %s on %s: %w", spec.RunDir, NodeRunMount, err)
 		}
 	}
 	if spec.EtcDir != "" {

@@ -23,7 +23,7 @@ import (
 // Defaults for Config's empty fields.
 const (
 	DefaultName      = "default"
-	DefaultStateRoot = "/run/mpipause/rig"
+	DefaultStateRoot = "/run/mpipause-rig" // not in NodeRunMount: `rig exec` inside a node must find it
 	DefaultEtcNetns  = "/etc/netns"
 	// NameEnv selects the rig a command works on; `rig exec` sets it in
 	// every node command, so a launcher inside a node reaches its own rig.
@@ -36,6 +36,11 @@ const (
 	bridgeName = "br0"
 	nodeIf     = "eth0"
 )
+
+// NodeRunMount is where a node sees its NodeRunDir: mpid's default
+// directory for its sockets and state, so that each node's mpid has its own
+// and two rigs (or a rig and the host's mpid) never share one.
+const NodeRunMount = "/run/mpipause"
 
 // DefaultSubnet is the rig's private subnet. It never leaves the rig's
 // bridge namespace, so it cannot collide with anything on the host.
@@ -153,6 +158,21 @@ func (r *Rig) NodeAddr(i int) netip.Addr {
 	a := r.cfg.Subnet.Addr().As4()
 	a[3] += byte(i + 1)
 	return netip.AddrFrom4(a)
+}
+
+// NodeRunDir returns the host's path of the directory node i sees as
+// NodeRunMount: what the host reads to see node i's mpid sockets and state
+// (NodePath turns a node's path into the host's).
+func (r *Rig) NodeRunDir(i int) string { return filepath.Join(r.Dir(), "run", NodeName(i)) }
+
+// NodePath returns the host's path of path as node i sees it, for a path
+// under NodeRunMount (the node's /run/mpipause); other paths are the same
+// in every node and on the host.
+func (r *Rig) NodePath(i int, path string) string {
+	if rel, err := filepath.Rel(NodeRunMount, path); err == nil && rel != ".." && !strings.HasPrefix(rel, "../") {
+		return filepath.Join(r.NodeRunDir(i), rel)
+	}
+	return path
 }
 
 func (r *Rig) mntFile(i int) string { return filepath.Join(r.nsDir(), NodeName(i)+".mnt") }
@@ -422,6 +442,15 @@ func (r *Rig) makeNodeNamespaces(ctx context.Context, i int, spec NodeSpec) erro
 	if err := os.MkdirAll(spec.BPFDir, 0o700); err != nil {
 		return fmt.Errorf("make bpffs dir of %s: %w", NodeName(i), err)
 	}
+	// Root's and 0755 whatever the umask: mpid refuses a socket directory
+	// others could write.
+	spec.RunDir = r.NodeRunDir(i)
+	if err := os.MkdirAll(spec.RunDir, 0o755); err != nil {
+		return fmt.Errorf("make %s of %s: %w", NodeRunMount, NodeName(i), err)
+	}
+	if err := os.Chmod(spec.RunDir, 0o755); err != nil {
+		return fmt.Errorf("make %s of %s: %w", NodeRunMount, NodeName(i), err)
+	}
 	js, _ := json.Marshal(spec)
 	cmd := exec.CommandContext(ctx, "unshare",
 		"--mount="+r.mntFile(i), "--uts="+r.utsFile(i), "--propagation=slave", "--",
@@ -441,7 +470,10 @@ func (r *Rig) Down(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	defer release()
+	defer func() {
+		release()
+		os.Remove(r.cfg.StateRoot) // only if no other rig (or lock) is in it
+	}()
 
 	var errs []error
 	// The daemons first and gently, so they can clean up; a daemon that
@@ -487,8 +519,9 @@ func (r *Rig) Down(ctx context.Context) error {
 	if err := os.RemoveAll(r.Dir()); err != nil {
 		errs = append(errs, err)
 	}
-	os.Remove(r.cfg.EtcNetns)                // only if empty
-	os.Remove(filepath.Dir(r.cfg.StateRoot)) // likewise /run/mpipause, after the lock is gone
+	// Not NodeRunMount's mount point on the host, even empty: removing it
+	// would unmount it in every other rig's nodes.
+	os.Remove(r.cfg.EtcNetns) // only if empty
 	return errors.Join(errs...)
 }
 

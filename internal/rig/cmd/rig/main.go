@@ -58,7 +58,8 @@ The rig is "default" unless --name or $MPIPAUSE_RIG names another.
 $MPIPAUSE_RIG_MPID_WRAP, if set, is a command (words split at spaces) that up puts
 before each mpid's, and that must exec mpid in place: setpriv --bounding-set=...
 -- starts mpid with the capabilities of its systemd unit.
-mpid logs: /run/mpipause/rig/NAME/mpid-nodeK.log (removed by down).
+mpid logs: /run/mpipause-rig/NAME/mpid-nodeK.log (removed by down); node K's
+/run/mpipause (its mpid's sockets and state) is /run/mpipause-rig/NAME/run/nodeK.
 `
 
 // env is the process environment, injectable for tests.

@@ -712,9 +712,14 @@ func secL7(ctx context.Context, t *testing.T, e *secEnv, row *secRow) {
 	row.outcome = fmt.Sprintf("state dirs %s and %s; the first rig's records lost when the second's mpid started: %v", dirA, dirB, lost)
 }
 
-// stateDirOf is where the mpid of pid keeps its records: its --state-dir,
-// else the default of internal/mpid.
+// stateDirOf is where the mpid of pid keeps its records (its --state-dir,
+// else the default of internal/mpid), as the host reaches it: through the
+// mpid's own root, since a rig node's /run/mpipause is its own.
 func stateDirOf(pid int) string {
+	return filepath.Join(fmt.Sprintf("/proc/%d/root", pid), mpidStateDir(pid))
+}
+
+func mpidStateDir(pid int) string {
 	b, _ := os.ReadFile(fmt.Sprintf("/proc/%d/cmdline", pid))
 	args := strings.Split(strings.TrimSuffix(string(b), "\x00"), "\x00")
 	node := ""

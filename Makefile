@@ -79,7 +79,7 @@ test-priv: ## tier 2: privileged kernel tests (BPF, sock_diag, cgroups, netns); 
 test-multinode: build ## tier 3: real Open MPI and MPICH jobs on the netns rig
 	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -count=1 -timeout 25m -v -skip '^TestSecurity$$' ./kernel-tests/... 2>&1 | tee /tmp/mpipause-multinode.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:'; exit $${PIPESTATUS[0]}
 
-test-security: build ## tier 4: each attack of issue 19's table as uid 1001 against uid 1002's job on the rig, judged on the victim; prints attack x outcome
+test-security: build ## tier 4: each attack of docs/security.md's table as uid 1001 against uid 1002's job on the rig, judged on the victim; prints attack x outcome
 	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -count=1 -timeout 20m -v -run '^TestSecurity$$' ./kernel-tests/ 2>&1 \
 		| tee /tmp/mpipause-security.log | grep -E '^(--- |PASS|FAIL|ok|panic)|security [|]|security_test.go:'; exit $${PIPESTATUS[0]}
 

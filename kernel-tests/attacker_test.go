@@ -315,7 +315,7 @@ func attackEndless(args []string) error {
 	return nil
 }
 
-// attackFlood floods the node's mpid, as M2 of issue 19 did: JOINs of new
+// attackFlood floods the node's mpid, as M2 of docs/security.md does: JOINs of new
 // job ids (each one a cgroup and a BPF observer in today's mpid) one after
 // the other, up to joins=; hellos= connections that send half a HELLO and
 // hold; and events= "EVENT pause" lines from a rank of its own job job=.

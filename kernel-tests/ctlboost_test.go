@@ -17,7 +17,7 @@ import (
 
 // ctlThreads is, per rank of the job (by pid), its shim control thread's
 // scheduling: policy and niceness. Threads are found by the name the shim
-// gives them, which is also what a user could give any thread (issue 19,
+// gives them, which is also what a user could give any thread (docs/security.md,
 // H4).
 func ctlThreads(t *testing.T, id string) map[int]unix.SchedAttr {
 	t.Helper()

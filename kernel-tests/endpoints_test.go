@@ -84,7 +84,7 @@ func startSquat(ctx context.Context, t *testing.T, bin, node, addr string) (*pro
 	return p, strings.HasPrefix(said, "bound")
 }
 
-// TestEndpointsNotSquattable (issue 19, M3): while a node's mpid is down, an
+// TestEndpointsNotSquattable (docs/security.md, M3): while a node's mpid is down, an
 // unprivileged user cannot take its rank or control socket (the defaults
 // are paths in a directory only root may write, no longer abstract names
 // anyone can bind), so mpid starts again on them and the real CLI talks to

@@ -1,6 +1,6 @@
 package kerneltests
 
-// The security tier (`make test-security`, issue 19's table): each attack
+// The security tier (`make test-security`, docs/security.md's table): each attack
 // a local user could make on mpid, made on the rig by uid 1001 against a
 // job of uid 1002, with the real shim and CLI where the attack goes
 // through them and the stand-in of attacker_test.go for crafted messages.

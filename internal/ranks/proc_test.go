@@ -19,7 +19,7 @@ import (
 
 // connectEnv makes the test binary a process that connects the unix socket
 // it got as fd 3 to the address in the variable, and exits: the child of
-// the pid-reuse attack (issue 19, H1).
+// the pid-reuse attack (docs/security.md, H1).
 const connectEnv = "MPIPAUSE_RANKS_TEST_CONNECT"
 
 func TestMain(m *testing.M) {

@@ -132,7 +132,8 @@ wait_for "restart of mpid by systemd" 60 restarted
 newpid=$(show MainPID)
 [ "$newpid" != "$pid" ] || fail "mpid's MainPID is still $pid after its restart"
 echo "mpid restarted: MainPID $pid, now $newpid, NRestarts $(show NRestarts)"
-[ -f "/run/mpipause/mpid-$(hostname)/$job.json" ] || fail "the record of the pause is gone from /run/mpipause: $(find /run/mpipause | paste -sd ' ')"
+# mpid names a job by its owner's uid and id (root's here).
+[ -f "/run/mpipause/mpid-$(hostname)/0:$job.json" ] || fail "the record of the pause is gone from /run/mpipause: $(find /run/mpipause | paste -sd ' ')"
 out=$(mpipause status --json "$job") || fail "mpipause status after mpid's restart: $out"
 [ "$(jq -r .state <<< "$out")" = paused ] || fail "after mpid's restart, job $job is $(jq -r .state <<< "$out"), want paused: $out"
 [ "$(cat "$cg/cgroup.freeze")" = 1 ] || fail "after mpid's restart, $cg is not frozen"

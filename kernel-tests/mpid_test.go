@@ -106,7 +106,7 @@ func TestShimSurvivesMpidLoss(t *testing.T) {
 	if err := srv.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
 		t.Fatal(err)
 	}
-	r := srv.Ranks("loss")[0]
+	r := srv.Ranks(ranks.JobKey(0, "loss"))[0]
 	if g, err := r.Close(ctx); err != nil || g.State != "closed" {
 		t.Fatalf("close: %+v %v", g, err)
 	}
@@ -131,7 +131,7 @@ func TestShimSurvivesMpidLoss(t *testing.T) {
 	if err := srv2.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
 		t.Fatalf("the shim did not register with the new mpid: %v", err)
 	}
-	r2 := srv2.Ranks("loss")[0]
+	r2 := srv2.Ranks(ranks.JobKey(0, "loss"))[0]
 	if r2.Pid != r.Pid {
 		t.Errorf("registered again as pid %d, was %d", r2.Pid, r.Pid)
 	}

@@ -42,7 +42,7 @@ func JobToken(k *quiesce.Key, uid uint32, id, coord string) string {
 
 // errBadToken is every refusal of a job key: which part was wrong is not
 // told to a process that may be guessing.
-var errBadToken = errors.New("the job key is not this job's (it must come from `mpipause run` or Slurm for this job, this user and this cluster)")
+var errBadToken = errors.New("the job key is not this job's (it must come from `mpipause run` or Slurm for this job, this user and this cluster; every node needs the same cluster key file)")
 
 // checkToken verifies that token is the key of job id of uid and returns
 // the job's coordinator.

@@ -127,6 +127,11 @@ func (d *Daemon) coordinator(drain time.Duration) *quiesce.Coordinator {
 }
 
 func (d *Daemon) pause(ctx context.Context, req ctl.Request, v ctl.Job, progress func(ctl.Progress)) (ctl.Job, error) {
+	if missing := d.unregistered(req.Job, v.Nodes); len(missing) > 0 {
+		d.metrics.PauseRefused()
+		return v, ctl.Errorf(ctl.CodeUnpausable, "job %s cannot be paused: rank 0 says it has ranks on %s, whose mpid has registered none of them with %s, the job's coordinator: is mpid running there, with this cluster's key file (every node needs the same one)?",
+			jobName(req.Job), strings.Join(missing, ", "), d.cfg.Node)
+	}
 	j, err := d.begin(req.Job, ctl.OpPause)
 	if err != nil {
 		d.metrics.PauseRefused()
@@ -502,4 +507,24 @@ func (d *Daemon) foreignStep(m quiesce.Message) string {
 		return fmt.Sprintf("job %s is coordinated by %s, not %s", m.Job, j.coordinator, m.Coordinator)
 	}
 	return ""
+}
+
+// unregistered cross-checks the job's node list (the nodes that registered
+// ranks of it here) against the hosts rank 0 gathered at MPI_Init, if rank
+// 0 is here: a node rank 0 names and the list lacks has ranks nobody would
+// gate (its mpid is down, refused the job key, or holds another cluster
+// key). Rank 0's word never adds a node; it only explains a refusal.
+func (d *Daemon) unregistered(key string, nodes []string) []string {
+	var out []string
+	for _, r := range d.ranks.Ranks(key) {
+		if r.Rank != 0 {
+			continue
+		}
+		for _, h := range r.Hosts {
+			if h != r.Host && h != "" && !slices.Contains(nodes, h) && !slices.Contains(out, h) {
+				out = append(out, h)
+			}
+		}
+	}
+	return out
 }

@@ -212,6 +212,17 @@ func (d *Daemon) adopt() (interrupted []func()) {
 		if r, ok := recs[id]; ok && r.Owner == owner {
 			j.since, j.last = r.Since, r.Last
 			j.nodes, j.coordinator, j.size, j.localRanks = r.Nodes, r.Coordinator, r.Ranks, r.LocalRanks
+			if r.Coordinator == d.cfg.Node {
+				// The nodes the record names had registered ranks of the
+				// job here; they will again (sweep), but the job's pauses
+				// and resumes need them from now on.
+				j.remotes = map[string]bool{}
+				for _, n := range r.Nodes {
+					if n != d.cfg.Node {
+						j.remotes[n] = true
+					}
+				}
+			}
 			delete(recs, id)
 			if r.State == ctl.StatePausing {
 				// This node coordinated a pause and died inside it: some

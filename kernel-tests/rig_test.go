@@ -16,6 +16,7 @@ import (
 	"testing"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/rig"
 )
 
 // hostTrace is what a rig may change on the host while it is up and must
@@ -247,6 +248,9 @@ func TestRigNoMPID(t *testing.T) {
 		t.Fatal(err)
 	}
 	cmd := exec.Command(lone, "--name", name, "up", "2")
+	// Without the test build TestMain names for the tier's rigs: a rig
+	// binary alone, as a user might copy it.
+	cmd.Env = append(os.Environ(), rig.MPIDEnv+"=")
 	out, err := cmd.CombinedOutput()
 	if err == nil {
 		t.Fatalf("up without mpid succeeded: %s", out)

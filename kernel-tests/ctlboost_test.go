@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -25,13 +23,7 @@ func ctlThreads(t *testing.T, id string) map[int]unix.SchedAttr {
 	for _, cg := range nodeJobCgroups(t, id) {
 		pids, _ := cgroupv2.Procs(cg)
 		for _, pid := range pids {
-			tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-			for _, e := range tasks {
-				tid, _ := strconv.Atoi(e.Name())
-				comm, _ := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/comm", pid, tid))
-				if strings.TrimSpace(string(comm)) != "mpipause-ctl" {
-					continue
-				}
+			for _, tid := range shimCtlTids(pid) {
 				if a, err := unix.SchedGetAttr(tid, 0); err == nil {
 					out[pid] = *a
 				}

@@ -48,23 +48,7 @@ func squatter(t *testing.T) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := os.ReadFile(exe)
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir, err := os.MkdirTemp("", "mpipause-kt-squat-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := os.Chmod(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	p := filepath.Join(dir, "squat")
-	if err := os.WriteFile(p, b, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	return p
+	return filepath.Join(publicCopies(t, map[string]string{exe: "squat"}), "squat")
 }
 
 // startSquat runs the squatter as uid 1001 in node on addr and returns it

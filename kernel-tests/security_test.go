@@ -19,6 +19,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -56,32 +57,14 @@ type secEnv struct {
 func TestSecurity(t *testing.T) {
 	bin := binDir(t)
 	sharedRig(t)
-	// Not t.TempDir(): its parent is private to root.
-	dir, err := os.MkdirTemp("", "mpipause-kt-security-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	e := &secEnv{dir: dir}
 	self, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for src, dst := range map[string]string{
+	e := &secEnv{dir: publicCopies(t, map[string]string{
 		filepath.Join(bin, "mpipause"): "mpipause", filepath.Join(bin, "libmpipause.so"): "libmpipause.so",
 		filepath.Join(bin, "apps", "xchg.mpich"): "xchg.mpich", self: "attacker",
-	} {
-		b, err := os.ReadFile(src)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(e.dir, dst), b, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := os.Chmod(e.dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
+	})}
 	rows := []struct {
 		id, attack string
 		run        func(context.Context, *testing.T, *secEnv, *secRow)
@@ -525,7 +508,32 @@ func secH4(ctx context.Context, t *testing.T, e *secEnv, row *secRow) {
 	}
 }
 
-// ctlThreads are pid's threads named mpipause-ctl.
+// publicCopies copies files (source: name) into a fresh directory that
+// other users may read and run from (t.TempDir's parent, like the
+// checkout, may be private to root) and returns it.
+func publicCopies(t *testing.T, files map[string]string) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "mpipause-kt-public-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	for src, dst := range files {
+		b, err := os.ReadFile(src)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, dst), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+// shimCtlTids are pid's threads named mpipause-ctl.
 func shimCtlTids(pid int) []int {
 	var out []int
 	ents, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
@@ -655,7 +663,9 @@ func secL4(ctx context.Context, t *testing.T, e *secEnv, row *secRow) {
 	nosuch := e.userCLI(ctx, t, attackerUID, "node0", "status", name("l4-nosuch"))
 	same := stranger.code == nosuch.code &&
 		strings.ReplaceAll(stranger.stderr, v.id, "ID") == strings.ReplaceAll(nosuch.stderr, name("l4-nosuch"), "ID")
-	owner := strings.Contains(stranger.stdout+stranger.stderr, strconv.Itoa(victimUID))
+	// The uid as a number of its own: the job's id carries the test's pid,
+	// which may have the uid's digits in it.
+	owner := regexp.MustCompile(`(^|[^0-9])` + strconv.Itoa(victimUID) + `([^0-9]|$)`).MatchString(stranger.stdout + stranger.stderr)
 	row.refused = !escOut && same && !owner
 	row.outcome = fmt.Sprintf("ESC in root's status: %v; stranger's status of the victim's job: exit %d %q (a job nobody runs: exit %d), owner uid shown: %v",
 		escOut, stranger.code, oneLineOf(stranger.stderr), nosuch.code, owner)

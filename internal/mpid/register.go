@@ -2,6 +2,7 @@ package mpid
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"slices"
@@ -63,10 +64,10 @@ func (d *Daemon) registration(key, coord string, c *quiesce.Control) error {
 	m := quiesce.Message{Version: quiesce.ProtocolVersion, Job: key, Kind: quiesce.KindControl, Nodes: []string{coord}, Coordinator: coord, Control: c}
 	rep, err := d.tr.Call(ctx, coord, m)
 	if err == nil && rep.Err != "" {
-		err = fmt.Errorf("%s", rep.Err)
+		err = errors.New(rep.Err)
 	}
 	if err == nil && rep.Control != nil && rep.Control.Code != "" {
-		err = fmt.Errorf("%s", rep.Control.Message)
+		err = errors.New(rep.Control.Message)
 	}
 	return err
 }

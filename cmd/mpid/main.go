@@ -60,8 +60,8 @@ func main() {
 		os.Exit(2)
 	}
 	cfg.Log = slog.New(newLogHandler(os.Stderr, cfg.logFormat, journalStream(os.Stderr)))
-	// Packages that log through the default logger (internal/node) write
-	// the same key=value lines as the daemon, not the log package's format.
+	// Packages that log through the default logger write the same
+	// key=value lines as the daemon, not the log package's format.
 	slog.SetDefault(cfg.Log)
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()

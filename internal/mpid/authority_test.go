@@ -2,8 +2,6 @@ package mpid
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -12,33 +10,6 @@ import (
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/quiesce"
 )
-
-// newTestDaemon is a daemon with no kernel behind it: a fixed cgroup that
-// does not exist (nothing is created or moved), no sockets; its peers are
-// on net (nil: a network of its own), sharing key (nil: a fresh one).
-func newTestDaemon(t *testing.T, node string, net *quiesce.MemNetwork, k *quiesce.Key) *Daemon {
-	t.Helper()
-	if k == nil {
-		var err error
-		if k, err = quiesce.GenerateKey(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if net == nil {
-		net = quiesce.NewMemNetwork(1, quiesce.Faults{})
-		t.Cleanup(net.Close)
-	}
-	d, err := New(Config{Node: node, ClusterKey: k, FixedCgroup: "/nonexistent/mpipause-test", StateDir: t.TempDir(),
-		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d.ranks = ranks.NewServer(nil)
-	d.tr = net
-	d.agent = quiesce.NewAgent(nil, net, quiesce.DefaultRetry)
-	net.Register(node, d.peer)
-	return d
-}
 
 // TestJobToken: a job key opens exactly one job: its owner's id, with the
 // coordinator it names, under this cluster's key.
@@ -98,19 +69,19 @@ func TestJobAuthority(t *testing.T) {
 	d := newTestDaemon(t, "node0", nil, nil)
 	const victim, attacker = 1002, 1001
 	vtok := JobToken(d.cfg.ClusterKey, victim, "4243.0", "node0")
-	d.mu.Lock()
-	vj, err := d.authorizeLocked(victim, "4243.0", vtok)
-	d.mu.Unlock()
+	d.reg.mu.Lock()
+	vj, err := d.reg.authorizeLocked(victim, "4243.0", vtok)
+	d.reg.mu.Unlock()
 	if err != nil || vj.owner != victim || vj.coordinator != "node0" {
 		t.Fatalf("the victim's own rank: %+v, %v", vj, err)
 	}
 	// C1: the victim's key is the victim's: not the attacker's, whatever
 	// the attacker calls the job, and no key of the attacker's own opens it.
 	atok := JobToken(d.cfg.ClusterKey, attacker, "4243.0", "node0")
-	d.mu.Lock()
-	_, stolen := d.authorizeLocked(attacker, "4243.0", vtok)
-	aj, own := d.authorizeLocked(attacker, "4243.0", atok)
-	d.mu.Unlock()
+	d.reg.mu.Lock()
+	_, stolen := d.reg.authorizeLocked(attacker, "4243.0", vtok)
+	aj, own := d.reg.authorizeLocked(attacker, "4243.0", atok)
+	d.reg.mu.Unlock()
 	if stolen == nil {
 		t.Error("the attacker joined with the victim's job key")
 	}
@@ -119,36 +90,36 @@ func TestJobAuthority(t *testing.T) {
 	if own != nil || aj == vj || aj.owner != attacker {
 		t.Errorf("the attacker's own job of the same id: %+v, %v", aj, own)
 	}
-	d.mu.Lock()
-	again, err := d.authorizeLocked(victim, "4243.0", vtok)
-	d.mu.Unlock()
+	d.reg.mu.Lock()
+	again, err := d.reg.authorizeLocked(victim, "4243.0", vtok)
+	d.reg.mu.Unlock()
 	if err != nil || again != vj {
 		t.Errorf("the victim's next rank: %v", err)
 	}
 	// A stranger's request names a job in their own namespace: they learn
 	// nothing of the victim's, not even that it exists.
 	for _, op := range []string{ctl.OpStatus, ctl.OpPause, ctl.OpResume} {
-		_, err := d.doAt(context.Background(), ctl.Request{Op: op, Job: vj.id}, attacker, nil, true)
+		_, err := d.coord.doAt(context.Background(), ctl.Request{Op: op, Job: vj.id}, attacker, nil, true)
 		var ce *ctl.Error
 		if !asCtl(err, &ce) || ce.Code != ctl.CodeUnknownJob || strings.Contains(ce.Message, "1002") {
 			t.Errorf("%s of the victim's job by the attacker: %v", op, err)
 		}
 	}
-	if key, _ := d.lookup("4243.0", attacker); key != aj.id {
+	if key, _ := d.reg.lookup("4243.0", attacker); key != aj.id {
 		t.Errorf("the attacker's 4243.0 is %s, want their own %s", key, aj.id)
 	}
 	// Root names either: ambiguous by id alone, exact as UID:ID.
-	if _, err := d.lookup("4243.0", 0); err == nil || !strings.Contains(err.Error(), "UID:ID") {
+	if _, err := d.reg.lookup("4243.0", 0); err == nil || !strings.Contains(err.Error(), "UID:ID") {
 		t.Errorf("root's ambiguous 4243.0: %v", err)
 	}
-	if key, err := d.lookup("1002:4243.0", 0); err != nil || key != vj.id {
+	if key, err := d.reg.lookup("1002:4243.0", 0); err != nil || key != vj.id {
 		t.Errorf("root's 1002:4243.0: %q, %v", key, err)
 	}
 	// Two launches under one id from two coordinators are refused, not
 	// merged.
-	d.mu.Lock()
-	_, err = d.authorizeLocked(victim, "4243.0", JobToken(d.cfg.ClusterKey, victim, "4243.0", "node1"))
-	d.mu.Unlock()
+	d.reg.mu.Lock()
+	_, err = d.reg.authorizeLocked(victim, "4243.0", JobToken(d.cfg.ClusterKey, victim, "4243.0", "node1"))
+	d.reg.mu.Unlock()
 	if err == nil {
 		t.Error("a second coordinator for the victim's job was accepted")
 	}
@@ -162,16 +133,16 @@ func TestForeignStep(t *testing.T) {
 	coord := newTestDaemon(t, "node0", net, nil)
 	d := newTestDaemon(t, "node1", net, coord.cfg.ClusterKey)
 	tok := JobToken(d.cfg.ClusterKey, 1002, "j", "node0")
-	d.mu.Lock()
-	j, err := d.authorizeLocked(1002, "j", tok)
-	d.mu.Unlock()
+	d.reg.mu.Lock()
+	j, err := d.reg.authorizeLocked(1002, "j", tok)
+	d.reg.mu.Unlock()
 	if err != nil {
 		t.Fatal(err)
 	}
 	// The node registered itself with the job's coordinator, which lists
 	// it now.
 	for deadline := time.Now().Add(5 * time.Second); ; {
-		v, err := coord.view(j.id)
+		v, err := coord.coord.view(j.id)
 		if err == nil && strings.Join(v.Nodes, ",") == "node0,node1" {
 			break
 		}
@@ -183,12 +154,12 @@ func TestForeignStep(t *testing.T) {
 	step := quiesce.Message{Version: quiesce.ProtocolVersion, Job: j.id, Kind: quiesce.KindPrepare, Nodes: []string{"node1"}}
 	for coord, ok := range map[string]bool{"node0": true, "node2": false, "": false} {
 		step.Coordinator = coord
-		if why := d.foreignStep(step); (why == "") != ok {
+		if why := d.peer.foreignStep(step); (why == "") != ok {
 			t.Errorf("a step from %q: %q", coord, why)
 		}
 	}
 	step.Job, step.Coordinator = "j", "node0"
-	if why := d.foreignStep(step); why == "" {
+	if why := d.peer.foreignStep(step); why == "" {
 		t.Error("a step naming no owner was accepted")
 	}
 }
@@ -201,7 +172,7 @@ func TestRegistration(t *testing.T) {
 	tok := JobToken(d.cfg.ClusterKey, 1002, "j", "node0")
 	key := ranks.JobKey(1002, "j")
 	reg := func(op string, uid uint32, token, node string) *quiesce.Control {
-		return d.registered(quiesce.Message{Job: key, Control: &quiesce.Control{Op: op, UID: uid, Token: token, Node: node, Size: 6}})
+		return d.peer.registered(quiesce.Message{Job: key, Control: &quiesce.Control{Op: op, UID: uid, Token: token, Node: node, Size: 6}})
 	}
 	for name, c := range map[string]*quiesce.Control{
 		"another uid":         reg(opRegister, 1001, tok, "node1"),
@@ -213,20 +184,20 @@ func TestRegistration(t *testing.T) {
 			t.Errorf("%s: registered", name)
 		}
 	}
-	if len(d.jobs) != 0 {
-		t.Fatalf("refused registrations made jobs: %v", d.jobs)
+	if len(d.reg.jobs) != 0 {
+		t.Fatalf("refused registrations made jobs: %v", d.reg.jobs)
 	}
 	if c := reg(opRegister, 1002, tok, "node1"); c.Code != "" {
 		t.Fatalf("a good registration: %s", c.Message)
 	}
 	reg(opRegister, 1002, tok, "node2")
-	v, err := d.view(key)
+	v, err := d.coord.view(key)
 	if err != nil || strings.Join(v.Nodes, ",") != "node0,node1,node2" || v.Ranks != 6 || v.Coordinator != "node0" || v.ID != "j" {
 		t.Fatalf("view %+v, %v", v, err)
 	}
 	reg(opUnregister, 1002, tok, "node1")
 	reg(opUnregister, 1002, tok, "node2")
-	if d.jobs[key] != nil {
+	if d.reg.jobs[key] != nil {
 		t.Error("the job outlived its last node")
 	}
 }

@@ -32,10 +32,10 @@ func (d *Daemon) serveMetrics(ctx context.Context, ln net.Listener) error {
 // the ranks' shared pages (never asking a rank: frozen ranks cannot
 // answer), their gates.
 func (d *Daemon) gauges() metrics.Gauges {
-	d.mu.Lock()
-	g := metrics.Gauges{Jobs: len(d.jobs)}
-	d.mu.Unlock()
-	for _, r := range d.ranks.Ranks("") {
+	d.reg.mu.Lock()
+	g := metrics.Gauges{Jobs: len(d.reg.jobs)}
+	d.reg.mu.Unlock()
+	for _, r := range d.reg.ranks.Ranks("") {
 		g.Ranks++
 		if r.GateClosed() {
 			g.ClosedGates++

@@ -5,7 +5,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
-	"github.com/mpipause/mpipause/internal/node"
+	"github.com/mpipause/mpipause/internal/metrics"
 	"github.com/mpipause/mpipause/quiesce"
 )
 
@@ -19,14 +19,18 @@ import (
 // production mpid has no such hook: it never reads this variable.
 const FailpointsEnv = "MPIPAUSE_FAILPOINTS"
 
-// localNode is the node half of the protocol as mpid runs it: node.Local,
-// plus a record of every pause committed here, written before the COMMIT
-// is acknowledged, so that a restarted mpid tells a committed pause (keep
-// the job frozen) from one cut short (thaw it) (state.go, adopt).
+// localNode is the node half of the protocol as mpid runs it (the agent's
+// quiesce.Node): nodeRole's steps, timed, with the fault tests' failpoints
+// around them, plus a record of every pause committed here, written before
+// the COMMIT is acknowledged, so that a restarted mpid tells a committed
+// pause (keep the job frozen) from one cut short (thaw it) (state.go,
+// registry.adopt).
 type localNode struct {
-	*node.Local
-	d  *Daemon
-	fp failpoints
+	*nodeRole
+	reg     *registry
+	store   *store
+	metrics *metrics.Metrics
+	fp      failpoints
 }
 
 var _ quiesce.Committer = (*localNode)(nil)
@@ -35,42 +39,42 @@ func (n *localNode) step(ctx context.Context, name, job string, fn func() error)
 	n.fp.hold(ctx, name, "before", job)
 	t := time.Now()
 	err := fn()
-	n.d.metrics.Step(name, time.Since(t), err)
+	n.metrics.Step(name, time.Since(t), err)
 	n.fp.hold(ctx, name, "after", job)
 	return err
 }
 
 func (n *localNode) Prepare(ctx context.Context, job string) error {
-	return n.step(ctx, "PREPARE", job, func() error { return n.Local.Prepare(ctx, job) })
+	return n.step(ctx, "PREPARE", job, func() error { return n.nodeRole.Prepare(ctx, job) })
 }
 
 func (n *localNode) Drain(ctx context.Context, job string) (rep quiesce.NodeReport, err error) {
-	err = n.step(ctx, "DRAIN", job, func() error { rep, err = n.Local.Drain(ctx, job); return err })
+	err = n.step(ctx, "DRAIN", job, func() error { rep, err = n.nodeRole.Drain(ctx, job); return err })
 	return rep, err
 }
 
 func (n *localNode) Freeze(ctx context.Context, job string) error {
-	return n.step(ctx, "FREEZE", job, func() error { return n.Local.Freeze(ctx, job) })
+	return n.step(ctx, "FREEZE", job, func() error { return n.nodeRole.Freeze(ctx, job) })
 }
 
 func (n *localNode) Verify(ctx context.Context, job string) (rep quiesce.NodeReport, err error) {
-	err = n.step(ctx, "VERIFY", job, func() error { rep, err = n.Local.Verify(ctx, job); return err })
+	err = n.step(ctx, "VERIFY", job, func() error { rep, err = n.nodeRole.Verify(ctx, job); return err })
 	return rep, err
 }
 
 func (n *localNode) Commit(ctx context.Context, job string) error {
 	return n.step(ctx, "COMMIT", job, func() error {
-		n.Local.Unboost(job) // frozen now: the pause step that needed them is over
-		return n.d.recordCommit(job)
+		n.nodeRole.Unboost(job) // frozen now: the pause step that needed them is over
+		return n.recordCommit(job)
 	})
 }
 
 func (n *localNode) Thaw(ctx context.Context, job string) error {
 	return n.step(ctx, "THAW", job, func() error {
-		if err := n.Local.Thaw(ctx, job); err != nil {
+		if err := n.nodeRole.Thaw(ctx, job); err != nil {
 			return err
 		}
-		n.d.dropRecord(job)
+		n.store.drop(job)
 		return nil
 	})
 }
@@ -78,32 +82,32 @@ func (n *localNode) Thaw(ctx context.Context, job string) error {
 // Rethaw thaws for another drain attempt of a pause still under way: the
 // coordinator's record of it stays (a successor must still roll it back).
 func (n *localNode) Rethaw(ctx context.Context, job string) error {
-	return n.step(ctx, "RETHAW", job, func() error { return n.Local.Thaw(ctx, job) })
+	return n.step(ctx, "RETHAW", job, func() error { return n.nodeRole.Thaw(ctx, job) })
 }
 
 func (n *localNode) Open(ctx context.Context, job string) error {
-	return n.step(ctx, "OPEN", job, func() error { return n.Local.Open(ctx, job) })
+	return n.step(ctx, "OPEN", job, func() error { return n.nodeRole.Open(ctx, job) })
 }
 
 // recordCommit records that a pause of job committed on this node. The
 // coordinator's record, written after the whole pause, adds the job's
 // nodes and figures.
-func (d *Daemon) recordCommit(id string) error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if r, err := readRecord(recordPath(d.stateDir(), id)); err == nil && r.State == ctl.StatePausing {
+func (n *localNode) recordCommit(id string) error {
+	n.reg.mu.Lock()
+	defer n.reg.mu.Unlock()
+	if r, err := n.store.read(id); err == nil && r.State == ctl.StatePausing {
 		// This is the coordinator, whose pause is still under way: the
 		// pause holds only once every node has committed, when it says so
 		// in its record; if it dies before, its successor rolls back.
 		return nil
 	}
-	r := record{Version: recordVersion, Job: id, State: ctl.StatePaused, Since: time.Now(), Nodes: []string{d.cfg.Node}}
-	if j := d.jobs[id]; j != nil {
+	r := record{Version: recordVersion, Job: id, State: ctl.StatePaused, Since: time.Now(), Nodes: []string{n.Name}}
+	if j := n.reg.jobs[id]; j != nil {
 		r.Owner, r.Coordinator = j.owner, j.coordinator
 	}
-	for _, rk := range d.ranks.Ranks(id) {
+	for _, rk := range n.Ranks.Ranks(id) {
 		r.LocalRanks = append(r.LocalRanks, rk.Rank)
 		r.Ranks = rk.Size
 	}
-	return writeRecord(d.stateDir(), r)
+	return n.store.write(r)
 }

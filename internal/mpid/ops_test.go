@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"github.com/mpipause/mpipause/internal/ctl"
-	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/quiesce"
 )
 
@@ -61,7 +60,9 @@ func TestFailureReportViolations(t *testing.T) {
 func TestStrangerSeesNoJob(t *testing.T) {
 	ctx := context.Background()
 	daemon := func(jobs map[string]*job) *Daemon {
-		return &Daemon{cfg: Config{Node: "n0"}, ranks: ranks.NewServer(nil), agent: quiesce.NewAgent(nil, nil, quiesce.DefaultRetry), jobs: jobs}
+		d := newTestDaemon(t, "n0", nil, nil)
+		d.reg.jobs = jobs
+		return d
 	}
 	d := daemon(map[string]*job{
 		"1000:here":      {id: "1000:here", name: "here", owner: 1000, adopted: true, coordinator: "n0", state: ctl.StatePaused, size: 2, localRanks: []int{0, 1}, nodes: []string{"n0"}},
@@ -71,8 +72,8 @@ func TestStrangerSeesNoJob(t *testing.T) {
 	for _, id := range []string{"here", "elsewhere"} {
 		for _, op := range []string{ctl.OpStatus, ctl.OpPause, ctl.OpResume} {
 			req := ctl.Request{Version: ctl.Version, Op: op, Job: id}
-			v, err := d.do(ctx, req, 2000, nil)
-			_, want := empty.do(ctx, req, 2000, nil)
+			v, err := d.coord.do(ctx, req, 2000, nil)
+			_, want := empty.coord.do(ctx, req, 2000, nil)
 			var ce, wce *ctl.Error
 			if !errors.As(err, &ce) || !errors.As(want, &wce) || ce.Code != wce.Code || ce.Message != wce.Message || v.ID != "" {
 				t.Errorf("%s %s by a stranger: %+v, %v; want %v, as for no such job", op, id, v, err, want)
@@ -83,11 +84,11 @@ func TestStrangerSeesNoJob(t *testing.T) {
 		}
 	}
 	for _, uid := range []uint32{1000, 0} {
-		if v, err := d.do(ctx, ctl.Request{Version: ctl.Version, Op: ctl.OpStatus, Job: "here"}, uid, nil); err != nil || v.ID != "here" || v.State != ctl.StatePaused {
+		if v, err := d.coord.do(ctx, ctl.Request{Version: ctl.Version, Op: ctl.OpStatus, Job: "here"}, uid, nil); err != nil || v.ID != "here" || v.State != ctl.StatePaused {
 			t.Errorf("status by uid %d: %+v, %v; want the job", uid, v, err)
 		}
 	}
-	if l := d.list(2000); len(l) != 0 {
+	if l := d.coord.list(2000); len(l) != 0 {
 		t.Errorf("list by a stranger: %+v", l)
 	}
 }

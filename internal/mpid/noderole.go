@@ -1,8 +1,4 @@
-// Package node is mpid's node role in the pause protocol: it implements
-// quiesce.Node for the ranks of a job that registered with this node's rank
-// socket, with the shims' gates (internal/ranks), the kernel observer
-// (loader) and the job's cgroup (internal/cgroupv2).
-package node
+package mpid
 
 import (
 	"context"
@@ -18,15 +14,17 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/metrics"
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/loader"
 	"github.com/mpipause/mpipause/quiesce"
 )
 
-// Local is one node's view of its jobs.
-type Local struct {
+// nodeRole is mpid's node role in the pause protocol: quiesce.Node for the
+// ranks of a job registered with this node's rank socket, with the shims'
+// gates (internal/ranks), the job's kernel observer and its cgroup's
+// freezer, both given by the registry.
+type nodeRole struct {
 	// Name is the node's name in reports.
 	Name string
 	// Ranks is the node's rank socket, where the job's shims registered.
@@ -37,8 +35,12 @@ type Local struct {
 	// Netns, if set, is the Conn.Netns label of this node's namespace.
 	Netns string
 	// Cgroup returns the cgroup v2 directory that holds the job's ranks on
-	// this node (the one Freeze freezes).
-	Cgroup func(job string) (string, error)
+	// this node (the one Freeze freezes), and Freezer freezes and thaws it.
+	Cgroup  func(job string) (string, error)
+	Freezer interface {
+		Freeze(ctx context.Context, dir string) error
+		Thaw(ctx context.Context, dir string) error
+	}
 	// CtlNice, if not 0, is the niceness given to each rank's shim control
 	// thread for a pause step, from PREPARE until the pause commits or the
 	// job's gates reopen (rollback, resume), and CtlRT, if not 0, its
@@ -51,6 +53,7 @@ type Local struct {
 	// Metrics, if set, records each kernel snapshot's time and the bytes
 	// sent through closed gates.
 	Metrics *metrics.Metrics
+	Log     *slog.Logger
 
 	mu sync.Mutex
 	// gated is, per job with a pause under way, the ranks Prepare closed
@@ -87,7 +90,7 @@ var ErrRankGone = errors.New("exited during the pause")
 // with kernel set, also those the kernel says are dead or dying (see
 // dying), which the registry learns only once mpid has read the end of
 // their channel.
-func (l *Local) gone(job string, kernel bool) error {
+func (l *nodeRole) gone(job string, kernel bool) error {
 	l.mu.Lock()
 	was := l.gated[job]
 	l.mu.Unlock()
@@ -143,7 +146,7 @@ func statusDying(s string) bool {
 	return false
 }
 
-var _ quiesce.Node = (*Local)(nil)
+var _ quiesce.Node = (*nodeRole)(nil)
 
 // ErrNoRanks: no rank of the job is registered on this node.
 var ErrNoRanks = errors.New("no rank of the job is registered here")
@@ -153,7 +156,7 @@ type NotReadyError struct{ Why string }
 
 func (e *NotReadyError) Error() string { return "not ready: " + e.Why }
 
-func (l *Local) ranksOf(job string) ([]*ranks.Rank, error) {
+func (l *nodeRole) ranksOf(job string) ([]*ranks.Rank, error) {
 	rs := l.Ranks.Ranks(job)
 	if len(rs) == 0 {
 		return nil, fmt.Errorf("node %s, job %s: %w", l.Name, job, ErrNoRanks)
@@ -164,7 +167,7 @@ func (l *Local) ranksOf(job string) ([]*ranks.Rank, error) {
 // eachRank runs fn on every rank of the job registered on this node, all
 // at once: each call waits for a rank's control thread to be scheduled, and
 // one after the other those waits would add up.
-func (l *Local) eachRank(job, what string, fn func(*ranks.Rank) error) error {
+func (l *nodeRole) eachRank(job, what string, fn func(*ranks.Rank) error) error {
 	rs, err := l.ranksOf(job)
 	if err != nil {
 		return err
@@ -187,7 +190,7 @@ func (l *Local) eachRank(job, what string, fn func(*ranks.Rank) error) error {
 }
 
 // Prepare closes the gate of every rank of the job on this node.
-func (l *Local) Prepare(ctx context.Context, job string) error {
+func (l *nodeRole) Prepare(ctx context.Context, job string) error {
 	// Only closing waits for every rank: a rank not registered again
 	// could not be gated, while opening and thawing what is registered
 	// is always right.
@@ -215,7 +218,7 @@ func (l *Local) Prepare(ctx context.Context, job string) error {
 		if l.CtlNice != 0 || l.CtlRT != 0 {
 			if err := r.Boost(l.CtlNice, l.CtlRT); err != nil {
 				// The pause goes on, only slower on a busy node.
-				slog.Debug("shim control thread not raised", "job", job, "rank", r.Rank, "error", err)
+				l.Log.Debug("shim control thread not raised", "job", job, "rank", r.Rank, "error", err)
 			}
 		}
 		if !r.CloseGate() {
@@ -229,7 +232,7 @@ func (l *Local) Prepare(ctx context.Context, job string) error {
 
 // Drain asks every rank for its gate (sockets still mid-message are
 // Ungated) and reads the job's connections on this node from the kernel.
-func (l *Local) Drain(ctx context.Context, job string) (quiesce.NodeReport, error) {
+func (l *nodeRole) Drain(ctx context.Context, job string) (quiesce.NodeReport, error) {
 	rep := quiesce.NodeReport{Node: l.Name}
 	if err := l.gone(job, false); err != nil {
 		return rep, err
@@ -253,7 +256,7 @@ func (l *Local) Drain(ctx context.Context, job string) (quiesce.NodeReport, erro
 	// A drain round is a few milliseconds; one that is not delays every
 	// node's next round, so say where the time went.
 	if d := time.Since(t0); d > slowStep {
-		slog.Warn("slow drain step", "job", job, "ms", d.Milliseconds(),
+		l.Log.Warn("slow drain step", "job", job, "ms", d.Milliseconds(),
 			"gates_ms", t1.Sub(t0).Milliseconds(), "kernel_ms", time.Since(t1).Milliseconds(), "error", err)
 	}
 	return rep, err
@@ -264,7 +267,7 @@ const slowStep = 100 * time.Millisecond
 
 // Verify is the kernel's report after the freeze: the ranks cannot answer
 // now, and need not: only the kernel's queues count (G1).
-func (l *Local) Verify(ctx context.Context, job string) (quiesce.NodeReport, error) {
+func (l *nodeRole) Verify(ctx context.Context, job string) (quiesce.NodeReport, error) {
 	if err := l.gone(job, true); err != nil {
 		return quiesce.NodeReport{Node: l.Name}, err
 	}
@@ -274,7 +277,7 @@ func (l *Local) Verify(ctx context.Context, job string) (quiesce.NodeReport, err
 // kernelReport reads the job's connections on this node. With gated (every
 // gate of the node's ranks closed when it was asked, or the job frozen) it
 // also counts violations against the previous gated report.
-func (l *Local) kernelReport(ctx context.Context, job string, rep quiesce.NodeReport, gated bool) (quiesce.NodeReport, error) {
+func (l *nodeRole) kernelReport(ctx context.Context, job string, rep quiesce.NodeReport, gated bool) (quiesce.NodeReport, error) {
 	obs, err := l.Observer(job)
 	if err != nil {
 		return rep, err
@@ -317,7 +320,7 @@ func (l *Local) kernelReport(ctx context.Context, job string, rep quiesce.NodeRe
 	for _, v := range through {
 		rep.Violations += uint64(v.bytes)
 		l.Metrics.Violations(uint64(v.bytes))
-		slog.Warn("bytes sent through a closed gate", "job", job, "node", l.Name,
+		l.Log.Warn("bytes sent through a closed gate", "job", job, "node", l.Name,
 			"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes)
 	}
 	now := make(map[[2]netip.AddrPort]heldConn, len(held))
@@ -400,28 +403,28 @@ func violations(sent map[uint64]uint32, conns []loader.Conn) (map[uint64]uint32,
 }
 
 // Freeze freezes the job's cgroup and waits for the kernel to say so.
-func (l *Local) Freeze(ctx context.Context, job string) error {
+func (l *nodeRole) Freeze(ctx context.Context, job string) error {
 	cg, err := l.Cgroup(job)
 	if err != nil {
 		return err
 	}
-	return cgroupv2.Freeze(ctx, cg)
+	return l.Freezer.Freeze(ctx, cg)
 }
 
 // Thaw thaws the job's cgroup.
-func (l *Local) Thaw(ctx context.Context, job string) error {
+func (l *nodeRole) Thaw(ctx context.Context, job string) error {
 	cg, err := l.Cgroup(job)
 	if err != nil {
 		return err
 	}
-	return cgroupv2.Thaw(ctx, cg)
+	return l.Freezer.Thaw(ctx, cg)
 }
 
 // Open reopens every rank's gate; the shims flush what they held. Ranks
 // that exited meanwhile are not its business: a pause they were part of
 // failed on them already (Drain, Verify), and after a COMMIT the job's own
 // launcher sees the loss.
-func (l *Local) Open(ctx context.Context, job string) error {
+func (l *nodeRole) Open(ctx context.Context, job string) error {
 	// Reopen, not Open: the rank runs again once its gate lets sends
 	// through; the flush of what it held (MiBs, for MPICH) goes on behind,
 	// in order, and is reported as an event.
@@ -448,10 +451,10 @@ func (l *Local) Open(ctx context.Context, job string) error {
 // Unboost gives the shim control threads of the job's ranks here what they
 // had before PREPARE raised them: the pause has committed (they are frozen)
 // or ended.
-func (l *Local) Unboost(job string) {
+func (l *nodeRole) Unboost(job string) {
 	for _, r := range l.Ranks.Ranks(job) {
 		if err := r.Unboost(); err != nil {
-			slog.Warn("shim control thread not lowered again", "job", job, "rank", r.Rank, "error", err)
+			l.Log.Warn("shim control thread not lowered again", "job", job, "rank", r.Rank, "error", err)
 		}
 	}
 }

@@ -1,0 +1,542 @@
+package mpid
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/metrics"
+	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/quiesce"
+)
+
+// coordinator is mpid's answer to what users ask of a job (the CLI, a
+// rank's SIGTSTP, a request another node's mpid passed on): its status on
+// this node and, for the jobs this node coordinates, their pauses and
+// resumes over the peer port (quiesce.Coordinator), the records of them
+// that a restarted mpid needs (store), and the confirmation of a rollback
+// some node did not confirm. A pause or resume of a job coordinated
+// elsewhere goes to that node's mpid.
+type coordinator struct {
+	node    string
+	reg     *registry
+	ranks   *ranks.Server
+	agent   *quiesce.Agent // this node's steps: a job's state here when another node coordinates it
+	tr      quiesce.Transport
+	store   *store
+	metrics *metrics.Metrics
+	drain   time.Duration // a pause's drain timeout unless the request names one
+	log     *slog.Logger
+	// done closes when mpid stops: background work ends.
+	done <-chan struct{}
+
+	// events holds the jobs that have a rank's pause or resume under way:
+	// a job's ranks all get the signal, and one request is enough.
+	evMu   sync.Mutex
+	events map[string]bool
+}
+
+// do runs a status, pause or resume request of a caller with uid, for the
+// job the caller names (lookup). A pause or resume of a job coordinated
+// elsewhere goes to the coordinator's mpid.
+func (c *coordinator) do(ctx context.Context, req ctl.Request, uid uint32, progress func(ctl.Progress)) (ctl.Job, error) {
+	key, err := c.reg.lookup(req.Job, uid)
+	if err != nil {
+		return ctl.Job{}, err
+	}
+	req.Job = key
+	return c.doAt(ctx, req, uid, progress, true)
+}
+
+// doAt runs req for the job whose key is req.Job.
+func (c *coordinator) doAt(ctx context.Context, req ctl.Request, uid uint32, progress func(ctl.Progress), mayForward bool) (ctl.Job, error) {
+	owner, _, ok := ranks.SplitJobKey(req.Job)
+	if !ok || (uid != 0 && uid != owner) {
+		// Nothing about the job, not even that it exists, goes to a
+		// stranger: their name for it is in their own namespace.
+		return ctl.Job{}, c.noJob(req.Job)
+	}
+	v, err := c.view(req.Job)
+	if err != nil {
+		return ctl.Job{}, err
+	}
+	if req.Op == ctl.OpStatus {
+		return v, nil
+	}
+	if v.Coordinator != c.node {
+		if v.Coordinator == "" || !mayForward {
+			return v, ctl.Errorf(ctl.CodeElsewhere, "job %s is not coordinated by %s (ranks here: %s) and its coordinator is not known here; run mpipause on the node that launched it",
+				jobName(req.Job), c.node, ctl.RankList(v.LocalRanks))
+		}
+		return c.forward(ctx, v.Coordinator, req, uid)
+	}
+	switch req.Op {
+	case ctl.OpPause:
+		return c.pause(ctx, req, v, progress)
+	case ctl.OpResume:
+		return c.resume(ctx, req, v, progress)
+	}
+	return v, ctl.Errorf(ctl.CodeBadRequest, "unknown operation %q", req.Op)
+}
+
+// noJob is the answer about a job this node does not know, and about
+// another user's job: the same, so a stranger learns nothing from it.
+func (c *coordinator) noJob(key string) error {
+	return ctl.Errorf(ctl.CodeUnknownJob, "no job %s on %s: see `mpipause list`", jobName(key), c.node)
+}
+
+// begin marks the job busy for op if its state allows op.
+func (c *coordinator) begin(id, op string) (*job, error) {
+	c.reg.mu.Lock()
+	defer c.reg.mu.Unlock()
+	j := c.reg.jobs[id]
+	if j == nil {
+		return nil, ctl.Errorf(ctl.CodeUnknownJob, "job %s ended", id)
+	}
+	if j.busy {
+		return nil, ctl.Errorf(ctl.CodeState, "job %s is %s: wait for it to finish", id, j.state)
+	}
+	switch op {
+	case ctl.OpPause:
+		if j.state == ctl.StatePaused {
+			return nil, ctl.Errorf(ctl.CodeState, "job %s is already paused (since %s); resume it with `mpipause resume %s`",
+				id, j.since.Format(time.TimeOnly), id)
+		}
+		if j.unwatched != "" {
+			return nil, ctl.Errorf(ctl.CodeUnpausable, "job %s cannot be paused cleanly: %s", id, j.unwatched)
+		}
+		if why := c.reg.missingLocked(j); why != "" {
+			return nil, ctl.Errorf(ctl.CodeUnpausable, "job %s cannot be paused yet: %s", id, why)
+		}
+		j.state = ctl.StatePausing
+	case ctl.OpResume:
+		if j.state == ctl.StateRunning {
+			return nil, ctl.Errorf(ctl.CodeState, "job %s is running, not paused: nothing to resume", id)
+		}
+		j.state = ctl.StateResuming
+	}
+	j.busy = true
+	return j, nil
+}
+
+// end records the outcome of an operation and returns fig as of now.
+func (c *coordinator) end(j *job, state string, fig ctl.Job) ctl.Job {
+	c.reg.mu.Lock()
+	defer c.reg.mu.Unlock()
+	j.busy = false
+	j.state = state
+	j.since = time.Now()
+	fig.State, fig.Since = state, j.since
+	j.last = fig
+	c.reg.maybeEndLocked(j)
+	return fig
+}
+
+func (c *coordinator) protocol(drain time.Duration) *quiesce.Coordinator {
+	if drain <= 0 {
+		drain = c.drain
+	}
+	// Nodes hold their DRAIN answers while they drain (checking every
+	// quiesce.DrainPoll): the end of a drain is seen a millisecond after it
+	// happens instead of at the next protocol round (2 ms apart, 2-3 ms
+	// each on the rig). 20 ms keeps progress reports coming.
+	return quiesce.NewCoordinator(c.tr, quiesce.Options{Drain: drain, DrainWait: 20 * time.Millisecond})
+}
+
+func (c *coordinator) pause(ctx context.Context, req ctl.Request, v ctl.Job, progress func(ctl.Progress)) (ctl.Job, error) {
+	if missing := c.unregistered(req.Job, v.Nodes); len(missing) > 0 {
+		c.metrics.PauseRefused()
+		return v, ctl.Errorf(ctl.CodeUnpausable, "job %s cannot be paused: rank 0 says it has ranks on %s, whose mpid has registered none of them with %s, the job's coordinator: is mpid running there, with this cluster's key file (every node needs the same one)?",
+			jobName(req.Job), strings.Join(missing, ", "), c.node)
+	}
+	j, err := c.begin(req.Job, ctl.OpPause)
+	if err != nil {
+		c.metrics.PauseRefused()
+		return v, err
+	}
+	start := time.Now()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	var drained uint64
+	var once sync.Once
+	ctx = quiesce.WithProgress(ctx, func(p quiesce.Progress) {
+		if p.Phase == quiesce.KindDrain && !p.Done {
+			once.Do(func() {
+				drained = max(p.Report.Drained, p.Report.InflightBytes())
+				// Only the ranks the nodes know can be gated: a rank that has
+				// not registered yet (still in MPI_Init, or without the shim)
+				// would send through the cut.
+				if p.Report.Ranks < v.Ranks && len(p.Report.Failed()) == 0 {
+					cancel(fmt.Errorf("only %d of the job's %d ranks are registered with mpid (the others exited, are still starting, or run without the shim)", p.Report.Ranks, v.Ranks))
+				}
+			})
+		}
+		if progress != nil {
+			progress(toProgress(p, len(v.Nodes), start))
+		}
+	})
+	// Recorded before any node is touched: if this mpid dies mid-pause,
+	// some nodes may have committed and others rolled back on their leases;
+	// its successor finds this record and rolls the pause back everywhere
+	// (adopt), since nobody was told it held.
+	c.reg.mu.Lock()
+	c.saveLocked(j, v)
+	c.reg.mu.Unlock()
+	res, err := c.protocol(req.Timeout).Pause(ctx, req.Job, v.Nodes)
+	fig := figures(v, res)
+	fig.DrainedBytes = drained
+	if err == nil {
+		c.metrics.PauseDone(metrics.Committed, total(res, start), metricPhases(res), drained)
+		fig = c.end(j, ctl.StatePaused, fig)
+		c.reg.mu.Lock()
+		c.saveLocked(j, v)
+		c.reg.mu.Unlock()
+		c.log.Info("paused", "job", req.Job, "nodes", len(v.Nodes), "connections", fig.Connections, "drained_bytes", drained, "total_ms", fig.TotalMs)
+		return fig, nil
+	}
+	fig.State = res.State
+	if fig.State == "" {
+		fig.State = ctl.StateRunning
+	}
+	c.metrics.PauseDone(pauseOutcome(fig.State), total(res, start), metricPhases(res), drained)
+	fig.Failure = failure(err, res, context.Cause(ctx))
+	fig = c.end(j, fig.State, fig)
+	c.log.Warn("pause failed", "job", req.Job, "state", fig.State, "error", fig.Failure.Reason)
+	if fig.State == ctl.StateFailed {
+		// The record stays until the rollback is confirmed everywhere.
+		go c.confirmRollback(req.Job, v.Nodes)
+	} else {
+		c.store.drop(req.Job)
+	}
+	msg := fmt.Sprintf("pause of job %s failed in %s: %s", req.Job, fig.Failure.Phase, fig.Failure.Reason)
+	code := ctl.CodeFailed
+	if strings.Contains(fig.Failure.Reason, ErrRankGone.Error()) {
+		// Errors cross the network as text: the node's words are the key.
+		code = ctl.CodeRankGone
+		msg += "; rolled back for the other ranks"
+	} else if fig.State == ctl.StateRunning {
+		msg += "; rolled back, the job runs on"
+	}
+	return fig, ctl.Errorf(code, "%s", msg)
+}
+
+func (c *coordinator) resume(ctx context.Context, req ctl.Request, v ctl.Job, progress func(ctl.Progress)) (ctl.Job, error) {
+	j, err := c.begin(req.Job, ctl.OpResume)
+	if err != nil {
+		c.metrics.ResumeRefused()
+		return v, err
+	}
+	start := time.Now()
+	ctx = quiesce.WithProgress(ctx, func(p quiesce.Progress) {
+		if progress != nil {
+			progress(toProgress(p, len(v.Nodes), start))
+		}
+	})
+	res, err := c.protocol(0).Resume(ctx, req.Job, v.Nodes)
+	fig := figures(v, res)
+	if err == nil {
+		c.metrics.ResumeDone(metrics.Resumed, total(res, start))
+		fig = c.end(j, ctl.StateRunning, fig)
+		c.store.drop(req.Job)
+		c.log.Info("resumed", "job", req.Job, "total_ms", fig.TotalMs)
+		return fig, nil
+	}
+	c.metrics.ResumeDone(metrics.Failed, total(res, start))
+	fig.Failure = failure(err, res, nil)
+	fig = c.end(j, ctl.StateFailed, fig)
+	return fig, ctl.Errorf(ctl.CodeFailed, "resume of job %s failed: %s", req.Job, fig.Failure.Reason)
+}
+
+// confirmRollback goes on rolling back a failed pause whose rollback some
+// node did not confirm (its mpid was down, or its link): those nodes thaw
+// on their own (lease, or at their mpid's restart), and this finds out, so
+// that the job's state becomes the truth (running) without a user's
+// resume. It gives way to any operation a user starts and stops when the
+// job is running or gone, or after rollbackRetries attempts.
+func (c *coordinator) confirmRollback(id string, nodes []string) {
+	delay := time.Second
+	for range rollbackRetries {
+		select {
+		case <-c.done:
+			return
+		case <-time.After(delay):
+		}
+		delay = min(2*delay, 30*time.Second)
+		c.reg.mu.Lock()
+		j := c.reg.jobs[id]
+		ok := j != nil && !j.busy && j.state == ctl.StateFailed
+		var last ctl.Job
+		if ok {
+			j.busy, last = true, j.last
+		}
+		c.reg.mu.Unlock()
+		if !ok {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		res, err := c.protocol(0).Resume(ctx, id, nodes)
+		cancel()
+		if err == nil {
+			if last.Failure != nil {
+				f := *last.Failure
+				f.Unconfirmed = nil // confirmed now
+				last.Failure = &f
+			}
+			c.end(j, ctl.StateRunning, last)
+			c.store.drop(id)
+			c.log.Info("rollback of the failed pause now confirmed on every node; the job runs", "job", id)
+			return
+		}
+		c.end(j, ctl.StateFailed, last)
+		c.log.Warn("rollback of the failed pause still not confirmed", "job", id, "unconfirmed", len(res.Unconfirmed), "error", err)
+	}
+}
+
+// rollbackRetries bounds confirmRollback: about half an hour.
+const rollbackRetries = 64
+
+// forward passes a pause or resume to the job's coordinator (the mpid of
+// rank 0's node) over the peer port, and returns its answer. The user's uid
+// travels with it: the coordinator applies the same ownership rule.
+// (Nothing authenticates the peers yet: the cluster key is the next issue's.)
+func (c *coordinator) forward(ctx context.Context, to string, req ctl.Request, uid uint32) (ctl.Job, error) {
+	drain := req.Timeout
+	if drain <= 0 {
+		drain = c.drain
+	}
+	// The coordinator's own deadlines bound the work; this only bounds a
+	// coordinator that never answers.
+	ctx, cancel := context.WithTimeout(ctx, drain+2*time.Minute)
+	defer cancel()
+	m := quiesce.Message{Version: quiesce.ProtocolVersion, Job: req.Job, Kind: quiesce.KindControl, Nodes: []string{to},
+		Control: &quiesce.Control{Op: req.Op, UID: uid, Timeout: req.Timeout}}
+	rep, err := c.tr.Call(ctx, to, m)
+	if err == nil && rep.Err != "" {
+		err = errors.New(rep.Err)
+	}
+	if err == nil && rep.Control == nil {
+		err = errors.New("an answer without a result")
+	}
+	if err != nil {
+		return ctl.Job{}, ctl.Errorf(ctl.CodeUnavailable, "job %s is coordinated by mpid on %s (the node of rank 0), which did not answer: %v", req.Job, to, err)
+	}
+	var j ctl.Job
+	if len(rep.Control.Result) > 0 {
+		if err := json.Unmarshal(rep.Control.Result, &j); err != nil {
+			return ctl.Job{}, ctl.Errorf(ctl.CodeUnavailable, "mpid on %s sent a malformed result: %v", to, err)
+		}
+	}
+	if rep.Control.Code != "" {
+		return j, &ctl.Error{Code: rep.Control.Code, Message: rep.Control.Message}
+	}
+	return j, nil
+}
+
+// unregistered cross-checks the job's node list (the nodes that registered
+// ranks of it here) against the hosts rank 0 gathered at MPI_Init, if rank
+// 0 is here: a node rank 0 names and the list lacks has ranks nobody would
+// gate (its mpid is down, refused the job key, or holds another cluster
+// key). Rank 0's word never adds a node; it only explains a refusal.
+func (c *coordinator) unregistered(key string, nodes []string) []string {
+	var out []string
+	for _, r := range c.ranks.Ranks(key) {
+		if r.Rank != 0 {
+			continue
+		}
+		for _, h := range r.Hosts {
+			if h != r.Host && h != "" && !slices.Contains(nodes, h) && !slices.Contains(out, h) {
+				out = append(out, h)
+			}
+		}
+	}
+	return out
+}
+
+// saveLocked records j on the coordinator: its pause under way (state
+// pausing, written before the first step) or committed (state paused).
+func (c *coordinator) saveLocked(j *job, v ctl.Job) {
+	r := record{Version: recordVersion, Job: j.id, Owner: j.owner, State: j.state, Since: j.since,
+		Nodes: v.Nodes, Coordinator: v.Coordinator, Ranks: v.Ranks, LocalRanks: v.LocalRanks, Last: j.last}
+	if err := c.store.write(r); err != nil {
+		// The pause holds either way; only a restart of mpid would lose
+		// track of it, so say so loudly.
+		c.log.Error("cannot record the paused job; a restart of mpid would forget it", "job", j.id, "error", err)
+	}
+}
+
+// rankEvent acts on a rank's SIGTSTP or SIGCONT: the whole job pauses or
+// resumes, as `mpipause` would do it. Only the coordinator acts; every rank
+// of a job usually gets the signal (Slurm, a terminal), rank 0 included.
+// One request per job is under way at a time: the others would be refused
+// as the job is busy, and a rank repeating its EVENT line costs mpid a
+// goroutine and a log line each otherwise.
+func (c *coordinator) rankEvent(r *ranks.Rank, ev string) {
+	if strings.HasPrefix(ev, "flushed ") {
+		o, err := ranks.ParseFlushed(ev)
+		switch {
+		case err != nil:
+			c.log.Warn("rank sent a malformed flush report", "job", r.Job, "rank", r.Rank, "error", err)
+		case o.Errors > 0:
+			// A connection the peer closed during the pause: the kernel
+			// would have dropped those bytes too.
+			c.log.Warn("held bytes refused at reopen", "job", r.Job, "rank", r.Rank, "flushed", o.Flushed, "errors", o.Errors, "errno", o.Errno)
+		default:
+			c.log.Debug("held bytes flushed", "job", r.Job, "rank", r.Rank, "flushed", o.Flushed)
+		}
+		return
+	}
+	op := map[string]string{"pause": ctl.OpPause, "resume": ctl.OpResume}[ev]
+	key := r.JobKey()
+	if op == "" || !c.startEvent(key) {
+		return
+	}
+	// ev is the rank's to write: an attribute (quoted), never the message.
+	c.log.Info("rank event", "event", ev, "job", r.Job, "rank", r.Rank, "pid", r.Pid)
+	go func() {
+		defer c.endEvent(key)
+		// The rank's own uid, for its own job: a rank's signal pauses its
+		// job, and nothing else.
+		rep, err := c.doAt(context.Background(), ctl.Request{Version: ctl.Version, Op: op, Job: key}, r.UID, nil, true)
+		var ce *ctl.Error
+		switch {
+		case errors.As(err, &ce) && (ce.Code == ctl.CodeElsewhere || ce.Code == ctl.CodeState):
+			c.log.Info(ev+" request left alone", "job", r.Job, "reason", ce.Message)
+		case err != nil:
+			c.log.Warn(ev+" on the rank's request failed", "job", r.Job, "error", err)
+		default:
+			c.log.Info(ev+" on the rank's request", "job", r.Job, "state", rep.State, "total_ms", rep.TotalMs)
+		}
+	}()
+}
+
+// startEvent says whether a rank's request for job key may start: none
+// is under way.
+func (c *coordinator) startEvent(key string) bool {
+	c.evMu.Lock()
+	defer c.evMu.Unlock()
+	if c.events[key] {
+		return false
+	}
+	if c.events == nil {
+		c.events = map[string]bool{}
+	}
+	c.events[key] = true
+	return true
+}
+
+func (c *coordinator) endEvent(key string) {
+	c.evMu.Lock()
+	defer c.evMu.Unlock()
+	delete(c.events, key)
+}
+
+// list shows the jobs the caller may see: all for root, their own otherwise.
+func (c *coordinator) list(uid uint32) []ctl.Job {
+	c.reg.mu.Lock()
+	ids := make([]string, 0, len(c.reg.jobs))
+	for id, j := range c.reg.jobs {
+		if uid == 0 || uid == j.owner {
+			ids = append(ids, id)
+		}
+	}
+	c.reg.mu.Unlock()
+	slices.Sort(ids)
+	out := []ctl.Job{}
+	for _, id := range ids {
+		if v, err := c.view(id); err == nil {
+			out = append(out, v)
+		}
+	}
+	return out
+}
+
+// view is the job (by key) as this node sees it.
+func (c *coordinator) view(id string) (ctl.Job, error) {
+	c.reg.mu.Lock()
+	j := c.reg.jobs[id]
+	if j == nil {
+		c.reg.mu.Unlock()
+		return ctl.Job{}, c.noJob(id)
+	}
+	v := j.last
+	v.ID, v.Owner, v.Since, v.Unpausable = j.name, j.owner, j.since, j.unwatched
+	if v.Unpausable == "" {
+		v.Unpausable = c.reg.missingLocked(j)
+	}
+	state, coordinated := j.state, j.coordinator == c.node
+	adopted, nodes, coordinator, size, local := j.adopted, j.nodes, j.coordinator, j.size, j.localRanks
+	v.Nodes = []string{c.node}
+	if coordinated {
+		remotes := make([]string, 0, len(j.remotes))
+		for n := range j.remotes {
+			remotes = append(remotes, n)
+		}
+		slices.Sort(remotes)
+		v.Nodes = append(v.Nodes, remotes...)
+	}
+	c.reg.mu.Unlock()
+	rs := c.ranks.Ranks(id)
+	if adopted && len(rs) == 0 {
+		// What the ranks told the previous mpid, from its record.
+		v.Node, v.Ranks, v.LocalRanks, v.Coordinator = c.node, size, local, coordinator
+		v.State = state
+		if coordinated && len(nodes) > len(v.Nodes) {
+			v.Nodes = nodes
+		}
+		if !coordinated {
+			v.Nodes = []string{c.node}
+			if _, ok := c.agent.State(id); ok {
+				v.State = agentState(c.agent, id)
+			}
+		}
+		return v, nil
+	}
+	v.LocalRanks = nil
+	v.Ranks = size
+	for _, r := range rs {
+		v.LocalRanks = append(v.LocalRanks, r.Rank)
+		v.Ranks = max(v.Ranks, r.Size)
+	}
+	slices.Sort(v.LocalRanks)
+	v.Node, v.Coordinator = c.node, coordinator
+	if coordinated {
+		v.State = state
+	} else {
+		v.State = agentState(c.agent, id)
+	}
+	return v, nil
+}
+
+// jobName is the id part of a job key, for messages.
+func jobName(key string) string {
+	if _, name, ok := ranks.SplitJobKey(key); ok {
+		return name
+	}
+	return key
+}
+
+// agentState is a non-coordinator node's idea of the job's state: the last
+// protocol step it ran.
+func agentState(a *quiesce.Agent, id string) string {
+	st, ok := a.State(id)
+	if !ok {
+		return ctl.StateRunning
+	}
+	if st.Err != "" && (st.Kind == quiesce.KindAbort || st.Kind == quiesce.KindResume) {
+		return ctl.StateFailed
+	}
+	switch st.Kind {
+	case quiesce.KindCommit:
+		return ctl.StatePaused
+	case quiesce.KindAbort, quiesce.KindResume:
+		return ctl.StateRunning
+	}
+	return ctl.StatePausing
+}

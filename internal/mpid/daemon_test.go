@@ -1,0 +1,402 @@
+package mpid
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/loader"
+	"github.com/mpipause/mpipause/quiesce"
+)
+
+// memCgroups is Cgroups in memory: where each pid was moved, which dirs
+// are frozen. A Freeze waits for hold, if set, to close.
+type memCgroups struct {
+	mu     sync.Mutex
+	dirs   map[string]bool
+	procs  map[int]string
+	frozen map[string]bool
+	hold   chan struct{}
+}
+
+func newMemCgroups() *memCgroups {
+	return &memCgroups{dirs: map[string]bool{}, procs: map[int]string{}, frozen: map[string]bool{}}
+}
+
+func (c *memCgroups) Create(dir string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.dirs[dir] = true
+	return nil
+}
+
+func (c *memCgroups) Remove(dir string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.dirs, dir)
+	return nil
+}
+
+func (c *memCgroups) Procs(dir string) ([]int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []int
+	for pid, d := range c.procs {
+		if d == dir {
+			out = append(out, pid)
+		}
+	}
+	return out, nil
+}
+
+func (c *memCgroups) Holds(dir string, pid int) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.procs[pid] != dir {
+		return fmt.Errorf("pid %d is in %q, not in %s", pid, c.procs[pid], dir)
+	}
+	return nil
+}
+
+func (c *memCgroups) Move(p *ranks.Proc, dir string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.dirs[dir] {
+		return fmt.Errorf("no cgroup %s", dir)
+	}
+	c.procs[p.Pid] = dir
+	return nil
+}
+
+func (c *memCgroups) Freeze(ctx context.Context, dir string) error {
+	c.mu.Lock()
+	hold := c.hold
+	c.mu.Unlock()
+	if hold != nil {
+		select {
+		case <-hold:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.frozen[dir] = true
+	return nil
+}
+
+func (c *memCgroups) Thaw(ctx context.Context, dir string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.frozen, dir)
+	return nil
+}
+
+func (c *memCgroups) Frozen(dir string) (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.frozen[dir], nil
+}
+
+// memObservers opens observers that see no connection: every drain is
+// clean at once, every kernel check empty.
+type memObservers struct{}
+
+func (memObservers) Open(string) (loader.Observer, error) { return emptyObserver{}, nil }
+func (memObservers) Unpin(string) error                   { return nil }
+
+type emptyObserver struct{}
+
+func (emptyObserver) Snapshot(context.Context) ([]loader.Conn, error) { return nil, nil }
+func (emptyObserver) Kind() string                                    { return "test" }
+func (emptyObserver) Close() error                                    { return nil }
+
+// testNode is one daemon of an in-process cluster, served by Run.
+type testNode struct {
+	*Daemon
+	cgroups           *memCgroups
+	rankAddr, ctlAddr string
+	log               *syncBuffer
+}
+
+// syncBuffer is a log destination that tests read while mpid writes.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// startNode runs a whole mpid named node on the in-process network net,
+// with memory cgroups and observers, abstract sockets of its own and the
+// cluster key k, until the test ends.
+func startNode(t *testing.T, node string, net *quiesce.MemNetwork, k *quiesce.Key) *testNode {
+	t.Helper()
+	n := &testNode{cgroups: newMemCgroups(), log: &syncBuffer{},
+		rankAddr: fmt.Sprintf("@mpipause-test-%d-%s-%s-rank", os.Getpid(), t.Name(), node),
+		ctlAddr:  fmt.Sprintf("@mpipause-test-%d-%s-%s-ctl", os.Getpid(), t.Name(), node)}
+	d, err := New(Config{Node: node, ClusterKey: k, RankSocket: n.rankAddr, CtlSocket: n.ctlAddr, StateDir: t.TempDir(),
+		Cgroups: n.cgroups, Observers: memObservers{}, Network: net, Drain: 5 * time.Second,
+		Log: slog.New(slog.NewTextHandler(n.log, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Daemon = d
+	ctx, cancel := context.WithCancel(context.Background())
+	ready, done := make(chan struct{}), make(chan error, 1)
+	go func() { done <- d.Run(ctx, func() error { close(ready); return nil }) }()
+	select {
+	case <-ready:
+	case err := <-done:
+		t.Fatalf("mpid %s: %v", node, err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("mpid %s: %v", node, err)
+		}
+	})
+	return n
+}
+
+// testShim plays a rank's shim on a node: JOIN, then HELLO, then the gate
+// requests, answered as the shim does.
+type testShim struct {
+	mu   sync.Mutex
+	conn net.Conn
+	gate string
+}
+
+func (n *testNode) rank(t *testing.T, job, key string, rank, size int) *testShim {
+	t.Helper()
+	pid := os.Getpid()
+	j, err := net.Dial("unix", n.rankAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(j, "JOIN 2 job=%s pid=%d key=%s\n", job, pid, key)
+	reply, err := bufio.NewReader(j).ReadString('\n')
+	j.Close()
+	if reply != "OK\n" {
+		t.Fatalf("JOIN on %s: %q, %v", n.cfg.Node, reply, err)
+	}
+	c, err := net.Dial("unix", n.rankAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	s := &testShim{conn: c, gate: "open"}
+	s.send("HELLO 2 job=%s rank=%d size=%d pid=%d host=%s key=%s\n", job, rank, size, pid, n.cfg.Node, key)
+	go func() {
+		br := bufio.NewReader(c)
+		for {
+			l, err := br.ReadString('\n')
+			if err != nil {
+				return
+			}
+			switch strings.TrimSpace(l) {
+			case "CLOSE":
+				s.gate = "closed"
+				s.send("CLOSED gate=closed gated=1 closing=0 held=0\n")
+			case "STATE":
+				s.send("STATE gate=%s gated=1 closing=0 held=0\n", s.gate)
+			case "DRAIN":
+				s.send("DRAINING sockets=0 stashed=0\n")
+			case "REOPEN":
+				s.gate = "open"
+				s.send("REOPENED\nEVENT flushed bytes=0 errors=0 errno=0\n")
+			}
+		}
+	}()
+	key2 := ranks.JobKey(uint32(os.Getuid()), job)
+	if err := n.reg.ranks.Wait(context.Background(), func(all []*ranks.Rank) bool {
+		return slices.ContainsFunc(all, func(r *ranks.Rank) bool { return r.JobKey() == key2 && r.Rank == rank })
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+func (s *testShim) send(format string, args ...any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	fmt.Fprintf(s.conn, format, args...)
+}
+
+// ask sends one request to node's control socket, as the CLI does.
+func (n *testNode) ask(t *testing.T, op, job string) ctl.Reply {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r, err := ctl.Do(ctx, n.ctlAddr, ctl.Request{Op: op, Job: job}, nil)
+	if r == nil {
+		t.Fatalf("%s %s: %v", op, job, err)
+	}
+	return *r
+}
+
+// TestPauseInProcess: three whole mpids over the in-process network, the
+// job created on node0 as `mpipause run` does, one rank on each node
+// joining with the job key it was given: the nodes register with the
+// coordinator, and a pause asked of node2 is forwarded to node0, gates
+// every rank, freezes every node's job cgroup and commits; a resume thaws
+// and reopens everything. No privilege, no kernel: milliseconds.
+func TestPauseInProcess(t *testing.T) {
+	k, err := quiesce.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	mem := quiesce.NewMemNetwork(1, quiesce.Faults{})
+	defer mem.Close()
+	var nodes []*testNode
+	for _, name := range []string{"node0", "node1", "node2"} {
+		nodes = append(nodes, startNode(t, name, mem, k))
+	}
+	created := nodes[0].ask(t, ctl.OpCreate, "j1")
+	if created.Err != nil || created.Token == "" {
+		t.Fatalf("create: %+v", created)
+	}
+	var shims []*testShim
+	for i, n := range nodes {
+		shims = append(shims, n.rank(t, "j1", created.Token, i, 3))
+	}
+	key := ranks.JobKey(uint32(os.Getuid()), "j1")
+	dir := func(n *testNode) string { return n.reg.jobDir(key) }
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		st := nodes[0].ask(t, ctl.OpStatus, "j1")
+		if st.Job != nil && strings.Join(st.Job.Nodes, ",") == "node0,node1,node2" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the coordinator never listed every node: %+v", st.Job)
+		}
+		mem.Drain()
+	}
+
+	start := time.Now()
+	rep := nodes[2].ask(t, ctl.OpPause, "j1")
+	if rep.Err != nil || rep.Job == nil || rep.Job.State != ctl.StatePaused {
+		t.Fatalf("pause: %+v %+v", rep.Err, rep.Job)
+	}
+	t.Logf("pause of 3 nodes in %v", time.Since(start))
+	for i, n := range nodes {
+		if f, _ := n.cgroups.Frozen(dir(n)); !f {
+			t.Errorf("node%d: the job's cgroup is not frozen", i)
+		}
+		shims[i].mu.Lock()
+		if shims[i].gate != "closed" {
+			t.Errorf("node%d: rank %d's gate is %s", i, i, shims[i].gate)
+		}
+		shims[i].mu.Unlock()
+	}
+	if again := nodes[0].ask(t, ctl.OpPause, "j1"); again.Err == nil || again.Err.Code != ctl.CodeState {
+		t.Errorf("a second pause: %+v", again.Err)
+	}
+
+	rep = nodes[1].ask(t, ctl.OpResume, "j1")
+	if rep.Err != nil || rep.Job == nil || rep.Job.State != ctl.StateRunning {
+		t.Fatalf("resume: %+v %+v", rep.Err, rep.Job)
+	}
+	for i, n := range nodes {
+		if f, _ := n.cgroups.Frozen(dir(n)); f {
+			t.Errorf("node%d: still frozen after the resume", i)
+		}
+		shims[i].mu.Lock()
+		if shims[i].gate != "open" {
+			t.Errorf("node%d: gate %s after the resume", i, shims[i].gate)
+		}
+		shims[i].mu.Unlock()
+	}
+}
+
+// TestRankEventsOneAtATime: a rank that repeats its SIGTSTP event (or
+// floods the line) gets one pause of its job under way, not one per line.
+func TestRankEventsOneAtATime(t *testing.T) {
+	k, _ := quiesce.GenerateKey()
+	mem := quiesce.NewMemNetwork(1, quiesce.Faults{})
+	defer mem.Close()
+	n := startNode(t, "node0", mem, k)
+	created := n.ask(t, ctl.OpCreate, "j1")
+	s := n.rank(t, "j1", created.Token, 0, 1)
+	hold := make(chan struct{})
+	n.cgroups.mu.Lock()
+	n.cgroups.hold = hold // the first pause stays in FREEZE
+	n.cgroups.mu.Unlock()
+	const events = 200
+	for range events {
+		s.send("EVENT pause\n")
+	}
+	// Events are read in order: once this one is logged, every pause
+	// event before it has been handled.
+	s.send("EVENT flushed bytes=7 errors=0 errno=0\n")
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(n.log.String(), "flushed=7"); {
+		if time.Now().After(deadline) {
+			t.Fatal("the marker event never arrived")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	got := strings.Count(n.log.String(), `msg="rank event"`)
+	close(hold)
+	if got != 1 {
+		t.Errorf("%d pause requests for %d events, want 1 under way at a time", got, events)
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		st := n.ask(t, ctl.OpStatus, "j1")
+		if st.Job != nil && st.Job.State == ctl.StatePaused {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the rank's pause did not complete: %+v", st.Job)
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// newTestDaemon is a daemon with no kernel and no sockets behind it, its
+// roles wired but not served: the tests call them directly. Its peers are
+// on net (nil: a network of its own), sharing key (nil: a fresh one).
+func newTestDaemon(t *testing.T, node string, net *quiesce.MemNetwork, k *quiesce.Key) *Daemon {
+	t.Helper()
+	if k == nil {
+		var err error
+		if k, err = quiesce.GenerateKey(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if net == nil {
+		net = quiesce.NewMemNetwork(1, quiesce.Faults{})
+		t.Cleanup(net.Close)
+	}
+	d, err := New(Config{Node: node, ClusterKey: k, StateDir: t.TempDir(), Cgroups: newMemCgroups(), Observers: memObservers{},
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	t.Cleanup(func() { close(done) })
+	d.wire(ranks.NewServer(nil), net, done)
+	net.Register(node, d.peer.handle)
+	return d
+}

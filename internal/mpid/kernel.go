@@ -1,0 +1,100 @@
+package mpid
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/loader"
+)
+
+// Cgroups is what mpid does to the cgroups of jobs: make and remove them,
+// move ranks in, freeze and thaw them. mpid runs on the kernel's
+// (KernelCgroups); in-process tests give a daemon one of their own, so that
+// it creates jobs, registers ranks and runs pauses without privilege.
+type Cgroups interface {
+	Create(dir string) error
+	// Remove removes dir if no process is left in it.
+	Remove(dir string) error
+	Procs(dir string) ([]int, error)
+	// Holds says (nil) whether pid lives in dir or below.
+	Holds(dir string, pid int) error
+	// Move moves p into dir, through its pidfd (ranks.Proc.MoveTo).
+	Move(p *ranks.Proc, dir string) error
+	Freeze(ctx context.Context, dir string) error
+	Thaw(ctx context.Context, dir string) error
+	Frozen(dir string) (bool, error)
+}
+
+// Observers opens the kernel observer of a job's cgroup, and unpins what
+// an observer left pinned for the next mpid once the job ends.
+type Observers interface {
+	Open(dir string) (loader.Observer, error)
+	Unpin(dir string) error
+}
+
+// KernelCgroups is Cgroups on cgroup v2.
+type KernelCgroups struct{}
+
+func (KernelCgroups) Create(dir string) error                      { return cgroupv2.Create(dir) }
+func (KernelCgroups) Remove(dir string) error                      { return cgroupv2.Remove(dir) }
+func (KernelCgroups) Procs(dir string) ([]int, error)              { return cgroupv2.Procs(dir) }
+func (KernelCgroups) Move(p *ranks.Proc, dir string) error         { return p.MoveTo(dir) }
+func (KernelCgroups) Freeze(ctx context.Context, dir string) error { return cgroupv2.Freeze(ctx, dir) }
+func (KernelCgroups) Thaw(ctx context.Context, dir string) error   { return cgroupv2.Thaw(ctx, dir) }
+func (KernelCgroups) Frozen(dir string) (bool, error)              { return cgroupv2.Frozen(dir) }
+
+// Holds reads /proc/PID/cgroup ("0::/path").
+func (KernelCgroups) Holds(dir string, pid int) error {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return fmt.Errorf("pid %d: %w", pid, err)
+	}
+	root, err := cgroupv2.Root()
+	if err != nil {
+		return err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(l, "0::"); ok {
+			p = filepath.Join(root, p)
+			if p == dir || strings.HasPrefix(p, dir+"/") {
+				return nil
+			}
+			return fmt.Errorf("pid %d is in %s, not in the job's cgroup %s", pid, p, dir)
+		}
+	}
+	return fmt.Errorf("pid %d: no cgroup v2 entry", pid)
+}
+
+// BPFObservers is Observers on the BPF observer (loader), pinned so that
+// a restarted mpid finds what the job's connections did meanwhile.
+type BPFObservers struct {
+	// Warn reports state of another build that was replaced.
+	Warn func(msg string, args ...any)
+}
+
+func (o BPFObservers) Open(dir string) (loader.Observer, error) {
+	cfg := loader.Config{Cgroup: dir, FollowJob: true, Pin: true, Require: loader.KindBPF}
+	obs, err := loader.Open(context.Background(), cfg)
+	if errors.Is(err, loader.ErrStalePin) {
+		// Pinned by an mpid of another build: the job ran, or is paused,
+		// across an upgrade. Those maps do not fit this build's programs;
+		// fresh ones adopt the job's open connections, history included
+		// (loader's TestBPFPinStale), so the old state goes.
+		if o.Warn != nil {
+			o.Warn("replacing the job's BPF state pinned by another mpid build", "cgroup", dir, "err", err)
+		}
+		if uerr := loader.Unpin(loader.Config{Cgroup: dir}); uerr != nil {
+			return nil, fmt.Errorf("%w (and unpinning it failed: %v)", err, uerr)
+		}
+		obs, err = loader.Open(context.Background(), cfg)
+	}
+	return obs, err
+}
+
+func (BPFObservers) Unpin(dir string) error { return loader.Unpin(loader.Config{Cgroup: dir}) }

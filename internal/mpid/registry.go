@@ -1,0 +1,697 @@
+package mpid
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/loader"
+	"github.com/mpipause/mpipause/quiesce"
+)
+
+// job is what this node knows of one job.
+type job struct {
+	// id is the job's key (ranks.JobKey: "<owner uid>:<name>"), the name
+	// of its cgroup, its records and its protocol messages; name is the id
+	// its owner chose, what the CLI shows.
+	id     string
+	name   string
+	dir    string // cgroup v2 directory of the job's ranks on this node
+	owner  uint32
+	joined int             // ranks moved in by JOIN
+	obs    loader.Observer // under mu; opened under obsMu (openObserver)
+	obsMu  sync.Mutex
+	// unwatched, if set, says why the kernel cannot vouch for the job.
+	unwatched string
+	// Coordinator side (coordinator.go).
+	state string // ctl.State*
+	busy  bool
+	last  ctl.Job // the last pause or resume's figures
+	since time.Time
+	// adopted: found at start, left by a previous mpid (state.go); what its
+	// ranks' registrations told the old mpid comes from its record, until
+	// they register again. missing: the adopted ranks (pids) that have not
+	// registered again yet; the job cannot be paused before they have.
+	adopted bool
+	missing map[int]bool
+	nodes   []string
+	// coordinator is the node named by the job key (authority.go): the
+	// only one whose protocol steps this node runs for the job.
+	coordinator string
+	size        int
+	localRanks  []int
+	// Coordinator side: remotes are the other nodes whose mpid registered
+	// ranks of the job here; creator is the `mpipause run` that created it
+	// (the job is kept while it lives, ranks or not).
+	remotes map[string]bool
+	creator *os.Process
+	// Other nodes: registered says the coordinator has confirmed this
+	// node (registration is retried by sweep until it has, and repeated
+	// so that a restarted coordinator learns its nodes again).
+	registered bool
+	token      string
+}
+
+// registry is mpid's record of the jobs with ranks on this node: it admits
+// ranks (JOIN, HELLO) by their job key, makes each job's cgroup and opens
+// its observer, registers the job with its coordinator over the peer port
+// (and, on the coordinator, keeps the nodes that registered), and forgets a
+// job once nothing of it is left here (sweep).
+type registry struct {
+	node string
+	key  *quiesce.Key
+	// parent is where job cgroups are made; fixed, if set, is the one
+	// cgroup every job's ranks are in already (Config.FixedCgroup).
+	parent, fixed string
+	cgroups       Cgroups
+	observers     Observers
+	ranks         *ranks.Server
+	// tr carries registrations to the jobs' coordinators.
+	tr  quiesce.Transport
+	log *slog.Logger
+	// refusals keeps a rank that retries a refused JOIN or HELLO from
+	// flooding the log.
+	refusals *logLimiter
+	// pausing says whether a protocol step of the job is under way on this
+	// node (the agent's): its job is kept. ended is told the job is gone.
+	pausing func(id string) bool
+	ended   func(id string)
+
+	mu   sync.Mutex
+	jobs map[string]*job
+}
+
+// jobDir is the cgroup of job's ranks on this node.
+func (r *registry) jobDir(id string) string {
+	if r.fixed != "" {
+		return r.fixed
+	}
+	return filepath.Join(r.parent, id)
+}
+
+// maxJobsPerUser bounds the jobs one user can make mpid keep (each is a
+// cgroup and a set of BPF programs).
+const maxJobsPerUser = 64
+
+// authorizeLocked returns the job a process of uid asks to join as job
+// name with job key token, making its record (and cgroup) if it is new
+// here: the key must be this job's (authority.go). The job then names its
+// coordinator; a new job on another node than the coordinator registers
+// there (register).
+func (r *registry) authorizeLocked(uid uint32, name, token string) (*job, error) {
+	if err := ctl.ValidJobID(name); err != nil {
+		return nil, err
+	}
+	coord, err := checkToken(r.key, uid, name, token)
+	if err != nil {
+		return nil, err
+	}
+	key := ranks.JobKey(uid, name)
+	j := r.jobs[key]
+	switch {
+	case j == nil:
+		if j, err = r.newJobLocked(uid, name, coord); err != nil {
+			return nil, err
+		}
+	case j.coordinator == "":
+		// Adopted without a record that names it.
+		j.coordinator = coord
+	case j.coordinator != coord:
+		return nil, fmt.Errorf("job %s of uid %d is coordinated by %s, and this rank's job key names %s: two launches under one job id? give each its own", name, uid, j.coordinator, coord)
+	}
+	if coord != r.node && j.token == "" {
+		j.token = token
+		go r.register(j.id, coord, token, uid)
+	}
+	return j, nil
+}
+
+// newJobLocked makes the record of job name of uid, coordinated by coord.
+func (r *registry) newJobLocked(uid uint32, name, coord string) (*job, error) {
+	if uid != 0 {
+		n := 0
+		for _, o := range r.jobs {
+			if o.owner == uid {
+				n++
+			}
+		}
+		if n >= maxJobsPerUser {
+			return nil, fmt.Errorf("uid %d has %d jobs on %s, the most one user may have: let some end first", uid, n, r.node)
+		}
+	}
+	key := ranks.JobKey(uid, name)
+	j := &job{id: key, name: name, dir: r.jobDir(key), owner: uid, coordinator: coord, state: ctl.StateRunning, since: time.Now()}
+	if r.fixed == "" {
+		if err := r.cgroups.Create(j.dir); err != nil {
+			return nil, err
+		}
+	}
+	if coord == r.node {
+		j.remotes = map[string]bool{}
+	}
+	r.jobs[key] = j
+	return j, nil
+}
+
+// create makes job name of uid, coordinated by this node, for the
+// `mpipause run` of pid, and answers with its job key. An id in use by
+// one of the caller's jobs here is refused: two launches under one id
+// would be one job to mpid.
+func (r *registry) create(name string, uid uint32, pid int) ctl.Reply {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	key := ranks.JobKey(uid, name)
+	if r.jobs[key] != nil {
+		return ctl.Reply{Err: ctl.Errorf(ctl.CodeState, "job id %s is in use by a job of yours on %s: choose another (--jobid), or let it end", name, r.node), Final: true}
+	}
+	j, err := r.newJobLocked(uid, name, r.node)
+	if err != nil {
+		return ctl.Reply{Err: ctl.Errorf(ctl.CodeUnavailable, "%v", err), Final: true}
+	}
+	// os.FindProcess holds a pidfd: a later pid of the same number is
+	// never taken for the creator.
+	if p, err := os.FindProcess(pid); err == nil {
+		j.creator = p
+	}
+	r.log.Info("job created", "job", key, "pid", pid)
+	v := ctl.Job{ID: name, Owner: uid, State: j.state, Node: r.node, Coordinator: r.node, Nodes: []string{r.node}, Since: j.since}
+	return ctl.Reply{Job: &v, Token: JobToken(r.key, uid, name, r.node), Final: true}
+}
+
+// lookup finds the job a caller of uid means by name: their own job of
+// that id; for root, "UID:ID" or the one job of that id, whoever owns it.
+// A job of someone else's is unknown to a stranger, owner and all.
+func (r *registry) lookup(name string, uid uint32) (string, error) {
+	if uid != 0 {
+		return ranks.JobKey(uid, name), nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.jobs[name] != nil {
+		return name, nil
+	}
+	var keys []string
+	for k, j := range r.jobs {
+		if j.name == name {
+			keys = append(keys, k)
+		}
+	}
+	switch len(keys) {
+	case 0:
+		return ranks.JobKey(0, name), nil
+	case 1:
+		return keys[0], nil
+	}
+	slices.Sort(keys)
+	return "", ctl.Errorf(ctl.CodeBadRequest, "%d users have a job %s on %s: name one as UID:ID (%s)", len(keys), name, r.node, strings.Join(keys, ", "))
+}
+
+// openObserver attaches the kernel observer to the job's cgroup. Loading
+// BPF programs takes tens of milliseconds: it holds the job's own lock, not
+// r.mu, which every pause and resume of every job takes.
+func (r *registry) openObserver(j *job) error {
+	j.obsMu.Lock()
+	defer j.obsMu.Unlock()
+	r.mu.Lock()
+	have := j.obs != nil
+	r.mu.Unlock()
+	if have {
+		return nil
+	}
+	obs, err := r.observers.Open(j.dir)
+	if err != nil {
+		return fmt.Errorf("observe job %s: %w", j.id, err)
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.jobs[j.id] != j {
+		// The job ended meanwhile; its successor of the same key (if
+		// any) opens its own.
+		obs.Close()
+		return fmt.Errorf("job %s ended", j.id)
+	}
+	j.obs = obs
+	return nil
+}
+
+// observer is the node role's access to a job's observer.
+func (r *registry) observer(id string) (loader.Observer, error) {
+	r.mu.Lock()
+	j := r.jobs[id]
+	r.mu.Unlock()
+	if j == nil {
+		return nil, fmt.Errorf("job %s is not known on %s", id, r.node)
+	}
+	if err := r.openObserver(j); err != nil {
+		return nil, err
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return j.obs, nil
+}
+
+// cgroupOf is the node role's access to a job's cgroup.
+func (r *registry) cgroupOf(id string) (string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if j := r.jobs[id]; j != nil {
+		return j.dir, nil
+	}
+	return "", fmt.Errorf("job %s is not known on %s", id, r.node)
+}
+
+// join moves a rank into its job's cgroup before it opens any socket: the
+// kernel files a socket under its creator's cgroup at creation, for good.
+func (r *registry) join(req ranks.JoinRequest) error {
+	j, err := r.joinLocked(req)
+	if err != nil || j == nil {
+		return err
+	}
+	if err := r.openObserver(j); err != nil {
+		return err
+	}
+	r.log.Info("rank joined", "job", j.id, "pid", req.Proc.Pid, "uid", req.Proc.UID, "cgroup", j.dir)
+	return nil
+}
+
+func (r *registry) joinLocked(req ranks.JoinRequest) (*job, error) {
+	p := req.Proc
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j, err := r.authorizeLocked(p.UID, req.Job, req.Key)
+	if err != nil {
+		return nil, err
+	}
+	if r.fixed != "" {
+		if err := r.cgroups.Holds(r.fixed, p.Pid); err != nil {
+			return nil, err
+		}
+		return nil, p.Alive() // alive after the read: what it read was the process's
+	}
+	if err := r.cgroups.Move(p, j.dir); err != nil {
+		return nil, err
+	}
+	j.joined++
+	return j, nil
+}
+
+// admit accepts a rank's HELLO. A rank that did not JOIN first may have
+// sockets the kernel files under another cgroup: it is admitted (it can be
+// frozen) but the job is marked unpausable, because no kernel check could
+// vouch for those sockets.
+func (r *registry) admit(rk *ranks.Rank) error {
+	j, err := r.admitLocked(rk)
+	if err != nil {
+		return err
+	}
+	return r.openObserver(j)
+}
+
+func (r *registry) admitLocked(rk *ranks.Rank) (*job, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j, err := r.authorizeLocked(rk.UID, rk.Job, rk.Key)
+	if err != nil {
+		return nil, fmt.Errorf("rank %d (pid %d, uid %d) of job %s: %w", rk.Rank, rk.Pid, rk.UID, rk.Job, err)
+	}
+	if rk.Size > j.size {
+		j.size = rk.Size
+	}
+	if err := r.cgroups.Holds(j.dir, rk.Pid); err != nil {
+		if r.fixed != "" {
+			return nil, err
+		}
+		if err := r.cgroups.Move(rk.Proc(), j.dir); err != nil {
+			return nil, err
+		}
+		if j.unwatched == "" {
+			j.unwatched = fmt.Sprintf("rank %d (pid %d on %s) registered without joining its job cgroup at start, so the kernel cannot check its connections; launch the job with `mpipause run`", rk.Rank, rk.Pid, r.node)
+		}
+	}
+	if j.adopted && j.missing[rk.Pid] {
+		delete(j.missing, rk.Pid)
+		if r.missingLocked(j) == "" {
+			r.log.Info("every rank of the adopted job registered again; it can be paused", "job", j.id)
+			j.adopted = false
+		}
+	}
+	return j, nil
+}
+
+// missingLocked says why an adopted job cannot be paused yet: some of the
+// ranks the previous mpid had registered have not registered with this one
+// (a shim does so as soon as it runs: a paused job's after its resume).
+// Ranks that have exited meanwhile are not waited for.
+func (r *registry) missingLocked(j *job) string {
+	if !j.adopted {
+		return ""
+	}
+	var pids []int
+	for pid := range j.missing {
+		// Only ESRCH means gone: under the unit mpid has no CAP_KILL, and
+		// kill(pid, 0) on another user's live rank fails with EPERM.
+		if errors.Is(syscall.Kill(pid, 0), syscall.ESRCH) {
+			delete(j.missing, pid)
+			continue
+		}
+		pids = append(pids, pid)
+	}
+	if len(pids) == 0 {
+		return ""
+	}
+	slices.Sort(pids)
+	return fmt.Sprintf("mpid on %s restarted since its ranks registered, and %s (pid %s) not registered again yet; "+
+		"a rank does as soon as it runs (resume the job first if it is paused)",
+		r.node, plural(len(pids), "rank"), joinInts(pids))
+}
+
+// unready is the node role's question: why the job cannot be gated yet.
+func (r *registry) unready(id string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if j := r.jobs[id]; j != nil {
+		return r.missingLocked(j)
+	}
+	return ""
+}
+
+func joinInts(xs []int) string {
+	s := make([]string, len(xs))
+	for i, x := range xs {
+		s[i] = strconv.Itoa(x)
+	}
+	return strings.Join(s, ",")
+}
+
+func (r *registry) rankChanged(rk *ranks.Rank, gone bool, err error) {
+	switch {
+	case err != nil && !gone:
+		if ok, held := r.refusals.allow(err.Error()); ok {
+			r.log.Warn("rank refused", "error", err, "repeats_not_logged", held)
+		}
+	case gone:
+		if err == nil {
+			r.log.Info("rank gone", "job", rk.Job, "rank", rk.Rank, "pid", rk.Pid)
+		} else if ok, held := r.refusals.allow(fmt.Sprintf("cut off: uid %d", rk.UID)); ok {
+			// One line per user and interval, whatever the pids.
+			r.log.Warn("rank cut off", "error", err, "repeats_not_logged", held)
+		}
+		r.mu.Lock()
+		if j := r.jobs[rk.JobKey()]; j != nil {
+			r.maybeEndLocked(j)
+		}
+		r.mu.Unlock()
+	default:
+		// Its shim's control thread is raised only for a pause step
+		// (nodeRole.Prepare), never for registering.
+		r.log.Info("rank registered", "job", rk.Job, "rank", rk.Rank, "size", rk.Size, "pid", rk.Pid, "host", rk.Host)
+	}
+}
+
+// maybeEndLocked forgets a job once no process of it is left on this node
+// and no pause of it is under way here. A pause whose ranks here all died
+// mid-way must still find the job: its next step then names the ranks that
+// exited (not "never prepared here", as a forgotten job did), and its
+// rollback finds the cgroup to thaw; sweep ends the job after that.
+func (r *registry) maybeEndLocked(j *job) {
+	if j.busy || len(r.ranks.Ranks(j.id)) > 0 || r.pausing(j.id) || len(j.remotes) > 0 {
+		return
+	}
+	if j.creator != nil {
+		if !errors.Is(j.creator.Signal(syscall.Signal(0)), os.ErrProcessDone) {
+			return // `mpipause run` is still launching or running it
+		}
+		j.creator.Release()
+		j.creator = nil
+	}
+	if procs, err := r.cgroups.Procs(j.dir); (err != nil && !errors.Is(err, os.ErrNotExist)) || len(procs) > 0 {
+		return
+	}
+	if j.coordinator != "" && j.coordinator != r.node && j.token != "" {
+		go r.unregister(j.id, j.coordinator, j.token, j.owner)
+	}
+	r.log.Info("job ended", "job", j.id)
+	r.closeJobLocked(j, true)
+	delete(r.jobs, j.id)
+	r.ended(j.id)
+}
+
+func (r *registry) closeJobLocked(j *job, unpin bool) {
+	if j.obs != nil {
+		j.obs.Close()
+		j.obs = nil
+		if unpin {
+			if err := r.observers.Unpin(j.dir); err != nil {
+				r.log.Warn("unpin", "job", j.id, "error", err)
+			}
+		}
+	}
+	if unpin && r.fixed == "" {
+		if procs, err := r.cgroups.Procs(j.dir); err == nil && len(procs) == 0 {
+			if err := r.cgroups.Remove(j.dir); err != nil {
+				r.log.Warn("remove job cgroup", "job", j.id, "error", err)
+			}
+		}
+	}
+}
+
+// close closes the observers; their pinned state stays unless unpin.
+func (r *registry) close(unpin bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, j := range r.jobs {
+		r.closeJobLocked(j, unpin)
+	}
+}
+
+// sweep ends jobs whose processes all left without a rank's goodbye (a JOIN
+// whose rank died before MPI_Init registered it), and repeats this node's
+// registrations.
+func (r *registry) sweep(ctx context.Context) error {
+	t := time.NewTicker(10 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+		r.mu.Lock()
+		for _, j := range r.jobs {
+			r.maybeEndLocked(j)
+			if r.jobs[j.id] == j && j.coordinator != "" && j.coordinator != r.node && j.token != "" {
+				// Again and again: a restarted coordinator learns its
+				// nodes back this way.
+				go r.register(j.id, j.coordinator, j.token, j.owner)
+			}
+		}
+		r.mu.Unlock()
+	}
+}
+
+// Registration: the coordinator of a job learns its nodes from the nodes
+// themselves, over the authenticated peer port, each presenting the job key
+// one of its ranks presented; never from what rank 0 says (docs/security.md).
+// The coordinator's side is peer.registered.
+const (
+	opRegister   = "register"
+	opUnregister = "unregister"
+)
+
+// registerTimeout bounds one registration call; sweep repeats it.
+const registerTimeout = 5 * time.Second
+
+// register tells job key's coordinator that this node has ranks of it.
+func (r *registry) register(key, coord, token string, uid uint32) {
+	size := 0
+	for _, rk := range r.ranks.Ranks(key) {
+		size = max(size, rk.Size)
+	}
+	err := r.registration(key, coord, &quiesce.Control{Op: opRegister, UID: uid, Token: token, Node: r.node, Size: size})
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j := r.jobs[key]
+	if j == nil {
+		return
+	}
+	if err != nil {
+		if ok, held := r.refusals.allow("register " + key); ok {
+			r.log.Warn("the job's coordinator did not confirm this node yet; retried", "job", key, "coordinator", coord, "error", err, "repeats_not_logged", held)
+		}
+		return
+	}
+	if !j.registered {
+		r.log.Info("registered with the job's coordinator", "job", key, "coordinator", coord)
+	}
+	j.registered = true
+	j.token = token
+}
+
+// unregister tells the coordinator that the job ended on this node.
+func (r *registry) unregister(key, coord, token string, uid uint32) {
+	if err := r.registration(key, coord, &quiesce.Control{Op: opUnregister, UID: uid, Token: token, Node: r.node}); err != nil {
+		r.log.Info("the job's coordinator was not told that the job ended here", "job", key, "coordinator", coord, "error", err)
+	}
+}
+
+func (r *registry) registration(key, coord string, c *quiesce.Control) error {
+	ctx, cancel := context.WithTimeout(context.Background(), registerTimeout)
+	defer cancel()
+	m := quiesce.Message{Version: quiesce.ProtocolVersion, Job: key, Kind: quiesce.KindControl, Nodes: []string{coord}, Coordinator: coord, Control: c}
+	rep, err := r.tr.Call(ctx, coord, m)
+	if err == nil && rep.Err != "" {
+		err = errors.New(rep.Err)
+	}
+	if err == nil && rep.Control != nil && rep.Control.Code != "" {
+		err = errors.New(rep.Control.Message)
+	}
+	return err
+}
+
+// remote records (add) or forgets a node's registration of job key on its
+// coordinator, making the job here if it is new (a node may register
+// before the coordinator's own ranks, or `mpipause run`, made it). The
+// key was checked by the caller (peer.registered).
+func (r *registry) remote(key string, uid uint32, name, node string, size int, add bool) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j := r.jobs[key]
+	if !add {
+		if j != nil && j.remotes[node] {
+			delete(j.remotes, node)
+			r.log.Info("job ended on a node", "job", key, "node", node)
+			r.maybeEndLocked(j)
+		}
+		return nil
+	}
+	if j == nil {
+		var err error
+		if j, err = r.newJobLocked(uid, name, r.node); err != nil {
+			return err
+		}
+	}
+	if j.remotes == nil {
+		j.remotes = map[string]bool{}
+	}
+	if !j.remotes[node] {
+		r.log.Info("node registered ranks of the job", "job", key, "node", node)
+	}
+	j.remotes[node] = true
+	if size > j.size {
+		j.size = size
+	}
+	return nil
+}
+
+// coordinatorOf is the coordinator this node knows for job key ("" if the
+// job is unknown here, or adopted without a record that names it).
+func (r *registry) coordinatorOf(key string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if j := r.jobs[key]; j != nil {
+		return j.coordinator
+	}
+	return ""
+}
+
+// adopt brings back, at start, the jobs whose cgroups outlived the previous
+// mpid: paused if the cgroup is frozen and a committed pause is recorded,
+// thawed if it is frozen without one (the pause never committed), running
+// otherwise; a pause the previous mpid was coordinating is rolled back on
+// every node (the returned records, to roll back once mpid serves:
+// coordinator.confirmRollback). Their ranks registered with the old mpid;
+// the job can be paused again once all of them have registered with this
+// one. The records of jobs gone meanwhile are dropped.
+func (r *registry) adopt(st *store) (interrupted []record) {
+	if r.fixed != "" {
+		return nil
+	}
+	recs := st.load()
+	entries, _ := os.ReadDir(r.parent)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range entries {
+		id := e.Name()
+		if !e.IsDir() || r.jobs[id] != nil {
+			continue
+		}
+		owner, name, ok := ranks.SplitJobKey(id)
+		if !ok {
+			// Not a job of this release's layout (<uid>:<id>): left alone.
+			continue
+		}
+		cg := filepath.Join(r.parent, id)
+		procs, err := r.cgroups.Procs(cg)
+		if err != nil || len(procs) == 0 {
+			continue
+		}
+		frozen, _ := r.cgroups.Frozen(cg)
+		if _, committed := recs[id]; frozen && !committed {
+			// Frozen, but no pause committed here: the previous mpid died
+			// inside a pause (after FREEZE, before COMMIT), which the
+			// coordinator has rolled back, or will, on the other nodes.
+			// The ranks' gates reopen as their shims lose the old mpid.
+			if err := r.cgroups.Thaw(context.Background(), cg); err != nil {
+				r.log.Error("job frozen by a pause that never committed here; thaw failed", "job", id, "error", err)
+			} else {
+				frozen = false
+				r.log.Warn("job frozen by a pause that never committed here (mpid died inside it): thawed", "job", id)
+			}
+		}
+		j := &job{id: id, name: name, owner: owner, dir: cg, state: ctl.StateRunning, since: time.Now(), adopted: true, missing: map[int]bool{}}
+		for _, pid := range procs {
+			// A registered rank runs the shim's control thread; the
+			// launcher's daemons and the ranks' own children do not.
+			if ranks.CtlThread(pid) != 0 {
+				j.missing[pid] = true
+			}
+		}
+		if frozen {
+			j.state = ctl.StatePaused
+		}
+		if rec, ok := recs[id]; ok && rec.Owner == owner {
+			j.since, j.last = rec.Since, rec.Last
+			j.nodes, j.coordinator, j.size, j.localRanks = rec.Nodes, rec.Coordinator, rec.Ranks, rec.LocalRanks
+			if rec.Coordinator == r.node {
+				// The nodes the record names had registered ranks of the
+				// job here; they will again (sweep), but the job's pauses
+				// and resumes need them from now on.
+				j.remotes = map[string]bool{}
+				for _, n := range rec.Nodes {
+					if n != r.node {
+						j.remotes[n] = true
+					}
+				}
+			}
+			delete(recs, id)
+			if rec.State == ctl.StatePausing {
+				// This node coordinated a pause and died inside it: some
+				// nodes may hold it (COMMIT reached them), others not.
+				// Nobody was told it held, so it is rolled back everywhere.
+				j.state = ctl.StateFailed
+				interrupted = append(interrupted, rec)
+				r.log.Warn("found a pause this node was coordinating when its mpid died: rolling it back on every node", "job", id, "nodes", strings.Join(rec.Nodes, ","))
+			}
+		}
+		r.jobs[id] = j
+		r.log.Warn("adopted a job left by the previous mpid", "job", id, "state", j.state, "cgroup", cg, "ranks", len(j.missing),
+			"coordinator", j.coordinator, "nodes", strings.Join(j.nodes, ","))
+	}
+	for id := range recs {
+		// Its ranks are gone: the job ended while mpid was down.
+		r.log.Info("the recorded job ended while mpid was down", "job", id)
+		st.drop(id)
+	}
+	return interrupted
+}

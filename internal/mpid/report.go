@@ -1,0 +1,148 @@
+package mpid
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/quiesce"
+)
+
+// What a pause or resume tells the CLI: its progress, its figures and, when
+// it failed, why, where and which connections still held bytes.
+
+func toProgress(p quiesce.Progress, nodes int, start time.Time) ctl.Progress {
+	out := ctl.Progress{Phase: string(p.Phase), Round: p.Round, Done: p.Done, Nodes: nodes, Ms: ms(time.Since(start)), Err: p.Stat.Err}
+	if !p.Done {
+		out.NodesClean = p.Report.Nodes - len(p.Report.Pending)
+		for _, n := range p.Report.Pending {
+			out.Conns += len(n.Conns)
+		}
+		out.InflightBytes = p.Report.InflightBytes()
+	}
+	return out
+}
+
+// figures fills a job view with a result's measurements.
+func figures(v ctl.Job, res quiesce.Result) ctl.Job {
+	v.Connections = res.Report.Checked
+	v.InflightBytes = res.Report.InflightBytes()
+	v.TotalMs = ms(res.Total)
+	v.Phases = nil
+	for _, p := range res.Phases {
+		v.Phases = append(v.Phases, ctl.Phase{Name: string(p.Phase), Rounds: p.Rounds, Ms: ms(p.Elapsed), Err: p.Err})
+		if p.Phase == quiesce.KindDrain {
+			v.DrainMs += ms(p.Elapsed) // a VERIFY that found bytes drains again
+		}
+	}
+	v.Failure = nil
+	return v
+}
+
+// failure explains a failed pause or resume: where, why, and which
+// connections still held bytes.
+func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
+	f := &ctl.Failure{Rank: -1, Reason: err.Error()}
+	var ae *quiesce.AbortError
+	if errors.As(err, &ae) {
+		f.Phase = string(ae.Phase)
+		f.Reason = ae.Cause.Error()
+	}
+	if cause != nil && !errors.Is(cause, context.Canceled) {
+		// Our own reason for cutting the pause short beats "context canceled".
+		f.Reason = cause.Error()
+	}
+	if m := goneRank.FindStringSubmatch(f.Reason); m != nil {
+		f.Rank, _ = strconv.Atoi(m[1])
+	}
+	// The peer of a connection is whoever owns its other end: another
+	// node's pending connection with the addresses swapped, if listed.
+	byEnds := map[[2]string]int{}
+	for _, n := range res.Report.Pending {
+		for _, c := range n.Conns {
+			byEnds[[2]string{c.Local, c.Remote}] = c.Rank
+		}
+	}
+	notReading := map[int]bool{}
+	nodes := 0
+	violNode := ""
+	for _, n := range res.Report.Pending {
+		if f.Node == "" {
+			f.Node = n.Node
+		}
+		if len(n.Conns) > 0 {
+			nodes++
+		}
+		f.Violations += n.Violations
+		if n.Violations > 0 && violNode == "" {
+			violNode = n.Node
+		}
+		for _, c := range n.Conns {
+			peer, ok := byEnds[[2]string{c.Remote, c.Local}]
+			if !ok {
+				peer = -1
+			}
+			f.Conns = append(f.Conns, ctl.Conn{Node: c.Node, Local: c.Local, Remote: c.Remote,
+				SendQueue: c.SendQueue, Unread: c.Unread, Rank: c.Rank, Peer: peer})
+			if c.Unread > 0 && c.Rank >= 0 {
+				notReading[c.Rank] = true
+			}
+		}
+	}
+	for r := range notReading {
+		f.NotReading = append(f.NotReading, r)
+	}
+	slices.Sort(f.NotReading)
+	if len(f.NotReading) == 1 {
+		f.Rank = f.NotReading[0]
+	}
+	if errors.Is(err, quiesce.ErrNotEmpty) && f.Phase == string(quiesce.KindDrain) {
+		// The user's question is who does not read, not the protocol's
+		// round count.
+		f.Reason = "the drain timed out"
+		if len(f.Conns) > 0 || f.Violations == 0 {
+			f.Reason += fmt.Sprintf(": %s on %s still hold bytes", plural(len(f.Conns), "connection"), plural(nodes, "node"))
+		}
+		if len(f.NotReading) > 0 {
+			f.Reason += fmt.Sprintf("; ranks not reading what was sent to them: %s (busy outside MPI?)", ctl.RankList(f.NotReading))
+		}
+	}
+	if f.Violations > 0 {
+		// Bytes that keep moving while every gate is closed are not the
+		// library's: something sends past the shim (raw system calls,
+		// io_uring, a helper process), and no pause can be consistent.
+		sep := "; "
+		if f.Reason == "the drain timed out" {
+			sep = ": "
+		}
+		if len(f.Conns) == 0 {
+			f.Node = violNode
+		}
+		f.Reason += fmt.Sprintf("%s%s sent through closed gates on %s in the last round (a send path the shim does not wrap: raw system calls, io_uring?)",
+			sep, plural(int(f.Violations), "byte"), violNode)
+	}
+	for _, n := range res.Unconfirmed {
+		f.Unconfirmed = append(f.Unconfirmed, n.Node)
+	}
+	if f.Phase == "" {
+		f.Phase = string(quiesce.KindResume)
+	}
+	return f
+}
+
+// goneRank finds the rank in ErrRankGone's text.
+var goneRank = regexp.MustCompile(`rank (\d+) \(pid \d+\) ` + regexp.QuoteMeta(ErrRankGone.Error()))
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
+}

@@ -20,8 +20,9 @@ const squatEnv = "MPIPAUSE_KT_SQUAT"
 
 // squat is what another local user would do while mpid is down: bind
 // mpid's address and, to whoever connects, read a request and answer with
-// a forged "paused". It says "bound" or "refused: why" on stdout and serves
-// until killed.
+// a forged "paused" and a forged job key (what the SPANK plugin asks mpid
+// for). It says "bound" or "refused: why" on stdout and serves until
+// killed.
 func squat(addr string) int {
 	ln, err := net.Listen("unix", addr)
 	if err != nil {
@@ -35,7 +36,7 @@ func squat(addr string) int {
 			return 1
 		}
 		bufio.NewReader(c).ReadString('\n')
-		fmt.Fprintln(c, `{"job":{"job":"j1","state":"paused","owner_uid":0,"ranks":2,"nodes":["node1"],"node":"node1"},"final":true}`)
+		fmt.Fprintln(c, `{"job":{"job":"j1","state":"paused","owner_uid":0,"ranks":2,"nodes":["node1"],"node":"node1"},"token":"`+forgedMarker+`","final":true}`)
 		c.Close()
 	}
 }
@@ -51,12 +52,12 @@ func squatter(t *testing.T) string {
 	return filepath.Join(publicCopies(t, map[string]string{exe: "squat"}), "squat")
 }
 
-// startSquat runs the squatter as uid 1001 in node on addr and returns it
-// once it has said whether it bound.
-func startSquat(ctx context.Context, t *testing.T, bin, node, addr string) (*proc, bool) {
+// startSquat runs the squatter as uid in node on addr and returns it once
+// it has said whether it bound.
+func startSquat(ctx context.Context, t *testing.T, bin string, uid int, node, addr string) (*proc, bool) {
 	t.Helper()
-	p := start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig, squatEnv + "=" + addr}, filepath.Join(binDir(t), "rig"), "exec", node, "--",
-		"setpriv", "--reuid=1001", "--regid=1001", "--clear-groups", "--", bin)
+	p := start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig, squatEnv + "=" + addr},
+		append(append([]string{filepath.Join(binDir(t), "rig"), "exec", node, "--"}, asUser(uid)...), bin)...)
 	var said string
 	waitFor(t, "the squatter on "+addr+" to say whether it bound", time.Minute, p.done, func() bool {
 		said = p.out.String()
@@ -82,7 +83,7 @@ func TestEndpointsNotSquattable(t *testing.T) {
 	bin := squatter(t)
 	stopRigMPIDs(t, 1)
 	for _, addr := range []string{ranks.DefaultAddr, ctl.DefaultAddr} {
-		p, bound := startSquat(ctx, t, bin, "node1", addr)
+		p, bound := startSquat(ctx, t, bin, attackerUID, "node1", addr)
 		if bound {
 			t.Errorf("uid 1001 took %s on node1 while its mpid was down", addr)
 			p.cmd.Process.Kill()
@@ -92,7 +93,7 @@ func TestEndpointsNotSquattable(t *testing.T) {
 	// The control: that user can take an abstract name, and what answers
 	// there is not believed.
 	abs := fmt.Sprintf("@mpipause-kt-squat-%d", os.Getpid())
-	p, bound := startSquat(ctx, t, bin, "node1", abs)
+	p, bound := startSquat(ctx, t, bin, attackerUID, "node1", abs)
 	if !bound {
 		t.Fatalf("uid 1001 could not take the abstract %s either: %s", abs, p.out.String())
 	}

@@ -30,7 +30,8 @@ import (
 // pause JOBID` and `resume JOBID` with the bare Slurm job id pause and
 // resume it too. The job then ends with the output of an unpaused run of as
 // many iterations. Last, scancel of a suspended job ends it (subtest
-// cancel).
+// cancel). Subtest rootpeer: the plugin takes a step's job key only from a
+// control socket root serves.
 func TestSlurmSuspendResume(t *testing.T) {
 	bin := binDir(t)
 	plugin := filepath.Join(bin, "mpipause_spank.so")
@@ -45,6 +46,7 @@ func TestSlurmSuspendResume(t *testing.T) {
 	plugstack := fmt.Sprintf("required %s shim=%s\n", plugin, shim)
 	slurm := startSlurm(ctx, t, plugstack)
 	t.Run("plugin", func(t *testing.T) { testSlurmPlugin(ctx, t, slurm, plugin, shim, plugstack) })
+	t.Run("rootpeer", func(t *testing.T) { testSlurmPluginRootPeer(ctx, t, slurm, plugin, shim, plugstack) })
 	for _, lib := range []struct{ name, mpi string }{{"mpich", "pmi2"}, {"openmpi", "pmix"}} {
 		t.Run(lib.name, func(t *testing.T) { testSlurmSuspendResume(ctx, t, slurm, obs, check, lib.name, lib.mpi) })
 	}
@@ -216,5 +218,61 @@ func testSlurmPlugin(ctx context.Context, t *testing.T, slurm *slurmCluster, plu
 	defer os.WriteFile(conf, []byte(plugstack), 0o644)
 	if out, err := env(); err == nil || !strings.Contains(out, "mpipause: plugstack.conf argument shim=lib.so: want shim=/ABSOLUTE/PATH") {
 		t.Errorf("a wrong plugstack.conf argument: want srun to fail with one line saying what is wrong, got (%v): %s", err, out)
+	}
+}
+
+// testSlurmPluginRootPeer (docs/security.md, M3): slurmstepd's plugin asks
+// mpid, as root, for each step's job key and hands it to the tasks, so it
+// must believe only a control socket that root serves. With plugstack.conf
+// naming an abstract control socket (which any user can bind while mpid is
+// down), a server there that answers every request with a forged key is
+// believed when root runs it (the control: the plugin does ask there and
+// hands on what it hears) and refused when uid 1001 runs it: the step's
+// task then has neither that key nor the shim, and the step's stderr
+// (which srun shows) says who served the socket.
+func testSlurmPluginRootPeer(ctx context.Context, t *testing.T, slurm *slurmCluster, plugin, shim, plugstack string) {
+	addr := fmt.Sprintf("@mpipause-kt-spank-%d", os.Getpid())
+	conf := filepath.Join(slurm.dir, "plugstack.conf")
+	if err := os.WriteFile(conf, []byte(fmt.Sprintf("required %s shim=%s ctl=%s\n", plugin, shim, addr)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	defer os.WriteFile(conf, []byte(plugstack), 0o644)
+	bin := squatter(t)
+	for _, c := range []struct {
+		uid     int
+		trusted bool
+	}{{0, true}, {attackerUID, false}} {
+		// Abstract names are per network namespace: the server, and the
+		// step's slurmstepd, in node0's.
+		p, bound := startSquat(ctx, t, bin, c.uid, "node0", addr)
+		if !bound {
+			t.Fatalf("uid %d could not bind %s on node0: %s", c.uid, addr, p.out.String())
+		}
+		out, err := slurm.run(ctx, "srun", "-N1", "-n1", "-w", "node0", "sh", "-c", `echo "key=$MPIPAUSE_JOBKEY preload=$LD_PRELOAD"`)
+		p.cmd.Process.Kill()
+		<-p.done
+		if err != nil {
+			t.Fatalf("srun with uid %d serving %s: %v", c.uid, addr, err)
+		}
+		var task string
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "key=") {
+				task = l
+			}
+		}
+		forged, shimmed := strings.HasPrefix(task, "key="+forgedMarker+" "), strings.Contains(task, shim)
+		refusal := fmt.Sprintf("%s is served by uid %d, not by root", addr, c.uid)
+		switch {
+		case task == "":
+			t.Fatalf("uid %d serving %s: the task printed nothing: %s", c.uid, addr, out)
+		case c.trusted && (!forged || !shimmed):
+			t.Errorf("control: root serving %s: the task has %q; want the key root's server gave (%s) and the shim", addr, task, forgedMarker)
+		case !c.trusted && (forged || shimmed):
+			t.Errorf("uid %d serving %s: the plugin BELIEVED it: the task has %q", c.uid, addr, task)
+		case !c.trusted && !strings.Contains(out, refusal):
+			t.Errorf("uid %d serving %s: the step's stderr does not say %q: %s", c.uid, addr, refusal, out)
+		default:
+			t.Logf("uid %d serving %s: the task has %q", c.uid, addr, task)
+		}
 	}
 }

@@ -76,6 +76,28 @@ for s in rank.sock ctl.sock; do
 done
 [ "$(wc -l < /sys/fs/cgroup/system.slice/mpid.service/cgroup.procs)" = 1 ] || fail "mpid.service's cgroup holds more than mpid"
 
+step "the unit's bounds are systemd's: MemoryMax=, TasksMax= (docs/security.md)"
+unit_value() { sed -n "s/^$1=//p" /lib/systemd/system/mpid.service; }
+mem=$(unit_value MemoryMax) tasks=$(unit_value TasksMax)
+[ -n "$mem" ] && [ -n "$tasks" ] || fail "the unit sets no MemoryMax= ($mem) or no TasksMax= ($tasks)"
+mem=$(numfmt --from=iec "$mem")
+systemctl show mpid -p MemoryMax,TasksMax,MemoryHigh
+[ "$(show MemoryMax)" = "$mem" ] || fail "systemd has MemoryMax=$(show MemoryMax) for mpid, the unit says $mem bytes"
+[ "$(show TasksMax)" = "$tasks" ] || fail "systemd has TasksMax=$(show TasksMax) for mpid, the unit says $tasks"
+# The kernel enforces them only where the controllers are in the cgroup v2
+# hierarchy; a hybrid host keeps memory and pids in v1 and gives the
+# container neither. Where they are, mpid's cgroup must carry the values.
+cgdir=/sys/fs/cgroup/system.slice/mpid.service
+for f in "memory.max:$mem" "pids.max:$tasks"; do
+	file=${f%%:*} value=${f#*:}
+	if [ -e "$cgdir/$file" ]; then
+		[ "$(cat "$cgdir/$file")" = "$value" ] || fail "$cgdir/$file is $(cat "$cgdir/$file"), want $value"
+		echo "$file of mpid's cgroup: $value"
+	else
+		echo "$file: not in this container's cgroup v2 hierarchy (controllers: $(cat /sys/fs/cgroup/cgroup.controllers)): set, not enforced here"
+	fi
+done
+
 step "the journal has mpid's lines, with their priorities"
 # mpid's own lines (not systemd's about the unit): the serving line, at
 # PRIORITY 6 (info) from mpid's own "<6>" prefix, which journald took off.

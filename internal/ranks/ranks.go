@@ -20,6 +20,7 @@ package ranks
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -100,9 +101,15 @@ type Server struct {
 	// supported here"). Refused JOINs also go to OnChange (r nil, err).
 	Join func(JoinRequest) error
 
+	// MaxPerUID bounds the registered ranks of one uid (0:
+	// MaxRanksPerUID); a HELLO past it is refused before Admit.
+	MaxPerUID int
+
 	// pending counts, per uid, the connections whose first line has not
-	// arrived yet (under mu).
+	// arrived yet; held, the registered ranks and the HELLOs being
+	// admitted (both under mu).
 	pending map[uint32]int
+	held    map[uint32]int
 
 	ln      *net.UnixListener
 	mu      sync.Mutex
@@ -194,12 +201,23 @@ func (s *Server) handshake(c *net.UnixConn) {
 	if err == nil {
 		r, err = hello(c, f)
 	}
+	held := false
+	if err == nil {
+		if err = s.hold(r.UID); err == nil {
+			held = true
+		} else {
+			r.page.close()
+		}
+	}
 	if err == nil && s.Admit != nil {
 		if err = s.Admit(r); err != nil {
 			r.page.close()
 		}
 	}
 	if err != nil {
+		if held {
+			s.release(r.UID)
+		}
 		c.Close()
 		proc.Close()
 		if s.OnChange != nil {
@@ -219,10 +237,39 @@ func (s *Server) handshake(c *net.UnixConn) {
 	s.ranks = slices.DeleteFunc(s.ranks, func(x *Rank) bool { return x == r })
 	s.notifyLocked()
 	s.mu.Unlock()
+	s.release(r.UID)
 	r.Unboost()
 	r.proc.Close()
 	if s.OnChange != nil {
 		s.OnChange(r, true, cut)
+	}
+}
+
+// MaxRanksPerUID is the default bound on one uid's registered ranks on a
+// node: each holds a connection, a goroutine and a pidfd in mpid. Far above
+// any node's cores times its jobs, far below what would exhaust mpid.
+const MaxRanksPerUID = 4096
+
+// hold counts a HELLO of uid in, or refuses it past the bound.
+func (s *Server) hold(uid uint32) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	max := cmp.Or(s.MaxPerUID, MaxRanksPerUID)
+	if s.held[uid] >= max {
+		return fmt.Errorf("uid %d has %d ranks registered on this node, the most one user may have: let some end first", uid, max)
+	}
+	if s.held == nil {
+		s.held = map[uint32]int{}
+	}
+	s.held[uid]++
+	return nil
+}
+
+func (s *Server) release(uid uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.held[uid]--; s.held[uid] <= 0 {
+		delete(s.held, uid)
 	}
 }
 

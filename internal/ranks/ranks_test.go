@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -491,4 +492,51 @@ func serving(t *testing.T) (*Server, string, context.Context) {
 	t.Cleanup(cancel)
 	go s.Serve(ctx)
 	return s, addr, ctx
+}
+
+// TestRankCap: a uid holds at most MaxPerUID registered ranks; one more
+// HELLO is refused before it is admitted, and a rank that goes makes room.
+func TestRankCap(t *testing.T) {
+	addr := fmt.Sprintf("@mpipause-ranks-%s-%d", t.Name(), os.Getpid())
+	s, err := Listen(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	refused := make(chan error, 4)
+	var admitted atomic.Int32
+	s.MaxPerUID = 2
+	s.Admit = func(*Rank) error { admitted.Add(1); return nil }
+	s.OnChange = func(r *Rank, gone bool, err error) {
+		if r == nil {
+			refused <- err
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	go s.Serve(ctx)
+	hello := func(rank int) net.Conn {
+		return fakeShim(t, addr, fmt.Sprintf("HELLO 2 job=j rank=%d size=9 pid=%d host=h key=k\n", rank, os.Getpid()))
+	}
+	count := func(n int) {
+		t.Helper()
+		if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == n }); err != nil {
+			t.Fatalf("waiting for %d ranks: %v", n, err)
+		}
+	}
+	first := hello(0)
+	defer first.Close()
+	second := hello(1)
+	defer second.Close()
+	count(2)
+	over := hello(2)
+	defer over.Close()
+	wantRefusal(t, refused, "the most one user may have")
+	if n := admitted.Load(); n != 2 {
+		t.Errorf("%d HELLOs reached Admit, want 2 (none past the cap)", n)
+	}
+	first.Close()
+	count(1)
+	again := hello(3)
+	defer again.Close()
+	count(2)
 }

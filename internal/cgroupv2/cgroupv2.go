@@ -201,6 +201,24 @@ func Freeze(ctx context.Context, dir string) error { return setFrozen(ctx, dir, 
 // Thaw undoes Freeze and returns once the kernel reports the tree thawed.
 func Thaw(ctx context.Context, dir string) error { return setFrozen(ctx, dir, false) }
 
+// Of is process pid's cgroup v2 directory, from /proc/PID/cgroup ("0::/path").
+func Of(pid int) (string, error) {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	if err != nil {
+		return "", err
+	}
+	root, err := Root()
+	if err != nil {
+		return "", err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if p, ok := strings.CutPrefix(l, "0::"); ok {
+			return filepath.Join(root, p), nil
+		}
+	}
+	return "", errors.New("no cgroup v2 entry")
+}
+
 // Frozen reports whether the kernel says the cgroup dir is frozen.
 func Frozen(dir string) (bool, error) {
 	b, err := os.ReadFile(filepath.Join(dir, "cgroup.events"))

@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"errors"
-	"log/slog"
 	"net"
 	"sync"
 	"time"
@@ -22,7 +21,6 @@ type control struct {
 	key   *quiesce.Key
 	reg   *registry
 	coord *coordinator
-	log   *slog.Logger
 }
 
 // serve answers one request per connection until ctx ends.

@@ -281,7 +281,7 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 	d.coord = &coordinator{node: d.cfg.Node, reg: d.reg, ranks: rs, agent: agent, tr: tr, store: d.store,
 		metrics: d.metrics, drain: d.cfg.Drain, log: d.log, done: done}
 	d.peer = &peer{node: d.cfg.Node, key: d.cfg.ClusterKey, reg: d.reg, coord: d.coord, agent: agent, log: d.log}
-	d.ctl = &control{key: d.cfg.ClusterKey, reg: d.reg, coord: d.coord, log: d.log}
+	d.ctl = &control{key: d.cfg.ClusterKey, reg: d.reg, coord: d.coord}
 	rs.Admit = d.reg.admit
 	rs.Join = d.reg.join
 	rs.OnChange = d.reg.rankChanged

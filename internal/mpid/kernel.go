@@ -4,8 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"strings"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
@@ -49,26 +47,16 @@ func (KernelCgroups) Freeze(ctx context.Context, dir string) error { return cgro
 func (KernelCgroups) Thaw(ctx context.Context, dir string) error   { return cgroupv2.Thaw(ctx, dir) }
 func (KernelCgroups) Frozen(dir string) (bool, error)              { return cgroupv2.Frozen(dir) }
 
-// Holds reads /proc/PID/cgroup ("0::/path").
+// Holds reads /proc/PID/cgroup.
 func (KernelCgroups) Holds(dir string, pid int) error {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
+	p, err := cgroupv2.Of(pid)
 	if err != nil {
 		return fmt.Errorf("pid %d: %w", pid, err)
 	}
-	root, err := cgroupv2.Root()
-	if err != nil {
-		return err
+	if p == dir || strings.HasPrefix(p, dir+"/") {
+		return nil
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if p, ok := strings.CutPrefix(l, "0::"); ok {
-			p = filepath.Join(root, p)
-			if p == dir || strings.HasPrefix(p, dir+"/") {
-				return nil
-			}
-			return fmt.Errorf("pid %d is in %s, not in the job's cgroup %s", pid, p, dir)
-		}
-	}
-	return fmt.Errorf("pid %d: no cgroup v2 entry", pid)
+	return fmt.Errorf("pid %d is in %s, not in the job's cgroup %s", pid, p, dir)
 }
 
 // BPFObservers is Observers on the BPF observer (loader), pinned so that

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -164,7 +163,7 @@ func (p *Proc) MoveTo(dir string) error {
 	if err := p.aliveLocked(); err != nil {
 		return fmt.Errorf("pid %d: %w", p.Pid, err)
 	}
-	from, ferr := procCgroup(p.Pid)
+	from, ferr := cgroupv2.Of(p.Pid)
 	werr := cgroupv2.AddProc(dir, p.Pid)
 	err := p.aliveLocked()
 	switch {
@@ -177,7 +176,7 @@ func (p *Proc) MoveTo(dir string) error {
 	case werr != nil:
 		return fmt.Errorf("pid %d: %w", p.Pid, ErrExited) // nothing was moved
 	}
-	now, nerr := procCgroup(p.Pid)
+	now, nerr := cgroupv2.Of(p.Pid)
 	undo := "nothing holds its number now"
 	switch {
 	case nerr != nil:
@@ -193,24 +192,6 @@ func (p *Proc) MoveTo(dir string) error {
 		}
 	}
 	return fmt.Errorf("pid %d: %w during the move into %s (%s)", p.Pid, ErrExited, dir, undo)
-}
-
-// procCgroup is pid's cgroup v2 directory, from /proc/PID/cgroup.
-func procCgroup(pid int) (string, error) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))
-	if err != nil {
-		return "", err
-	}
-	root, err := cgroupv2.Root()
-	if err != nil {
-		return "", err
-	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if p, ok := strings.CutPrefix(l, "0::"); ok {
-			return filepath.Join(root, p), nil
-		}
-	}
-	return "", fmt.Errorf("pid %d: no cgroup v2 entry", pid)
 }
 
 // thread is a thread of the process, found by name, and checked to be

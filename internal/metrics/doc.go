@@ -1,7 +1,7 @@
 // Package metrics holds mpid's Prometheus collectors, on a registry of its
 // own (never the global default), and serves them over HTTP. mpid makes one
 // Metrics when --metrics-listen is set and passes it to what produces the
-// figures (internal/mpid, internal/node); a nil *Metrics records nothing, so
+// figures (internal/mpid); a nil *Metrics records nothing, so
 // instrumented code needs no check of its own when metrics are off.
 //
 // Job ids are never labels: they are unbounded (every job adds a series that

@@ -332,7 +332,7 @@ func CtlThread(pid int) int {
 	return 0
 }
 
-// Boost raises the rank's shim control thread for a pause step (node.Local
+// Boost raises the rank's shim control thread for a pause step (mpid's node role
 // calls it at PREPARE and Unboost when the step ends): niceness nice and,
 // if rt is not 0, SCHED_RR at priority rt. The thread sleeps but for mpid's
 // requests and, under a closed gate, the bytes it drains; raised, it runs

@@ -316,7 +316,7 @@ func newKeyFile(t *testing.T) string {
 // node name, the host name) checks it: what `mpipause run` would hand it.
 func jobKeyEnv(t *testing.T, keyFile, id string) string {
 	t.Helper()
-	k, err := quiesce.LoadKey(keyFile)
+	k, err := quiesce.LoadKeys(keyFile)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -324,7 +324,7 @@ func jobKeyEnv(t *testing.T, keyFile, id string) string {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return mpid.TokenEnv + "=" + mpid.JobToken(k, 0, id, host)
+	return mpid.TokenEnv + "=" + mpid.JobToken(k.Current(), 0, id, host)
 }
 
 // fakeJobKey is a job key for ranks that register with a rank server of
@@ -380,25 +380,38 @@ func TestMpidClusterKey(t *testing.T) {
 		_, err := os.Stat(ready)
 		return err == nil
 	})
-	addr := fmt.Sprintf("127.0.0.1:%d", port)
-	req := quiesce.Message{Version: quiesce.ProtocolVersion, Job: "nojob", Epoch: 1, Seq: 1, Kind: quiesce.KindControl, Nodes: []string{addr},
-		Control: &quiesce.Control{Op: "pause", UID: 0}}
-	other, _ := quiesce.GenerateKey()
-	good, err := quiesce.LoadKey(key)
+	// mpid is named after the host (no --node): its certificate says so.
+	host, err := os.Hostname()
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, tr := range map[string]*quiesce.TCPTransport{"no key": {}, "another key": {Key: other}} {
-		if _, err := tr.Call(ctx, addr, req); err == nil {
+	resolve := func(string) (string, error) { return fmt.Sprintf("127.0.0.1:%d", port), nil }
+	req := quiesce.Message{Version: quiesce.ProtocolVersion, Job: "nojob", Epoch: 1, Seq: 1, Kind: quiesce.KindControl, Nodes: []string{host},
+		Control: &quiesce.Control{Op: "pause", UID: 0}}
+	other, _ := quiesce.GenerateKey()
+	good, err := quiesce.LoadKeys(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	identity := func(keys *quiesce.Keyring) *quiesce.Identity {
+		id, err := quiesce.NewIdentity("test client", keys)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return id
+	}
+	for name, tr := range map[string]*quiesce.TCPTransport{"no key": {Resolve: resolve},
+		"another key": {Resolve: resolve, Identity: identity(quiesce.NewKeyring(other))}} {
+		if _, err := tr.Call(ctx, host, req); err == nil {
 			t.Errorf("%s: the peer port answered", name)
 		}
 	}
 	// The holder of the key is answered (about a job that does not exist).
-	if rep, err := (&quiesce.TCPTransport{Key: good}).Call(ctx, addr, req); err != nil || rep.Control == nil || rep.Control.Code != "unknown-job" {
+	if rep, err := (&quiesce.TCPTransport{Resolve: resolve, Identity: identity(good)}).Call(ctx, host, req); err != nil || rep.Control == nil || rep.Control.Code != "unknown-job" {
 		t.Errorf("with the key: %+v, %v; want the answer that there is no such job", rep, err)
 	}
-	waitFor(t, "mpid to log the refused peer", 10*time.Second, d.done, func() bool {
-		return strings.Contains(d.out.String(), "does not authenticate")
+	waitFor(t, "mpid to log the refused peers", 10*time.Second, d.done, func() bool {
+		return strings.Contains(d.out.String(), "does not speak TLS") && strings.Contains(d.out.String(), "another cluster key")
 	})
 	if strings.Contains(d.out.String(), strings.TrimSpace(string(b))) {
 		t.Error("the key appears in mpid's log")

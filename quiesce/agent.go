@@ -38,6 +38,10 @@ type Agent struct {
 	// if set, hears every rollback a lease made, with its outcome.
 	LeaseGrace time.Duration
 	OnExpire   func(job string, err error)
+	// Self, if set, is this node's name: a request addressed to another
+	// node (its Nodes[0]) is refused, whatever its transport delivered it
+	// (a name that resolves to the wrong member).
+	Self string
 }
 
 type jobState struct {
@@ -128,6 +132,9 @@ func (a *Agent) Wait() { a.work.wait() }
 func (a *Agent) Handle(ctx context.Context, req Message) (Message, error) {
 	if err := req.Validate(); err != nil {
 		return refusal(&req, err.Error()), nil
+	}
+	if a.Self != "" && req.Nodes[0] != a.Self {
+		return refusal(&req, fmt.Sprintf("%v: a %s addressed to %s reached %s", ErrWrongNode, req.Kind, req.Nodes[0], a.Self)), nil
 	}
 	js, f, dup, why := a.admit(&req)
 	if why != "" {

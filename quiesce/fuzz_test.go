@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"net"
+	"net/netip"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -34,27 +35,31 @@ func FuzzReadFrame(f *testing.F) {
 // server that has one, no request reaches the handler.
 func FuzzServeConn(f *testing.F) {
 	var b bytes.Buffer
-	writeFrame(&b, Hello{Magic: HelloMagic, Version: ProtocolVersion, Nonce: make([]byte, nonceSize)})
+	writeFrame(&b, Hello{Magic: HelloMagic, Version: ProtocolVersion, Node: "a"})
 	writeFrame(&b, frame{Msg: Message{Version: ProtocolVersion, Job: "j", Epoch: 1, Seq: 1, Kind: KindPrepare, Nodes: []string{"a"}}})
 	f.Add(b.Bytes())
 	b.Reset()
 	writeFrame(&b, Hello{Magic: HelloMagic, Version: ProtocolVersion})
 	f.Add(b.Bytes())
-	key, err := GenerateKey()
-	if err != nil {
-		f.Fatal(err)
-	}
+	// A TLS ClientHello's record header, then garbage.
+	f.Add([]byte{0x16, 0x03, 0x01, 0x00, 0x40, 0x01, 0x00, 0x00, 0x3c, 0x03, 0x03})
+	id := mustIdentity(f, "a", NewKeyring(mustKey(f)))
 	f.Fuzz(func(t *testing.T, in []byte) {
 		var called atomic.Bool
 		h := func(ctx context.Context, m Message) (Message, error) {
 			called.Store(true)
 			return Message{}, nil
 		}
-		client, server := net.Pipe()
+		client, conn := net.Pipe()
+		s := &server{h: h, o: ServerOptions{Identity: id, HandshakeTimeout: time.Second}}
+		s.pending.max, s.pending.perAddr = 1, 1
+		if err := s.pending.take(netip.Addr{}); err != nil {
+			t.Fatal(err)
+		}
 		done := make(chan struct{})
 		go func() {
 			defer close(done)
-			serveConn(context.Background(), server, h, ServerOptions{Key: key})
+			s.serveConn(context.Background(), conn, netip.Addr{})
 		}()
 		go func() {
 			// Drain what the server writes, so that it never blocks.

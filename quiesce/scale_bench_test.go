@@ -303,9 +303,14 @@ func newScaleSim(transport string, n int) (*scaleSim, error) {
 		if err != nil {
 			return nil, err
 		}
-		// As mpid: the cluster key on both ends, so every connection is
-		// authenticated and every frame MACed.
-		tcp := &TCPTransport{Key: key}
+		// As mpid: TLS under the cluster key on both ends, each node
+		// certified with its name (here its address).
+		keys := NewKeyring(key)
+		client, err := NewIdentity("bench", keys)
+		if err != nil {
+			return nil, err
+		}
+		tcp := &TCPTransport{Identity: client}
 		s.tr = countingTransport{tcp, -1, s}
 		ctx, cancel := context.WithCancel(context.Background())
 		s.cancel = cancel
@@ -316,9 +321,14 @@ func newScaleSim(transport string, n int) (*scaleSim, error) {
 				s.close()
 				return nil, fmt.Errorf("listen for node %d: %w", i, err)
 			}
+			id, err := NewIdentity(ln.Addr().String(), keys)
+			if err != nil {
+				s.close()
+				return nil, err
+			}
 			a := s.add(ln.Addr().String(), countingTransport{tcp, i, s})
 			s.serving.Go(func() {
-				if err := ServeTCPWith(ctx, &countingListener{ln, &s.peakConns, &s.openConns}, a.Handle, ServerOptions{Key: key}); err != nil {
+				if err := ServeTCPWith(ctx, &countingListener{ln, &s.peakConns, &s.openConns}, a.Handle, ServerOptions{Identity: id}); err != nil {
 					s.serveErr <- err
 				}
 			})

@@ -4,23 +4,25 @@ import (
 	"bufio"
 	"cmp"
 	"context"
-	"crypto/hmac"
+	"crypto/tls"
 	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"sync"
 	"time"
 )
 
-// Wire format of the TCP transport: every frame is a 4-byte big-endian length
-// followed by that many bytes. A connection opens with one hello frame each
-// way, in JSON, so that two daemons of different versions refuse each other
-// before any step is misread; then the client sends requests and reads one
-// reply per request, in order, each frame in the binary encoding of wire.go
-// followed, with a key, by its MAC (auth.go).
+// Wire format of the TCP transport: with an Identity, a TLS 1.3 session
+// (tls.go) carries everything below. Every frame is a 4-byte big-endian
+// length followed by that many bytes. A connection opens with one hello
+// frame each way, in JSON, so that two daemons of different versions refuse
+// each other before any step is misread; then the client sends requests and
+// reads one reply per request, in order, each frame in the binary encoding
+// of wire.go.
 
 // HelloMagic identifies the protocol in the hello frame.
 const HelloMagic = "mpipause-quiesce"
@@ -29,17 +31,23 @@ const HelloMagic = "mpipause-quiesce"
 // without limit. A reply listing every connection of thousands of nodes fits.
 const MaxFrame = 64 << 20
 
+// MaxHello bounds a hello frame: it is read before the peer is known to
+// speak this protocol.
+const MaxHello = 4 << 10
+
 // Hello is the first frame in each direction.
 type Hello struct {
 	Magic   string `json:"magic"`
 	Version int    `json:"version"`
 	// Err is set by a server that refuses the client.
 	Err string `json:"err,omitempty"`
-	// Nonce is the sender's fresh nonce when it authenticates (auth.go);
-	// Proof, in the server's hello, shows that it holds the cluster key.
-	Nonce []byte `json:"nonce,omitempty"`
-	Proof []byte `json:"proof,omitempty"`
+	// Node, in a client's hello, is the node it means to reach: a server
+	// of another name refuses it (a name resolving to the wrong member).
+	Node string `json:"node,omitempty"`
 }
+
+// ErrAuth: a peer failed authentication (no key, another key).
+var ErrAuth = errors.New("authentication failed")
 
 // frame carries a message and, on requests, the time the sender still waits:
 // the receiving node sizes its forwarding budget from it. It is relative, not
@@ -51,26 +59,18 @@ type frame struct {
 	Msg          Message `json:"msg"`
 }
 
-func writeFrame(w io.Writer, v any) error { return writeSealed(w, nil, v) }
-
-func readFrame(r io.Reader, v any) error { return readSealed(r, nil, v) }
-
-// writeSealed writes v as a frame, with its MAC when s is not nil: a
-// request or reply (frame) in the binary encoding, anything else (a
-// hello) as JSON.
-func writeSealed(w io.Writer, s *session, v any) error {
+// writeFrame writes v as a frame: a request or reply (frame) in the
+// binary encoding, anything else (a hello) as JSON.
+func writeFrame(w io.Writer, v any) error {
 	switch f := v.(type) {
 	case frame:
-		return (&framer{w: w, s: s}).send(&f)
+		return (&framer{w: w}).send(&f)
 	case *frame:
-		return (&framer{w: w, s: s}).send(f)
+		return (&framer{w: w}).send(f)
 	}
 	b, err := json.Marshal(v)
 	if err != nil {
 		return fmt.Errorf("encode frame: %w", err)
-	}
-	if s != nil {
-		b = s.seal(b)
 	}
 	return writeBody(w, append(make([]byte, 4, 4+len(b)), b...))
 }
@@ -89,21 +89,16 @@ func writeBody(w io.Writer, b []byte) error {
 	return nil
 }
 
-// readSealed reads a frame into v, checking its MAC first when s is not
-// nil: nothing of a frame that fails it is decoded.
-func readSealed(r io.Reader, s *session, v any) error {
+// readFrame reads a frame into v: a *frame in the binary encoding,
+// anything else (a hello, at most MaxHello bytes) as JSON.
+func readFrame(r io.Reader, v any) error {
 	if f, ok := v.(*frame); ok {
-		_, err := (&framer{r: r, s: s}).recv(f)
+		_, err := (&framer{r: r}).recv(f)
 		return err
 	}
-	b, _, err := readBody(r, nil)
+	b, _, err := readBody(r, nil, MaxHello)
 	if err != nil {
 		return err
-	}
-	if s != nil {
-		if b, err = s.open(b); err != nil {
-			return err
-		}
 	}
 	if err := json.Unmarshal(b, v); err != nil {
 		return fmt.Errorf("decode frame: %w", err)
@@ -111,16 +106,16 @@ func readSealed(r io.Reader, s *session, v any) error {
 	return nil
 }
 
-// readBody reads a frame into buf, grown if too small, and returns it;
-// got says whether any byte of it came.
-func readBody(r io.Reader, buf []byte) (b []byte, got bool, err error) {
+// readBody reads a frame of at most limit bytes into buf, grown if too
+// small, and returns it; got says whether any byte of it came.
+func readBody(r io.Reader, buf []byte, limit uint32) (b []byte, got bool, err error) {
 	var hdr [4]byte
 	if n, err := io.ReadFull(r, hdr[:]); err != nil {
 		return nil, n > 0, fmt.Errorf("read frame header: %w", err)
 	}
 	n := binary.BigEndian.Uint32(hdr[:])
-	if n > MaxFrame {
-		return nil, true, fmt.Errorf("frame of %d bytes exceeds %d", n, MaxFrame)
+	if n > limit {
+		return nil, true, fmt.Errorf("frame of %d bytes exceeds %d", n, limit)
 	}
 	if uint32(cap(buf)) < n {
 		buf = make([]byte, n)
@@ -133,12 +128,11 @@ func readBody(r io.Reader, buf []byte) (b []byte, got bool, err error) {
 }
 
 // framer sends and receives one connection's request and reply frames,
-// with its session, reusing its buffers from frame to frame: a
-// connection carries one frame at a time.
+// reusing its buffers from frame to frame: a connection carries one frame
+// at a time.
 type framer struct {
 	w    io.Writer
 	r    io.Reader
-	s    *session // nil without a key
 	wbuf []byte
 	rbuf []byte
 }
@@ -152,10 +146,6 @@ func (c *framer) send(f *frame) error { return c.sendMsg(f.TimeoutNanos, &f.Msg)
 // sendMsg sends the frame of m with the timeout given.
 func (c *framer) sendMsg(timeout int64, m *Message) error {
 	b := appendFrame(append(c.wbuf[:0], 0, 0, 0, 0), timeout, m)
-	if c.s != nil {
-		b = c.s.mac(b, c.s.out, c.s.sent, b[4:])
-		c.s.sent++
-	}
 	if cap(b) <= keepBuf {
 		c.wbuf = b
 	}
@@ -168,17 +158,12 @@ func (c *framer) recv(f *frame) (got bool, err error) { return c.recvMsg(&f.Time
 
 // recvMsg reads the next frame's timeout and message; m must be zero.
 func (c *framer) recvMsg(timeout *int64, m *Message) (got bool, err error) {
-	b, got, err := readBody(c.r, c.rbuf)
+	b, got, err := readBody(c.r, c.rbuf, MaxFrame)
 	if err != nil {
 		return got, err
 	}
 	if cap(b) <= keepBuf {
 		c.rbuf = b
-	}
-	if c.s != nil {
-		if b, err = c.s.open(b); err != nil {
-			return true, err
-		}
 	}
 	// One string for the whole body: every string decoded is a part of it.
 	if err := decodeFrameMsg(string(b), timeout, m); err != nil {
@@ -190,23 +175,23 @@ func (c *framer) recvMsg(timeout *int64, m *Message) (got bool, err error) {
 // TCPTransport is a Transport over TCP. A node name is dialled as a TCP
 // address unless Resolve maps it.
 //
-// Connections are kept for reuse, a few per peer: opening one costs a
-// handshake, two hellos and, with Key, two nonces and a proof, which is most
-// of what a small request costs (measured with 4,096 simulated nodes: 3.8 s
-// a pause with a connection per call). A connection goes back to the pool
-// only after a request and its reply both went through whole and in time;
-// any error, timeout or cancellation closes it, so a reply that arrives
-// late can never be read as the answer to a later request, and a frame's
-// number on its connection (auth.go) stays the count of frames it carried.
+// Connections are kept for reuse, a few per peer: opening one costs a TCP
+// and, with an Identity, a TLS handshake and two hellos, which is most of
+// what a small request costs (measured with 4,096 simulated nodes: 3.8 s a
+// pause with a connection per call, before TLS). A connection goes back to
+// the pool only after a request and its reply both went through whole and
+// in time; any error, timeout or cancellation closes it, so a reply that
+// arrives late can never be read as the answer to a later request.
 type TCPTransport struct {
 	// Resolve maps a node name to a "host:port" address; nil dials the name.
 	Resolve func(name string) (string, error)
 	// Dialer is used for connections; the zero value is fine.
 	Dialer net.Dialer
-	// Key, if set, authenticates every connection (auth.go): the server
-	// must prove it holds the same key, and every frame is MACed. nil
-	// speaks the unauthenticated protocol, for tests.
-	Key *Key
+	// Identity, if set, runs every connection over TLS (tls.go): the
+	// server must prove it is the node dialled, under the cluster's key,
+	// and this node proves it is one of the cluster. nil speaks the
+	// unauthenticated protocol in the clear, for tests.
+	Identity *Identity
 	// MaxIdle bounds the idle connections kept per peer; 0 means
 	// DefaultMaxIdle, a negative value keeps none (a connection per call).
 	MaxIdle int
@@ -232,8 +217,8 @@ const DefaultIdleTimeout = 30 * time.Second
 const DefaultServerIdle = 2 * time.Minute
 
 type tcpConn struct {
-	conn     net.Conn
-	fr       framer
+	conn     net.Conn // the TCP connection: closed or given deadlines directly, so that no TLS alert waits
+	fr       framer   // over the TLS session on conn, or conn itself
 	since    time.Time
 	deadline time.Time // the connection's, zero for none
 }
@@ -323,7 +308,7 @@ func (t *TCPTransport) Call(ctx context.Context, to string, req Message) (Messag
 	return rep, err
 }
 
-// dial opens and authenticates a connection to addr.
+// dial opens and authenticates a connection to node to at addr.
 func (t *TCPTransport) dial(ctx context.Context, to, addr string) (c *tcpConn, err error) {
 	conn, err := t.Dialer.DialContext(ctx, "tcp", addr)
 	if err != nil {
@@ -340,38 +325,33 @@ func (t *TCPTransport) dial(ctx context.Context, to, addr string) (c *tcpConn, e
 	if !dl.IsZero() {
 		_ = conn.SetDeadline(dl)
 	}
-	br := bufio.NewReader(conn)
-	mine := Hello{Magic: HelloMagic, Version: ProtocolVersion}
-	if t.Key != nil {
-		if mine.Nonce, err = newNonce(); err != nil {
-			return nil, err
+	var rw net.Conn = conn
+	if t.Identity != nil {
+		tc := tls.Client(conn, t.Identity.clientConfig(to, addr))
+		if err := tc.HandshakeContext(ctx); err != nil {
+			if permanent(err) {
+				return nil, err
+			}
+			return nil, t.fail(ctx, to, fmt.Errorf("TLS handshake: %w", err))
 		}
+		rw = tc
 	}
-	if err := writeFrame(conn, mine); err != nil {
+	br := bufio.NewReader(rw)
+	if err := writeFrame(rw, Hello{Magic: HelloMagic, Version: ProtocolVersion, Node: to}); err != nil {
 		return nil, t.fail(ctx, to, err)
 	}
 	var h Hello
 	if err := readFrame(br, &h); err != nil {
-		return nil, t.fail(ctx, to, err)
+		return nil, t.fail(ctx, to, refusedByPeer(to, err))
 	}
 	if h.Err != "" && h.Magic == HelloMagic && h.Version == ProtocolVersion {
-		// The one refusal a peer of our version sends: we hold no key.
-		return nil, permanentError{fmt.Errorf("%s refused the connection: %w: %s", to, ErrAuth, h.Err)}
+		// A peer of our version refused: it is another node.
+		return nil, permanentError{fmt.Errorf("%w: %s refused the connection: %s", ErrWrongNode, to, h.Err)}
 	}
 	if h.Magic != HelloMagic || h.Version != ProtocolVersion || h.Err != "" {
 		return nil, permanentError{fmt.Errorf("%s: %w: hello magic %q version %d: %s", to, ErrVersion, h.Magic, h.Version, h.Err)}
 	}
-	var s *session
-	if t.Key != nil {
-		if len(h.Nonce) != nonceSize || len(h.Proof) == 0 {
-			return nil, permanentError{fmt.Errorf("%s: %w: it does not authenticate (started without the cluster key?)", to, ErrAuth)}
-		}
-		s = newSession(t.Key, mine.Nonce, h.Nonce, true)
-		if !hmac.Equal(h.Proof, s.proof()) {
-			return nil, permanentError{fmt.Errorf("%s: %w: it does not hold this node's cluster key (every node needs the same key file)", to, ErrAuth)}
-		}
-	}
-	return &tcpConn{conn: conn, fr: framer{w: conn, r: br, s: s}, deadline: dl}, nil
+	return &tcpConn{conn: conn, fr: framer{w: rw, r: br}, deadline: dl}, nil
 }
 
 // dialError says what to do about a name that does not resolve: with a
@@ -433,16 +413,42 @@ func (t *TCPTransport) fail(ctx context.Context, to string, err error) error {
 
 // ServerOptions configure ServeTCPWith.
 type ServerOptions struct {
-	// Key, if set, is required of every client (see TCPTransport.Key);
-	// nil serves the unauthenticated protocol, for tests.
-	Key *Key
-	// Log, if set, hears every client refused or cut off for failing
-	// authentication, with its address. Never with key material.
-	Log func(msg string, args ...any)
+	// Identity, if set, is what the server proves and what it requires of
+	// every client (see TCPTransport.Identity); nil serves the
+	// unauthenticated protocol in the clear, for tests.
+	Identity *Identity
+	// Refused, if set, hears every client refused (not TLS, another key,
+	// another node's name, too many connections, too slow): why, in a few
+	// words that stay the same for the same cause (a flood of refusals
+	// should be logged per cause, not per client), its address, and the
+	// error. Never with key material.
+	Refused func(cause string, peer net.Addr, err error)
 	// IdleTimeout closes a connection with no request for that long; 0
 	// means DefaultServerIdle.
 	IdleTimeout time.Duration
+	// HandshakeTimeout bounds a client's TLS handshake and hello together;
+	// 0 means DefaultHandshakeTimeout.
+	HandshakeTimeout time.Duration
+	// MaxPending and MaxPendingPerAddr bound the connections not yet
+	// through their handshake and hello, in all and from one address; 0
+	// means DefaultMaxPending and DefaultMaxPendingPerAddr. A connection
+	// beyond either is closed at once.
+	MaxPending, MaxPendingPerAddr int
 }
+
+// DefaultHandshakeTimeout is how long a client may take to authenticate:
+// a cluster member does it in a few milliseconds.
+const DefaultHandshakeTimeout = 5 * time.Second
+
+// A tree round opens one connection to a node per job pausing at once
+// (from its parent), and a pooled one is reused; a flood of strangers past
+// these limits is closed before it costs a handshake. A client refused for
+// the cap sees a reset, which it retries like a loss. A connection in its
+// handshake holds a few tens of KiB, so the cap is a few MiB.
+const (
+	DefaultMaxPending        = 256
+	DefaultMaxPendingPerAddr = 32
+)
 
 // ServeTCP serves h on ln without authentication until ctx is done; see
 // ServeTCPWith.
@@ -453,6 +459,8 @@ func ServeTCP(ctx context.Context, ln net.Listener, h Handler) error {
 // ServeTCPWith serves h on ln until ctx is done, then closes ln and waits
 // for the connections it accepted to finish their current request.
 func ServeTCPWith(ctx context.Context, ln net.Listener, h Handler, o ServerOptions) error {
+	s := &server{h: h, o: o, pending: pending{max: cmp.Or(o.MaxPending, DefaultMaxPending),
+		perAddr: cmp.Or(o.MaxPendingPerAddr, DefaultMaxPendingPerAddr)}}
 	var wg sync.WaitGroup
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
@@ -465,70 +473,142 @@ func ServeTCPWith(ctx context.Context, ln net.Listener, h Handler, o ServerOptio
 			}
 			return fmt.Errorf("accept: %w", err)
 		}
-		wg.Go(func() { serveConn(ctx, conn, h, o) })
+		from := addrOf(conn.RemoteAddr())
+		if err := s.pending.take(from); err != nil {
+			s.refused("too many connections not yet authenticated", conn.RemoteAddr(), err)
+			conn.Close()
+			continue
+		}
+		wg.Go(func() { s.serveConn(ctx, conn, from) })
 	}
 }
 
-func serveConn(ctx context.Context, conn net.Conn, h Handler, o ServerOptions) {
+// server is one peer port's state across its connections.
+type server struct {
+	h       Handler
+	o       ServerOptions
+	pending pending
+}
+
+func (s *server) refused(cause string, peer net.Addr, err error) {
+	if s.o.Refused != nil {
+		s.o.Refused(cause, peer, err)
+	}
+}
+
+// pending counts the connections still in their handshake, in all and by
+// source address.
+type pending struct {
+	max, perAddr int
+
+	mu     sync.Mutex
+	n      int
+	byAddr map[netip.Addr]int
+}
+
+func (p *pending) take(a netip.Addr) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.n >= p.max {
+		return fmt.Errorf("%d connections in their handshake", p.n)
+	}
+	if p.byAddr[a] >= p.perAddr {
+		return fmt.Errorf("%d connections from %s in their handshake", p.byAddr[a], a)
+	}
+	if p.byAddr == nil {
+		p.byAddr = map[netip.Addr]int{}
+	}
+	p.n++
+	p.byAddr[a]++
+	return nil
+}
+
+func (p *pending) done(a netip.Addr) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.n--
+	if p.byAddr[a]--; p.byAddr[a] <= 0 {
+		delete(p.byAddr, a)
+	}
+}
+
+// addrOf is a connection's source address without its port (the zero
+// Addr for a listener that is not TCP: every such peer counts as one).
+func addrOf(a net.Addr) netip.Addr {
+	if ap, err := netip.ParseAddrPort(a.String()); err == nil {
+		return ap.Addr().Unmap()
+	}
+	return netip.Addr{}
+}
+
+// handshake authenticates a client on conn and reads its hello, within
+// the handshake timeout. It returns what the connection is read and
+// written through, or nil having refused the client.
+func (s *server) handshake(ctx context.Context, conn net.Conn) (net.Conn, *bufio.Reader) {
+	_ = conn.SetDeadline(time.Now().Add(cmp.Or(s.o.HandshakeTimeout, DefaultHandshakeTimeout)))
+	var rw net.Conn = conn
+	if id := s.o.Identity; id != nil {
+		tc := tls.Server(conn, id.serverConfig())
+		if err := tc.HandshakeContext(ctx); err != nil {
+			s.refused(handshakeCause(err), conn.RemoteAddr(), err)
+			return nil, nil
+		}
+		rw = tc
+	}
+	br := bufio.NewReader(rw)
+	var hello Hello
+	if err := readFrame(br, &hello); err != nil {
+		if s.o.Identity != nil {
+			s.refused("no hello after the handshake", conn.RemoteAddr(), err)
+		}
+		return nil, nil
+	}
+	if hello.Magic != HelloMagic || hello.Version != ProtocolVersion {
+		s.refused("another protocol version", conn.RemoteAddr(), ErrVersion)
+		_ = writeFrame(rw, Hello{Magic: HelloMagic, Version: ProtocolVersion,
+			Err: fmt.Sprintf("speak version %d, got %q version %d", ProtocolVersion, hello.Magic, hello.Version)})
+		return nil, nil
+	}
+	if id := s.o.Identity; id != nil && hello.Node != id.name {
+		// Log before the refusal goes out, so the line is there by the
+		// time the peer can report the error.
+		err := fmt.Errorf("%w: it dialled %q", ErrWrongNode, hello.Node)
+		s.refused("it meant another node", conn.RemoteAddr(), err)
+		_ = writeFrame(rw, Hello{Magic: HelloMagic, Version: ProtocolVersion,
+			Err: fmt.Sprintf("this is %s, not %s (the name %s resolves to this node's address)", id.name, hello.Node, hello.Node)})
+		return nil, nil
+	}
+	if err := writeFrame(rw, Hello{Magic: HelloMagic, Version: ProtocolVersion}); err != nil {
+		return nil, nil
+	}
+	_ = conn.SetDeadline(time.Time{})
+	return rw, br
+}
+
+func (s *server) serveConn(ctx context.Context, conn net.Conn, from netip.Addr) {
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	logf := func(msg string, err error) {
-		if o.Log != nil {
-			o.Log(msg, "peer", conn.RemoteAddr().String(), "error", err)
-		}
-	}
-	br := bufio.NewReader(conn)
-	// The hello must come quickly: a silent peer should not hold a goroutine.
-	_ = conn.SetReadDeadline(time.Now().Add(10 * time.Second))
-	var hello Hello
-	if err := readFrame(br, &hello); err != nil {
+	rw, br := s.handshake(ctx, conn)
+	s.pending.done(from)
+	if rw == nil {
 		return
 	}
-	if hello.Magic != HelloMagic || hello.Version != ProtocolVersion {
-		_ = writeFrame(conn, Hello{Magic: HelloMagic, Version: ProtocolVersion,
-			Err: fmt.Sprintf("speak version %d, got %q version %d", ProtocolVersion, hello.Magic, hello.Version)})
-		return
-	}
-	mine := Hello{Magic: HelloMagic, Version: ProtocolVersion}
-	var s *session
-	if o.Key != nil {
-		if len(hello.Nonce) != nonceSize {
-			// Log before the refusal goes out, so the line is there by the
-			// time the peer can report the error.
-			logf("peer refused: it does not authenticate", ErrAuth)
-			_ = writeFrame(conn, Hello{Magic: HelloMagic, Version: ProtocolVersion,
-				Err: "this node requires the cluster key (mpid --cluster-key)"})
-			return
-		}
-		var err error
-		if mine.Nonce, err = newNonce(); err != nil {
-			return
-		}
-		s = newSession(o.Key, hello.Nonce, mine.Nonce, false)
-		mine.Proof = s.proof()
-	}
-	if err := writeFrame(conn, mine); err != nil {
-		return
-	}
-	idle := cmp.Or(o.IdleTimeout, DefaultServerIdle)
-	fr := framer{w: conn, r: br, s: s}
+	idle := cmp.Or(s.o.IdleTimeout, DefaultServerIdle)
+	fr := framer{w: rw, r: br}
 	for {
 		// Clients keep connections for their next request (TCPTransport);
 		// one that never sends it should not hold a goroutine for ever.
 		_ = conn.SetReadDeadline(time.Now().Add(idle))
 		var f frame
 		if _, err := fr.recv(&f); err != nil {
-			if errors.Is(err, ErrAuth) {
-				logf("peer frame rejected; connection closed", err)
-			}
 			return // EOF: the client is done
 		}
 		rctx, cancel := ctx, context.CancelFunc(func() {})
 		if f.TimeoutNanos > 0 {
 			rctx, cancel = context.WithTimeout(ctx, time.Duration(f.TimeoutNanos))
 		}
-		rep, err := h(rctx, f.Msg)
+		rep, err := s.h(rctx, f.Msg)
 		cancel()
 		if err != nil {
 			// No reply: the client's retry is the recovery, as for a loss.

@@ -15,7 +15,7 @@ import (
 // cut them. hold, if set, is called with each request before the reply.
 type echoServer struct {
 	addr  string
-	key   *Key
+	keys  *Keyring
 	mu    sync.Mutex
 	conns []net.Conn
 	n     atomic.Int64
@@ -39,15 +39,12 @@ func (l recordingListener) Accept() (net.Conn, error) {
 
 func startEcho(t *testing.T, hold func(Message)) *echoServer {
 	t.Helper()
-	key, err := GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := &echoServer{addr: ln.Addr().String(), key: key}
+	s := &echoServer{addr: ln.Addr().String(), keys: NewKeyring(mustKey(t))}
+	id := mustIdentity(t, s.addr, s.keys)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	t.Cleanup(func() { cancel(); wg.Wait() })
@@ -59,7 +56,7 @@ func startEcho(t *testing.T, hold func(Message)) *echoServer {
 			m.Reply = true
 			return m, nil
 		}
-		if err := ServeTCPWith(ctx, recordingListener{ln, s}, h, ServerOptions{Key: key}); err != nil {
+		if err := ServeTCPWith(ctx, recordingListener{ln, s}, h, ServerOptions{Identity: id}); err != nil {
 			t.Errorf("serve: %v", err)
 		}
 	})
@@ -86,7 +83,7 @@ func echoCall(t *testing.T, tr *TCPTransport, to string, seq uint64, timeout tim
 
 func TestTCPReusesConnections(t *testing.T) {
 	s := startEcho(t, nil)
-	tr := &TCPTransport{Key: s.key}
+	tr := &TCPTransport{Identity: mustIdentity(t, "client", s.keys)}
 	defer tr.CloseIdle()
 	for i := range uint64(20) {
 		rep, err := echoCall(t, tr, s.addr, i, 5*time.Second)
@@ -103,7 +100,7 @@ func TestTCPReusesConnections(t *testing.T) {
 
 	// Without reuse, a connection per call.
 	s2 := startEcho(t, nil)
-	tr2 := &TCPTransport{Key: s2.key, MaxIdle: -1}
+	tr2 := &TCPTransport{Identity: mustIdentity(t, "client", s2.keys), MaxIdle: -1}
 	for i := range uint64(3) {
 		if _, err := echoCall(t, tr2, s2.addr, i, 5*time.Second); err != nil {
 			t.Fatal(err)
@@ -116,7 +113,7 @@ func TestTCPReusesConnections(t *testing.T) {
 
 func TestTCPConcurrentCallsKeepAFewConnections(t *testing.T) {
 	s := startEcho(t, nil)
-	tr := &TCPTransport{Key: s.key}
+	tr := &TCPTransport{Identity: mustIdentity(t, "client", s.keys)}
 	defer tr.CloseIdle()
 	for round := range 5 {
 		var wg sync.WaitGroup
@@ -151,7 +148,7 @@ func TestTCPConcurrentCallsKeepAFewConnections(t *testing.T) {
 // caller seeing an error.
 func TestTCPRedialsAClosedPooledConnection(t *testing.T) {
 	s := startEcho(t, nil)
-	tr := &TCPTransport{Key: s.key}
+	tr := &TCPTransport{Identity: mustIdentity(t, "client", s.keys)}
 	defer tr.CloseIdle()
 	if _, err := echoCall(t, tr, s.addr, 1, 5*time.Second); err != nil {
 		t.Fatal(err)
@@ -180,7 +177,7 @@ func TestTCPLateReplyIsNeverReused(t *testing.T) {
 			<-release
 		}
 	})
-	tr := &TCPTransport{Key: s.key}
+	tr := &TCPTransport{Identity: mustIdentity(t, "client", s.keys)}
 	defer tr.CloseIdle()
 	if _, err := echoCall(t, tr, s.addr, 0, 5*time.Second); err != nil {
 		t.Fatal(err)

@@ -52,7 +52,7 @@ func main() {
 		fmt.Fprintf(os.Stderr, "mpid: %v\n", err)
 		os.Exit(2)
 	}
-	if cfg.ClusterKey, err = quiesce.LoadKey(cfg.keyFile); err != nil {
+	if cfg.ClusterKey, err = quiesce.LoadKeys(cfg.keyFile); err != nil {
 		if errors.Is(err, fs.ErrNotExist) {
 			err = fmt.Errorf("no cluster key at %s: make one with 'mpid keygen %s' and copy it to every node (mode 0600), or point --cluster-key at it", cfg.keyFile, cfg.keyFile)
 		}
@@ -80,7 +80,7 @@ func main() {
 }
 
 const usage = `usage: mpid [options]
-       mpid keygen [FILE]
+       mpid keygen [--next | --promote | --retire] [FILE]
 
 mpipause's node daemon: run one as root on every node of the cluster. It moves
 the ranks of jobs started with 'mpipause run' into a cgroup per job, watches
@@ -89,8 +89,10 @@ nodes' mpids (TCP port 7170). The mpipause command talks to it.
 
 The mpids of a cluster authenticate each other with a shared key: make it
 once with 'mpid keygen' (default file ` + DefaultKeyFile + `) and copy it to
-every node, mode 0600; every frame between mpids is then authenticated, and a
-peer without the key is refused.
+every node, mode 0600. mpids speak TLS 1.3 to each other with certificates
+derived from it: a peer without the key is refused, and a node that answers
+for another node's name too. 'mpid keygen --next' starts a move to a new
+key without stopping the cluster (docs/install.md).
 
 Every option can also be set in the settings file (--config, default
 ` + DefaultConfigFile + `, read if it exists): one "name = value" per
@@ -183,18 +185,29 @@ func writeReady(path string) error {
 	return nil
 }
 
-const keygenUsage = `usage: mpid keygen [FILE]
+const keygenUsage = `usage: mpid keygen [--next | --promote | --retire] [FILE]
 
 Writes a new random cluster key to FILE (default ` + DefaultKeyFile + `),
 mode 0600, and never over an existing file. Copy the same file to every node
 of the cluster; mpid reads it with --cluster-key.
+
+A key file may hold a few keys, one per line: mpid uses the first and accepts
+every one. To move a running cluster to a new key, run each step on one
+node, copy FILE to every node and restart every mpid before the next step:
+  --next     add a new key, accepted but not yet used
+  --promote  use the new key; the old one stays accepted
+  --retire   drop every key but the one in use
 `
 
-// keygen writes a new cluster key file.
+// keygen writes a new cluster key file, or takes one step of a move to a
+// new key.
 func keygen(args []string, out io.Writer) error {
 	fs := flag.NewFlagSet("mpid keygen", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
 	fs.Usage = func() {}
+	next := fs.Bool("next", false, "")
+	promote := fs.Bool("promote", false, "")
+	retire := fs.Bool("retire", false, "")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			fmt.Fprint(out, keygenUsage)
@@ -209,6 +222,18 @@ func keygen(args []string, out io.Writer) error {
 	if fs.NArg() == 1 {
 		path = fs.Arg(0)
 	}
+	steps := 0
+	for _, b := range []bool{*next, *promote, *retire} {
+		if b {
+			steps++
+		}
+	}
+	if steps > 1 {
+		return errors.New("--next, --promote and --retire are steps of their own: give one; see mpid keygen --help")
+	}
+	if steps == 1 {
+		return rotate(path, *next, *promote, out)
+	}
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return err
 	}
@@ -220,5 +245,43 @@ func keygen(args []string, out io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(out, "wrote a new cluster key to %s (mode 0600): copy it to every node\n", path)
+	return nil
+}
+
+// rotate takes one step of a move to a new key in the key file at path:
+// next adds one, promote makes it the one in use, and neither retires
+// every other key.
+func rotate(path string, next, promote bool, out io.Writer) error {
+	ring, err := quiesce.LoadKeys(path)
+	if err != nil {
+		return err
+	}
+	keys := ring.All()
+	var what string
+	switch {
+	case next:
+		if len(keys) > 1 {
+			return fmt.Errorf("%s already holds %d keys: finish the move first (--promote, then --retire)", path, len(keys))
+		}
+		k, err := quiesce.GenerateKey()
+		if err != nil {
+			return err
+		}
+		keys, what = []*quiesce.Key{keys[0], k}, "added a new key, accepted but not yet used"
+	case promote:
+		if len(keys) != 2 {
+			return fmt.Errorf("%s holds %d key(s), not a key in use and a next one: run --next first", path, len(keys))
+		}
+		keys, what = []*quiesce.Key{keys[1], keys[0]}, "the new key is in use; the old one is still accepted"
+	default:
+		if len(keys) == 1 {
+			return fmt.Errorf("%s holds only the key in use: nothing to retire", path)
+		}
+		keys, what = keys[:1], "retired every key but the one in use"
+	}
+	if err := quiesce.ReplaceKeyFile(path, keys...); err != nil {
+		return err
+	}
+	fmt.Fprintf(out, "%s: %s; copy it to every node and restart every mpid before the next step\n", path, what)
 	return nil
 }

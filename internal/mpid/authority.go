@@ -44,9 +44,10 @@ func JobToken(k *quiesce.Key, uid uint32, id, coord string) string {
 // told to a process that may be guessing.
 var errBadToken = errors.New("the job key is not this job's (it must come from `mpipause run` or Slurm for this job, this user and this cluster; every node needs the same cluster key file)")
 
-// checkToken verifies that token is the key of job id of uid and returns
-// the job's coordinator.
-func checkToken(k *quiesce.Key, uid uint32, id, token string) (string, error) {
+// checkToken verifies that token is the key of job id of uid under one of
+// the cluster's keys (a node that has moved to the next key made it, or
+// one that has not yet) and returns the job's coordinator.
+func checkToken(keys *quiesce.Keyring, uid uint32, id, token string) (string, error) {
 	i := strings.LastIndexByte(token, ':')
 	if i <= 0 {
 		return "", errBadToken
@@ -55,11 +56,12 @@ func checkToken(k *quiesce.Key, uid uint32, id, token string) (string, error) {
 	if !ranks.ValidHostName(coord) {
 		return "", errBadToken
 	}
-	want := JobToken(k, uid, id, coord)
-	if !hmac.Equal([]byte(want), []byte(token)) {
-		return "", errBadToken
+	for _, k := range keys.All() {
+		if hmac.Equal([]byte(JobToken(k, uid, id, coord)), []byte(token)) {
+			return coord, nil
+		}
 	}
-	return coord, nil
+	return "", errBadToken
 }
 
 // firstHost is the first host of a Slurm host list ("node[0-2],login",

@@ -17,8 +17,15 @@ func TestJobToken(t *testing.T) {
 	k, _ := quiesce.GenerateKey()
 	other, _ := quiesce.GenerateKey()
 	tok := JobToken(k, 1002, "4243.0", "node0")
-	if coord, err := checkToken(k, 1002, "4243.0", tok); err != nil || coord != "node0" {
+	if coord, err := checkToken(quiesce.NewKeyring(k), 1002, "4243.0", tok); err != nil || coord != "node0" {
 		t.Fatalf("the job's own key: %q, %v", coord, err)
+	}
+	// While the cluster moves to a new key, a key made under either is
+	// accepted by a node holding both, in either order.
+	for _, ring := range []*quiesce.Keyring{quiesce.NewKeyring(other, k), quiesce.NewKeyring(k, other)} {
+		if _, err := checkToken(ring, 1002, "4243.0", tok); err != nil {
+			t.Errorf("during a key rotation: %v", err)
+		}
 	}
 	hexPart := tok[len("node0:"):]
 	for name, c := range map[string]struct {
@@ -36,7 +43,7 @@ func TestJobToken(t *testing.T) {
 		"escape in the name":  {1002, "4243.0", "no\x1bde:" + hexPart, k},
 		"truncated":           {1002, "4243.0", tok[:len(tok)-2], k},
 	} {
-		if _, err := checkToken(c.key, c.uid, c.id, c.token); err == nil {
+		if _, err := checkToken(quiesce.NewKeyring(c.key), c.uid, c.id, c.token); err == nil {
 			t.Errorf("%s: accepted", name)
 		} else if err != errBadToken {
 			t.Errorf("%s: %v, want the one refusal that tells a guesser nothing", name, err)
@@ -68,7 +75,7 @@ func TestFirstHost(t *testing.T) {
 func TestJobAuthority(t *testing.T) {
 	d := newTestDaemon(t, "node0", nil, nil)
 	const victim, attacker = 1002, 1001
-	vtok := JobToken(d.cfg.ClusterKey, victim, "4243.0", "node0")
+	vtok := JobToken(d.cfg.ClusterKey.Current(), victim, "4243.0", "node0")
 	d.reg.mu.Lock()
 	vj, err := d.reg.authorizeLocked(victim, "4243.0", vtok)
 	d.reg.mu.Unlock()
@@ -77,7 +84,7 @@ func TestJobAuthority(t *testing.T) {
 	}
 	// C1: the victim's key is the victim's: not the attacker's, whatever
 	// the attacker calls the job, and no key of the attacker's own opens it.
-	atok := JobToken(d.cfg.ClusterKey, attacker, "4243.0", "node0")
+	atok := JobToken(d.cfg.ClusterKey.Current(), attacker, "4243.0", "node0")
 	d.reg.mu.Lock()
 	_, stolen := d.reg.authorizeLocked(attacker, "4243.0", vtok)
 	aj, own := d.reg.authorizeLocked(attacker, "4243.0", atok)
@@ -118,7 +125,7 @@ func TestJobAuthority(t *testing.T) {
 	// Two launches under one id from two coordinators are refused, not
 	// merged.
 	d.reg.mu.Lock()
-	_, err = d.reg.authorizeLocked(victim, "4243.0", JobToken(d.cfg.ClusterKey, victim, "4243.0", "node1"))
+	_, err = d.reg.authorizeLocked(victim, "4243.0", JobToken(d.cfg.ClusterKey.Current(), victim, "4243.0", "node1"))
 	d.reg.mu.Unlock()
 	if err == nil {
 		t.Error("a second coordinator for the victim's job was accepted")
@@ -132,7 +139,7 @@ func TestForeignStep(t *testing.T) {
 	defer net.Close()
 	coord := newTestDaemon(t, "node0", net, nil)
 	d := newTestDaemon(t, "node1", net, coord.cfg.ClusterKey)
-	tok := JobToken(d.cfg.ClusterKey, 1002, "j", "node0")
+	tok := JobToken(d.cfg.ClusterKey.Current(), 1002, "j", "node0")
 	d.reg.mu.Lock()
 	j, err := d.reg.authorizeLocked(1002, "j", tok)
 	d.reg.mu.Unlock()
@@ -169,7 +176,7 @@ func TestForeignStep(t *testing.T) {
 // ends there.
 func TestRegistration(t *testing.T) {
 	d := newTestDaemon(t, "node0", nil, nil)
-	tok := JobToken(d.cfg.ClusterKey, 1002, "j", "node0")
+	tok := JobToken(d.cfg.ClusterKey.Current(), 1002, "j", "node0")
 	key := ranks.JobKey(1002, "j")
 	reg := func(op string, uid uint32, token, node string) *quiesce.Control {
 		return d.peer.registered(quiesce.Message{Job: key, Control: &quiesce.Control{Op: op, UID: uid, Token: token, Node: node, Size: 6}})
@@ -177,7 +184,7 @@ func TestRegistration(t *testing.T) {
 	for name, c := range map[string]*quiesce.Control{
 		"another uid":         reg(opRegister, 1001, tok, "node1"),
 		"a forged key":        reg(opRegister, 1002, "node0:00", "node1"),
-		"another coordinator": reg(opRegister, 1002, JobToken(d.cfg.ClusterKey, 1002, "j", "node2"), "node1"),
+		"another coordinator": reg(opRegister, 1002, JobToken(d.cfg.ClusterKey.Current(), 1002, "j", "node2"), "node1"),
 		"a bad node name":     reg(opRegister, 1002, tok, "node1\x1b[2J"),
 	} {
 		if c.Code == "" {

@@ -18,7 +18,7 @@ import (
 // request is its caller's, by the uid the kernel reports for the
 // connection (SO_PEERCRED), never by anything the request says.
 type control struct {
-	key   *quiesce.Key
+	key   *quiesce.Keyring
 	reg   *registry
 	coord *coordinator
 }
@@ -111,5 +111,5 @@ func (s *control) token(req ctl.Request, uid uint32) ctl.Reply {
 	if err != nil {
 		return ctl.Reply{Err: ctl.Errorf(ctl.CodeBadRequest, "%v", err), Final: true}
 	}
-	return ctl.Reply{Token: JobToken(s.key, *req.Owner, req.Job, coord), Final: true}
+	return ctl.Reply{Token: JobToken(s.key.Current(), *req.Owner, req.Job, coord), Final: true}
 }

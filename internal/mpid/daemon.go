@@ -72,10 +72,10 @@ type Config struct {
 	// StateDir holds the records of paused jobs that let a restarted mpid
 	// resume them (G5); default /run/mpipause/mpid-<Node>.
 	StateDir string
-	// ClusterKey authenticates the peer port both ways (quiesce auth.go):
-	// mpid refuses peers without it, and peers that do not prove it.
-	// Required: New fails without it.
-	ClusterKey *quiesce.Key
+	// ClusterKey is the cluster's keys (quiesce keys.go): the peer port's
+	// TLS certificates derive from them (quiesce tls.go), and so do job
+	// keys. Required: New fails without it.
+	ClusterKey *quiesce.Keyring
 	// RTPriority, if not 0, puts every mpid thread under SCHED_RR at this
 	// priority (1..99); where the kernel refuses, mpid logs it and runs
 	// with Nice alone.
@@ -199,12 +199,16 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 		return fmt.Errorf("control socket %s: %w", d.cfg.CtlSocket, err)
 	}
 	var pl net.Listener
+	var id *quiesce.Identity
 	var tr quiesce.Transport = d.cfg.Network
 	if d.cfg.Network == nil {
+		if id, err = quiesce.NewIdentity(d.cfg.Node, d.cfg.ClusterKey); err != nil {
+			return err
+		}
 		if pl, err = net.Listen("tcp", d.cfg.PeerListen); err != nil {
 			return fmt.Errorf("peer port %s: %w", d.cfg.PeerListen, err)
 		}
-		tcp := &quiesce.TCPTransport{Resolve: d.resolve, Key: d.cfg.ClusterKey}
+		tcp := &quiesce.TCPTransport{Resolve: d.resolve, Identity: id}
 		defer tcp.CloseIdle()
 		tr = tcp
 	}
@@ -225,7 +229,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	if pl != nil {
 		peers = pl.Addr().String()
 		g.Go(func() error {
-			return wrap("peer port", quiesce.ServeTCPWith(ctx, pl, d.peer.handle, quiesce.ServerOptions{Key: d.cfg.ClusterKey, Log: d.log.Warn}))
+			return wrap("peer port", quiesce.ServeTCPWith(ctx, pl, d.peer.handle, quiesce.ServerOptions{Identity: id, Refused: d.peerRefused()}))
 		})
 	} else {
 		d.cfg.Network.Register(d.cfg.Node, d.peer.handle)
@@ -263,6 +267,7 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 		nodeRole: &nodeRole{Name: d.cfg.Node, Ranks: rs, Observer: d.reg.observer, Cgroup: d.reg.cgroupOf, Freezer: d.cfg.Cgroups,
 			CtlNice: d.cfg.Nice, CtlRT: d.cfg.RTPriority, Metrics: d.metrics, Unready: d.reg.unready, Log: d.log}}
 	agent := quiesce.NewAgent(local, tr, quiesce.DefaultRetry)
+	agent.Self = d.cfg.Node
 	agent.OnExpire = func(job string, err error) {
 		// The coordinator died or lost this node mid-pause: the agent
 		// thawed and reopened the job here on its own (G3).
@@ -286,6 +291,24 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 	rs.Join = d.reg.join
 	rs.OnChange = d.reg.rankChanged
 	rs.OnEvent = d.coord.rankEvent
+}
+
+// peerRefused logs the peers the peer port refuses, a line per cause per
+// quiet period: a flood of strangers must not bury mpid's own errors under
+// journald's rate limit.
+func (d *Daemon) peerRefused() func(cause string, peer net.Addr, err error) {
+	limit := newLogLimiter(refusalQuiet)
+	return func(cause string, peer net.Addr, err error) {
+		ok, held := limit.allow(cause)
+		if !ok {
+			return
+		}
+		args := []any{"peer", peer.String(), "error", err}
+		if held > 0 {
+			args = append(args, "refused_since_last_line", held)
+		}
+		d.log.Warn("peer refused: "+cause, args...)
+	}
 }
 
 func wrap(what string, err error) error {

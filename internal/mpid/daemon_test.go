@@ -152,7 +152,7 @@ func (s *syncBuffer) String() string {
 // startNode runs a whole mpid named node on the in-process network net,
 // with memory cgroups and observers, abstract sockets of its own and the
 // cluster key k, until the test ends.
-func startNode(t *testing.T, node string, net *quiesce.MemNetwork, k *quiesce.Key) *testNode {
+func startNode(t *testing.T, node string, net *quiesce.MemNetwork, k *quiesce.Keyring) *testNode {
 	t.Helper()
 	n := &testNode{cgroups: newMemCgroups(), log: &syncBuffer{},
 		rankAddr: fmt.Sprintf("@mpipause-test-%d-%s-%s-rank", os.Getpid(), t.Name(), node),
@@ -264,10 +264,7 @@ func (n *testNode) ask(t *testing.T, op, job string) ctl.Reply {
 // every rank, freezes every node's job cgroup and commits; a resume thaws
 // and reopens everything. No privilege, no kernel: milliseconds.
 func TestPauseInProcess(t *testing.T) {
-	k, err := quiesce.GenerateKey()
-	if err != nil {
-		t.Fatal(err)
-	}
+	k := testKeys(t)
 	mem := quiesce.NewMemNetwork(1, quiesce.Faults{})
 	defer mem.Close()
 	var nodes []*testNode
@@ -334,10 +331,9 @@ func TestPauseInProcess(t *testing.T) {
 // TestRankEventsOneAtATime: a rank that repeats its SIGTSTP event (or
 // floods the line) gets one pause of its job under way, not one per line.
 func TestRankEventsOneAtATime(t *testing.T) {
-	k, _ := quiesce.GenerateKey()
 	mem := quiesce.NewMemNetwork(1, quiesce.Faults{})
 	defer mem.Close()
-	n := startNode(t, "node0", mem, k)
+	n := startNode(t, "node0", mem, testKeys(t))
 	created := n.ask(t, ctl.OpCreate, "j1")
 	s := n.rank(t, "j1", created.Token, 0, 1)
 	hold := make(chan struct{})
@@ -377,13 +373,10 @@ func TestRankEventsOneAtATime(t *testing.T) {
 // newTestDaemon is a daemon with no kernel and no sockets behind it, its
 // roles wired but not served: the tests call them directly. Its peers are
 // on net (nil: a network of its own), sharing key (nil: a fresh one).
-func newTestDaemon(t *testing.T, node string, net *quiesce.MemNetwork, k *quiesce.Key) *Daemon {
+func newTestDaemon(t *testing.T, node string, net *quiesce.MemNetwork, k *quiesce.Keyring) *Daemon {
 	t.Helper()
 	if k == nil {
-		var err error
-		if k, err = quiesce.GenerateKey(); err != nil {
-			t.Fatal(err)
-		}
+		k = testKeys(t)
 	}
 	if net == nil {
 		net = quiesce.NewMemNetwork(1, quiesce.Faults{})
@@ -399,4 +392,14 @@ func newTestDaemon(t *testing.T, node string, net *quiesce.MemNetwork, k *quiesc
 	d.wire(ranks.NewServer(nil), net, done)
 	net.Register(node, d.peer.handle)
 	return d
+}
+
+// testKeys is a fresh cluster key.
+func testKeys(t *testing.T) *quiesce.Keyring {
+	t.Helper()
+	k, err := quiesce.GenerateKey()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return quiesce.NewKeyring(k)
 }

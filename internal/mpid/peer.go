@@ -18,7 +18,7 @@ import (
 // and the pauses and resumes other nodes' mpids pass on to this one.
 type peer struct {
 	node  string
-	key   *quiesce.Key
+	key   *quiesce.Keyring
 	reg   *registry
 	coord *coordinator
 	agent *quiesce.Agent

@@ -70,7 +70,7 @@ type job struct {
 // job once nothing of it is left here (sweep).
 type registry struct {
 	node string
-	key  *quiesce.Key
+	key  *quiesce.Keyring
 	// parent is where job cgroups are made; fixed, if set, is the one
 	// cgroup every job's ranks are in already (Config.FixedCgroup).
 	parent, fixed string
@@ -186,7 +186,7 @@ func (r *registry) create(name string, uid uint32, pid int) ctl.Reply {
 	}
 	r.log.Info("job created", "job", key, "pid", pid)
 	v := ctl.Job{ID: name, Owner: uid, State: j.state, Node: r.node, Coordinator: r.node, Nodes: []string{r.node}, Since: j.since}
-	return ctl.Reply{Job: &v, Token: JobToken(r.key, uid, name, r.node), Final: true}
+	return ctl.Reply{Job: &v, Token: JobToken(r.key.Current(), uid, name, r.node), Final: true}
 }
 
 // lookup finds the job a caller of uid means by name: their own job of

@@ -138,7 +138,7 @@ func TestDaemonsLifecycle(t *testing.T) {
 		// One key for the rig's mpids, private to root.
 		if st, err := os.Stat(r.KeyFile()); err != nil || st.Mode().Perm() != 0o600 {
 			t.Errorf("rig cluster key: %v %v; want a 0600 file", st, err)
-		} else if _, err := quiesce.LoadKey(r.KeyFile()); err != nil {
+		} else if _, err := quiesce.LoadKeys(r.KeyFile()); err != nil {
 			t.Errorf("rig cluster key: %v", err)
 		}
 		if got := readTrim(t, base+".hostname"); got != node {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 )
@@ -436,7 +437,7 @@ func (r *run) thawOpen(ctx context.Context, kind Kind, d time.Duration) []NodeRe
 				return fmt.Errorf("%s refused by %s", kind, firstOf(len(pending), pending[0]))
 			}
 			if sleep(ctx, r.c.opt.Retry.Initial) != nil {
-				return fmt.Errorf("%s not confirmed on %d nodes: %w", kind, len(pending), ctx.Err())
+				return fmt.Errorf("%s not confirmed on %s: %w", kind, names(pending), ctx.Err())
 			}
 		}
 	})
@@ -450,6 +451,29 @@ func firstOf(n int, first NodeReport) string {
 		return first.Node + ": " + first.Err
 	}
 	return fmt.Sprintf("%d nodes, first %s: %s", n, first.Node, first.Err)
+}
+
+// names lists the nodes of l, the first few by name: "node1", "2 nodes
+// (node1, node2)", "9 nodes (node1, …, node5, …)".
+func names(l []NodeReport) string {
+	if len(l) == 1 {
+		return l[0].Node
+	}
+	const max = 5
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d nodes (", len(l))
+	for i, n := range l {
+		if i == max {
+			b.WriteString(", …")
+			break
+		}
+		if i > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(n.Node)
+	}
+	b.WriteString(")")
+	return b.String()
 }
 
 func allRefused(pending []NodeReport) bool {

@@ -2,9 +2,11 @@ package quiesce
 
 import (
 	"bytes"
+	"encoding/binary"
 	"context"
 	"net"
 	"net/netip"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -76,6 +78,34 @@ func FuzzServeConn(f *testing.F) {
 		<-done
 		if called.Load() {
 			t.Fatalf("an unauthenticated client reached the handler with %q", in)
+		}
+	})
+}
+
+// FuzzReadHello: the hello is the first thing read after the handshake,
+// from any member; it must stay small whatever its length says.
+func FuzzReadHello(f *testing.F) {
+	var b bytes.Buffer
+	writeFrame(&b, Hello{Magic: HelloMagic, Version: ProtocolVersion, Node: "node1"})
+	f.Add(b.Bytes())
+	f.Add([]byte{0, 0, 0x10, 0x01})
+	f.Fuzz(func(t *testing.T, in []byte) {
+		var h Hello
+		if err := readFrame(bytes.NewReader(in), &h); err == nil {
+			if n := binary.BigEndian.Uint32(in); n > MaxHello {
+				t.Fatalf("a hello of %d bytes was read", n)
+			}
+		}
+	})
+}
+
+// FuzzParseKeys: a key file parses into 1 to MaxKeys keys or not at all.
+func FuzzParseKeys(f *testing.F) {
+	f.Add([]byte(strings.Repeat("ab", KeySize) + "\n"))
+	f.Add([]byte(strings.Repeat("ab", KeySize) + "\n" + strings.Repeat("cd", KeySize)))
+	f.Fuzz(func(t *testing.T, in []byte) {
+		if r, ok := parseKeys(in); ok && (len(r.All()) == 0 || len(r.All()) > MaxKeys) {
+			t.Fatalf("%d keys", len(r.All()))
 		}
 	})
 }

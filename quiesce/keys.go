@@ -166,20 +166,28 @@ func LoadKeys(path string) (*Keyring, error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster key: %w", err)
 	}
-	bad := fmt.Errorf("cluster key %s is not 1 to %d lines of %d hex-encoded bytes (make one with: mpid keygen)", path, MaxKeys, KeySize)
+	r, ok := parseKeys(b)
+	if !ok {
+		return nil, fmt.Errorf("cluster key %s is not 1 to %d lines of %d hex-encoded bytes (make one with: mpid keygen)", path, MaxKeys, KeySize)
+	}
+	return r, nil
+}
+
+// parseKeys reads a key file's content.
+func parseKeys(b []byte) (*Keyring, bool) {
 	lines := strings.Fields(string(b))
 	if len(lines) == 0 || len(lines) > MaxKeys {
-		return nil, bad
+		return nil, false
 	}
 	r := &Keyring{}
 	for _, l := range lines {
 		raw, err := hex.DecodeString(l)
 		if err != nil || len(raw) != KeySize {
-			return nil, bad
+			return nil, false
 		}
 		k := &Key{}
 		copy(k.b[:], raw)
 		r.keys = append(r.keys, k)
 	}
-	return r, nil
+	return r, true
 }

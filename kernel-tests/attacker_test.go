@@ -13,7 +13,13 @@ package kerneltests
 import (
 	"bufio"
 	"bytes"
+	"crypto/rand"
+	"crypto/tls"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
@@ -21,6 +27,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unsafe"
 
@@ -68,6 +75,10 @@ func attackMain(mode string, args []string) int {
 		err = attackFlood(args)
 	case "squat":
 		err = attackSquat(args)
+	case "peerflood":
+		err = attackPeerFlood(args)
+	case "peerspam":
+		err = attackPeerSpam(args)
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}
@@ -415,5 +426,176 @@ func attackSquat(args []string) error {
 	for _, ln := range lns {
 		ln.Close()
 	}
+	return nil
+}
+
+// The peer port's attacks (issue 20's H2 and L3) come from the network:
+// the stand-in runs in another node, as a user without the cluster key.
+// Its plain connections open with the hello of the hand-written
+// handshake the peer port spoke until issue 20 (quiesce/tcp.go then):
+// there, a hello with a nonce is answered without any proof from the
+// client, so the stand-in gets as far as a stranger can. To a TLS server
+// the same bytes are a malformed record.
+
+// withBody is a length prefix and its body in one buffer.
+func withBody(prefix, body []byte) []byte { return append(prefix, body...) }
+
+// helloFrame is that hello, length-prefixed: magic, version 2 and a
+// fresh 32-byte nonce, as JSON.
+func helloFrame() []byte {
+	nonce := make([]byte, 32)
+	rand.Read(nonce)
+	body, _ := json.Marshal(map[string]any{"magic": "mpipause-quiesce", "version": 2, "nonce": nonce})
+	return withBody(binary.BigEndian.AppendUint32(nil, uint32(len(body))), body)
+}
+
+// garbageFrame is a length-prefixed frame of n random bytes: no MAC, no
+// record a TLS peer could take.
+func garbageFrame(n int) []byte {
+	b := make([]byte, n)
+	rand.Read(b)
+	return withBody(binary.BigEndian.AppendUint32(nil, uint32(n)), b)
+}
+
+// attackPeerFlood is H2: args addr= (a node's peer port), then big=
+// connections that each announce a frame of frame= MiB and send mib= MiB
+// of it, silent= connections that send nothing, and hellos= connections
+// that send a plain hello and then nothing. Each connection reads until
+// mpid closes it or wait= seconds from its connect have passed. It says
+// "group NAME dialled=D closed=C max_ms=M" per group (C: closed by mpid
+// within wait; M: the longest a closed one stayed open), "sent N" (bytes
+// of the big frames written) and "flooded".
+func attackPeerFlood(args []string) error {
+	m := kv(args)
+	num := func(k string) int { v, _ := strconv.Atoi(m[k]); return v }
+	wait := time.Duration(num("wait")) * time.Second
+	type group struct {
+		name            string
+		dialled, closed atomic.Int64
+		maxOpen         atomic.Int64 // ms
+	}
+	groups := []*group{{name: "big"}, {name: "silent"}, {name: "hellos"}}
+	var sent atomic.Int64
+	chunk := make([]byte, 1<<20)
+	rand.Read(chunk)
+	var wg sync.WaitGroup
+	open := func(g *group, send func(c net.Conn, until time.Time)) {
+		wg.Go(func() {
+			c, err := net.DialTimeout("tcp", m["addr"], 5*time.Second)
+			if err != nil {
+				say("dial %s: %v", m["addr"], err)
+				return
+			}
+			defer c.Close()
+			g.dialled.Add(1)
+			t0 := time.Now()
+			until := t0.Add(wait)
+			c.SetReadDeadline(until)
+			gone := make(chan struct{})
+			go func() {
+				defer close(gone)
+				// EOF (nil) or a reset: mpid closed it; the deadline: still open.
+				_, err := io.Copy(io.Discard, c)
+				if errors.Is(err, os.ErrDeadlineExceeded) {
+					return
+				}
+				g.closed.Add(1)
+				ms := time.Since(t0).Milliseconds()
+				for {
+					old := g.maxOpen.Load()
+					if ms <= old || g.maxOpen.CompareAndSwap(old, ms) {
+						break
+					}
+				}
+			}()
+			if send != nil {
+				send(c, until)
+			}
+			<-gone
+		})
+	}
+	for range num("big") {
+		open(groups[0], func(c net.Conn, until time.Time) {
+			c.SetWriteDeadline(until)
+			if _, err := c.Write(binary.BigEndian.AppendUint32(nil, uint32(num("frame")<<20))); err != nil {
+				return
+			}
+			for range num("mib") {
+				k, err := c.Write(chunk)
+				sent.Add(int64(k))
+				if err != nil {
+					return
+				}
+			}
+		})
+	}
+	for range num("silent") {
+		open(groups[1], nil)
+	}
+	for range num("hellos") {
+		open(groups[2], func(c net.Conn, until time.Time) {
+			c.SetWriteDeadline(until)
+			c.Write(helloFrame())
+		})
+	}
+	say("flooding")
+	wg.Wait()
+	for _, g := range groups {
+		say("group %s dialled=%d closed=%d max_ms=%d", g.name, g.dialled.Load(), g.closed.Load(), g.maxOpen.Load())
+	}
+	say("sent %d", sent.Load())
+	say("flooded")
+	return nil
+}
+
+// attackPeerSpam is L3: args addr= (a node's peer port), n= connections,
+// par= at a time. Even ones send a plain hello, wait for the answer and
+// send a garbage frame; odd ones make a TLS handshake (no client
+// certificate, the server's unchecked) and send garbage in it. Each then
+// closes. It says "spammed n=N connected=C answered=A tls=T ms=M".
+func attackPeerSpam(args []string) error {
+	m := kv(args)
+	n, _ := strconv.Atoi(m["n"])
+	par, _ := strconv.Atoi(m["par"])
+	var connected, answered, handshakes atomic.Int64
+	next := make(chan int)
+	var wg sync.WaitGroup
+	start := time.Now()
+	for range max(par, 1) {
+		wg.Go(func() {
+			for i := range next {
+				c, err := net.DialTimeout("tcp", m["addr"], 2*time.Second)
+				if err != nil {
+					continue
+				}
+				connected.Add(1)
+				c.SetDeadline(time.Now().Add(2 * time.Second))
+				if i%2 == 0 {
+					if _, err := c.Write(helloFrame()); err == nil {
+						var hdr [4]byte
+						if _, err := io.ReadFull(c, hdr[:]); err == nil {
+							answered.Add(1)
+						}
+						c.Write(garbageFrame(64))
+					}
+				} else {
+					tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true, ServerName: "node0", MinVersion: tls.VersionTLS12})
+					if tc.Handshake() == nil {
+						handshakes.Add(1)
+						tc.Write(garbageFrame(64))
+					} else {
+						c.Write(garbageFrame(64))
+					}
+				}
+				c.Close()
+			}
+		})
+	}
+	for i := range n {
+		next <- i
+	}
+	close(next)
+	wg.Wait()
+	say("spammed n=%d connected=%d answered=%d tls=%d ms=%d", n, connected.Load(), answered.Load(), handshakes.Load(), time.Since(start).Milliseconds())
 	return nil
 }

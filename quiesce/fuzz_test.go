@@ -2,8 +2,8 @@ package quiesce
 
 import (
 	"bytes"
-	"encoding/binary"
 	"context"
+	"encoding/binary"
 	"net"
 	"net/netip"
 	"strings"

@@ -35,7 +35,7 @@ func (s *tlsServer) logged() string {
 
 // serveTLS serves a node named name (its address when empty) under keys;
 // its agent dials other nodes through resolve, if set.
-func serveTLS(t *testing.T, name string, keys *Keyring, o ServerOptions, resolve ...func(string) (string, error)) *tlsServer {
+func serveTLS(t testing.TB, name string, keys *Keyring, o ServerOptions, resolve ...func(string) (string, error)) *tlsServer {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -426,5 +426,30 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// BenchmarkConnect is what a new peer connection costs (a connection per
+// call: MaxIdle -1), with TLS and, as the baseline of the same run, in the
+// clear; pooled connections pay it once per peer every 30 s at most.
+func BenchmarkConnect(b *testing.B) {
+	keys := NewKeyring(mustKey(b))
+	for _, c := range []struct {
+		name string
+		keys *Keyring
+	}{{"clear", nil}, {"tls", keys}} {
+		b.Run(c.name, func(b *testing.B) {
+			srv := serveTLS(b, "", c.keys, ServerOptions{})
+			tr := &TCPTransport{MaxIdle: -1}
+			if c.keys != nil {
+				tr.Identity = mustIdentity(b, "client", c.keys)
+			}
+			ctx := context.Background()
+			for b.Loop() {
+				if _, err := tr.Call(ctx, srv.addr, prepare(srv.addr)); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }

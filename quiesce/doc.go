@@ -22,8 +22,9 @@
 //   - [Transport]: request/response delivery between daemons;
 //     [MemNetwork] is the in-memory implementation with injected delays,
 //     duplicates and drops; [TCPTransport] and [ServeTCP] speak
-//     length-prefixed frames in a tagged binary encoding (wire.go), MACed
-//     with the cluster key (auth.go), after a versioned JSON [Hello].
+//     length-prefixed frames in a tagged binary encoding (wire.go), after a
+//     versioned JSON [Hello], inside TLS 1.3 under the cluster key (tls.go,
+//     keys.go).
 //     Retransmission lives above the transport, in the sender, so every
 //     transport gets it.
 //
@@ -31,7 +32,7 @@
 // another DRAIN, FREEZE and VERIFY, at most [Options.Rethaws] times
 // (DESIGN.md's "thaw and go back to DRAIN"). Not here: persistence of a
 // paused job across daemon restarts (G5), which is mpid's (its state
-// records); peers are authenticated here, with the cluster key (auth.go).
+// records); peers are authenticated here, under the cluster key (tls.go).
 //
 // Ordering: every request carries (Epoch, Seq). A coordinator picks a fresh
 // epoch for every Pause and Resume, and a fresh Seq for every round within it.

@@ -46,9 +46,6 @@ type Hello struct {
 	Node string `json:"node,omitempty"`
 }
 
-// ErrAuth: a peer failed authentication (no key, another key).
-var ErrAuth = errors.New("authentication failed")
-
 // frame carries a message and, on requests, the time the sender still waits:
 // the receiving node sizes its forwarding budget from it. It is relative, not
 // a wall-clock deadline, so clock skew between nodes does not matter; transit
@@ -535,8 +532,8 @@ func (p *pending) done(a netip.Addr) {
 // addrOf is a connection's source address without its port (the zero
 // Addr for a listener that is not TCP: every such peer counts as one).
 func addrOf(a net.Addr) netip.Addr {
-	if ap, err := netip.ParseAddrPort(a.String()); err == nil {
-		return ap.Addr().Unmap()
+	if t, ok := a.(*net.TCPAddr); ok {
+		return t.AddrPort().Addr().Unmap()
 	}
 	return netip.Addr{}
 }

@@ -32,6 +32,9 @@ const peerALPN = "mpipause-quiesce"
 // caLabel separates the CA's seed from anything else derived from the key.
 const caLabel = "mpipause peer CA v1"
 
+// ErrAuth: a peer failed authentication (no key, another key).
+var ErrAuth = errors.New("authentication failed")
+
 // ErrWrongNode: the node that answered is not the node dialled (a name
 // resolving to another member's address: DNS, /etc/hosts or ARP).
 var ErrWrongNode = errors.New("another node answered")

@@ -42,7 +42,11 @@
 #include <stdint.h>
 #include <sys/mman.h>
 #include <netinet/in.h>
+#include <limits.h>
 #include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <time.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -56,6 +60,7 @@ union mpp_gate_page mpp_gate_pg __attribute__((aligned(MPP_GATE_PAGE_SIZE))); //
 struct held {
 	struct held *next;
 	size_t len, off;
+	int oob; // sent with MSG_OOB: its last byte is the urgent one
 	char data[];
 };
 
@@ -65,6 +70,11 @@ struct fdstate {
 	int orphan;   // the application closed its fd; this one is the shim's dup
 	int fd;       // the descriptor the bytes go to (moves on close)
 	int flushing; // the control thread is sending its held bytes
+	int shut;     // a shutdown(SHUT_WR) waits for the held bytes (paths.c)
+	// The socket the held bytes belong to (SO_COOKIE, set when the queue
+	// starts): the number may name another socket by the time they are
+	// sent, if the application closed it by a call the shim does not see.
+	uint64_t cookie;
 	struct held *head, *tail;
 	size_t held;
 };
@@ -83,6 +93,7 @@ static pthread_mutex_t hold_mu = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t hold_cv = PTHREAD_COND_INITIALIZER;
 static size_t held_total, hold_max = (size_t)256 << 20;
 static _Atomic unsigned long untracked; // gated-mode calls on fds beyond the tables
+static _Atomic unsigned long lost;      // held bytes whose socket was gone (cookie changed)
 
 struct real mpp_real;
 
@@ -100,6 +111,7 @@ void mpp_resolve(void)
 	mpp_real.write = next_sym("write");
 	mpp_real.writev = next_sym("writev");
 	mpp_real.close = next_sym("close");
+	mpp_real.shutdown = next_sym("shutdown");
 	mpp_real.recv = next_sym("recv");
 	mpp_real.recvfrom = next_sym("recvfrom");
 	mpp_real.recvmsg = next_sym("recvmsg");
@@ -130,9 +142,9 @@ void mpp_gate_init(void)
 		hold_max = (size_t)atol(e) << 20;
 }
 
-// is_tcp reports whether fd is a TCP socket (IPv4 or IPv6), leaving errno
+// mpp_is_tcp reports whether fd is a TCP socket (IPv4 or IPv6), leaving errno
 // as it found it.
-static int is_tcp(int fd)
+int mpp_is_tcp(int fd)
 {
 	int saved = errno, v = 0, dom = 0;
 	socklen_t l = sizeof(v);
@@ -188,15 +200,24 @@ static void publish_gate(int g)
 
 // hold_room waits, while the gate is closed, until the process holds less
 // than hold_max: a bound on the shim's memory for a job that streams into a
-// pause. The caller then sleeps like a sender on a full socket.
-static void hold_room(size_t n)
+// pause. The caller then sleeps like a sender on a full socket; a caller
+// that would not sleep on a full socket (nonblock) gets EAGAIN instead, as
+// the kernel would have told it.
+static int hold_room(size_t n, int nonblock)
 {
 	pthread_mutex_lock(&hold_mu);
 	while (held_total + n > hold_max && held_total > 0 &&
-	       GATE_STATE(atomic_load_explicit(&mpp_gate, memory_order_acquire)) == GATE_CLOSED)
+	       GATE_STATE(atomic_load_explicit(&mpp_gate, memory_order_acquire)) == GATE_CLOSED) {
+		if (nonblock) {
+			pthread_mutex_unlock(&hold_mu);
+			errno = EAGAIN;
+			return -1;
+		}
 		pthread_cond_wait(&hold_cv, &hold_mu);
+	}
 	held_total += n;
 	pthread_mutex_unlock(&hold_mu);
+	return 0;
 }
 
 static void hold_release(size_t n)
@@ -207,15 +228,69 @@ static void hold_release(size_t n)
 	pthread_mutex_unlock(&hold_mu);
 }
 
+// mpp_sock_cookie is the kernel's identity of fd's socket (SO_COOKIE),
+// which no later socket shares, unlike its number or inode; 0 if fd is not
+// a socket. errno is kept.
+uint64_t mpp_sock_cookie(int fd)
+{
+	uint64_t c = 0;
+	socklen_t l = sizeof(c);
+	int saved = errno;
+	if (getsockopt(fd, SOL_SOCKET, SO_COOKIE, &c, &l) < 0)
+		c = 0;
+	errno = saved;
+	return c;
+}
+
+// drop_held frees s's held queue unsent. Called with s->mu held.
+static size_t drop_held(struct fdstate *s)
+{
+	size_t n = s->held;
+	while (s->head) {
+		struct held *h = s->head;
+		s->head = h->next;
+		free(h);
+	}
+	s->tail = NULL;
+	s->held = 0;
+	s->shut = 0;
+	return n;
+}
+
+// gone reports the held bytes of a socket the application closed by a call
+// the shim did not see (a raw close system call): they cannot be sent, and
+// the fd number may already be another socket, which must not get them.
+// Called with s->mu held; the caller gives the room back.
+static size_t gone(struct fdstate *s)
+{
+	size_t n = drop_held(s);
+	atomic_fetch_add_explicit(&lost, n, memory_order_relaxed);
+	publish(s);
+	if (!getenv("MPIPAUSE_QUIET"))
+		fprintf(stderr, "mpipause: %zu held bytes for fd %d not sent: its socket was closed by a call the shim does not wrap\n",
+			n, s->fd);
+	return n;
+}
+
 // append copies the call's bytes to the socket's held queue. Called with
-// s->mu held.
-static int append(struct fdstate *s, const struct iovec *iov, int iovcnt, size_t total)
+// s->mu held. Bytes held for a socket that is no longer fd's go first
+// (gone): a queue belongs to one socket.
+static int append(struct fdstate *s, int fd, const struct iovec *iov, int iovcnt, size_t total, int oob)
 {
 	struct held *h = malloc(sizeof(*h) + total);
 	size_t off = 0;
+	uint64_t c = mpp_sock_cookie(fd);
 
 	if (!h)
 		return -1;
+	if (s->head && s->cookie != c) {
+		size_t n = gone(s);
+		pthread_mutex_unlock(&s->mu);
+		hold_release(n);
+		pthread_mutex_lock(&s->mu);
+	}
+	if (!s->head)
+		s->cookie = c;
 	for (int i = 0; i < iovcnt; i++) {
 		memcpy(h->data + off, iov[i].iov_base, iov[i].iov_len);
 		off += iov[i].iov_len;
@@ -223,6 +298,7 @@ static int append(struct fdstate *s, const struct iovec *iov, int iovcnt, size_t
 	h->next = NULL;
 	h->len = total;
 	h->off = 0;
+	h->oob = oob;
 	if (s->tail)
 		s->tail->next = h;
 	else
@@ -241,17 +317,50 @@ static size_t iov_total(const struct iovec *iov, int iovcnt)
 	return t;
 }
 
-// gated is the slow path of every wrapper: the gate is not open. real makes
-// the caller's own call unchanged (for pass-through); iov describes its
-// bytes (for holding). It returns what the call returns.
-ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, ssize_t (*real)(void *), void *arg)
+static int nonblocking(int fd, int flags)
+{
+	int saved = errno, fl;
+	if (flags & MSG_DONTWAIT)
+		return 1;
+	fl = fcntl(fd, F_GETFL);
+	errno = saved;
+	return fl >= 0 && (fl & O_NONBLOCK);
+}
+
+// passes says whether a call with these flags goes to the kernel whatever
+// the gate. MSG_FASTOPEN on a socket not yet connected is a connect that
+// carries data: no connection has bytes to be held behind yet. MSG_ZEROCOPY
+// promises the caller a completion for its own buffer, which a held copy
+// cannot keep: it passes, and on a job connection the pause's kernel check
+// reports bytes sent through a closed gate.
+static int passes(int fd, int flags)
+{
+	if (flags & MSG_ZEROCOPY)
+		return 1;
+	if (flags & MSG_FASTOPEN) {
+		struct sockaddr_storage a;
+		socklen_t l = sizeof(a);
+		int saved = errno, r = getpeername(fd, (struct sockaddr *)&a, &l);
+		errno = saved;
+		return r < 0;
+	}
+	return 0;
+}
+
+// mpp_gated is the slow path of every wrapper: the gate is not open. real
+// makes the caller's own call unchanged (for pass-through); iov describes
+// its bytes (for holding); flags are the call's MSG_ flags, and
+// MPP_CONSUMED when the caller already took the bytes from their source
+// (sendfile, splice): then the call is never refused for lack of room. It
+// returns what the call returns.
+ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, int flags, ssize_t (*real)(void *), void *arg)
 {
 	struct fdstate *s;
 	size_t total;
 	ssize_t r;
 	int g, first;
 
-	if (!is_tcp(fd))
+	if (!mpp_is_tcp(fd))
 		return real(arg);
 	s = fdstate(fd);
 	if (!s) {
@@ -260,6 +369,21 @@ ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, ssize_t (*real)(v
 	}
 	total = iov_total(iov, iovcnt);
 	pthread_mutex_lock(&s->mu);
+	if (s->shut) {
+		// The application shut the socket down behind its held bytes:
+		// the kernel will refuse this call once they are sent, so the
+		// shim refuses it now, as the kernel does (EPIPE, and SIGPIPE
+		// unless MSG_NOSIGNAL).
+		pthread_mutex_unlock(&s->mu);
+		if (!(flags & MSG_NOSIGNAL))
+			raise(SIGPIPE);
+		errno = EPIPE;
+		return -1;
+	}
+	if (passes(fd, flags)) {
+		pthread_mutex_unlock(&s->mu);
+		return real(arg);
+	}
 	g = atomic_load_explicit(&mpp_gate, memory_order_acquire);
 	if (GATE_STATE(g) != GATE_CLOSED) {
 		// Open or flushing: bytes held earlier go first.
@@ -300,7 +424,8 @@ hold:
 		return 0;
 	}
 	pthread_mutex_unlock(&s->mu);
-	hold_room(total);
+	if (hold_room(total, !(flags & MPP_CONSUMED) && nonblocking(fd, flags)) < 0)
+		return -1;
 	pthread_mutex_lock(&s->mu);
 	// The gate may have reopened and this socket's queue drained while we
 	// waited for room: then the call goes straight to the kernel.
@@ -311,7 +436,7 @@ hold:
 		mpp_note_short(fd, r, total);
 		return r;
 	}
-	if (append(s, iov, iovcnt, total) < 0) {
+	if (append(s, fd, iov, iovcnt, total, (flags & MSG_OOB) != 0) < 0) {
 		pthread_mutex_unlock(&s->mu);
 		hold_release(total);
 		errno = ENOBUFS;
@@ -323,11 +448,20 @@ hold:
 }
 
 // send_all writes b to fd, waiting for room when the socket is
-// non-blocking. It returns 0, or -1 with errno when the connection failed.
-static int send_all(int fd, const char *b, size_t n)
+// non-blocking, at most until deadline (CLOCK_MONOTONIC ms; 0: no limit).
+// The urgent byte of an MSG_OOB call is the last one of the call, so such a
+// chunk goes as its bytes and then its last byte alone with MSG_OOB. It
+// returns 0, or -1 with errno when the connection failed or time ran out.
+static int send_all(int fd, const char *b, size_t n, int oob, long long deadline)
 {
 	while (n > 0) {
-		ssize_t r = mpp_real.send(fd, b, n, MSG_NOSIGNAL);
+		int fl = MSG_NOSIGNAL;
+		size_t want = n;
+		if (oob && n > 1)
+			want = n - 1;
+		else if (oob)
+			fl |= MSG_OOB;
+		ssize_t r = mpp_real.send(fd, b, want, fl);
 		if (r > 0) {
 			b += r;
 			n -= r;
@@ -337,7 +471,16 @@ static int send_all(int fd, const char *b, size_t n)
 			continue;
 		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
 			struct pollfd p = {.fd = fd, .events = POLLOUT};
-			poll(&p, 1, -1);
+			int ms = -1;
+			if (deadline) {
+				long long left = deadline - mpp_now_ms();
+				if (left <= 0) {
+					errno = ETIMEDOUT;
+					return -1;
+				}
+				ms = left > INT_MAX ? INT_MAX : (int)left;
+			}
+			poll(&p, 1, ms);
 			continue;
 		}
 		return -1;
@@ -345,11 +488,28 @@ static int send_all(int fd, const char *b, size_t n)
 	return 0;
 }
 
+// mpp_send_all is send_all for a caller that took the bytes from their
+// source already (sendfile from a pipe, splice): they must all go. Returns
+// n, or -1 with errno.
+ssize_t mpp_send_all(int fd, const void *b, size_t n)
+{
+	return send_all(fd, b, n, 0, 0) < 0 ? -1 : (ssize_t)n;
+}
+
+long long mpp_now_ms(void)
+{
+	struct timespec t;
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
+}
+
 // flush_fd sends fd's held bytes in order. New sends to fd are appended
 // behind them meanwhile (s->flushing), so order holds. It stops between
-// chunks once the gate word is no longer word (a newer close): what is
-// left stays held, the socket gated, for that pause's resume.
-static void flush_fd(struct fdstate *s, struct mpp_gate_stats *st, int word)
+// chunks once the gate word is no longer word (a newer close; word -1:
+// never): what is left stays held, the socket gated, for that pause's
+// resume. Bytes go only to the socket they were held for: if the number
+// names another one now, they are reported lost (gone), never sent there.
+static void flush_fd(struct fdstate *s, struct mpp_gate_stats *st, int word, long long deadline)
 {
 	pthread_mutex_lock(&s->mu);
 	s->flushing = 1;
@@ -357,7 +517,7 @@ static void flush_fd(struct fdstate *s, struct mpp_gate_stats *st, int word)
 		struct held *h = s->head;
 		int failed;
 
-		if (atomic_load_explicit(&mpp_gate, memory_order_acquire) != word) {
+		if (word != -1 && atomic_load_explicit(&mpp_gate, memory_order_acquire) != word) {
 			s->flushing = 0;
 			publish(s);
 			pthread_mutex_unlock(&s->mu);
@@ -365,8 +525,17 @@ static void flush_fd(struct fdstate *s, struct mpp_gate_stats *st, int word)
 		}
 
 		int to = s->fd; // read under the lock: a close may move it
+		if (mpp_sock_cookie(to) != s->cookie) {
+			size_t n = gone(s);
+			st->flush_errors++;
+			st->flush_errno = EBADF;
+			pthread_mutex_unlock(&s->mu);
+			hold_release(n);
+			pthread_mutex_lock(&s->mu);
+			break;
+		}
 		pthread_mutex_unlock(&s->mu);
-		failed = send_all(to, h->data + h->off, h->len - h->off) < 0;
+		failed = send_all(to, h->data + h->off, h->len - h->off, h->oob, deadline) < 0;
 		pthread_mutex_lock(&s->mu);
 		if (failed) {
 			st->flush_errors++;
@@ -383,6 +552,14 @@ static void flush_fd(struct fdstate *s, struct mpp_gate_stats *st, int word)
 	}
 	s->flushing = 0;
 	s->gated = 0;
+	if (s->shut) {
+		// The shutdown the application asked for, after its bytes.
+		s->shut = 0;
+		if (mpp_real.shutdown(s->fd, SHUT_WR) < 0 && errno != ENOTCONN) {
+			st->flush_errors++;
+			st->flush_errno = errno;
+		}
+	}
 	publish(s);
 	if (s->orphan) {
 		// Delivered what the application wrote before it closed: now the
@@ -441,7 +618,7 @@ void mpp_gate_flush(struct mpp_gate_stats *st, int word)
 	for (int fd = 0; fd < nfds; fd++) {
 		struct fdstate *s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire);
 		if (s)
-			flush_fd(s, st, word);
+			flush_fd(s, st, word, 0);
 	}
 	if (atomic_compare_exchange_strong_explicit(&mpp_gate, &word, GATE_OPEN, memory_order_acq_rel,
 						    memory_order_acquire))
@@ -476,29 +653,34 @@ void mpp_gate_state(struct mpp_gate_stats *st)
 		}
 		if (gated)
 			st->gated++;
-		else if (st->gate == GATE_CLOSED && fd_short[fd] && is_tcp(fd))
+		else if (st->gate == GATE_CLOSED && fd_short[fd] && mpp_is_tcp(fd))
 			st->closing++; // mid-message: not at a call boundary yet
 	}
 	st->untracked = atomic_load_explicit(&untracked, memory_order_relaxed);
+	st->lost = atomic_load_explicit(&lost, memory_order_relaxed);
 }
 
-// mpp_close_held is close() of a TCP socket that has held bytes. The kernel
-// would deliver bytes written before a close, so the shim must too: the
-// socket lives on under a descriptor of the shim's own (a dup, so the
-// application's fd number is free for reuse at once) and the held bytes
-// move with it; the reopen flushes them and then closes it.
-int mpp_close_held(int fd)
+// mpp_keep_held moves fd's held bytes, if it has any, to a descriptor of
+// the shim's own (a dup of the same socket, so the application's number is
+// free for reuse at once) before the application's fd goes: the kernel
+// would deliver bytes written before a close, so the shim must too, and
+// the reopen flushes them and then closes the dup. Any call that ends fd
+// calls it first (close, dup2 over fd, close_range, fclose). It returns
+// the dup, or -1: nothing was held (or the held bytes went now, when no
+// descriptor was left to keep them under).
+int mpp_keep_held(int fd)
 {
 	struct fdstate *s, *other;
 	int keep;
 
 	if ((unsigned)fd >= (unsigned)nfds || !(s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire)))
-		return mpp_real.close(fd);
+		return -1;
 	pthread_mutex_lock(&s->mu);
-	if (!s->head && !s->flushing) {
+	if (!s->head && !s->flushing && !s->shut) {
 		s->gated = 0;
+		publish(s);
 		pthread_mutex_unlock(&s->mu);
-		return mpp_real.close(fd);
+		return -1;
 	}
 	keep = fcntl(fd, F_DUPFD_CLOEXEC, 0);
 	if (keep < 0 || keep >= nfds) {
@@ -507,8 +689,8 @@ int mpp_close_held(int fd)
 		if (keep >= 0)
 			mpp_real.close(keep);
 		struct mpp_gate_stats st = {0};
-		flush_fd(s, &st, atomic_load_explicit(&mpp_gate, memory_order_acquire));
-		return mpp_real.close(fd);
+		flush_fd(s, &st, -1, 0);
+		return -1;
 	}
 	pthread_mutex_lock(&tab_mu);
 	other = atomic_load_explicit(&fd_tab[keep], memory_order_relaxed);
@@ -529,7 +711,112 @@ int mpp_close_held(int fd)
 	s->orphan = 1;
 	fd_short[keep] = 0;
 	pthread_mutex_unlock(&s->mu);
+	return keep;
+}
+
+// mpp_kept reports whether fd is one of the shim's own descriptors that
+// keep a closed socket's held bytes (close_range must leave it open).
+int mpp_kept(int fd)
+{
+	struct fdstate *s;
+	if ((unsigned)fd >= (unsigned)nfds || !(s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire)))
+		return 0;
+	pthread_mutex_lock(&s->mu);
+	int k = s->orphan && s->fd == fd;
+	pthread_mutex_unlock(&s->mu);
+	return k;
+}
+
+// mpp_close_held is close() under a gate that is not open.
+int mpp_close_held(int fd)
+{
+	mpp_keep_held(fd);
 	return mpp_real.close(fd);
+}
+
+// mpp_defer_shutdown is shutdown(fd, SHUT_WR) while fd has held bytes: the
+// FIN must follow them, so it is sent by the flush, after the last one.
+// Returns 1 if deferred, 0 if nothing is held (the shutdown goes now).
+int mpp_defer_shutdown(int fd)
+{
+	struct fdstate *s;
+	if ((unsigned)fd >= (unsigned)nfds || !(s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire)))
+		return 0;
+	pthread_mutex_lock(&s->mu);
+	int held = s->head || s->flushing;
+	if (held && s->cookie == mpp_sock_cookie(fd))
+		s->shut = 1;
+	pthread_mutex_unlock(&s->mu);
+	return held && s->shut;
+}
+
+// mpp_gate_end sends every held byte now, whatever the gate, before the
+// process's memory goes (exit, exec): the kernel would have delivered
+// bytes written before either. A peer that reads nothing for
+// MPIPAUSE_END_FLUSH_MS (10 s) loses what is left, and stderr says so.
+void mpp_gate_end(const char *why)
+{
+	struct mpp_gate_stats st;
+	const char *e = getenv("MPIPAUSE_END_FLUSH_MS");
+	long ms = e && atol(e) > 0 ? atol(e) : 10000;
+	size_t before;
+
+	pthread_mutex_lock(&hold_mu);
+	before = held_total;
+	pthread_mutex_unlock(&hold_mu);
+	if (before == 0)
+		return;
+	memset(&st, 0, sizeof(st));
+	long long deadline = mpp_now_ms() + ms;
+	for (int fd = 0; fd < nfds; fd++) {
+		struct fdstate *s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire);
+		if (s)
+			flush_fd(s, &st, -1, deadline);
+	}
+	if (st.flush_errors && !getenv("MPIPAUSE_QUIET"))
+		fprintf(stderr, "mpipause: at %s, %u held sends could not be delivered (%s)\n", why, st.flush_errors,
+			strerror(st.flush_errno));
+}
+
+// mpp_gate_child makes a forked child a process of its own: mpid speaks to
+// the parent, so the child gets an open gate on a private page, private
+// "last call short" flags (not the parent's state page), and none of the
+// parent's held bytes, which are the parent's to send (the child's copies
+// of the dups that keep closed sockets' bytes are closed). Only the forking
+// thread lives on in the child, so the locks are made anew.
+void mpp_gate_child(void)
+{
+	if (mmap(&mpp_gate_pg, sizeof(mpp_gate_pg), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
+		 -1, 0) != MAP_FAILED)
+		atomic_store(&mpp_gate, GATE_OPEN);
+	pthread_mutex_init(&tab_mu, NULL);
+	pthread_mutex_init(&hold_mu, NULL);
+	pthread_cond_init(&hold_cv, NULL);
+	held_total = 0;
+	if (page) {
+		unsigned char *own = calloc(nfds ? nfds : 1, 1);
+		if (own)
+			memcpy(own, fd_short, nfds);
+		size_t size = page->size;
+		fd_short = own ? own : fd_short;
+		struct mpp_page *p = page;
+		page = NULL;
+		if (own)
+			munmap(p, size);
+	}
+	for (int fd = 0; fd < nfds; fd++) {
+		struct fdstate *s = atomic_load_explicit(&fd_tab[fd], memory_order_relaxed);
+		if (!s)
+			continue;
+		pthread_mutex_init(&s->mu, NULL);
+		drop_held(s);
+		s->gated = 0;
+		s->flushing = 0;
+		if (s->orphan && s->fd == fd) {
+			s->orphan = 0;
+			mpp_real.close(fd);
+		}
+	}
 }
 
 // mpp_state_page creates the state page, a sealed memfd that mpid maps
@@ -585,18 +872,10 @@ int mpp_state_page(void)
 // holding the word's current value is mapped over the library's own page,
 // and its fd is returned for the HELLO. -1, and the word stays private,
 // where pages are not the size the library was built for. A forked child
-// gets a private page again (atfork), since mpid speaks to the parent.
-static void gate_page_child(void)
-{
-	int w = atomic_load(&mpp_gate);
-	if (mmap(&mpp_gate_pg, sizeof(mpp_gate_pg), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
-		 -1, 0) != MAP_FAILED)
-		atomic_store(&mpp_gate, w);
-}
-
+// gets a private page again (mpp_gate_child), since mpid speaks to the
+// parent.
 int mpp_gate_page(void)
 {
-	static int atfork;
 	if (sysconf(_SC_PAGESIZE) != MPP_GATE_PAGE_SIZE)
 		return -1;
 	int fd = memfd_create("mpipause-gate", MFD_CLOEXEC | MFD_ALLOW_SEALING);
@@ -604,12 +883,10 @@ int mpp_gate_page(void)
 		return -1;
 	int w = atomic_load(&mpp_gate);
 	if (ftruncate(fd, MPP_GATE_PAGE_SIZE) < 0 || pwrite(fd, &w, sizeof(w), 0) != (ssize_t)sizeof(w) ||
-	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0 ||
-	    (!atfork && pthread_atfork(NULL, NULL, gate_page_child) != 0)) {
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
 		mpp_real.close(fd);
 		return -1;
 	}
-	atfork = 1;
 	// The gate does not move while the rank registers (only mpid's requests
 	// move it, and there are none yet), so the copy above stays true.
 	if (mmap(&mpp_gate_pg, sizeof(mpp_gate_pg), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) ==

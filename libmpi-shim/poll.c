@@ -912,12 +912,16 @@ EXPORT int dup(int fd)
 	return r;
 }
 
-// dup2 and dup3 close newfd's file as close() does: its stash goes too
+// dup2 and dup3 close newfd's file as close() does: its held bytes stay
+// for that socket (gate.c) and its stash goes
 // (stash.c), or newfd would read the closed socket's bytes first. Only if
 // they succeed: a dup2 from a bad oldfd leaves newfd and its bytes alone.
 static int dup_onto(int oldfd, int newfd, int flags, int three)
 {
 	int counted = oldfd != newfd ? mpp_stash_enter(newfd) : 0, r;
+	// newfd's socket goes as by close(): its held bytes under a dup first.
+	if (!GATE_IS_OPEN() && oldfd != newfd && fcntl(oldfd, F_GETFD) >= 0)
+		mpp_keep_held(newfd);
 	if (likely(!atomic_load_explicit(&have_sets, memory_order_relaxed))) {
 		r = three ? RW(dup3)(oldfd, newfd, flags) : RW(dup2)(oldfd, newfd);
 	} else {

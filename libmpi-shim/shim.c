@@ -13,6 +13,7 @@ EXPORT const char mpipause_shim_version[] = "mpipause-shim 0.2";
 __attribute__((constructor(101))) static void shim_init(void)
 {
 	mpp_gate_init();
+	mpp_paths_init();
 	mpp_stash_init();
 	mpp_wait_init();
 	// Before the program (and MPI_Init) can create a socket: into the job's
@@ -79,4 +80,11 @@ EXPORT int mpipause_test_reopen(long gen, struct mpp_gate_stats *st)
 EXPORT ssize_t mpipause_test_stash(int fd, unsigned long ino)
 {
 	return mpp_stash_fd(fd, (ino_t)ino);
+}
+
+// mpipause_test_state_page creates the state page as registering does and
+// returns its fd, for the C tests (which then read it as mpid does).
+EXPORT int mpipause_test_state_page(void)
+{
+	return mpp_state_page();
 }

@@ -45,6 +45,7 @@ struct real {
 	ssize_t (*write)(int, const void *, size_t);
 	ssize_t (*writev)(int, const struct iovec *, int);
 	int (*close)(int);
+	int (*shutdown)(int, int);
 	ssize_t (*recv)(int, void *, size_t, int);
 	ssize_t (*recvfrom)(int, void *, size_t, int, struct sockaddr *, socklen_t *);
 	ssize_t (*recvmsg)(int, struct msghdr *, int);
@@ -53,6 +54,13 @@ struct real {
 	int (*recvmmsg)(int, struct mmsghdr *, unsigned int, int, struct timespec *);
 };
 extern struct real mpp_real;
+
+// The fast path's test: one relaxed load of the gate word.
+#define GATE_IS_OPEN() likely(atomic_load_explicit(&mpp_gate, memory_order_relaxed) == GATE_OPEN)
+
+// The real functions are resolved by the library constructor; a call that
+// comes earlier (another library's constructor) resolves them itself.
+#define REAL(fn) (likely(mpp_real.fn != NULL) ? mpp_real.fn : (mpp_resolve(), mpp_real.fn))
 
 struct mpp_gate_stats {
 	int gate;                // GATE_*
@@ -63,6 +71,7 @@ struct mpp_gate_stats {
 	unsigned flush_errors;   // held chunks the last open could not send (connection gone)
 	int flush_errno;         // errno of the last of those
 	unsigned long untracked; // gated-mode calls on fds beyond the shim's tables
+	unsigned long lost;      // held bytes not sent: their socket was closed by a call the shim does not see
 };
 
 // Per-fd flag: the last send call on fd was short. Sized mpp_nfds.
@@ -79,6 +88,23 @@ static inline __attribute__((always_inline)) void mpp_note_short(int fd, ssize_t
 
 void mpp_resolve(void);
 int mpp_close_held(int fd);
+int mpp_keep_held(int fd);
+int mpp_kept(int fd);
+int mpp_defer_shutdown(int fd);
+void mpp_gate_end(const char *why);
+void mpp_gate_child(void);
+uint64_t mpp_sock_cookie(int fd);
+int mpp_is_tcp(int fd);
+ssize_t mpp_send_all(int fd, const void *b, size_t n);
+void mpp_paths_init(void);
+long long mpp_now_ms(void);
+#ifndef SO_COOKIE
+#define SO_COOKIE 57
+#endif
+// MPP_CONSUMED, or'ed into mpp_gated's flags: the caller took the bytes from
+// their source already (sendfile, splice), so they must be held or sent,
+// never refused for lack of room. No MSG_ flag uses this bit.
+#define MPP_CONSUMED ((int)0x80000000u)
 
 // The state page's layout (internal/ranks reads it; keep them in step):
 // this header, then nfds "last call short" bytes, nfds "gated" bytes, and,
@@ -127,7 +153,7 @@ const char *mpp_job_key(void);
 int mpp_signals_install(void);
 void mpp_signals_restore(void);
 
-ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, ssize_t (*real)(void *), void *arg);
+ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, int flags, ssize_t (*real)(void *), void *arg);
 // mpp_quickack sends fd's pending delayed ACK now (TCP_QUICKACK); errno is
 // kept, and on a socket that is not TCP it does nothing.
 void mpp_quickack(int fd);

@@ -11,11 +11,6 @@
 #include <netinet/tcp.h>
 #include <string.h>
 
-#define GATE_IS_OPEN() likely(atomic_load_explicit(&mpp_gate, memory_order_relaxed) == GATE_OPEN)
-
-// The real functions are resolved by the library constructor; a call that
-// comes earlier (another library's constructor) resolves them itself.
-#define REAL(fn) (likely(mpp_real.fn != NULL) ? mpp_real.fn : (mpp_resolve(), mpp_real.fn))
 
 struct send_args {
 	int fd;
@@ -53,7 +48,7 @@ EXPORT ssize_t send(int fd, const void *buf, size_t len, int flags)
 	}
 	struct send_args a = {fd, buf, len, flags, NULL, 0};
 	struct iovec v = {(void *)buf, len};
-	return mpp_gated(fd, &v, 1, do_send, &a);
+	return mpp_gated(fd, &v, 1, flags, do_send, &a);
 }
 
 EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags, const struct sockaddr *to, socklen_t tolen)
@@ -65,7 +60,7 @@ EXPORT ssize_t sendto(int fd, const void *buf, size_t len, int flags, const stru
 	}
 	struct send_args a = {fd, buf, len, flags, to, tolen};
 	struct iovec v = {(void *)buf, len};
-	return mpp_gated(fd, &v, 1, do_sendto, &a);
+	return mpp_gated(fd, &v, 1, flags, do_sendto, &a);
 }
 
 EXPORT ssize_t write(int fd, const void *buf, size_t len)
@@ -77,7 +72,7 @@ EXPORT ssize_t write(int fd, const void *buf, size_t len)
 	}
 	struct send_args a = {fd, buf, len, 0, NULL, 0};
 	struct iovec v = {(void *)buf, len};
-	return mpp_gated(fd, &v, 1, do_write, &a);
+	return mpp_gated(fd, &v, 1, 0, do_write, &a);
 }
 
 struct vec_args {
@@ -119,7 +114,7 @@ EXPORT ssize_t writev(int fd, const struct iovec *iov, int iovcnt)
 	if (iovcnt < 0 || iovcnt > IOV_MAX)
 		return REAL(writev)(fd, iov, iovcnt); // the kernel's EINVAL
 	struct vec_args a = {fd, iov, iovcnt, NULL, 0};
-	return mpp_gated(fd, iov, iovcnt, do_writev, &a);
+	return mpp_gated(fd, iov, iovcnt, 0, do_writev, &a);
 }
 
 EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
@@ -135,7 +130,7 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 	if (msg == NULL || msg->msg_controllen > 0 || msg->msg_iovlen > IOV_MAX)
 		return REAL(sendmsg)(fd, msg, flags);
 	struct vec_args a = {fd, msg->msg_iov, (int)msg->msg_iovlen, msg, flags};
-	return mpp_gated(fd, msg->msg_iov, (int)msg->msg_iovlen, do_sendmsg, &a);
+	return mpp_gated(fd, msg->msg_iov, (int)msg->msg_iovlen, flags, do_sendmsg, &a);
 }
 
 // sendmmsg on a closed gate goes message by message through sendmsg's slow

@@ -123,7 +123,7 @@ func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
 		if len(f.Conns) == 0 {
 			f.Node = violNode
 		}
-		f.Reason += fmt.Sprintf("%s%s sent through closed gates on %s in the last round (a send path the shim does not wrap: raw system calls, io_uring?)",
+		f.Reason += fmt.Sprintf("%s%s sent through closed gates on %s in the last round (a send the shim does not hold: raw system calls, io_uring, MSG_ZEROCOPY?)",
 			sep, plural(int(f.Violations), "byte"), violNode)
 	}
 	for _, n := range res.Unconfirmed {

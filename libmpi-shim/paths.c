@@ -1,0 +1,433 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// The other ways a program sends on a socket or ends one, which must keep
+// the gate's promise (nothing lost, nothing reordered) while bytes are
+// held: shutdown, sendfile, splice, close_range and closefrom, fclose and
+// fflush of a socket stream, dup2/dup3 (poll.c), and the ends of a process
+// as the kernel sees them: fork, exec, exit. Each has the send path's fast
+// path (one load of the gate word, then the real call) and does its work
+// only while the gate is not open.
+//
+// Not wrapped, by design: copy_file_range and vmsplice, which cannot write
+// to a socket; io_uring and raw system calls, which the shim cannot see
+// (on a job connection the pause's kernel check reports their bytes as sent
+// through a closed gate). docs/ARCHITECTURE.md lists the limits.
+#include "shim.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <dirent.h>
+#include <sys/sendfile.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+// A sendfile or splice under a closed gate is taken into the shim at most
+// this many bytes a call, as a short call (the caller calls again).
+#define CHUNK (1 << 20)
+
+static struct {
+	ssize_t (*sendfile)(int, int, off_t *, size_t);
+	ssize_t (*sendfile64)(int, int, off64_t *, size_t);
+	ssize_t (*splice)(int, loff_t *, int, loff_t *, size_t, unsigned);
+	int (*close_range)(unsigned, unsigned, int);
+	void (*closefrom)(int);
+	int (*fclose)(FILE *);
+	int (*fflush)(FILE *);
+	int (*execve)(const char *, char *const[], char *const[]);
+	int (*execv)(const char *, char *const[]);
+	int (*execvp)(const char *, char *const[]);
+	int (*execvpe)(const char *, char *const[], char *const[]);
+	int (*fexecve)(int, char *const[], char *const[]);
+	int (*execveat)(int, const char *, char *const[], char *const[], int);
+} real;
+
+// The process the held bytes belong to. A vfork child shares its parent's
+// memory until it execs, and runs no atfork handler: its exec must not send
+// the parent's bytes.
+static pid_t owner;
+
+static void resolve(void)
+{
+#define R(f) real.f = dlsym(RTLD_NEXT, #f)
+	R(sendfile);
+	R(sendfile64);
+	R(splice);
+	R(close_range);
+	R(closefrom);
+	R(fclose);
+	R(fflush);
+	R(execve);
+	R(execv);
+	R(execvp);
+	R(execvpe);
+	R(fexecve);
+	R(execveat);
+#undef R
+}
+#define RL(f) (likely(real.f != NULL) ? real.f : (resolve(), real.f))
+
+static void at_child(void)
+{
+	owner = getpid();
+	mpp_gate_child();
+	// The child is not a rank: Ctrl-Z stops it as it would without the shim.
+	mpp_signals_restore();
+}
+
+void mpp_paths_init(void)
+{
+	resolve();
+	owner = getpid();
+	pthread_atfork(NULL, NULL, at_child);
+}
+
+// Exit: what is still held goes before the memory holding it (after the
+// application's atexit handlers, which may send, and before stdio's final
+// flush, which passes the gate). _exit and a crash lose it, as documented.
+__attribute__((destructor)) static void at_exit(void)
+{
+	if (owner == getpid())
+		mpp_gate_end("exit");
+}
+
+EXPORT int shutdown(int fd, int how)
+{
+	if (GATE_IS_OPEN() || how == SHUT_RD || !mpp_defer_shutdown(fd))
+		return REAL(shutdown)(fd, how);
+	// The FIN waits for the held bytes (the flush sends it); the read side
+	// closes now, as asked.
+	return how == SHUT_RDWR ? REAL(shutdown)(fd, SHUT_RD) : 0;
+}
+
+struct taken {
+	int fd;
+	const char *b;
+	size_t n;
+	int all; // the bytes left their source: send all of them
+};
+
+static ssize_t send_taken(void *a)
+{
+	struct taken *t = a;
+	return t->all ? mpp_send_all(t->fd, t->b, t->n) : REAL(send)(t->fd, t->b, t->n, MSG_NOSIGNAL);
+}
+
+// file_send is sendfile under a gate that is not open, to a TCP socket: the
+// bytes are read (pread where in can seek, so that only what the gate took
+// moves the offset) and go through the gate as a send of them would.
+static ssize_t file_send(int out, int in, off64_t *offset, size_t count)
+{
+	size_t n = count < CHUNK ? count : CHUNK;
+	char *b = malloc(n ? n : 1);
+	if (!b) {
+		errno = ENOMEM;
+		return -1;
+	}
+	off64_t pos = offset ? *offset : lseek64(in, 0, SEEK_CUR);
+	int seekable = pos >= 0;
+	ssize_t got = seekable ? pread64(in, b, n, pos) : REAL(read)(in, b, n);
+	if (got <= 0) {
+		free(b);
+		return got;
+	}
+	struct taken t = {out, b, (size_t)got, !seekable};
+	struct iovec v = {b, (size_t)got};
+	ssize_t r = mpp_gated(out, &v, 1, seekable ? MSG_NOSIGNAL : MSG_NOSIGNAL | MPP_CONSUMED, send_taken, &t);
+	int saved = errno;
+	if (r > 0 && seekable) {
+		if (offset)
+			*offset += r;
+		else
+			lseek64(in, pos + r, SEEK_SET);
+	}
+	free(b);
+	errno = saved;
+	return r;
+}
+
+EXPORT ssize_t sendfile(int out, int in, off_t *offset, size_t count)
+{
+	if (GATE_IS_OPEN() || !mpp_is_tcp(out)) {
+		ssize_t r = RL(sendfile)(out, in, offset, count);
+		mpp_note_short(out, r, count);
+		return r;
+	}
+	off64_t o = offset ? *offset : 0;
+	ssize_t r = file_send(out, in, offset ? &o : NULL, count);
+	if (offset)
+		*offset = (off_t)o;
+	return r;
+}
+
+EXPORT ssize_t sendfile64(int out, int in, off64_t *offset, size_t count)
+{
+	if (GATE_IS_OPEN() || !mpp_is_tcp(out)) {
+		ssize_t r = RL(sendfile64)(out, in, offset, count);
+		mpp_note_short(out, r, count);
+		return r;
+	}
+	return file_send(out, in, offset, count);
+}
+
+// splice to a socket reads from a pipe: under a gate that is not open the
+// pipe's bytes are read and held (or sent, all of them) as a send would be.
+EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t len, unsigned flags)
+{
+	if (GATE_IS_OPEN() || off_out != NULL || !mpp_is_tcp(out)) {
+		ssize_t r = RL(splice)(in, off_in, out, off_out, len, flags);
+		mpp_note_short(out, r, len);
+		return r;
+	}
+	if (off_in != NULL) {
+		errno = ESPIPE; // a socket's other end must be a pipe
+		return -1;
+	}
+	if (flags & SPLICE_F_NONBLOCK) {
+		struct pollfd p = {.fd = in, .events = POLLIN};
+		if (poll(&p, 1, 0) == 0) {
+			errno = EAGAIN;
+			return -1;
+		}
+	}
+	size_t n = len < CHUNK ? len : CHUNK;
+	char *b = malloc(n ? n : 1);
+	if (!b) {
+		errno = ENOMEM;
+		return -1;
+	}
+	ssize_t got = REAL(read)(in, b, n);
+	if (got <= 0) {
+		free(b);
+		return got;
+	}
+	struct taken t = {out, b, (size_t)got, 1};
+	struct iovec v = {b, (size_t)got};
+	ssize_t r = mpp_gated(out, &v, 1, MSG_NOSIGNAL | MPP_CONSUMED, send_taken, &t);
+	int saved = errno;
+	free(b);
+	errno = saved;
+	return r;
+}
+
+static int cmp_int(const void *a, const void *b)
+{
+	return *(const int *)a - *(const int *)b;
+}
+
+// close_some is close_range(first, last) under a gate that is not open (or
+// with stashed bytes): each open fd in the range ends through close(), which
+// keeps a socket's held bytes under a dup of the shim's, drops its stash and
+// its epoll registrations; then one real call closes the rest, around the
+// dups (which close() may have placed inside the range).
+static int close_some(unsigned first, unsigned last, int flags)
+{
+	enum { MAX_KEPT = 256 };
+	int kept[MAX_KEPT], nk = 0;
+	DIR *d = opendir("/proc/self/fd");
+	if (d) {
+		struct dirent *e;
+		while ((e = readdir(d))) {
+			char *end;
+			long fd = strtol(e->d_name, &end, 10);
+			if (*end || e->d_name[0] == '.' || fd == dirfd(d) || fd < (long)first || fd > (long)last)
+				continue;
+			if (mpp_kept((int)fd)) {
+				if (nk < MAX_KEPT)
+					kept[nk++] = (int)fd;
+				continue;
+			}
+			close((int)fd);
+		}
+		closedir(d);
+	}
+	// The dups made just now are open too.
+	for (int fd = (int)first; fd < mpp_nfds && (unsigned)fd <= last && nk < MAX_KEPT; fd++)
+		if (mpp_kept(fd)) {
+			int seen = 0;
+			for (int i = 0; i < nk; i++)
+				seen |= kept[i] == fd;
+			if (!seen)
+				kept[nk++] = fd;
+		}
+	qsort(kept, nk, sizeof(kept[0]), cmp_int);
+	unsigned from = first;
+	int r = 0;
+	for (int i = 0; i <= nk; i++) {
+		unsigned to = i < nk ? (unsigned)kept[i] : last;
+		if (i < nk && (unsigned)kept[i] == from) {
+			from++;
+			continue;
+		}
+		if (i < nk)
+			to--;
+		if (from <= to && (r = (int)syscall(SYS_close_range, from, to, flags)) < 0)
+			break;
+		if (i < nk) {
+			if ((unsigned)kept[i] == UINT_MAX)
+				break;
+			from = (unsigned)kept[i] + 1;
+		}
+	}
+	return r;
+}
+
+EXPORT int close_range(unsigned first, unsigned last, int flags)
+{
+	if (first > last || (flags & CLOSE_RANGE_CLOEXEC) ||
+	    (GATE_IS_OPEN() && atomic_load_explicit(&mpp_stash_live, memory_order_relaxed) == 0)) {
+		if (first <= last && !(flags & CLOSE_RANGE_CLOEXEC) && first < (unsigned)mpp_nfds)
+			memset(mpp_fd_short + first, 0, (last < (unsigned)mpp_nfds ? last + 1 : (unsigned)mpp_nfds) - first);
+		return RL(close_range)(first, last, flags);
+	}
+	return close_some(first, last, flags);
+}
+
+EXPORT void closefrom(int low)
+{
+	if (low < 0 || close_range((unsigned)low, UINT_MAX, 0) < 0)
+		RL(closefrom)(low);
+}
+
+// stdio writes a socket stream's buffer with glibc's internal write, which
+// the gate never sees: under a gate that is not open, fflush and fclose
+// hand the buffer to the gate first, so it queues behind the held bytes.
+static void buffered_to_gate(FILE *f)
+{
+	int fd = fileno_unlocked(f);
+	size_t n = f->_IO_write_ptr - f->_IO_write_base;
+	if (fd < 0 || n == 0 || f->_IO_write_base == NULL || !mpp_is_tcp(fd))
+		return;
+	struct taken t = {fd, f->_IO_write_base, n, 1};
+	struct iovec v = {f->_IO_write_base, n};
+	if (mpp_gated(fd, &v, 1, MSG_NOSIGNAL | MPP_CONSUMED, send_taken, &t) == (ssize_t)n)
+		f->_IO_write_ptr = f->_IO_write_base;
+}
+
+EXPORT int fflush(FILE *f)
+{
+	if (GATE_IS_OPEN() || f == NULL)
+		return RL(fflush)(f);
+	flockfile(f);
+	buffered_to_gate(f);
+	funlockfile(f);
+	return RL(fflush)(f);
+}
+
+EXPORT int fclose(FILE *f)
+{
+	if (GATE_IS_OPEN() || f == NULL)
+		return RL(fclose)(f);
+	flockfile(f);
+	buffered_to_gate(f);
+	funlockfile(f);
+	int fd = fileno(f), counted = 0;
+	if (fd >= 0) {
+		counted = mpp_stash_closing(fd);
+		mpp_wait_close(fd);
+		mpp_keep_held(fd);
+	}
+	int r = RL(fclose)(f);
+	int saved = errno;
+	if (fd >= 0)
+		mpp_stash_closed(fd, counted);
+	errno = saved;
+	return r;
+}
+
+// exec replaces the memory that holds the bytes: they go first.
+static void before_exec(void)
+{
+	if (!GATE_IS_OPEN() && owner == getpid())
+		mpp_gate_end("exec");
+}
+
+EXPORT int execve(const char *path, char *const argv[], char *const envp[])
+{
+	before_exec();
+	return RL(execve)(path, argv, envp);
+}
+
+EXPORT int execv(const char *path, char *const argv[])
+{
+	before_exec();
+	return RL(execv)(path, argv);
+}
+
+EXPORT int execvp(const char *file, char *const argv[])
+{
+	before_exec();
+	return RL(execvp)(file, argv);
+}
+
+EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
+{
+	before_exec();
+	return RL(execvpe)(file, argv, envp);
+}
+
+EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
+{
+	before_exec();
+	return RL(fexecve)(fd, argv, envp);
+}
+
+EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const envp[], int flags)
+{
+	before_exec();
+	return RL(execveat)(dirfd, path, argv, envp, flags);
+}
+
+// The execl family, which glibc builds on its internal execve: the list
+// becomes an argv (and, for execle, the environment after its NULL).
+#define ARGV_FROM_LIST(arg, ap, argv)                                              \
+	do {                                                                      \
+		size_t n_ = 1;                                                    \
+		va_list c_;                                                       \
+		va_copy(c_, ap);                                                  \
+		while (va_arg(c_, char *) != NULL)                                \
+			n_++;                                                     \
+		va_end(c_);                                                       \
+		argv = alloca((n_ + 1) * sizeof(char *));                         \
+		argv[0] = (char *)(arg);                                          \
+		for (size_t i_ = 1; i_ <= n_; i_++)                               \
+			argv[i_] = va_arg(ap, char *);                            \
+	} while (0)
+
+EXPORT int execl(const char *path, const char *arg, ...)
+{
+	char **argv;
+	va_list ap;
+	va_start(ap, arg);
+	ARGV_FROM_LIST(arg, ap, argv);
+	va_end(ap);
+	return execv(path, argv);
+}
+
+EXPORT int execlp(const char *file, const char *arg, ...)
+{
+	char **argv;
+	va_list ap;
+	va_start(ap, arg);
+	ARGV_FROM_LIST(arg, ap, argv);
+	va_end(ap);
+	return execvp(file, argv);
+}
+
+EXPORT int execle(const char *path, const char *arg, ...)
+{
+	char **argv;
+	char *const *envp;
+	va_list ap;
+	va_start(ap, arg);
+	ARGV_FROM_LIST(arg, ap, argv);
+	envp = va_arg(ap, char *const *);
+	va_end(ap);
+	return execve(path, argv, envp);
+}

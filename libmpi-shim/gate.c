@@ -85,6 +85,7 @@ struct fdstate {
 unsigned char *mpp_fd_short;            // last send call on fd was short
 int mpp_nfds;                           // size of the tables
 static struct fdstate *_Atomic *fd_tab; // created on first gated use
+static int tab_hi;                      // fd_tab is empty from here on (under tab_mu)
 #define fd_short mpp_fd_short
 #define nfds mpp_nfds
 static pthread_mutex_t tab_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -170,6 +171,8 @@ static struct fdstate *fdstate(int fd)
 		pthread_mutex_init(&s->mu, NULL);
 		s->fd = fd;
 		atomic_store_explicit(&fd_tab[fd], s, memory_order_release);
+		if (fd >= tab_hi)
+			tab_hi = fd + 1;
 	}
 	pthread_mutex_unlock(&tab_mu);
 	return s;
@@ -696,6 +699,8 @@ int mpp_keep_held(int fd)
 	other = atomic_load_explicit(&fd_tab[keep], memory_order_relaxed);
 	atomic_store_explicit(&fd_tab[keep], s, memory_order_release);
 	atomic_store_explicit(&fd_tab[fd], other, memory_order_release);
+	if (keep >= tab_hi)
+		tab_hi = keep + 1;
 	pthread_mutex_unlock(&tab_mu);
 	s->fd = keep;
 	publish(s);
@@ -804,7 +809,9 @@ void mpp_gate_child(void)
 		if (own)
 			munmap(p, size);
 	}
-	for (int fd = 0; fd < nfds; fd++) {
+	// Only the forking thread lives on: tab_hi needs no lock (and the one it
+	// had may have been held by another thread at the fork).
+	for (int fd = 0; fd < tab_hi; fd++) {
 		struct fdstate *s = atomic_load_explicit(&fd_tab[fd], memory_order_relaxed);
 		if (!s)
 			continue;

@@ -748,11 +748,11 @@ int mpp_defer_shutdown(int fd)
 	if ((unsigned)fd >= (unsigned)nfds || !(s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire)))
 		return 0;
 	pthread_mutex_lock(&s->mu);
-	int held = s->head || s->flushing;
-	if (held && s->cookie == mpp_sock_cookie(fd))
+	int defer = (s->head || s->flushing) && s->cookie == mpp_sock_cookie(fd);
+	if (defer)
 		s->shut = 1;
 	pthread_mutex_unlock(&s->mu);
-	return held && s->shut;
+	return defer;
 }
 
 // mpp_gate_end sends every held byte now, whatever the gate, before the

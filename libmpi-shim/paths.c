@@ -36,7 +36,6 @@ static struct {
 	ssize_t (*sendfile)(int, int, off_t *, size_t);
 	ssize_t (*sendfile64)(int, int, off64_t *, size_t);
 	ssize_t (*splice)(int, loff_t *, int, loff_t *, size_t, unsigned);
-	int (*close_range)(unsigned, unsigned, int);
 	void (*closefrom)(int);
 	int (*fclose)(FILE *);
 	int (*fflush)(FILE *);
@@ -59,7 +58,6 @@ static void resolve(void)
 	R(sendfile);
 	R(sendfile64);
 	R(splice);
-	R(close_range);
 	R(closefrom);
 	R(fclose);
 	R(fflush);
@@ -284,15 +282,15 @@ EXPORT int close_range(unsigned first, unsigned last, int flags)
 	    (GATE_IS_OPEN() && atomic_load_explicit(&mpp_stash_live, memory_order_relaxed) == 0)) {
 		if (first <= last && !(flags & CLOSE_RANGE_CLOEXEC) && first < (unsigned)mpp_nfds)
 			memset(mpp_fd_short + first, 0, (last < (unsigned)mpp_nfds ? last + 1 : (unsigned)mpp_nfds) - first);
-		return RL(close_range)(first, last, flags);
+		return (int)syscall(SYS_close_range, first, last, flags);
 	}
 	return close_some(first, last, flags);
 }
 
 EXPORT void closefrom(int low)
 {
-	if (low < 0 || close_range((unsigned)low, UINT_MAX, 0) < 0)
-		RL(closefrom)(low);
+	if ((low < 0 || close_range((unsigned)low, UINT_MAX, 0) < 0) && RL(closefrom))
+		real.closefrom(low);
 }
 
 // stdio writes a socket stream's buffer with glibc's internal write, which
@@ -381,7 +379,11 @@ EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
 EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const envp[], int flags)
 {
 	before_exec();
-	return RL(execveat)(dirfd, path, argv, envp, flags);
+	if (!RL(execveat)) {
+		errno = ENOSYS; // a glibc older than 2.34
+		return -1;
+	}
+	return real.execveat(dirfd, path, argv, envp, flags);
 }
 
 // The execl family, which glibc builds on its internal execve: the list

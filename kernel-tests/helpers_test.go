@@ -65,6 +65,9 @@ func TestMain(m *testing.M) {
 	if addr := os.Getenv(squatEnv); addr != "" {
 		os.Exit(squat(addr)) // the test binary as another user's squatter
 	}
+	if code, ok := sideServerMain(); ok {
+		os.Exit(code) // TestPauseSideIO's server, in a rig node
+	}
 	// The shared rig's mpids get the failpoint directory of the fault
 	// table (faulttable_test.go); without its files it does nothing. Only
 	// the test build of mpid has the hook: the rigs run that one.

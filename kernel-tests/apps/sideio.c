@@ -26,7 +26,7 @@
 // offset.
 //
 // Usage: sideio [-n iters] [-s bytes[K|M]] [-E dir] [-H host:port] [-D dir]
-//               [-F records] [-z usec] [-x ranks]
+//               [-F records] [-z usec] [-k ways] [-x ranks]
 //   -E dir   rank 0 looks for dir/stop after every iteration and all ranks
 //            stop after the one where it appeared (at most -n iterations);
 //            the result line gives the iterations run.
@@ -34,6 +34,8 @@
 //   -D dir   where each rank writes its sendfile body (dir/body.RANK).
 //   -F n     fork a child every n records of the parent (0: never).
 //   -z usec  pause between two records of the parent.
+//   -k ways  the ways records are sent, among s (send), w (write), v
+//            (writev), m (sendmsg) and f (sendfile): all by default.
 //   -x ranks print the expected checksum for that many ranks, without MPI.
 #define _GNU_SOURCE
 #include <errno.h>
@@ -255,12 +257,15 @@ static int send_rec(struct conn *c, struct rec *h, const unsigned char *body, in
 	return rc;
 }
 
+// ways are the ways records are sent (-k), nways of them.
+static int ways[5] = {K_SEND, K_WRITE, K_WRITEV, K_SENDMSG, K_SENDFILE}, nways = 5;
+
 // one_record sends the next record of c in a way chosen at random.
 static int one_record(struct conn *c, int file)
 {
 	struct rec h = {0};
 	uint64_t r = next_rand(&c->rng);
-	int how = K_SEND + (int)(r % 5);
+	int how = ways[r % (uint64_t)nways];
 	h.kind = (uint16_t)how;
 	h.len = (uint32_t)((r >> 8) % MAX_BODY);
 	if (how == K_SENDFILE) {
@@ -489,7 +494,7 @@ int main(int argc, char **argv)
 	size_t bytes = 64 << 10;
 	const char *stop_dir = NULL, *server = NULL, *body_dir = "/tmp";
 	long fork_every = 0, gap_usec = 0;
-	while ((c = getopt(argc, argv, "n:s:E:H:D:F:z:x:")) != -1) {
+	while ((c = getopt(argc, argv, "n:s:E:H:D:F:z:k:x:")) != -1) {
 		switch (c) {
 		case 'n':
 			iters = atoi(optarg);
@@ -512,12 +517,25 @@ int main(int argc, char **argv)
 		case 'z':
 			gap_usec = atol(optarg);
 			break;
+		case 'k':
+			nways = 0;
+			for (const char *k = optarg; *k && nways < 5; k++) {
+				const char *all = "swvmf", *at = strchr(all, *k);
+				if (!at) {
+					fprintf(stderr, "sideio: -k: '%c' is none of %s\n", *k, all);
+					return 2;
+				}
+				ways[nways++] = K_SEND + (int)(at - all);
+			}
+			if (nways == 0)
+				return 2;
+			break;
 		case 'x':
 			expect_ranks = atoi(optarg);
 			break;
 		default:
 			fprintf(stderr, "usage: sideio [-n iters] [-s bytes] [-E dir] [-H host:port] [-D dir] [-F records] "
-					"[-z usec] [-x ranks]\n");
+					"[-z usec] [-k ways] [-x ranks]\n");
 			return 2;
 		}
 	}

@@ -15,6 +15,7 @@ import (
 	"github.com/cilium/ebpf"
 
 	"github.com/mpipause/mpipause/internal/bench"
+	"github.com/mpipause/mpipause/internal/ranks"
 )
 
 // BenchmarkOverhead measures what mpipause costs a job that is never
@@ -278,20 +279,17 @@ func overheadCalls(b *testing.B, dir, bin string, lat, bw float64) {
 	}
 	var ns [4][nCallFigs][]float64 // per mode, figure, round
 	var raw [][]string
-	// Each round: the two modes without a job, then the two in one job
-	// (one job id: the set of programs the first JOIN attaches serves the
-	// second too, where a new job would wait up to 10 s for the first's
-	// to go), each two in alternating order.
+	// Each round: the two modes without a job, then the two with one,
+	// each two in alternating order. A job mode gets a job of its own:
+	// mpid refuses an id while the job that had it is still known (an
+	// ended job's programs go up to 10 s later), so every run waits for
+	// the machine to have no job's programs, each job then its own set.
 	orders := [2][]int{{0, 1, 2, 3}, {1, 0, 3, 2}}
 	for i := 0; i < rounds; i++ {
-		id := fmt.Sprintf("overhead-calls-%d-%d", os.Getpid(), i+1)
 		for _, m := range orders[i%2] {
+			id := fmt.Sprintf("overhead-calls-%d-%d-%s", os.Getpid(), i+1, strings.ReplaceAll(callModes[m].name, "+", "-"))
 			fmt.Fprintf(os.Stderr, "bench: overhead calls round %d/%d %s\n", i+1, rounds, callModes[m].name)
-			if !callModes[m].job {
-				quietBPF(b)
-			} else if n, err := programSets(); err != nil || n > 1 {
-				b.Fatalf("%d sets of mpipause's BPF programs loaded before a run of job %s (%v): another job runs on this machine", n, id, err)
-			}
+			quietBPF(b)
 			f := callcost(b, bin, callModes[m], id)
 			rec := []string{callModes[m].name, strconv.Itoa(i + 1)}
 			for j := range f {
@@ -319,7 +317,8 @@ func overheadCalls(b *testing.B, dir, bin string, lat, bw float64) {
 		for j, fig := range callFigs {
 			add[m][j] = bench.MedianInterval(bench.Diffs(ns[m][j], ns[0][j]), overheadLevel)
 			rows = append(rows, row(fig+", added by "+name+", "+ivText(add[m][j]), add[m][j].Median, "ns"))
-			say = append(say, fmt.Sprintf("%v ns per %s (plain %.4g)", add[m][j], fig, median(ns[0][j])))
+			ratio := bench.MedianInterval(bench.Ratios(ns[m][j], ns[0][j]), overheadLevel)
+			say = append(say, fmt.Sprintf("%v ns per %s (plain %.4g; %s / plain %v)", add[m][j], fig, median(ns[0][j]), name, ratio))
 		}
 		fmt.Fprintf(os.Stderr, "overhead calls: %s adds %s\n", name, strings.Join(say, ", "))
 	}
@@ -433,7 +432,8 @@ func callcost(b *testing.B, bin string, m callMode, id string) [nCallFigs]float6
 	if got := o[5] == "1"; got != m.shim {
 		b.Fatalf("%s (%s): shim loaded %v, want %v:\n%s%s", what, m.name, got, m.shim, r.stdout, r.stderr)
 	}
-	if got := filepath.Base(o[6]) == id; got != m.job {
+	// mpid names a job's cgroup by its key, the owner's uid and the id.
+	if _, name, _ := ranks.SplitJobKey(filepath.Base(o[6])); (name == id) != m.job {
 		b.Fatalf("%s (%s): cgroup %s, want the job's (%v):\n%s%s", what, m.name, o[6], m.job, r.stdout, r.stderr)
 	}
 	if m.job && (!strings.HasPrefix(r.stdout, "job "+id+"\n") || strings.Contains(r.stderr, "mpipause:")) {

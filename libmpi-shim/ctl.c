@@ -164,12 +164,20 @@ static void state_line(char *b, size_t n, const char *verb)
 		 st.held);
 }
 
-// The receive-side drain (DRAIN): the process's connected TCP sockets, as
-// found by the last DRAIN, which this thread watches while the gate stays
-// closed. Listening sockets are left out (their "readable" is a connection
-// waiting), and a socket that reports readable with nothing to move (end of
-// stream, an error) is dropped from the set, so the wait cannot spin.
-#define DRAIN_MAX 4096
+// The receive-side drain (DRAIN): the sockets of the process that mpid
+// named, by their kernel cookies, as the job's own connections (the other
+// end a rank of the same job), as found by the last DRAIN; this thread
+// watches them while the gate stays closed. A socket mpid did not name (a
+// database client, a monitoring connection of the program's own) is never
+// drained: the program may read it with a call the shim does not wrap, and
+// its bytes must stay in the kernel, in order. Listening sockets are left
+// out (their "readable" is a connection waiting), and a socket that reports
+// readable with nothing to move (end of stream, an error) is dropped from
+// the set, so the wait cannot spin.
+#define DRAIN_MAX MPP_DRAIN_MAX
+#ifndef SO_COOKIE
+#define SO_COOKIE 57
+#endif
 // MPIPAUSE_RECV_DRAIN=0 turns the drain off, for a program that reads its
 // sockets other than through the wrapped calls (io_uring, splice): its
 // stashed bytes would be skipped. Its pauses then wait for its ranks to read.
@@ -181,6 +189,24 @@ static ino_t drain_ino[DRAIN_MAX];
 static unsigned char drain_skip[DRAIN_MAX];
 static int drain_n;
 static int (*real_poll)(struct pollfd *, nfds_t, int);
+// The set of the DRAIN being read: "DRAIN <n>" and then n cookies in
+// COOKIES lines ("C <hex> ..."), sorted once complete.
+static uint64_t drain_set[DRAIN_MAX];
+static long set_want, set_have;
+static int collecting;
+// full_told: "EVENT stash full" went for this drain already.
+static int full_told;
+
+static int cmp_cookie(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+	return x < y ? -1 : x > y;
+}
+
+static int in_set(uint64_t c)
+{
+	return set_have > 0 && bsearch(&c, drain_set, (size_t)set_have, sizeof(c), cmp_cookie) != NULL;
+}
 
 static void drain_scan(void)
 {
@@ -193,6 +219,7 @@ static void drain_scan(void)
 		char *end;
 		long fd = strtol(e->d_name, &end, 10);
 		int v = 0, dom = 0, lst = 1;
+		uint64_t ck = 0;
 		socklen_t l = sizeof(v);
 		if (*end || e->d_name[0] == '.' || fd == dirfd(d) || fd == ctl_fd)
 			continue;
@@ -203,6 +230,9 @@ static void drain_scan(void)
 			continue;
 		l = sizeof(lst);
 		if (getsockopt((int)fd, SOL_SOCKET, SO_ACCEPTCONN, &lst, &l) < 0 || lst)
+			continue;
+		l = sizeof(ck);
+		if (getsockopt((int)fd, SOL_SOCKET, SO_COOKIE, &ck, &l) < 0 || !in_set(ck))
 			continue;
 		struct stat st;
 		if (fstat((int)fd, &st) < 0)
@@ -233,13 +263,50 @@ static int draining(void)
 	return drain_n > 0 && GATE_STATE(atomic_load(&mpp_gate)) == GATE_CLOSED;
 }
 
+// full_check stops the drain once the stash is full (MPIPAUSE_STASH_MAX_MB)
+// and tells mpid, once per DRAIN, which rank's stash it was: the pause
+// cannot empty the kernel's queues then, and must fail saying why rather
+// than wait for its deadline. -1 if the channel failed.
+static int full_check(void)
+{
+	char out[128];
+	if (!mpp_stash_full(0) || full_told)
+		return 0;
+	full_told = 1;
+	drain_n = 0; // the bytes stay in the kernel
+	snprintf(out, sizeof(out), "EVENT stash full bytes=%zu max=%zu\n", mpp_stash_bytes(), mpp_stash_max());
+	return send_line(out);
+}
+
+// drain_start answers a DRAIN whose set is complete: the sockets it names
+// are scanned and drained a first time.
+static void drain_start(char *out, size_t n)
+{
+	collecting = 0;
+	qsort(drain_set, (size_t)set_have, sizeof(drain_set[0]), cmp_cookie);
+	mpp_stash_full(1);
+	full_told = 0;
+	drain_scan();
+	snprintf(out, n, "DRAINING sockets=%d stashed=%zd\n", drain_n, drain_pass());
+}
+
 // answer serves one request line of mpid: -1 if the channel failed.
 static int answer(char *line, size_t n, void *arg)
 {
 	char out[256];
 	long gen;
 	(void)arg;
-	switch (mpp_parse_request(line, n, &gen)) {
+	enum mpp_req req = mpp_parse_request(line, n, &gen);
+	if (collecting && req != MPP_REQ_COOKIES) {
+		// A set cut short: the DRAIN gets its one answer, and drains
+		// nothing, before this request is served.
+		collecting = 0;
+		set_have = 0;
+		drain_n = 0;
+		if (send_line("ERROR drain set cut short\n") < 0)
+			return -1;
+	}
+	switch (req) {
 	case MPP_REQ_REOPEN: {
 		// The answer goes before the flush: the rank runs again as soon as
 		// the gate lets sends through (held bytes first), and a resume need
@@ -261,6 +328,12 @@ static int answer(char *line, size_t n, void *arg)
 		snprintf(out, sizeof(out), "ERROR bad generation\n");
 		break;
 	case MPP_REQ_DRAIN:
+		set_want = gen;
+		set_have = 0;
+		if (gen > 0) {
+			collecting = 1; // answered once the set is complete
+			return 0;
+		}
 		if (drain_disabled) {
 			snprintf(out, sizeof(out), "DRAINING disabled\n");
 			break;
@@ -269,8 +342,37 @@ static int answer(char *line, size_t n, void *arg)
 			snprintf(out, sizeof(out), "DRAINING off\n");
 			break;
 		}
-		drain_scan();
-		snprintf(out, sizeof(out), "DRAINING sockets=%d stashed=%zd\n", drain_n, drain_pass());
+		drain_start(out, sizeof(out));
+		break;
+	case MPP_REQ_COOKIES: {
+		uint64_t ck[MPP_COOKIES_LINE];
+		int k = mpp_parse_cookies(line, n, ck);
+		if (!collecting)
+			return 0; // nobody waits for an answer to a stray line
+		if (k < 0 || k > set_want - set_have) {
+			collecting = 0;
+			set_have = 0;
+			drain_n = 0;
+			snprintf(out, sizeof(out), "ERROR bad drain set\n");
+			break;
+		}
+		memcpy(drain_set + set_have, ck, (size_t)k * sizeof(ck[0]));
+		set_have += k;
+		if (set_have < set_want)
+			return 0;
+		if (drain_disabled) {
+			snprintf(out, sizeof(out), "DRAINING disabled\n");
+			break;
+		}
+		if (GATE_STATE(atomic_load(&mpp_gate)) != GATE_CLOSED) {
+			snprintf(out, sizeof(out), "DRAINING off\n");
+			break;
+		}
+		drain_start(out, sizeof(out));
+		break;
+	}
+	case MPP_REQ_BAD_DRAIN:
+		snprintf(out, sizeof(out), "ERROR bad drain set\n");
 		break;
 	case MPP_REQ_CLOSE:
 		mpp_gate_close();
@@ -289,7 +391,9 @@ static int answer(char *line, size_t n, void *arg)
 	default:
 		snprintf(out, sizeof(out), "ERROR unknown request\n");
 	}
-	return send_line(out);
+	if (send_line(out) < 0)
+		return -1;
+	return full_check();
 }
 
 // serve_conn answers mpid's requests and passes the signals the handler
@@ -347,6 +451,8 @@ static void serve_conn(int sigfd)
 			else if (m == 0)
 				drain_fds[i - 2].fd = -1; // readable with nothing to move: end of stream or an error
 		}
+		if (full_check() < 0)
+			goto gone;
 		if (sigfd >= 0 && (p[1].revents & POLLIN)) {
 			char c;
 			while (read(sigfd, &c, 1) == 1)
@@ -728,4 +834,17 @@ void mpp_ctl_join(void)
 		     why);
 out:
 	errno = saved;
+}
+
+// mpipause_test_ctl_start and mpipause_test_ctl_stop run the rank channel
+// without MPI, for the C tests, which then play mpid's part on
+// $MPIPAUSE_MPID_SOCKET.
+EXPORT void mpipause_test_ctl_start(const char *hello)
+{
+	mpp_ctl_start(hello);
+}
+
+EXPORT void mpipause_test_ctl_stop(void)
+{
+	mpp_ctl_stop();
 }

@@ -186,6 +186,12 @@ int mpp_stash_closing(int fd);
 int mpp_stash_enter(int fd);
 void mpp_stash_closed(int fd, int counted);
 void mpp_stash_init(void);
+// The cap on what the stashes hold together (MPIPAUSE_STASH_MAX_MB), what
+// they hold now, and whether a drain found bytes it had no room for since
+// the last call with clear set.
+size_t mpp_stash_max(void);
+size_t mpp_stash_bytes(void);
+int mpp_stash_full(int clear);
 // The reads' fast path (wrap.c) and slow path.
 extern _Atomic int *mpp_read_busy;
 extern _Atomic unsigned char *mpp_read_slow;

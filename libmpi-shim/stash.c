@@ -27,6 +27,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
@@ -50,8 +51,51 @@ static pthread_mutex_t tab_mu = PTHREAD_MUTEX_INITIALIZER;
 _Atomic int mpp_stash_live;
 enum { SLOW_NONE, SLOW_DRAIN, SLOW_HELD };
 
+// The stashes together hold at most stash_max bytes (MPIPAUSE_STASH_MAX_MB,
+// default 256 MiB): a rank that does not read while its peers send for the
+// whole drain time would otherwise make the process grow without bound.
+// Past it the drain takes nothing more (the bytes stay in the kernel, where
+// the pause's check finds them) and says so (mpp_stash_full).
+#define STASH_MAX_MB_DEFAULT 256
+static size_t stash_max = (size_t)STASH_MAX_MB_DEFAULT << 20;
+static _Atomic size_t stash_bytes;
+static _Atomic int stash_full;
+
+size_t mpp_stash_max(void)
+{
+	return stash_max;
+}
+
+size_t mpp_stash_bytes(void)
+{
+	return atomic_load_explicit(&stash_bytes, memory_order_relaxed);
+}
+
+int mpp_stash_full(int clear)
+{
+	return clear ? atomic_exchange(&stash_full, 0) : atomic_load(&stash_full);
+}
+
+// stash_max_env reads MPIPAUSE_STASH_MAX_MB: decimal MiB, 0 allowed (the
+// drain then takes nothing); anything else keeps the default.
+static void stash_max_env(void)
+{
+	const char *e = getenv("MPIPAUSE_STASH_MAX_MB");
+	size_t v = 0;
+	if (!e || !*e)
+		return;
+	for (const char *c = e; *c; c++) {
+		if (*c < '0' || *c > '9' || v > (SIZE_MAX >> 20) / 10)
+			return;
+		v = v * 10 + (size_t)(*c - '0');
+	}
+	if (v <= SIZE_MAX >> 20)
+		stash_max = v << 20;
+}
+
 void mpp_stash_init(void)
 {
+	stash_max_env();
 	if (mpp_nfds <= 0)
 		return;
 	mpp_read_busy = calloc(mpp_nfds, sizeof(*mpp_read_busy));
@@ -155,6 +199,16 @@ ssize_t mpp_stash_fd(int fd, ino_t ino)
 		int n = 0;
 		if (s->err || ioctl(fd, FIONREAD, &n) < 0 || n <= 0)
 			break;
+		// Only this thread adds to stash_bytes, so the room cannot shrink
+		// under it (readers only take away).
+		size_t used = atomic_load_explicit(&stash_bytes, memory_order_relaxed);
+		size_t room = used < stash_max ? stash_max - used : 0;
+		if (room == 0) {
+			atomic_store(&stash_full, 1); // the bytes stay in the kernel
+			break;
+		}
+		if ((size_t)n > room)
+			n = (int)room;
 		if (s->cap - s->len < (size_t)n) {
 			// Slide what was read already to the front before growing.
 			if (s->off > 0) {
@@ -171,8 +225,10 @@ ssize_t mpp_stash_fd(int fd, ino_t ino)
 			s->buf = b;
 			s->cap = cap;
 		}
-		ssize_t r = mpp_real.recv(fd, s->buf + s->len, s->cap - s->len, MSG_DONTWAIT);
+		size_t take = s->cap - s->len < room ? s->cap - s->len : room;
+		ssize_t r = mpp_real.recv(fd, s->buf + s->len, take, MSG_DONTWAIT);
 		if (r > 0) {
+			atomic_fetch_add_explicit(&stash_bytes, (size_t)r, memory_order_relaxed);
 			s->len += (size_t)r;
 			moved += r;
 			continue;
@@ -243,6 +299,7 @@ void mpp_stash_forget(int fd)
 	pthread_mutex_lock(&s->mu);
 	if (holding(s)) {
 		s->err = 0;
+		atomic_fetch_sub_explicit(&stash_bytes, s->len - s->off, memory_order_relaxed);
 		s->off = s->len;
 		emptied(fd, s);
 	}
@@ -259,8 +316,10 @@ static size_t copy_out(struct stash *s, const struct iovec *iov, int iovcnt, int
 		memcpy(iov[i].iov_base, s->buf + s->off + done, n);
 		done += n;
 	}
-	if (!peek)
+	if (!peek) {
 		s->off += done;
+		atomic_fetch_sub_explicit(&stash_bytes, done, memory_order_relaxed);
+	}
 	return done;
 }
 
@@ -319,3 +378,15 @@ ssize_t mpp_stash_read(int fd, const struct iovec *iov, int iovcnt, int flags,
 	return r;
 }
 
+
+// mpipause_test_stash_bytes is what the stashes hold now, and
+// mpipause_test_stash_max their cap, for the C tests.
+EXPORT size_t mpipause_test_stash_bytes(void)
+{
+	return mpp_stash_bytes();
+}
+
+EXPORT size_t mpipause_test_stash_max(void)
+{
+	return mpp_stash_max();
+}

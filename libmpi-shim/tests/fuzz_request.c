@@ -34,10 +34,42 @@ static int check(char *line, size_t n, void *arg)
 	case MPP_REQ_CLOSE:
 	case MPP_REQ_STATE:
 	case MPP_REQ_OPEN:
-	case MPP_REQ_DRAIN:
 		if (strlen(line) != n)
 			abort();
 		break;
+	case MPP_REQ_DRAIN:
+		// The count of cookies to follow: what ctl.c sizes its set by.
+		if (strlen(line) != n || gen < 0 || gen > MPP_DRAIN_MAX)
+			abort();
+		if (gen > 0 && (strncmp(line, "DRAIN ", 6) != 0 || strtol(line + 6, NULL, 10) != gen))
+			abort();
+		break;
+	case MPP_REQ_BAD_DRAIN:
+		if (strncmp(line, "DRAIN ", 6) != 0)
+			abort();
+		break;
+	case MPP_REQ_COOKIES: {
+		uint64_t ck[MPP_COOKIES_LINE];
+		int k = mpp_parse_cookies(line, n, ck);
+		if (strncmp(line, "C ", 2) != 0 || k < -1 || k == 0 || k > MPP_COOKIES_LINE)
+			abort();
+		if (k > 0) {
+			// Each cookie is the next token, in hex, in range.
+			char *p = (char *)line + 1;
+			for (int i = 0; i < k; i++) {
+				if (*p != ' ')
+					abort();
+				char *end;
+				unsigned long long v = strtoull(p + 1, &end, 16);
+				if (v != ck[i] || end - (p + 1) > 16 || end == p + 1)
+					abort();
+				p = end;
+			}
+			if (*p)
+				abort();
+		}
+		break;
+	}
 	case MPP_REQ_UNKNOWN:
 		break;
 	default:

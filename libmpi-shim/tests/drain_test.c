@@ -1,0 +1,322 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// C tests of the receive-side drain as mpid drives it, over the real rank
+// channel (ctl.c) with libmpipause.so preloaded: this process plays mpid on
+// an abstract unix socket, and the rank's part with loopback TCP pairs.
+// Run by `make -C libmpi-shim test` with MPIPAUSE_STASH_MAX_MB=1.
+//
+// - only_job_sockets: a process with a connection of its own (a database
+//   client) and a job connection; mpid's DRAIN names only the job one, by
+//   its cookie. The drain stashes the job socket's bytes and leaves the
+//   other's in the kernel, so a raw read(2) there (a call the shim does not
+//   wrap) sees its stream in order: "FIRST-" before "SECOND".
+// - cap: past MPIPAUSE_STASH_MAX_MB the drain takes nothing more, the rest
+//   stays in the kernel, and the shim tells mpid ("EVENT stash full"); after
+//   the reopen every byte reaches the program in order.
+#include <dlfcn.h>
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/socket.h>
+#include <linux/sockios.h>
+#include <sys/syscall.h>
+#include <sys/un.h>
+#include <unistd.h>
+
+#include "check.h"
+
+#ifndef SO_COOKIE
+#define SO_COOKIE 57
+#endif
+
+static size_t (*stash_bytes)(void);
+static size_t (*stash_max)(void);
+
+// The fake mpid's end of the rank channel, and what it has read of it.
+static int chan = -1;
+static char got[8192];
+static size_t have;
+
+// line waits (at most 5 s) for the next line from the shim that starts
+// with prefix, skipping others, and copies it to out without its newline.
+static int line(const char *prefix, char *out, size_t n)
+{
+	for (;;) {
+		char *nl;
+		while ((nl = memchr(got, '\n', have))) {
+			size_t l = (size_t)(nl - got);
+			int match = strncmp(got, prefix, strlen(prefix)) == 0;
+			if (match) {
+				snprintf(out, n, "%.*s", (int)l, got);
+			}
+			have -= l + 1;
+			memmove(got, nl + 1, have);
+			if (match)
+				return 0;
+		}
+		struct pollfd p = {.fd = chan, .events = POLLIN};
+		if (poll(&p, 1, 5000) != 1 || have == sizeof(got))
+			return -1;
+		ssize_t r = recv(chan, got + have, sizeof(got) - have, 0);
+		if (r <= 0)
+			return -1;
+		have += (size_t)r;
+	}
+}
+
+static int say(const char *s)
+{
+	return send(chan, s, strlen(s), MSG_NOSIGNAL) == (ssize_t)strlen(s) ? 0 : -1;
+}
+
+// peer_send is the other end's send: another process's in a real job, so
+// it goes straight to the kernel, past this process's closed gate.
+static ssize_t peer_send(int fd, const void *b, size_t n)
+{
+	return syscall(SYS_sendto, fd, b, n, 0, NULL, 0);
+}
+
+static uint64_t cookie(int fd)
+{
+	uint64_t c = 0;
+	socklen_t l = sizeof(c);
+	if (getsockopt(fd, SOL_SOCKET, SO_COOKIE, &c, &l) < 0)
+		die("SO_COOKIE");
+	return c;
+}
+
+// unread is what the kernel holds unread for fd.
+static int unread(int fd)
+{
+	int q = -1;
+	ioctl(fd, FIONREAD, &q);
+	return q;
+}
+
+// queued waits (at most 5 s, by polling the kernel's count) until fd's
+// receive queue holds n bytes.
+static int queued(int fd, int n)
+{
+	for (int i = 0; i < 5000 && unread(fd) < n; i++)
+		usleep(1000);
+	return unread(fd);
+}
+
+// delivered waits (at most 5 s) until the peer acknowledged all fd sent:
+// the bytes are in the receiver's queue or read from it, whoever read them.
+static int delivered(int fd)
+{
+	int q = -1;
+	for (int i = 0; i < 5000; i++) {
+		if (ioctl(fd, SIOCOUTQ, &q) == 0 && q == 0)
+			return 1;
+		usleep(1000);
+	}
+	return 0;
+}
+
+// drain sends "DRAIN <n>" and the cookies as mpid does, and returns the
+// shim's answer in out.
+static int drain(const uint64_t *ck, int n, char *out, size_t outn)
+{
+	char b[256];
+	snprintf(b, sizeof(b), "DRAIN %d\n", n);
+	if (say(b) < 0)
+		return -1;
+	for (int i = 0; i < n; i++) {
+		snprintf(b, sizeof(b), "C %llx\n", (unsigned long long)ck[i]);
+		if (say(b) < 0)
+			return -1;
+	}
+	return line("DRAINING", out, outn);
+}
+
+static void test_only_job_sockets(void)
+{
+	int job[2], own[2];
+	char b[64], out[256];
+	tcp_pair(job, 0);
+	tcp_pair(own, 0);
+
+	CHECK(say("CLOSE\n") == 0 && line("CLOSED", out, sizeof(out)) == 0 && strstr(out, "gate=closed"),
+	      "close: %s", out);
+	CHECK(peer_send(own[0], "FIRST-", 6) == 6 && peer_send(job[0], "job-bytes", 9) == 9, "send");
+	CHECK(delivered(own[0]) && delivered(job[0]), "bytes did not arrive");
+	uint64_t ck = cookie(job[1]);
+	CHECK(drain(&ck, 1, out, sizeof(out)) == 0, "no DRAINING answer");
+	char answer[256];
+	snprintf(answer, sizeof(answer), "%s", out);
+	int own_left = unread(own[1]);
+	CHECK(unread(job[1]) == 0, "the job socket still holds %d bytes", unread(job[1]));
+	// More arrives on the job socket while the gate stays closed: the
+	// shim's thread takes it.
+	CHECK(peer_send(job[0], "more", 4) == 4 && delivered(job[0]), "send");
+	for (int i = 0; i < 5000 && unread(job[1]) != 0; i++)
+		usleep(1000);
+	CHECK(unread(job[1]) == 0, "the drain left %d bytes on the job socket", unread(job[1]));
+
+	// The resume; then the rest of the other stream arrives, and the
+	// program reads it with a call the shim does not wrap.
+	CHECK(say("OPEN\n") == 0 && line("OPENED", out, sizeof(out)) == 0, "open: %s", out);
+	CHECK(peer_send(own[0], "SECOND", 6) == 6 && delivered(own[0]), "send");
+	ssize_t r = syscall(SYS_read, own[1], b, 12);
+	CHECK(r == 12 && memcmp(b, "FIRST-SECOND", 12) == 0,
+	      "raw read got %zd bytes: %.*s, want FIRST-SECOND (the drain took FIRST- into its stash?)", r,
+	      (int)(r > 0 ? r : 0), b);
+	CHECK(strcmp(answer, "DRAINING sockets=1 stashed=9") == 0, "answer %s, want the job socket alone, 9 bytes",
+	      answer);
+	CHECK(own_left == 6, "the process's own socket held %d bytes in the kernel after the DRAIN, want 6", own_left);
+	r = recv(job[1], b, sizeof(b), 0);
+	CHECK(r == 13 && memcmp(b, "job-bytesmore", 13) == 0, "the job socket gave %zd bytes: %.*s", r,
+	      (int)(r > 0 ? r : 0), b);
+	CHECK(stash_bytes() == 0, "%zu bytes left in the stashes", stash_bytes());
+	close(job[0]), close(job[1]), close(own[0]), close(own[1]);
+}
+
+struct sender {
+	int fd;
+	size_t n;
+	ssize_t sent;
+};
+
+static unsigned char pat(size_t i)
+{
+	return (unsigned char)(i * 7 + i / 251);
+}
+
+static void *send_all(void *arg)
+{
+	struct sender *s = arg;
+	unsigned char b[65536];
+	size_t off = 0;
+	while (off < s->n) {
+		size_t k = s->n - off < sizeof(b) ? s->n - off : sizeof(b);
+		for (size_t i = 0; i < k; i++)
+			b[i] = pat(off + i);
+		ssize_t r = peer_send(s->fd, b, k);
+		if (r <= 0)
+			break;
+		off += (size_t)r;
+	}
+	s->sent = (ssize_t)off;
+	return NULL;
+}
+
+static void test_cap(void)
+{
+	int job[2];
+	char out[256];
+	size_t max = stash_max();
+	CHECK(max == 1 << 20, "MPIPAUSE_STASH_MAX_MB=1 gave a cap of %zu bytes", max);
+	tcp_pair(job, 0);
+	CHECK(say("CLOSE\n") == 0 && line("CLOSED", out, sizeof(out)) == 0, "close: %s", out);
+	uint64_t ck = cookie(job[1]);
+	CHECK(drain(&ck, 1, out, sizeof(out)) == 0 && strcmp(out, "DRAINING sockets=1 stashed=0") == 0, "drain: %s",
+	      out);
+	// Three times the cap, from a thread: what the stash cannot take stays
+	// in the kernel and the sender blocks on a full window.
+	struct sender s = {.fd = job[0], .n = 3 * max};
+	pthread_t t;
+	CHECK(pthread_create(&t, NULL, send_all, &s) == 0, "thread");
+	int told = line("EVENT stash full", out, sizeof(out)) == 0;
+	char want[128];
+	snprintf(want, sizeof(want), "EVENT stash full bytes=%zu max=%zu", max, max);
+	int ok = told && strcmp(out, want) == 0;
+	size_t held = stash_bytes();
+	int left = queued(job[1], 1);
+	// Read everything back (the gate reopened first, as a resume does),
+	// and check the stream: the stash's part, then the kernel's.
+	say("OPEN\n");
+	line("OPENED", out, sizeof(out));
+	size_t at = 0;
+	int order = 1;
+	unsigned char b[65536];
+	while (at < 3 * max) {
+		ssize_t r = recv(job[1], b, sizeof(b), 0);
+		if (r <= 0)
+			break;
+		for (ssize_t i = 0; i < r; i++)
+			order &= b[i] == pat(at + (size_t)i);
+		at += (size_t)r;
+	}
+	pthread_join(t, NULL);
+	close(job[0]), close(job[1]);
+	CHECK(told, "no \"EVENT stash full\" within 5 s (stashed %zu bytes)", held);
+	CHECK(ok, "event %s, want %s", out, want);
+	CHECK(held == max, "the stashes held %zu bytes at the event, want the cap, %zu", held, max);
+	CHECK(left > 0, "the kernel held nothing past the cap: the drain did not stop");
+	CHECK(at == 3 * max && order, "read back %zu of %zu bytes, in order: %d", at, 3 * max, order);
+	CHECK(stash_bytes() == 0, "%zu bytes left in the stashes", stash_bytes());
+}
+
+// A DRAIN whose set is cut short by another request drains nothing and
+// answers once; a malformed set is refused.
+static void test_bad_sets(void)
+{
+	int job[2];
+	char out[256];
+	tcp_pair(job, 0);
+	CHECK(say("CLOSE\n") == 0 && line("CLOSED", out, sizeof(out)) == 0, "close: %s", out);
+	CHECK(peer_send(job[0], "xy", 2) == 2 && queued(job[1], 2) == 2, "send");
+	char b[128];
+	snprintf(b, sizeof(b), "DRAIN 2\nC %llx\nSTATE\n", (unsigned long long)cookie(job[1]));
+	CHECK(say(b) == 0 && line("ERROR", out, sizeof(out)) == 0 && strcmp(out, "ERROR drain set cut short") == 0,
+	      "cut short: %s", out);
+	CHECK(line("STATE", out, sizeof(out)) == 0, "the request after it went unanswered");
+	CHECK(say("DRAIN 4097\n") == 0 && line("ERROR", out, sizeof(out)) == 0, "DRAIN 4097: %s", out);
+	CHECK(say("DRAIN 1\nC 12 34\n") == 0 && line("ERROR", out, sizeof(out)) == 0 &&
+		      strcmp(out, "ERROR bad drain set") == 0,
+	      "more cookies than announced: %s", out);
+	CHECK(unread(job[1]) == 2, "a refused set drained: the kernel holds %d bytes", unread(job[1]));
+	CHECK(say("OPEN\n") == 0 && line("OPENED", out, sizeof(out)) == 0, "open");
+	close(job[0]), close(job[1]);
+}
+
+int main(void)
+{
+	void (*start)(const char *) = (void (*)(const char *))dlsym(RTLD_DEFAULT, "mpipause_test_ctl_start");
+	void (*stop)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_ctl_stop");
+	stash_bytes = (size_t (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_stash_bytes");
+	stash_max = (size_t (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_stash_max");
+	if (!start || !stop || !stash_bytes || !stash_max) {
+		fprintf(stderr, "FAIL: libmpipause.so is not preloaded (run: make -C libmpi-shim test)\n");
+		return 1;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	char name[64];
+	snprintf(name, sizeof(name), "@mpipause-drain-test-%d", (int)getpid());
+	struct sockaddr_un a = {.sun_family = AF_UNIX};
+	size_t l = strlen(name);
+	memcpy(a.sun_path, name, l);
+	a.sun_path[0] = 0;
+	int ln = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (ln < 0 || bind(ln, (void *)&a, (socklen_t)(offsetof(struct sockaddr_un, sun_path) + l)) < 0 ||
+	    listen(ln, 1) < 0)
+		die("listen");
+	setenv("MPIPAUSE_MPID_SOCKET", name, 1);
+	start("HELLO 2 job=t rank=0 size=1 pid=1 host=h key=k\n");
+	chan = accept4(ln, NULL, NULL, SOCK_CLOEXEC);
+	if (chan < 0)
+		die("accept");
+	close(ln);
+	char hello[256];
+	if (line("HELLO", hello, sizeof(hello)) < 0) {
+		fprintf(stderr, "FAIL: no HELLO\n");
+		return 1;
+	}
+	const struct test tests[] = {
+		{"only_job_sockets", test_only_job_sockets},
+		{"cap", test_cap},
+		{"bad_sets", test_bad_sets},
+	};
+	int rc = RUN_TESTS(tests);
+	stop();
+	return rc;
+}

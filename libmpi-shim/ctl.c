@@ -174,7 +174,7 @@ static void state_line(char *b, size_t n, const char *verb)
 // out (their "readable" is a connection waiting), and a socket that reports
 // readable with nothing to move (end of stream, an error) is dropped from
 // the set, so the wait cannot spin.
-#define DRAIN_MAX MPP_DRAIN_MAX
+#define DRAIN_MAX 4096 // sockets of this process watched
 #ifndef SO_COOKIE
 #define SO_COOKIE 57
 #endif
@@ -191,7 +191,7 @@ static int drain_n;
 static int (*real_poll)(struct pollfd *, nfds_t, int);
 // The set of the DRAIN being read: "DRAIN <n>" and then n cookies in
 // COOKIES lines ("C <hex> ..."), sorted once complete.
-static uint64_t drain_set[DRAIN_MAX];
+static uint64_t drain_set[MPP_DRAIN_MAX];
 static long set_want, set_have;
 static int collecting;
 // full_told: "EVENT stash full" went for this drain already.

@@ -19,10 +19,11 @@ enum mpp_req {
 	MPP_REQ_COOKIES,   // "C <hex> ...": part of a DRAIN's set (mpp_parse_cookies)
 };
 
-// A DRAIN names at most MPP_DRAIN_MAX sockets, by their kernel cookies
+// A DRAIN names at most MPP_DRAIN_MAX sockets (the job's connections on the
+// node: mpid does not know which process holds which), by their kernel cookies
 // (SO_COOKIE), MPP_COOKIES_LINE to a line: "C " and 12 cookies of at most 16
 // hex digits each fit the channel's 256-byte buffer with room to spare.
-#define MPP_DRAIN_MAX 4096
+#define MPP_DRAIN_MAX 65536
 #define MPP_COOKIES_LINE 12
 
 // Generations live in 29 bits of the gate word (GATE_GEN_MASK); anything

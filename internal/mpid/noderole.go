@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -73,6 +75,117 @@ type nodeRole struct {
 	// at the last kernel report taken while every gate of the node was
 	// closed: what the next such report compares with (violations).
 	sentAt map[string]map[uint64]uint32
+	// drains is, per job with a pause under way, the job's connections its
+	// ranks were told to drain (by socket cookie) and this node's addresses.
+	drains map[string]*drainSet
+}
+
+// drainSet is what a pause's DRAIN requests named on this node.
+type drainSet struct {
+	sent map[uint64]bool
+	here map[netip.Addr]bool // this node's addresses, at PREPARE
+}
+
+// ErrStashFull: a rank's shim holds as much as its cap lets it
+// (MPIPAUSE_STASH_MAX_MB) and drains no more.
+var ErrStashFull = errors.New("stash is full")
+
+// jobConns returns the cookies of the connections in conns (this node's,
+// from the job's observer: sockets of the job's cgroup) whose other end is
+// a rank of the job as far as this node's kernel can tell, which are the
+// only ones a rank's shim may drain. A connection whose other end is on
+// this node (loopback, or an address in here) is the job's only if that
+// end is a socket of the job too; a program's own connection to a server
+// on the node (a database, a monitoring agent) is not, and its bytes stay
+// in the kernel for the program to read however it reads them. A
+// connection to another host is taken as the job's: the other end is not
+// in this node's kernel (docs/ARCHITECTURE.md, the shim's drain).
+func jobConns(conns []loader.Conn, here map[netip.Addr]bool) []uint64 {
+	ends := make(map[netip.AddrPort]bool, len(conns))
+	for _, c := range conns {
+		ends[unmap(c.Local)] = true
+	}
+	var out []uint64
+	for _, c := range conns {
+		if c.State == loader.StateListen || c.Cookie == 0 {
+			continue
+		}
+		r := unmap(c.Remote)
+		if (r.Addr().IsLoopback() || here[r.Addr()]) && !ends[r] {
+			continue
+		}
+		out = append(out, c.Cookie)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// nodeAddrs is the set of this node's addresses: its interfaces' (mpid
+// runs in the node's network namespace) and the local ends of the job's
+// connections (a rank in a namespace of its own).
+func nodeAddrs(conns []loader.Conn) map[netip.Addr]bool {
+	here := map[netip.Addr]bool{}
+	if as, err := net.InterfaceAddrs(); err == nil {
+		for _, a := range as {
+			if p, err := netip.ParsePrefix(a.String()); err == nil {
+				here[p.Addr().Unmap()] = true
+			}
+		}
+	}
+	for _, c := range conns {
+		here[unmap(c.Local).Addr()] = true
+	}
+	return here
+}
+
+// startDrains tells every rank of the job on this node which connections
+// to drain: at PREPARE, and again whenever the kernel shows a job
+// connection the last DRAIN did not name (one made during the pause: its
+// bytes must be drained too, or the pause would wait for a rank that does
+// not read). conns are the node's connections of the job.
+func (l *nodeRole) startDrains(job string, conns []loader.Conn, first bool) error {
+	l.mu.Lock()
+	if l.drains == nil {
+		l.drains = map[string]*drainSet{}
+	}
+	d := l.drains[job]
+	if d == nil || first {
+		d = &drainSet{here: nodeAddrs(conns)}
+		l.drains[job] = d
+	}
+	set := jobConns(conns, d.here)
+	fresh := first
+	for _, c := range set {
+		fresh = fresh || !d.sent[c]
+	}
+	if fresh {
+		d.sent = make(map[uint64]bool, len(set))
+		for _, c := range set {
+			d.sent[c] = true
+		}
+	}
+	l.mu.Unlock()
+	if !fresh || len(set) == 0 {
+		return nil // a shim drains nothing until told what
+	}
+	if len(set) > ranks.MaxDrainSet {
+		l.Log.Warn("more job connections than a DRAIN names; the rest are not drained", "job", job, "node", l.Name, "connections", len(set), "named", ranks.MaxDrainSet)
+	}
+	return l.eachRank(job, "drain", func(r *ranks.Rank) error { return r.StartDrain(set) })
+}
+
+// stashFull names the ranks whose shims said their stash is full since
+// PREPARE: their drain takes nothing more, so the pause cannot empty their
+// queues and fails now, saying why, rather than at its deadline.
+func (l *nodeRole) stashFull(job string) error {
+	var errs []error
+	for _, r := range l.Ranks.Ranks(job) {
+		if f := r.StashFullSince(); f != nil {
+			errs = append(errs, fmt.Errorf("rank %d (pid %d) on %s: its shim's %w (%d bytes; cap %d MiB, MPIPAUSE_STASH_MAX_MB): the drain takes no more and the rest of what was sent to it stays in the kernel (the rank does not read: busy outside MPI?)",
+				r.Rank, r.Pid, l.Name, ErrStashFull, f.Bytes, f.Max>>20))
+		}
+	}
+	return errors.Join(errs...)
 }
 
 type heldConn struct {
@@ -214,7 +327,8 @@ func (l *nodeRole) Prepare(ctx context.Context, job string) error {
 	l.gated[job] = was
 	delete(l.sentAt, job)
 	l.mu.Unlock()
-	return l.eachRank(job, "close gate", func(r *ranks.Rank) error {
+	err = l.eachRank(job, "close gate", func(r *ranks.Rank) error {
+		r.ClearStashFull()
 		if l.CtlNice != 0 || l.CtlRT != 0 {
 			if err := r.Boost(l.CtlNice, l.CtlRT); err != nil {
 				// The pause goes on, only slower on a busy node.
@@ -226,8 +340,37 @@ func (l *nodeRole) Prepare(ctx context.Context, job string) error {
 				return err
 			}
 		}
-		return r.StartDrain()
+		return nil
 	})
+	if err != nil {
+		return err
+	}
+	conns, err := l.conns(ctx, job)
+	if err != nil {
+		return err
+	}
+	return l.startDrains(job, conns, true)
+}
+
+// conns reads the job's connections on this node from the kernel.
+func (l *nodeRole) conns(ctx context.Context, job string) ([]loader.Conn, error) {
+	obs, err := l.Observer(job)
+	if err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
+	conns, err := obs.Snapshot(ctx)
+	if err != nil {
+		return nil, err
+	}
+	l.Metrics.Snapshot(time.Since(t0))
+	mine := conns[:0]
+	for _, c := range conns {
+		if l.Netns == "" || c.Netns == l.Netns {
+			mine = append(mine, c)
+		}
+	}
+	return mine, nil
 }
 
 // Drain asks every rank for its gate (sockets still mid-message are
@@ -235,6 +378,9 @@ func (l *nodeRole) Prepare(ctx context.Context, job string) error {
 func (l *nodeRole) Drain(ctx context.Context, job string) (quiesce.NodeReport, error) {
 	rep := quiesce.NodeReport{Node: l.Name}
 	if err := l.gone(job, false); err != nil {
+		return rep, err
+	}
+	if err := l.stashFull(job); err != nil {
 		return rep, err
 	}
 	var ungated atomic.Int64
@@ -252,7 +398,11 @@ func (l *nodeRole) Drain(ctx context.Context, job string) (quiesce.NodeReport, e
 		return rep, err
 	}
 	t1 := time.Now()
-	rep, err = l.kernelReport(ctx, job, rep, rep.Ungated == 0)
+	var conns []loader.Conn
+	rep, conns, err = l.kernelReport(ctx, job, rep, rep.Ungated == 0)
+	if err == nil {
+		err = l.startDrains(job, conns, false)
+	}
 	// A drain round is a few milliseconds; one that is not delays every
 	// node's next round, so say where the time went.
 	if d := time.Since(t0); d > slowStep {
@@ -271,31 +421,22 @@ func (l *nodeRole) Verify(ctx context.Context, job string) (quiesce.NodeReport, 
 	if err := l.gone(job, true); err != nil {
 		return quiesce.NodeReport{Node: l.Name}, err
 	}
-	return l.kernelReport(ctx, job, quiesce.NodeReport{Node: l.Name}, true)
+	rep, _, err := l.kernelReport(ctx, job, quiesce.NodeReport{Node: l.Name}, true)
+	return rep, err
 }
 
 // kernelReport reads the job's connections on this node. With gated (every
 // gate of the node's ranks closed when it was asked, or the job frozen) it
 // also counts violations against the previous gated report.
-func (l *nodeRole) kernelReport(ctx context.Context, job string, rep quiesce.NodeReport, gated bool) (quiesce.NodeReport, error) {
-	obs, err := l.Observer(job)
+func (l *nodeRole) kernelReport(ctx context.Context, job string, rep quiesce.NodeReport, gated bool) (quiesce.NodeReport, []loader.Conn, error) {
+	mine, err := l.conns(ctx, job)
 	if err != nil {
-		return rep, err
+		return rep, nil, err
 	}
-	t0 := time.Now()
-	conns, err := obs.Snapshot(ctx)
-	if err != nil {
-		return rep, err
-	}
-	l.Metrics.Snapshot(time.Since(t0))
 	rs := l.Ranks.Ranks(job)
 	rep.Ranks = len(rs)
-	var held, mine []loader.Conn
-	for _, c := range conns {
-		if l.Netns != "" && c.Netns != l.Netns {
-			continue
-		}
-		mine = append(mine, c)
+	var held []loader.Conn
+	for _, c := range mine {
 		if c.State != loader.StateEstablished {
 			continue
 		}
@@ -362,7 +503,7 @@ func (l *nodeRole) kernelReport(ctx context.Context, job string, rep quiesce.Nod
 			SendQueue: uint64(c.SendQueue), Unread: uint64(c.Unread), Rank: rank})
 	}
 	rep.Empty = len(rep.Conns) == 0 && rep.Ungated == 0
-	return rep, nil
+	return rep, mine, nil
 }
 
 // violation is a connection that took bytes from its process while every
@@ -443,6 +584,7 @@ func (l *nodeRole) Open(ctx context.Context, job string) error {
 		delete(l.gated, job)
 		delete(l.held, job) // a job's next pause starts its clocks afresh
 		delete(l.sentAt, job)
+		delete(l.drains, job)
 		l.mu.Unlock()
 	}
 	return err

@@ -59,6 +59,8 @@ func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
 	}
 	if m := goneRank.FindStringSubmatch(f.Reason); m != nil {
 		f.Rank, _ = strconv.Atoi(m[1])
+	} else if m := fullRank.FindStringSubmatch(f.Reason); m != nil {
+		f.Rank, _ = strconv.Atoi(m[1])
 	}
 	// The peer of a connection is whoever owns its other end: another
 	// node's pending connection with the addresses swapped, if listed.
@@ -137,6 +139,9 @@ func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
 
 // goneRank finds the rank in ErrRankGone's text.
 var goneRank = regexp.MustCompile(`rank (\d+) \(pid \d+\) ` + regexp.QuoteMeta(ErrRankGone.Error()))
+
+// fullRank finds the rank in nodeRole.stashFull's text.
+var fullRank = regexp.MustCompile(`rank (\d+) \(pid \d+\) on [^ :]+: its shim's ` + regexp.QuoteMeta(ErrStashFull.Error()))
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 

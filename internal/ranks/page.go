@@ -230,15 +230,79 @@ func (r *Rank) ReopenGate() (bool, error) {
 }
 
 // StartDrain asks the rank's shim, whose gate is closed, to move what
-// arrives on its TCP sockets into its own memory until the gate reopens
-// ("DRAIN"), so that the kernel's queues empty whether or not the rank
+// arrives on the sockets named by cookies into its own memory until the
+// gate reopens, so that the kernel's queues empty whether or not the rank
 // reads: a rank computing for seconds, or blocked outside MPI, would
-// otherwise hold the pause. Nobody waits for the answer ("DRAINING ...", or
-// an error line from a shim that does not know DRAIN): the next request
-// collects it.
-func (r *Rank) StartDrain() error {
-	return r.notify("DRAIN")
+// otherwise hold the pause. cookies are the job's own connections on the
+// node (the caller's choice, from the kernel); the shim drains only those of
+// them that are its sockets, never another socket of the process. Nobody
+// waits for the answer ("DRAINING ...", or an error line from a shim that
+// does not know DRAIN): the next request collects it. At most MaxDrainSet
+// cookies go.
+func (r *Rank) StartDrain(cookies []uint64) error {
+	return r.notify(DrainRequest(cookies))
 }
+
+// MaxDrainSet is the most cookies one DRAIN names (MPP_DRAIN_MAX in
+// libmpi-shim/req.h), and drainPerLine how many go on a line
+// (MPP_COOKIES_LINE): the shim reads lines of at most 255 bytes.
+const (
+	MaxDrainSet  = 65536
+	drainPerLine = 12
+)
+
+// DrainRequest is the DRAIN request for cookies, without its last newline:
+// "DRAIN <n>" and then n cookies in hex, drainPerLine to a "C" line. The
+// first MaxDrainSet cookies only.
+func DrainRequest(cookies []uint64) string {
+	if len(cookies) > MaxDrainSet {
+		cookies = cookies[:MaxDrainSet]
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "DRAIN %d", len(cookies))
+	for i, c := range cookies {
+		if i%drainPerLine == 0 {
+			b.WriteString("\nC")
+		}
+		b.WriteString(" " + strconv.FormatUint(c, 16))
+	}
+	return b.String()
+}
+
+// StashFull is the shim's "EVENT stash full bytes=<n> max=<m>": its stashes
+// hold the cap (MPIPAUSE_STASH_MAX_MB), so its drain stopped taking and the
+// rest stays in the kernel.
+type StashFull struct {
+	Bytes, Max uint64
+}
+
+// ParseStashFull parses the event "stash full bytes=<n> max=<m>".
+func ParseStashFull(ev string) (StashFull, error) {
+	rest, ok := strings.CutPrefix(ev, "stash full ")
+	if !ok {
+		return StashFull{}, fmt.Errorf("not a stash report: %q", ev)
+	}
+	kv, err := fields("FULL "+rest, "FULL")
+	if err != nil {
+		return StashFull{}, err
+	}
+	var f StashFull
+	var e1, e2 error
+	f.Bytes, e1 = strconv.ParseUint(kv["bytes"], 10, 64)
+	f.Max, e2 = strconv.ParseUint(kv["max"], 10, 64)
+	if e1 != nil || e2 != nil {
+		return StashFull{}, fmt.Errorf("malformed stash report %q", ev)
+	}
+	return f, nil
+}
+
+// StashFullSince is the shim's last report of a full stash since
+// ClearStashFull (nil: none).
+func (r *Rank) StashFullSince() *StashFull { return r.full.Load() }
+
+// ClearStashFull forgets the last report of a full stash: a new pause
+// begins.
+func (r *Rank) ClearStashFull() { r.full.Store(nil) }
 
 // flags are the page's per-fd "last call short" and "gated" bytes. Called
 // under p.mu with p.mem mapped.

@@ -4,8 +4,10 @@ import (
 	"bufio"
 	"encoding/binary"
 	"fmt"
+	"math"
 	"net"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"unsafe"
@@ -168,24 +170,37 @@ func TestGatePage(t *testing.T) {
 		atomic.StoreInt32(word, gateOpen)
 		fmt.Fprint(c, "REOPENED\nEVENT flushed bytes=1 errors=0 errno=0\n")
 	}
-	// DRAIN goes out without waiting; its answer, from a shim that drains
-	// or from one that does not know DRAIN, is not taken for the next.
+	// DRAIN goes out without waiting, with its set; its answer, from a
+	// shim that drains or from one that does not know DRAIN, is not taken
+	// for the next.
 	for _, answer := range []string{"DRAINING sockets=2 stashed=4096\n", "ERROR unknown request\n"} {
-		if err := r.StartDrain(); err != nil {
+		if err := r.StartDrain([]uint64{0x1a, 0xffffffffffffffff}); err != nil {
 			t.Fatalf("StartDrain: %v", err)
 		}
-		if l, err := br.ReadString('\n'); err != nil || l != "DRAIN\n" {
-			t.Fatalf("shim asked %q, %v; want DRAIN", l, err)
+		for _, want := range []string{"DRAIN 2\n", "C 1a ffffffffffffffff\n"} {
+			if l, err := br.ReadString('\n'); err != nil || l != want {
+				t.Fatalf("shim asked %q, %v; want %q", l, err, want)
+			}
 		}
 		fmt.Fprint(c, answer)
 	}
 	go func() {
 		if l, err := br.ReadString('\n'); err == nil && l == "STATE\n" {
-			fmt.Fprint(c, "STATE gate=open gated=0 closing=0 held=0\n")
+			// A full stash is reported unasked, before this answer.
+			fmt.Fprint(c, "EVENT stash full bytes=1048576 max=1048576\nSTATE gate=open gated=0 closing=0 held=0\n")
 		}
 	}()
 	if g, err := r.State(ctx); err != nil || g.State != "open" {
 		t.Errorf("State after unanswered reopens and drains: %+v %v", g, err)
+	}
+	// Lines are read in order: the event was seen before the answer. It
+	// is kept until a new pause clears it, and never taken for an answer.
+	if f := r.StashFullSince(); f == nil || *f != (StashFull{Bytes: 1 << 20, Max: 1 << 20}) {
+		t.Errorf("stash full: %+v", f)
+	}
+	r.ClearStashFull()
+	if f := r.StashFullSince(); f != nil {
+		t.Errorf("after ClearStashFull: %+v", f)
 	}
 	if ok, err := r.ReopenGate(); !ok || err != nil || atomic.LoadInt32(word) != gateOpen {
 		t.Errorf("ReopenGate of an open gate: %v %v, word %#x", ok, err, atomic.LoadInt32(word))
@@ -244,5 +259,42 @@ func TestStatePageGate(t *testing.T) {
 				t.Errorf("GateClosed() = %v, want %v", got, tc.closed)
 			}
 		})
+	}
+}
+
+// TestDrainRequest: the set travels as "DRAIN <n>" and lines of at most
+// 12 cookies in hex, each line short enough for the shim's 256-byte buffer
+// (libmpi-shim/req.h), at most MaxDrainSet cookies.
+func TestDrainRequest(t *testing.T) {
+	if got := DrainRequest(nil); got != "DRAIN 0" {
+		t.Errorf("empty set: %q", got)
+	}
+	var cs []uint64
+	for i := range 13 {
+		cs = append(cs, math.MaxUint64-uint64(i))
+	}
+	lines := strings.Split(DrainRequest(cs), "\n")
+	if len(lines) != 3 || lines[0] != "DRAIN 13" || len(strings.Fields(lines[1])) != 13 || lines[2] != "C fffffffffffffff3" {
+		t.Errorf("13 cookies: %q", lines)
+	}
+	for _, l := range lines {
+		if len(l) > 254 {
+			t.Errorf("line of %d bytes", len(l))
+		}
+	}
+	big := make([]uint64, MaxDrainSet+5)
+	if got := DrainRequest(big); !strings.HasPrefix(got, fmt.Sprintf("DRAIN %d\n", MaxDrainSet)) || strings.Count(got, " 0") != MaxDrainSet {
+		t.Errorf("past MaxDrainSet: %.40q, %d cookies", got, strings.Count(got, " 0"))
+	}
+}
+
+func TestParseStashFull(t *testing.T) {
+	if f, err := ParseStashFull("stash full bytes=5 max=7"); err != nil || f != (StashFull{5, 7}) {
+		t.Errorf("%+v %v", f, err)
+	}
+	for _, bad := range []string{"stash full bytes=x max=7", "stash full", "flushed bytes=1 errors=0 errno=0", "stash full bytes=-1 max=2"} {
+		if _, err := ParseStashFull(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
 	}
 }

@@ -30,6 +30,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -58,13 +59,15 @@ type Rank struct {
 	// secret, so never marshalled.
 	Key string `json:"-"`
 
-	conn    *net.UnixConn
-	page    *statePage // nil if the shim sent none
-	proc    *Proc      // the registered process, for the registration's life
-	bmu     sync.Mutex
-	boost   *threadBoost // under bmu: the control thread as Boost found it
-	mu      sync.Mutex   // one request at a time
-	owed    int          // replies still due to requests given up on (under mu)
+	conn  *net.UnixConn
+	page  *statePage // nil if the shim sent none
+	proc  *Proc      // the registered process, for the registration's life
+	bmu   sync.Mutex
+	boost *threadBoost // under bmu: the control thread as Boost found it
+	mu    sync.Mutex   // one request at a time
+	owed  int          // replies still due to requests given up on (under mu)
+	// full is the shim's last "EVENT stash full" since ClearStashFull.
+	full    atomic.Pointer[StashFull]
 	replies chan string
 	gone    chan struct{}
 }
@@ -697,6 +700,10 @@ func (r *Rank) read(br *bufio.Reader, onEvent func(*Rank, string)) error {
 		}
 		line := string(b)
 		if ev, ok := strings.CutPrefix(line, "EVENT "); ok {
+			if f, err := ParseStashFull(strings.TrimSpace(ev)); err == nil {
+				r.full.Store(&f)
+				continue
+			}
 			if onEvent != nil {
 				onEvent(r, strings.TrimSpace(ev))
 			}

@@ -270,7 +270,7 @@ static void test_bad_sets(void)
 	CHECK(say(b) == 0 && line("ERROR", out, sizeof(out)) == 0 && strcmp(out, "ERROR drain set cut short") == 0,
 	      "cut short: %s", out);
 	CHECK(line("STATE", out, sizeof(out)) == 0, "the request after it went unanswered");
-	CHECK(say("DRAIN 4097\n") == 0 && line("ERROR", out, sizeof(out)) == 0, "DRAIN 4097: %s", out);
+	CHECK(say("DRAIN 65537\n") == 0 && line("ERROR", out, sizeof(out)) == 0, "DRAIN 65537: %s", out);
 	CHECK(say("DRAIN 1\nC 12 34\n") == 0 && line("ERROR", out, sizeof(out)) == 0 &&
 		      strcmp(out, "ERROR bad drain set") == 0,
 	      "more cookies than announced: %s", out);

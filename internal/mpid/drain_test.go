@@ -1,0 +1,195 @@
+package mpid
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/loader"
+	"github.com/mpipause/mpipause/quiesce"
+)
+
+// fakeObserver is the job's kernel observer with connections the test sets.
+type fakeObserver struct {
+	mu    sync.Mutex
+	conns []loader.Conn
+}
+
+func (o *fakeObserver) Snapshot(context.Context) ([]loader.Conn, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return slices.Clone(o.conns), nil
+}
+func (o *fakeObserver) Kind() string { return "fake" }
+func (o *fakeObserver) Close() error { return nil }
+
+func (o *fakeObserver) add(c loader.Conn) {
+	o.mu.Lock()
+	o.conns = append(o.conns, c)
+	o.mu.Unlock()
+}
+
+func conn(cookie uint64, local, remote string) loader.Conn {
+	return loader.Conn{Cookie: cookie, Local: netip.MustParseAddrPort(local), Remote: netip.MustParseAddrPort(remote), State: loader.StateEstablished}
+}
+
+// TestJobConns: a connection whose other end is on this node is the job's
+// only if that end is a socket of the job too; one to another host is.
+func TestJobConns(t *testing.T) {
+	here := map[netip.Addr]bool{netip.MustParseAddr("10.0.0.1"): true}
+	conns := []loader.Conn{
+		conn(1, "10.0.0.1:5000", "10.0.0.1:6000"),          // two ranks of the node
+		conn(2, "10.0.0.1:6000", "10.0.0.1:5000"),          //
+		conn(3, "10.0.0.1:5001", "10.0.0.2:7000"),          // a rank on another node
+		conn(4, "10.0.0.1:5002", "10.0.0.1:5432"),          // the program's database on the node
+		conn(5, "127.0.0.1:40000", "127.0.0.1:9100"),       // a monitoring agent on loopback
+		conn(6, "[::1]:40001", "[::1]:40002"),              // loopback pair, both the job's
+		conn(7, "[::1]:40002", "[::1]:40001"),              //
+		conn(8, "[::ffff:10.0.0.1]:5003", "10.0.0.1:6000"), // mapped: same end as 2's local
+		{Cookie: 9, Local: netip.MustParseAddrPort("10.0.0.1:6000"), State: loader.StateListen},
+	}
+	if got := jobConns(conns, here); !slices.Equal(got, []uint64{1, 2, 3, 6, 7, 8}) {
+		t.Errorf("job connections %v, want [1 2 3 6 7 8]", got)
+	}
+}
+
+// fakeShim registers as a rank with pid, answers CLOSE and STATE, and
+// sends every line it is asked on lines; with full set, it reports a full
+// stash before its next STATE answer.
+func fakeRank(t *testing.T, addr, job string, rank int, full *atomic.Bool) <-chan string {
+	t.Helper()
+	c, err := net.Dial("unix", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	fmt.Fprintf(c, "HELLO 2 job=%s rank=%d size=4 pid=%d host=n1 key=k\n", job, rank, os.Getpid())
+	lines := make(chan string, 64)
+	go func() {
+		br := bufio.NewReader(c)
+		for {
+			l, err := br.ReadString('\n')
+			if err != nil {
+				return
+			}
+			l = strings.TrimSuffix(l, "\n")
+			lines <- l
+			switch {
+			case l == "CLOSE":
+				fmt.Fprint(c, "CLOSED gate=closed gated=0 closing=0 held=0\n")
+			case l == "STATE":
+				if full.Load() {
+					fmt.Fprint(c, "EVENT stash full bytes=268435456 max=268435456\n")
+				}
+				fmt.Fprint(c, "STATE gate=closed gated=0 closing=0 held=0\n")
+			case strings.HasPrefix(l, "DRAIN "):
+				fmt.Fprint(c, "DRAINING sockets=1 stashed=0\n")
+			}
+		}
+	}()
+	return lines
+}
+
+func expectLines(t *testing.T, lines <-chan string, want ...string) {
+	t.Helper()
+	for _, w := range want {
+		select {
+		case l := <-lines:
+			if l != w {
+				t.Fatalf("the shim was asked %q, want %q", l, w)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the shim was not asked %q", w)
+		}
+	}
+}
+
+// TestNodeRoleDrainSet: PREPARE tells the ranks to drain the job's own
+// connections on the node, by cookie, and nothing else of their processes;
+// a job connection made during the pause is named in a new DRAIN at the
+// next round; a shim whose stash is full fails the pause at the next round,
+// and the failure report names its rank and says why.
+func TestNodeRoleDrainSet(t *testing.T) {
+	addr := fmt.Sprintf("@mpipause-mpid-drain-%d", os.Getpid())
+	s, err := ranks.Listen(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	go s.Serve(ctx)
+	var full atomic.Bool
+	lines := fakeRank(t, addr, "j", 3, &full)
+	job := ranks.JobKey(uint32(os.Getuid()), "j")
+	if err := s.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	obs := &fakeObserver{conns: []loader.Conn{
+		conn(0x11, "10.0.0.1:5000", "10.0.0.1:6000"),
+		conn(0x12, "10.0.0.1:6000", "10.0.0.1:5000"),
+		conn(0x13, "10.0.0.1:5001", "10.0.0.2:7000"),
+		conn(0x14, "10.0.0.1:5002", "10.0.0.1:5432"), // the program's own database client
+		conn(0x15, "127.0.0.1:40000", "127.0.0.1:9100"),
+	}}
+	l := &nodeRole{Name: "n1", Ranks: s, Observer: func(string) (loader.Observer, error) { return obs, nil },
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+
+	if err := l.Prepare(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	expectLines(t, lines, "CLOSE", "DRAIN 3", "C 11 12 13")
+	if _, err := l.Drain(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	// A new job connection during the pause: the whole set again. The
+	// program's own new connection alone changes nothing.
+	obs.add(conn(0x16, "10.0.0.1:5003", "127.0.0.1:6000"))
+	if _, err := l.Drain(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	obs.add(conn(0x17, "10.0.0.1:5004", "10.0.0.3:7000"))
+	if _, err := l.Drain(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	expectLines(t, lines, "STATE", "STATE", "STATE", "DRAIN 4", "C 11 12 13 17")
+
+	full.Store(true)
+	if _, err := l.Drain(ctx, job); err != nil { // the event arrives with this round's STATE answer
+		t.Fatal(err)
+	}
+	_, err = l.Drain(ctx, job)
+	if !errors.Is(err, ErrStashFull) {
+		t.Fatalf("Drain with a full stash: %v, want ErrStashFull", err)
+	}
+	cause := fmt.Errorf("%w: n1: %v", quiesce.ErrNodeFailed, err)
+	f := failure(&quiesce.AbortError{Job: job, Phase: quiesce.KindDrain, Cause: cause}, quiesce.Result{}, nil)
+	if f.Phase != "DRAIN" || f.Rank != 3 {
+		t.Errorf("failure report: phase %s, rank %d; want DRAIN, 3 (%s)", f.Phase, f.Rank, f.Reason)
+	}
+	for _, want := range []string{"rank 3", "stash is full", "256 MiB", "MPIPAUSE_STASH_MAX_MB", "stays in the kernel"} {
+		if !strings.Contains(f.Reason, want) {
+			t.Errorf("reason %q lacks %q", f.Reason, want)
+		}
+	}
+	// A new pause starts with a clear report.
+	full.Store(false)
+	if err := l.Prepare(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Drain(ctx, job); err != nil {
+		t.Errorf("the next pause's drain: %v", err)
+	}
+}

@@ -175,9 +175,6 @@ static void state_line(char *b, size_t n, const char *verb)
 // readable with nothing to move (end of stream, an error) is dropped from
 // the set, so the wait cannot spin.
 #define DRAIN_MAX 4096 // sockets of this process watched
-#ifndef SO_COOKIE
-#define SO_COOKIE 57
-#endif
 // MPIPAUSE_RECV_DRAIN=0 turns the drain off, for a program that reads its
 // sockets other than through the wrapped calls (io_uring, splice): its
 // stashed bytes would be skipped. Its pauses then wait for its ranks to read.
@@ -231,8 +228,7 @@ static void drain_scan(void)
 		l = sizeof(lst);
 		if (getsockopt((int)fd, SOL_SOCKET, SO_ACCEPTCONN, &lst, &l) < 0 || lst)
 			continue;
-		l = sizeof(ck);
-		if (getsockopt((int)fd, SOL_SOCKET, SO_COOKIE, &ck, &l) < 0 || !in_set(ck))
+		if ((ck = mpp_sock_cookie((int)fd)) == 0 || !in_set(ck))
 			continue;
 		struct stat st;
 		if (fstat((int)fd, &st) < 0)

@@ -274,11 +274,20 @@ static int full_check(void)
 	return send_line(out);
 }
 
-// drain_start answers a DRAIN whose set is complete: the sockets it names
+// drain_start answers a DRAIN whose set is complete: unless the drain is
+// disabled or the gate is not closed, the sockets it names
 // are scanned and drained a first time.
 static void drain_start(char *out, size_t n)
 {
 	collecting = 0;
+	if (drain_disabled) {
+		snprintf(out, n, "DRAINING disabled\n");
+		return;
+	}
+	if (GATE_STATE(atomic_load(&mpp_gate)) != GATE_CLOSED) {
+		snprintf(out, n, "DRAINING off\n");
+		return;
+	}
 	qsort(drain_set, (size_t)set_have, sizeof(drain_set[0]), cmp_cookie);
 	mpp_stash_full(1);
 	full_told = 0;
@@ -330,14 +339,6 @@ static int answer(char *line, size_t n, void *arg)
 			collecting = 1; // answered once the set is complete
 			return 0;
 		}
-		if (drain_disabled) {
-			snprintf(out, sizeof(out), "DRAINING disabled\n");
-			break;
-		}
-		if (GATE_STATE(atomic_load(&mpp_gate)) != GATE_CLOSED) {
-			snprintf(out, sizeof(out), "DRAINING off\n");
-			break;
-		}
 		drain_start(out, sizeof(out));
 		break;
 	case MPP_REQ_COOKIES: {
@@ -356,14 +357,6 @@ static int answer(char *line, size_t n, void *arg)
 		set_have += k;
 		if (set_have < set_want)
 			return 0;
-		if (drain_disabled) {
-			snprintf(out, sizeof(out), "DRAINING disabled\n");
-			break;
-		}
-		if (GATE_STATE(atomic_load(&mpp_gate)) != GATE_CLOSED) {
-			snprintf(out, sizeof(out), "DRAINING off\n");
-			break;
-		}
 		drain_start(out, sizeof(out));
 		break;
 	}

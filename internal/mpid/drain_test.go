@@ -193,3 +193,38 @@ func TestNodeRoleDrainSet(t *testing.T) {
 		t.Errorf("the next pause's drain: %v", err)
 	}
 }
+
+// TestVerifyIgnoresProgramsOwn: bytes unread on the program's own
+// connection to a server on the node (which the drain leaves alone) do not
+// keep a pause from being empty; the same bytes on a job connection do.
+func TestVerifyIgnoresProgramsOwn(t *testing.T) {
+	s, err := ranks.Listen(fmt.Sprintf("@mpipause-mpid-verify-%d", os.Getpid()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unread := func(c loader.Conn) loader.Conn { c.Unread = 100; return c }
+	obs := &fakeObserver{conns: []loader.Conn{
+		conn(0x11, "10.0.0.1:5000", "10.0.0.1:6000"),
+		conn(0x12, "10.0.0.1:6000", "10.0.0.1:5000"),
+		conn(0x13, "10.0.0.1:5001", "10.0.0.2:7000"),
+		unread(conn(0x14, "10.0.0.1:5002", "10.0.0.1:5432")),    // the program's own database client
+		unread(conn(0x15, "127.0.0.1:40000", "127.0.0.1:9100")), // and its metrics agent
+	}}
+	l := &nodeRole{Name: "n1", Ranks: s, Observer: func(string) (loader.Observer, error) { return obs, nil },
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	ctx := context.Background()
+	rep, err := l.Verify(ctx, "0:j")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Empty || rep.Checked != 3 {
+		t.Errorf("with bytes unread on the program's own connections: empty %v, %d checked (%v); want empty, 3", rep.Empty, rep.Checked, rep.Conns)
+	}
+	obs.add(unread(conn(0x16, "10.0.0.1:5003", "10.0.0.3:7000")))
+	if rep, err = l.Verify(ctx, "0:j"); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Empty || len(rep.Conns) != 1 || rep.Conns[0].Unread != 100 {
+		t.Errorf("with bytes unread on a job connection: empty %v, held %v; want that one held", rep.Empty, rep.Conns)
+	}
+}

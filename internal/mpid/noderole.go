@@ -101,22 +101,46 @@ var ErrStashFull = errors.New("stash is full")
 // connection to another host is taken as the job's: the other end is not
 // in this node's kernel (docs/ARCHITECTURE.md, the shim's drain).
 func jobConns(conns []loader.Conn, here map[netip.Addr]bool) []uint64 {
-	ends := make(map[netip.AddrPort]bool, len(conns))
-	for _, c := range conns {
-		ends[unmap(c.Local)] = true
-	}
+	ends := localEnds(conns)
 	var out []uint64
 	for _, c := range conns {
-		if c.State == loader.StateListen || c.Cookie == 0 {
-			continue
-		}
-		r := unmap(c.Remote)
-		if (r.Addr().IsLoopback() || here[r.Addr()]) && !ends[r] {
+		if c.State == loader.StateListen || c.Cookie == 0 || programsOwn(c, here, ends) {
 			continue
 		}
 		out = append(out, c.Cookie)
 	}
 	slices.Sort(out)
+	return out
+}
+
+// programsOwn reports whether c is a connection of the program's own that
+// this node can tell apart from the job's: its other end is on this node
+// (here) and is not a socket of the job (ends).
+func programsOwn(c loader.Conn, here map[netip.Addr]bool, ends map[netip.AddrPort]bool) bool {
+	r := unmap(c.Remote)
+	return (r.Addr().IsLoopback() || here[r.Addr()]) && !ends[r]
+}
+
+func localEnds(conns []loader.Conn) map[netip.AddrPort]bool {
+	ends := make(map[netip.AddrPort]bool, len(conns))
+	for _, c := range conns {
+		ends[unmap(c.Local)] = true
+	}
+	return ends
+}
+
+// withoutProgramsOwn leaves out of conns the connections programsOwn tells
+// apart: the drain takes nothing from them, so the check that every job
+// connection is empty must not wait for them either. One it cannot tell
+// apart (to another host) stays, as in the drain's set.
+func withoutProgramsOwn(conns []loader.Conn) []loader.Conn {
+	here, ends := nodeAddrs(conns), localEnds(conns)
+	out := conns[:0:0]
+	for _, c := range conns {
+		if c.State == loader.StateListen || !programsOwn(c, here, ends) {
+			out = append(out, c)
+		}
+	}
 	return out
 }
 
@@ -429,10 +453,11 @@ func (l *nodeRole) Verify(ctx context.Context, job string) (quiesce.NodeReport, 
 // gate of the node's ranks closed when it was asked, or the job frozen) it
 // also counts violations against the previous gated report.
 func (l *nodeRole) kernelReport(ctx context.Context, job string, rep quiesce.NodeReport, gated bool) (quiesce.NodeReport, []loader.Conn, error) {
-	mine, err := l.conns(ctx, job)
+	all, err := l.conns(ctx, job)
 	if err != nil {
 		return rep, nil, err
 	}
+	mine := withoutProgramsOwn(all)
 	rs := l.Ranks.Ranks(job)
 	rep.Ranks = len(rs)
 	var held []loader.Conn

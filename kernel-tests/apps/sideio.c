@@ -59,6 +59,7 @@
 
 #include <mpi.h>
 
+#include "stop.h"
 #include "stream.h"
 
 // The record format; kernel-tests/sideio_test.go reads the same.
@@ -473,19 +474,6 @@ static int make_body(const char *dir, int rank)
 	}
 	free(b);
 	return fd;
-}
-
-static int told_to_stop(const char *dir, int rank)
-{
-	char path[4096];
-	struct stat st;
-	int stop = 0;
-	if (rank == 0) {
-		snprintf(path, sizeof(path), "%s/stop", dir);
-		stop = stat(path, &st) == 0;
-	}
-	MPI_Bcast(&stop, 1, MPI_INT, 0, MPI_COMM_WORLD);
-	return stop;
 }
 
 int main(int argc, char **argv)

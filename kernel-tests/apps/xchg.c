@@ -79,6 +79,7 @@
 
 #include <mpi.h>
 
+#include "stop.h"
 #include "stream.h"
 
 enum mode { MODE_A2A, MODE_RING, MODE_PAIR };
@@ -282,20 +283,6 @@ static void hold(const char *dir, int rank)
 	struct timespec ts = {.tv_sec = 0, .tv_nsec = 5 * 1000 * 1000};
 	while (stat(path, &st) != 0)
 		nanosleep(&ts, NULL);
-}
-
-// told_to_stop is -E: rank 0 looks, every rank learns its answer.
-static int told_to_stop(const char *dir, int rank)
-{
-	char path[4096];
-	struct stat st;
-	int stop = 0;
-	if (rank == 0) {
-		snprintf(path, sizeof(path), "%s/stop", dir);
-		stop = stat(path, &st) == 0;
-	}
-	MPI_Bcast(&stop, 1, MPI_INT, 0, MPI_COMM_WORLD);
-	return stop;
 }
 
 // busy_phase is -B: see the usage above.

@@ -732,6 +732,20 @@ int mpp_kept(int fd)
 	return k;
 }
 
+// mpp_kept_in writes the shim's dups (mpp_kept) numbered first..last to
+// out, at most max, in ascending order, and returns how many.
+int mpp_kept_in(unsigned first, unsigned last, int *out, int max)
+{
+	int n = 0;
+	pthread_mutex_lock(&tab_mu);
+	int hi = tab_hi;
+	pthread_mutex_unlock(&tab_mu);
+	for (int fd = (int)first; fd < hi && (unsigned)fd <= last && n < max; fd++)
+		if (mpp_kept(fd))
+			out[n++] = fd;
+	return n;
+}
+
 // mpp_close_held is close() under a gate that is not open.
 int mpp_close_held(int fd)
 {

@@ -214,20 +214,10 @@ EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t l
 	return r;
 }
 
-static int cmp_int(const void *a, const void *b)
-{
-	return *(const int *)a - *(const int *)b;
-}
-
-// close_some is close_range(first, last) under a gate that is not open (or
-// with stashed bytes): each open fd in the range ends through close(), which
-// keeps a socket's held bytes under a dup of the shim's, drops its stash and
-// its epoll registrations; then one real call closes the rest, around the
-// dups (which close() may have placed inside the range).
 static int close_some(unsigned first, unsigned last, int flags)
 {
 	enum { MAX_KEPT = 256 };
-	int kept[MAX_KEPT], nk = 0;
+	int kept[MAX_KEPT], nk;
 	DIR *d = opendir("/proc/self/fd");
 	if (d) {
 		struct dirent *e;
@@ -236,43 +226,22 @@ static int close_some(unsigned first, unsigned last, int flags)
 			long fd = strtol(e->d_name, &end, 10);
 			if (*end || e->d_name[0] == '.' || fd == dirfd(d) || fd < (long)first || fd > (long)last)
 				continue;
-			if (mpp_kept((int)fd)) {
-				if (nk < MAX_KEPT)
-					kept[nk++] = (int)fd;
-				continue;
-			}
-			close((int)fd);
+			if (!mpp_kept((int)fd))
+				close((int)fd);
 		}
 		closedir(d);
 	}
-	// The dups made just now are open too.
-	for (int fd = (int)first; fd < mpp_nfds && (unsigned)fd <= last && nk < MAX_KEPT; fd++)
-		if (mpp_kept(fd)) {
-			int seen = 0;
-			for (int i = 0; i < nk; i++)
-				seen |= kept[i] == fd;
-			if (!seen)
-				kept[nk++] = fd;
-		}
-	qsort(kept, nk, sizeof(kept[0]), cmp_int);
+	// The dups, the ones made just now among them, in ascending order.
+	nk = mpp_kept_in(first, last, kept, MAX_KEPT);
 	unsigned from = first;
 	int r = 0;
-	for (int i = 0; i <= nk; i++) {
-		unsigned to = i < nk ? (unsigned)kept[i] : last;
-		if (i < nk && (unsigned)kept[i] == from) {
-			from++;
-			continue;
-		}
-		if (i < nk)
-			to--;
-		if (from <= to && (r = (int)syscall(SYS_close_range, from, to, flags)) < 0)
-			break;
-		if (i < nk) {
-			if ((unsigned)kept[i] == UINT_MAX)
-				break;
-			from = (unsigned)kept[i] + 1;
-		}
+	for (int i = 0; i < nk && r == 0; i++) {
+		if ((unsigned)kept[i] > from)
+			r = (int)syscall(SYS_close_range, from, (unsigned)kept[i] - 1, flags);
+		from = (unsigned)kept[i] + 1; // below MAX_FDS: no overflow
 	}
+	if (r == 0 && from <= last)
+		r = (int)syscall(SYS_close_range, from, last, flags);
 	return r;
 }
 

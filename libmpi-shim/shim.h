@@ -90,6 +90,7 @@ void mpp_resolve(void);
 int mpp_close_held(int fd);
 int mpp_keep_held(int fd);
 int mpp_kept(int fd);
+int mpp_kept_in(unsigned first, unsigned last, int *out, int max);
 int mpp_defer_shutdown(int fd);
 void mpp_gate_end(const char *why);
 void mpp_gate_child(void);

@@ -325,6 +325,10 @@ func (a *Agent) local(ctx context.Context, js *jobState, req Message) NodeReport
 		// now could undo it, e.g. freeze a node the ABORT has just thawed.
 		return NodeReport{Node: self, Err: fmt.Sprintf("%s: %v: superseded", req.Kind, ErrStale)}
 	}
+	p, peered := a.node.(Peered)
+	if peered && req.Ports != nil {
+		p.Peers(req.Job, req.Ports)
+	}
 	var rep NodeReport
 	var err error
 	switch req.Kind {
@@ -368,6 +372,9 @@ func (a *Agent) local(ctx context.Context, js *jobState, req Message) NodeReport
 	}
 	if req.Kind == KindDrain {
 		rep.Drained = drained
+	}
+	if peered && (req.Kind == KindPrepare || req.Kind == KindDrain || req.Kind == KindVerify) {
+		rep.Ports = p.Ports(req.Job)
 	}
 	rep.Node = self
 	for i := range rep.Conns {

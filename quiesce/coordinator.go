@@ -173,6 +173,10 @@ type run struct {
 	seq   uint64
 	res   Result
 	start time.Time
+	// ports are the job's ports on every node as the pause's rounds have
+	// reported them, kept from round to round: a socket that closed may
+	// have had a connection a node still holds.
+	ports Ports
 }
 
 func (c *Coordinator) newRun(job string, nodes []string) (*run, error) {
@@ -202,6 +206,9 @@ func (c *Coordinator) newRun(job string, nodes []string) (*run, error) {
 func (r *run) round(ctx context.Context, kind Kind) (Report, error) {
 	r.seq++
 	req := Message{Version: ProtocolVersion, Job: r.job, Epoch: r.epoch, Seq: r.seq, Kind: kind, Nodes: r.nodes, Fanout: r.c.opt.Fanout, Coordinator: r.nodes[0]}
+	if kind == KindDrain || kind == KindFreeze || kind == KindVerify {
+		req.Ports = r.ports
+	}
 	if (kind == KindDrain || kind == KindFreeze) && r.c.opt.DrainWait > 0 {
 		req.Wait = r.c.opt.DrainWait
 		if dl, ok := ctx.Deadline(); ok {
@@ -216,7 +223,27 @@ func (r *run) round(ctx context.Context, kind Kind) (Report, error) {
 		return Report{}, fmt.Errorf("%s round: %w: reply accounts for %d of %d nodes",
 			kind, ErrIncomplete, reportNodes(rep.Report), len(r.nodes))
 	}
+	r.ports = r.ports.Union(rep.Report.Ports)
 	return *rep.Report, nil
+}
+
+// verify is VERIFY's phase: once's, and then the check that no node left
+// out, as a program's own, a connection holding bytes whose far port the
+// job's sockets have after all: the node had not heard of that port yet
+// (a socket made during the pause). Only the VERIFY round's ports are
+// complete, the job being frozen; the drain that follows takes the
+// connection in.
+func (r *run) verify(last *Report) func(ctx context.Context, st *PhaseStat) error {
+	once := r.once(KindVerify, last)
+	return func(ctx context.Context, st *PhaseStat) error {
+		if err := once(ctx, st); err != nil {
+			return err
+		}
+		if p, ok := r.ports.Meets(last.Own); ok {
+			return fmt.Errorf("%w: a connection to port %d, holding bytes, was left out as a program's own, but port %d is a port of the job's", ErrNotEmpty, p, p)
+		}
+		return nil
+	}
 }
 
 // Progress is what a coordinator tells a WithProgress listener: after every
@@ -352,7 +379,7 @@ func (c *Coordinator) Pause(ctx context.Context, job string, nodes []string) (Re
 		if err := r.phase(ctx, KindFreeze, c.opt.Freeze, r.once(KindFreeze, &last)); err != nil {
 			return fail(KindFreeze, err)
 		}
-		err := r.phase(ctx, KindVerify, c.opt.Verify, r.once(KindVerify, &last))
+		err := r.phase(ctx, KindVerify, c.opt.Verify, r.verify(&last))
 		if err == nil {
 			break
 		}

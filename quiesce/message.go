@@ -79,6 +79,10 @@ type Message struct {
 	// recipient instead): a node refuses a step of a job it knows from
 	// another coordinator (docs/security.md).
 	Coordinator string `json:"coordinator,omitempty"`
+	// Ports, on DRAIN, FREEZE and VERIFY, are the local ports of the job's
+	// sockets on every node, as the pause's rounds so far reported them
+	// (Peered).
+	Ports Ports `json:"ports,omitempty"`
 }
 
 // DrainPoll is how often a node waiting on a DRAIN (Message.Wait) checks
@@ -168,6 +172,13 @@ type NodeReport struct {
 	// its first check of the round: with Message.Wait the answer comes once
 	// they are empty, and this is what the wait drained.
 	Drained uint64 `json:"drained,omitempty"`
+	// Ports are the local ports of the job's sockets on the node (Peered),
+	// and Own the remote ports of its connections to other hosts that hold
+	// bytes and were left out of the report as a program's own because no
+	// node had said that port was the job's. Report.Add folds both into the
+	// subtree's report.
+	Ports Ports `json:"-"`
+	Own   Ports `json:"-"`
 }
 
 // Clean reports whether the node has nothing pending and no error. A node
@@ -188,6 +199,11 @@ type Report struct {
 	Checked int    `json:"checked,omitempty"`
 	Ranks   int    `json:"ranks,omitempty"`
 	Drained uint64 `json:"drained,omitempty"`
+	// Ports and Own are the unions of the nodes' (NodeReport.Ports, .Own).
+	// A port in both is a connection a node left out that another node
+	// says ends in the job: the pause must not commit on that report.
+	Ports Ports `json:"-"`
+	Own   Ports `json:"-"`
 }
 
 // Add accounts for one node's report.
@@ -196,6 +212,8 @@ func (r *Report) Add(n NodeReport) {
 	r.Checked += n.Checked
 	r.Ranks += n.Ranks
 	r.Drained += n.Drained
+	r.Ports, r.Own = r.Ports.Union(n.Ports), r.Own.Union(n.Own)
+	n.Ports, n.Own = nil, nil
 	if !n.Clean() {
 		r.Pending = append(r.Pending, n)
 	}
@@ -209,6 +227,7 @@ func (r *Report) Merge(o Report) {
 	r.Checked += o.Checked
 	r.Ranks += o.Ranks
 	r.Drained += o.Drained
+	r.Ports, r.Own = r.Ports.Union(o.Ports), r.Own.Union(o.Own)
 	r.Pending = append(r.Pending, o.Pending...)
 	slices.SortStableFunc(r.Pending, func(a, b NodeReport) int { return strings.Compare(a.Node, b.Node) })
 }
@@ -288,7 +307,7 @@ func carryOver(prev, cur Report) Report {
 	if len(held) == 0 {
 		return cur
 	}
-	out := Report{Nodes: cur.Nodes, Checked: cur.Checked, Ranks: cur.Ranks, Pending: make([]NodeReport, len(cur.Pending))}
+	out := Report{Nodes: cur.Nodes, Checked: cur.Checked, Ranks: cur.Ranks, Drained: cur.Drained, Ports: cur.Ports, Own: cur.Own, Pending: make([]NodeReport, len(cur.Pending))}
 	for i, n := range cur.Pending {
 		if p, ok := held[n.Node]; ok && n.Unreached {
 			p.Unreached, p.Err = true, strings.TrimSuffix(n.Err, carriedNote)+carriedNote

@@ -52,6 +52,7 @@ const (
 	tagMsgWait    = 11
 	tagMsgFanout  = 12
 	tagMsgCoord   = 13
+	tagMsgPorts   = 14
 
 	// Report
 	tagRepNodes   = 1
@@ -59,6 +60,8 @@ const (
 	tagRepChecked = 3
 	tagRepRanks   = 4
 	tagRepDrained = 5
+	tagRepPorts   = 6
+	tagRepOwn     = 7
 
 	// NodeReport
 	tagNodeNode       = 1
@@ -192,7 +195,8 @@ func (m *Message) appendWire(b []byte) []byte {
 	}
 	b = appendInt(b, tagMsgWait, int64(m.Wait))
 	b = appendString(b, tagMsgFanout, string(m.Fanout))
-	return appendString(b, tagMsgCoord, m.Coordinator)
+	b = appendString(b, tagMsgCoord, m.Coordinator)
+	return appendPorts(b, tagMsgPorts, m.Ports)
 }
 
 func (r *Report) appendWire(b []byte) []byte {
@@ -205,7 +209,29 @@ func (r *Report) appendWire(b []byte) []byte {
 	}
 	b = appendInt(b, tagRepChecked, int64(r.Checked))
 	b = appendInt(b, tagRepRanks, int64(r.Ranks))
-	return appendUint(b, tagRepDrained, r.Drained)
+	b = appendUint(b, tagRepDrained, r.Drained)
+	b = appendPorts(b, tagRepPorts, r.Ports)
+	return appendPorts(b, tagRepOwn, r.Own)
+}
+
+// appendPorts writes a set of ports as one bytes field: the first port and
+// then each one's distance from the one before, as uvarints, so that the
+// dense sets of a large job cost about a byte a port.
+func appendPorts(b []byte, tag int, p Ports) []byte {
+	if len(p) == 0 {
+		return b
+	}
+	b, at := beginNested(b, tag)
+	prev := uint16(0)
+	for i, x := range p {
+		d := x - prev
+		if i == 0 {
+			d = x
+		}
+		b = appendUvarint(b, uint64(d))
+		prev = x
+	}
+	return endNested(b, at)
 }
 
 func (n *NodeReport) appendWire(b []byte) []byte {
@@ -457,6 +483,8 @@ func (r *wireReader) message(m *Message) {
 			m.Fanout = Fanout(r.str(wt))
 		case tagMsgCoord:
 			m.Coordinator = r.str(wt)
+		case tagMsgPorts:
+			m.Ports = r.ports(wt)
 		default:
 			r.skip(wt)
 		}
@@ -503,10 +531,42 @@ func (r *wireReader) report(rep *Report) {
 			rep.Ranks = r.int(wt)
 		case tagRepDrained:
 			rep.Drained = r.uint(wt)
+		case tagRepPorts:
+			rep.Ports = r.ports(wt)
+		case tagRepOwn:
+			rep.Own = r.ports(wt)
 		default:
 			r.skip(wt)
 		}
 	}
+}
+
+// ports decodes appendPorts' field. Anything but a strictly increasing set
+// of 16-bit ports is malformed: a receiver searches it as a sorted set.
+func (r *wireReader) ports(wt int) Ports {
+	n := r.nested(wt)
+	var out Ports
+	for len(n.s) > 0 && n.err == nil {
+		d := n.uvarint()
+		x := d
+		if len(out) > 0 {
+			if d == 0 {
+				n.fail("ports out of order")
+				break
+			}
+			x += uint64(out[len(out)-1])
+		}
+		if x > 1<<16-1 {
+			n.fail("port out of range")
+			break
+		}
+		out = append(out, uint16(x))
+	}
+	r.done(&n)
+	if r.err != nil {
+		return nil
+	}
+	return out
 }
 
 func (r *wireReader) nodeReport(nr *NodeReport) {

@@ -47,9 +47,10 @@ func conn(cookie uint64, local, remote string) loader.Conn {
 }
 
 // TestJobConns: a connection whose other end is on this node is the job's
-// only if that end is a socket of the job too; one to another host is.
+// only if that end is a socket of the job too; one to another host is the
+// job's if its port is one of the job's ports on some node, and neither
+// drained nor left out of the check while those ports are not known.
 func TestJobConns(t *testing.T) {
-	here := map[netip.Addr]bool{netip.MustParseAddr("10.0.0.1"): true}
 	conns := []loader.Conn{
 		conn(1, "10.0.0.1:5000", "10.0.0.1:6000"),          // two ranks of the node
 		conn(2, "10.0.0.1:6000", "10.0.0.1:5000"),          //
@@ -59,10 +60,30 @@ func TestJobConns(t *testing.T) {
 		conn(6, "[::1]:40001", "[::1]:40002"),              // loopback pair, both the job's
 		conn(7, "[::1]:40002", "[::1]:40001"),              //
 		conn(8, "[::ffff:10.0.0.1]:5003", "10.0.0.1:6000"), // mapped: same end as 2's local
+		conn(10, "10.0.0.1:5004", "10.0.0.3:5432"),         // the program's database on another host
 		{Cookie: 9, Local: netip.MustParseAddrPort("10.0.0.1:6000"), State: loader.StateListen},
 	}
-	if got := jobConns(conns, here); !slices.Equal(got, []uint64{1, 2, 3, 6, 7, 8}) {
+	d := &drainSet{here: map[netip.Addr]bool{netip.MustParseAddr("10.0.0.1"): true}}
+	unknown := newSides(d, conns)
+	if got := unknown.jobConns(conns); !slices.Equal(got, []uint64{1, 2, 6, 7, 8}) {
+		t.Errorf("before the job's ports are known: job connections %v, want [1 2 6 7 8]", got)
+	}
+	if got, _ := unknown.checked(conns); len(got) != 8 {
+		t.Errorf("before the job's ports are known: %d connections checked, want 8 (all but 4 and 5)", len(got))
+	}
+	d.peers = quiesce.PortsOf([]uint16{5000, 5001, 6000, 7000})
+	known := newSides(d, conns)
+	if got := known.jobConns(conns); !slices.Equal(got, []uint64{1, 2, 3, 6, 7, 8}) {
 		t.Errorf("job connections %v, want [1 2 3 6 7 8]", got)
+	}
+	conns[8].Unread = 10
+	got, own := known.checked(conns)
+	var cookies []uint64
+	for _, c := range got {
+		cookies = append(cookies, c.Cookie)
+	}
+	if !slices.Equal(cookies, []uint64{1, 2, 3, 6, 7, 8, 9}) || !slices.Equal(own, quiesce.Ports{5432}) {
+		t.Errorf("checked %v, own far ports %v; want [1 2 3 6 7 8 9], [5432]", cookies, own)
 	}
 }
 
@@ -119,8 +140,9 @@ func expectLines(t *testing.T, lines <-chan string, want ...string) {
 
 // TestNodeRoleDrainSet: PREPARE tells the ranks to drain the job's own
 // connections on the node, by cookie, and nothing else of their processes;
-// a job connection made during the pause is named in a new DRAIN at the
-// next round; a shim whose stash is full fails the pause at the next round,
+// those to other hosts follow once the coordinator has sent the job's
+// ports, and only those whose far port is one; a job connection made
+// during the pause is named in a new DRAIN at the next round; a shim whose stash is full fails the pause at the next round,
 // and the failure report names its rank and says why.
 func TestNodeRoleDrainSet(t *testing.T) {
 	addr := fmt.Sprintf("@mpipause-mpid-drain-%d", os.Getpid())
@@ -150,10 +172,13 @@ func TestNodeRoleDrainSet(t *testing.T) {
 	if err := l.Prepare(ctx, job); err != nil {
 		t.Fatal(err)
 	}
-	expectLines(t, lines, "CLOSE", "DRAIN 3", "C 11 12 13")
+	expectLines(t, lines, "CLOSE", "DRAIN 2", "C 11 12")
+	l.Peers(job, quiesce.Ports{5000, 5001, 6000, 7000})
+	obs.add(conn(0x18, "10.0.0.1:5005", "10.0.0.3:5432")) // the program's own, on another host
 	if _, err := l.Drain(ctx, job); err != nil {
 		t.Fatal(err)
 	}
+	expectLines(t, lines, "STATE", "DRAIN 3", "C 11 12 13")
 	// A new job connection during the pause: the whole set again. The
 	// program's own new connection alone changes nothing.
 	obs.add(conn(0x16, "10.0.0.1:5003", "127.0.0.1:6000"))
@@ -164,7 +189,7 @@ func TestNodeRoleDrainSet(t *testing.T) {
 	if _, err := l.Drain(ctx, job); err != nil {
 		t.Fatal(err)
 	}
-	expectLines(t, lines, "STATE", "STATE", "STATE", "DRAIN 4", "C 11 12 13 17")
+	expectLines(t, lines, "STATE", "STATE", "DRAIN 4", "C 11 12 13 17")
 
 	full.Store(true)
 	if _, err := l.Drain(ctx, job); err != nil { // the event arrives with this round's STATE answer
@@ -225,6 +250,25 @@ func TestVerifyIgnoresProgramsOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	if rep.Empty || len(rep.Conns) != 1 || rep.Conns[0].Unread != 100 {
-		t.Errorf("with bytes unread on a job connection: empty %v, held %v; want that one held", rep.Empty, rep.Conns)
+		t.Errorf("with bytes unread on a connection to another host, the job's ports not known: empty %v, held %v; want that one held", rep.Empty, rep.Conns)
+	}
+	if p := l.Ports("0:j"); !slices.Equal(p, quiesce.Ports{5000, 5001, 5002, 5003, 6000, 40000}) {
+		t.Errorf("the node's ports %v, want its job sockets' local ports", p)
+	}
+	// No node has a socket on port 7000: 10.0.0.3:7000 is a server of the
+	// program's own, whose unread bytes the coordinator hears of (Own).
+	l.Peers("0:j", quiesce.Ports{5000, 6000})
+	if rep, err = l.Verify(ctx, "0:j"); err != nil {
+		t.Fatal(err)
+	}
+	if !rep.Empty || !slices.Equal(rep.Own, quiesce.Ports{7000}) {
+		t.Errorf("with bytes unread on a connection to a server of the program's own on another host: empty %v, own %v (%v); want empty, [7000]", rep.Empty, rep.Own, rep.Conns)
+	}
+	l.Peers("0:j", quiesce.Ports{5000, 6000, 7000})
+	if rep, err = l.Verify(ctx, "0:j"); err != nil {
+		t.Fatal(err)
+	}
+	if rep.Empty || len(rep.Conns) != 1 || rep.Own != nil {
+		t.Errorf("with bytes unread on a job connection to another host: empty %v, held %v, own %v; want that one held", rep.Empty, rep.Conns, rep.Own)
 	}
 }

@@ -80,31 +80,77 @@ type nodeRole struct {
 	drains map[string]*drainSet
 }
 
-// drainSet is what a pause's DRAIN requests named on this node.
+// drainSet is what a pause's DRAIN requests named on this node, and what
+// tells the job's connections from a program's own.
 type drainSet struct {
 	sent map[uint64]bool
 	here map[netip.Addr]bool // this node's addresses, at PREPARE
+	// mine are the local ports of the job's sockets here at the last
+	// kernel read; peers every node's, as the coordinator last sent them
+	// (nil before the first DRAIN).
+	mine, peers quiesce.Ports
 }
 
 // ErrStashFull: a rank's shim holds as much as its cap lets it
 // (MPIPAUSE_STASH_MAX_MB) and drains no more.
 var ErrStashFull = errors.New("stash is full")
 
-// jobConns returns the cookies of the connections in conns (this node's,
-// from the job's observer: sockets of the job's cgroup) whose other end is
-// a rank of the job as far as this node's kernel can tell, which are the
-// only ones a rank's shim may drain. A connection whose other end is on
-// this node (loopback, or an address in here) is the job's only if that
-// end is a socket of the job too; a program's own connection to a server
-// on the node (a database, a monitoring agent) is not, and its bytes stay
-// in the kernel for the program to read however it reads them. A
-// connection to another host is taken as the job's: the other end is not
-// in this node's kernel (docs/ARCHITECTURE.md, the shim's drain).
-func jobConns(conns []loader.Conn, here map[netip.Addr]bool) []uint64 {
-	ends := localEnds(conns)
+// side is whose a connection of the job's cgroup is, as far as the node
+// can tell: the job's (its other end is a socket of the job: drained, and
+// checked), the program's own (a server of its own: neither), or not known
+// yet (to another host, before the coordinator has sent the job's ports:
+// checked, but not drained, the drain having no right to its bytes).
+type side int
+
+const (
+	sideJob side = iota
+	sideOwn
+	sideUnknown
+)
+
+// sides tells, for one kernel read of the job's connections, whose each
+// one is (docs/ARCHITECTURE.md, "Which connections are the job's").
+type sides struct {
+	here  map[netip.Addr]bool
+	peers quiesce.Ports
+	ends  map[netip.AddrPort]bool // local ends of the job's sockets here
+}
+
+func newSides(d *drainSet, conns []loader.Conn) sides {
+	s := sides{here: d.here, peers: d.peers, ends: make(map[netip.AddrPort]bool, len(conns))}
+	for _, c := range conns {
+		s.ends[unmap(c.Local)] = true
+	}
+	return s
+}
+
+// of says whose c is. Its other end on this node (loopback, or an address
+// in here) is the job's only if that end is a socket of the job too: the
+// kernel read shows them all. On another host it is the job's if its port
+// is a port of the job's sockets on some node (quiesce.Ports).
+func (s sides) of(c loader.Conn) side {
+	r := unmap(c.Remote)
+	switch {
+	case r.Addr().IsLoopback() || s.here[r.Addr()]:
+		if s.ends[r] {
+			return sideJob
+		}
+		return sideOwn
+	case s.peers == nil:
+		return sideUnknown
+	case s.peers.Has(r.Port()):
+		return sideJob
+	}
+	return sideOwn
+}
+
+// jobConns returns the cookies of the job's connections in conns (this
+// node's, from the job's observer: sockets of the job's cgroup): the only
+// ones a rank's shim may drain.
+func (s sides) jobConns(conns []loader.Conn) []uint64 {
 	var out []uint64
 	for _, c := range conns {
-		if c.State == loader.StateListen || c.Cookie == 0 || programsOwn(c, here, ends) {
+		if c.State == loader.StateListen || c.Cookie == 0 || s.of(c) != sideJob {
 			continue
 		}
 		out = append(out, c.Cookie)
@@ -113,36 +159,67 @@ func jobConns(conns []loader.Conn, here map[netip.Addr]bool) []uint64 {
 	return out
 }
 
-// programsOwn reports whether c is a connection of the program's own that
-// this node can tell apart from the job's: its other end is on this node
-// (here) and is not a socket of the job (ends).
-func programsOwn(c loader.Conn, here map[netip.Addr]bool, ends map[netip.AddrPort]bool) bool {
-	r := unmap(c.Remote)
-	return (r.Addr().IsLoopback() || here[r.Addr()]) && !ends[r]
-}
-
-func localEnds(conns []loader.Conn) map[netip.AddrPort]bool {
-	ends := make(map[netip.AddrPort]bool, len(conns))
+// checked leaves out of conns the program's own connections: the drain
+// takes nothing from them, so the check that every job connection is empty
+// must not wait for them either. own are the remote ports of those to
+// another host that hold bytes, which the coordinator holds against every
+// node's ports after the freeze (quiesce.Report.Own).
+func (s sides) checked(conns []loader.Conn) (out []loader.Conn, own quiesce.Ports) {
+	out = conns[:0:0]
+	var far []uint16
 	for _, c := range conns {
-		ends[unmap(c.Local)] = true
-	}
-	return ends
-}
-
-// withoutProgramsOwn leaves out of conns the connections programsOwn tells
-// apart: the drain takes nothing from them, so the check that every job
-// connection is empty must not wait for them either. One it cannot tell
-// apart (to another host) stays, as in the drain's set.
-func withoutProgramsOwn(conns []loader.Conn) []loader.Conn {
-	here, ends := nodeAddrs(conns), localEnds(conns)
-	out := conns[:0:0]
-	for _, c := range conns {
-		if c.State == loader.StateListen || !programsOwn(c, here, ends) {
+		if c.State == loader.StateListen || s.of(c) != sideOwn {
 			out = append(out, c)
+			continue
+		}
+		if r := unmap(c.Remote); !r.Addr().IsLoopback() && !s.here[r.Addr()] && !c.Empty() {
+			far = append(far, r.Port())
 		}
 	}
-	return out
+	return out, quiesce.PortsOf(far)
 }
+
+// sidesOf returns the job's drainSet (made anew at PREPARE, when first)
+// with mine read from conns, and the sides of conns.
+func (l *nodeRole) sidesOf(job string, conns []loader.Conn, first bool) (*drainSet, sides) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.drains == nil {
+		l.drains = map[string]*drainSet{}
+	}
+	d := l.drains[job]
+	if d == nil || first {
+		d = &drainSet{here: nodeAddrs(conns)}
+		l.drains[job] = d
+	}
+	ports := make([]uint16, 0, len(conns))
+	for _, c := range conns {
+		ports = append(ports, c.Local.Port())
+	}
+	d.mine = quiesce.PortsOf(ports)
+	return d, newSides(d, conns)
+}
+
+// Ports is quiesce.Peered's: the job's ports here at the last kernel read.
+func (l *nodeRole) Ports(job string) quiesce.Ports {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if d := l.drains[job]; d != nil {
+		return d.mine
+	}
+	return nil
+}
+
+// Peers is quiesce.Peered's: the job's ports on every node.
+func (l *nodeRole) Peers(job string, all quiesce.Ports) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if d := l.drains[job]; d != nil {
+		d.peers = all
+	}
+}
+
+var _ quiesce.Peered = (*nodeRole)(nil)
 
 // nodeAddrs is the set of this node's addresses: its interfaces' (mpid
 // runs in the node's network namespace) and the local ends of the job's
@@ -166,18 +243,10 @@ func nodeAddrs(conns []loader.Conn) map[netip.Addr]bool {
 // to drain: at PREPARE, and again whenever the kernel shows a job
 // connection the last DRAIN did not name (one made during the pause: its
 // bytes must be drained too, or the pause would wait for a rank that does
-// not read). conns are the node's connections of the job.
-func (l *nodeRole) startDrains(job string, conns []loader.Conn, first bool) error {
+// not read; or one the coordinator's ports showed to be the job's). set
+// is what sides.jobConns found in the last kernel read.
+func (l *nodeRole) startDrains(job string, d *drainSet, set []uint64, first bool) error {
 	l.mu.Lock()
-	if l.drains == nil {
-		l.drains = map[string]*drainSet{}
-	}
-	d := l.drains[job]
-	if d == nil || first {
-		d = &drainSet{here: nodeAddrs(conns)}
-		l.drains[job] = d
-	}
-	set := jobConns(conns, d.here)
 	fresh := first
 	for _, c := range set {
 		fresh = fresh || !d.sent[c]
@@ -373,7 +442,8 @@ func (l *nodeRole) Prepare(ctx context.Context, job string) error {
 	if err != nil {
 		return err
 	}
-	return l.startDrains(job, conns, true)
+	d, sd := l.sidesOf(job, conns, true)
+	return l.startDrains(job, d, sd.jobConns(conns), true)
 }
 
 // conns reads the job's connections on this node from the kernel.
@@ -422,10 +492,10 @@ func (l *nodeRole) Drain(ctx context.Context, job string) (quiesce.NodeReport, e
 		return rep, err
 	}
 	t1 := time.Now()
-	var conns []loader.Conn
-	rep, conns, err = l.kernelReport(ctx, job, rep, rep.Ungated == 0)
+	var kr kernelRead
+	rep, kr, err = l.kernelReport(ctx, job, rep, rep.Ungated == 0)
 	if err == nil {
-		err = l.startDrains(job, conns, false)
+		err = l.startDrains(job, kr.d, kr.sides.jobConns(kr.conns), false)
 	}
 	// A drain round is a few milliseconds; one that is not delays every
 	// node's next round, so say where the time went.
@@ -449,15 +519,25 @@ func (l *nodeRole) Verify(ctx context.Context, job string) (quiesce.NodeReport, 
 	return rep, err
 }
 
+// kernelRead is one kernel read of the job's connections on this node,
+// with what tells whose they are.
+type kernelRead struct {
+	conns []loader.Conn
+	d     *drainSet
+	sides sides
+}
+
 // kernelReport reads the job's connections on this node. With gated (every
 // gate of the node's ranks closed when it was asked, or the job frozen) it
 // also counts violations against the previous gated report.
-func (l *nodeRole) kernelReport(ctx context.Context, job string, rep quiesce.NodeReport, gated bool) (quiesce.NodeReport, []loader.Conn, error) {
+func (l *nodeRole) kernelReport(ctx context.Context, job string, rep quiesce.NodeReport, gated bool) (quiesce.NodeReport, kernelRead, error) {
 	all, err := l.conns(ctx, job)
 	if err != nil {
-		return rep, nil, err
+		return rep, kernelRead{}, err
 	}
-	mine := withoutProgramsOwn(all)
+	d, sd := l.sidesOf(job, all, false)
+	mine, own := sd.checked(all)
+	rep.Own = own
 	rs := l.Ranks.Ranks(job)
 	rep.Ranks = len(rs)
 	var held []loader.Conn
@@ -528,7 +608,7 @@ func (l *nodeRole) kernelReport(ctx context.Context, job string, rep quiesce.Nod
 			SendQueue: uint64(c.SendQueue), Unread: uint64(c.Unread), Rank: rank})
 	}
 	rep.Empty = len(rep.Conns) == 0 && rep.Ungated == 0
-	return rep, mine, nil
+	return rep, kernelRead{conns: all, d: d, sides: sd}, nil
 }
 
 // violation is a connection that took bytes from its process while every

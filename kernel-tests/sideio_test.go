@@ -11,6 +11,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -46,8 +47,12 @@ func (o jobsOnly) Snapshot(ctx context.Context) ([]loader.Conn, error) {
 }
 
 // sideServerEnv makes the test binary sideio's server (sideServe), writing
-// its report to the file it names.
-const sideServerEnv = "MPIPAUSE_KT_SIDESERVER"
+// its report to the file it names; with sideBackEnv (bytes a second) it
+// also sends that stream back on every rank's own connection.
+const (
+	sideServerEnv = "MPIPAUSE_KT_SIDESERVER"
+	sideBackEnv   = "MPIPAUSE_KT_SIDEBACK"
+)
 
 // TestPauseSideIO is issue 21's end-to-end test, "nothing lost, whatever
 // the program does": a real 3 x 2 job of each library (apps/sideio.c) whose
@@ -65,26 +70,58 @@ const sideServerEnv = "MPIPAUSE_KT_SIDESERVER"
 // checksum of an unpaused run.
 func TestPauseSideIO(t *testing.T) {
 	for _, lib := range mpiLibs {
-		t.Run(lib.name, func(t *testing.T) { testPauseSideIO(t, lib) })
+		t.Run(lib.name, func(t *testing.T) { testPauseSideIO(t, lib, 0) })
 	}
 }
 
-func testPauseSideIO(t *testing.T, lib mpiLib) {
+// TestPauseSideIOTalkBack is TestPauseSideIO with a server that talks back
+// (issue 21: the receive-side drain takes bytes only from the job's own
+// connections): on every rank's own connection it also sends a numbered
+// stream, all the time, paused or not, which the rank reads with raw
+// read/recvfrom syscalls the shim does not wrap, every 2 ms, and checks
+// byte by byte (apps/sideio.c -B). Four of the six ranks reach the server in
+// node1 from another node, where the kernel alone cannot tell their
+// connection from one to a rank. Every pause must still commit with the
+// job's connections empty (the server's unread bytes on the ranks' own
+// connections are not the job's, and stay in the kernel), and every rank
+// must have read the server's whole stream, once and in order: a byte the
+// drain stashed is one the raw reader never sees, and it reports the gap.
+func TestPauseSideIOTalkBack(t *testing.T) {
+	for _, lib := range mpiLibs {
+		// 2 MB/s a rank: some of it is always waiting in the kernel for
+		// the reader's next read when a pause comes.
+		t.Run(lib.name, func(t *testing.T) { testPauseSideIO(t, lib, 2<<20) })
+	}
+}
+
+// testPauseSideIO runs the side I/O job through 50 pauses; back > 0 is the
+// rate (bytes a second a rank) of the server's stream back.
+func testPauseSideIO(t *testing.T, lib mpiLib, back int) {
 	bin := binDir(t)
 	sharedRig(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	t0 := time.Now()
 
-	srv := startSideServer(ctx, t, lib.name)
+	srv := startSideServer(ctx, t, lib.name, back)
 	obs, check := rigReaders(ctx, t)
-	id := fmt.Sprintf("side-%s-%d", lib.name, os.Getpid())
+	name := "side"
+	if back > 0 {
+		name = "sideback"
+	}
+	id := fmt.Sprintf("%s-%s-%d", name, lib.name, os.Getpid())
 	app := filepath.Join(bin, "apps", "sideio."+lib.name)
 	stop := t.TempDir()
 	// -z: a record every 2 ms or so per rank (6 x ~8 MB/s for the server to
 	// check on 2 cores); -F: a child about every 80 ms per rank, so that
 	// every pause finds some children alive, some being forked.
 	args := []string{"-s", "64K", "-H", "node1:" + srv.port, "-D", t.TempDir(), "-F", "40", "-z", "2000"}
+	if back > 0 {
+		args = append(args, "-B", "2000")
+		// What the server sent and the rank has not read yet is the
+		// program's business, as it is on an unpaused job.
+		obs, check = exceptUnreadFrom(obs, srv.addr), exceptUnreadFrom(check, srv.addr)
+	}
 	// To tell one send path's failure from another's: MPIPAUSE_SIDE_ARGS,
 	// e.g. "-k swvm -F 0" (no sendfile, no children); see apps/sideio.c.
 	args = append(args, strings.Fields(os.Getenv("MPIPAUSE_SIDE_ARGS"))...)
@@ -148,6 +185,9 @@ cycles:
 	}
 	rep := srv.report(ctx, t)
 	checkSideReport(t, rep, 6)
+	if back > 0 {
+		checkBack(t, rep, job.out.String(), 6)
+	}
 
 	m := itersRE.FindStringSubmatch(job.out.String())
 	if job.err != nil || m == nil {
@@ -162,9 +202,13 @@ cycles:
 		nbytes += c.Bytes
 		recs += c.Records
 	}
-	t.Logf("%s: %d pauses (%d failed): pause p50 %.1f ms max %.1f ms, resume p50 %.1f ms; server checked %d connections (%d children), %d records, %.1f MiB; %s iterations; start %v, pauses %v, end %v",
+	var backBytes uint64
+	for _, c := range rep.Conns {
+		backBytes += c.BackSent
+	}
+	t.Logf("%s: %d pauses (%d failed): pause p50 %.1f ms max %.1f ms, resume p50 %.1f ms; server checked %d connections (%d children), %d records, %.1f MiB, sent back %.1f MiB; %s iterations; start %v, pauses %v, end %v",
 		lib.name, tried, failed, bench.Percentile(pauseMs, 0.5), bench.Percentile(pauseMs, 1), bench.Percentile(resumeMs, 0.5),
-		len(rep.Conns), len(rep.Conns)-6, recs, float64(nbytes)/(1<<20), m[1],
+		len(rep.Conns), len(rep.Conns)-6, recs, float64(nbytes)/(1<<20), float64(backBytes)/(1<<20), m[1],
 		started.Round(time.Millisecond), paused.Round(time.Millisecond), (time.Since(t0) - started - paused).Round(time.Millisecond))
 }
 
@@ -180,6 +224,7 @@ func failureText(f *ctl.Failure) string {
 type sideServer struct {
 	*proc
 	port, path string
+	addr       netip.AddrPort // as the ranks' connections name it
 }
 
 var listeningRE = regexp.MustCompile(`(?m)^listening (\d+)$`)
@@ -187,15 +232,18 @@ var listeningRE = regexp.MustCompile(`(?m)^listening (\d+)$`)
 // startSideServer runs the test binary as sideio's server in node1, in a
 // cgroup of its own (outside the rig's, so neither the job's nor the
 // readers'), and waits for it to listen.
-func startSideServer(ctx context.Context, t *testing.T, name string) *sideServer {
+func startSideServer(ctx context.Context, t *testing.T, name string, back int) *sideServer {
 	t.Helper()
 	exe, err := os.Executable()
 	if err != nil {
 		t.Fatal(err)
 	}
 	s := &sideServer{path: filepath.Join(t.TempDir(), "report.json")}
-	s.proc = start(ctx, t, jobCgroup(t, "sideserver-"+name), []string{"MPIPAUSE_RIG=" + jobRig, sideServerEnv + "=" + s.path},
-		filepath.Join(binDir(t), "rig"), "exec", "node1", "--", exe)
+	env := []string{"MPIPAUSE_RIG=" + jobRig, sideServerEnv + "=" + s.path, fmt.Sprintf("%s=%d", sideBackEnv, back)}
+	// The cgroup's name is this run's alone: a test of another rig's that
+	// kills its own server's cgroup at its end must not kill this one.
+	cg := jobCgroup(t, fmt.Sprintf("sideserver-%s-%s-%d", jobRig, name, os.Getpid()))
+	s.proc = start(ctx, t, cg, env, filepath.Join(binDir(t), "rig"), "exec", "node1", "--", exe)
 	waitFor(t, "the side server to listen", time.Minute, s.done, func() bool {
 		m := listeningRE.FindStringSubmatch(s.out.String())
 		if m != nil {
@@ -203,7 +251,74 @@ func startSideServer(ctx context.Context, t *testing.T, name string) *sideServer
 		}
 		return m != nil
 	})
+	port, err := strconv.ParseUint(s.port, 10, 16)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// node1 is 10.77.0.2 (docs/rig.md), the address "node1" resolves to.
+	s.addr = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 77, 0, 2}), uint16(port))
 	return s
+}
+
+// unreadFromServer is an observer that takes the bytes waiting on the job's
+// connections to the side server (whose end is outside the job) as read.
+type unreadFromServer struct {
+	loader.Observer
+	server netip.AddrPort
+}
+
+func exceptUnreadFrom(o loader.Observer, server netip.AddrPort) loader.Observer {
+	return unreadFromServer{o, server}
+}
+
+func (o unreadFromServer) Snapshot(ctx context.Context) ([]loader.Conn, error) {
+	cs, err := o.Observer.Snapshot(ctx)
+	for i := range cs {
+		if r := cs[i].Remote; netip.AddrPortFrom(r.Addr().Unmap(), r.Port()) == o.server {
+			cs[i].Unread = 0
+		}
+	}
+	return cs, err
+}
+
+var sideBackRE = regexp.MustCompile(`(?m)^sideio rank=(\d+) side .* back=(\d+)`)
+
+// checkBack: every rank read the server's whole stream back, as much as the
+// server sent on its connection (a byte not as sent the rank itself
+// reports, and fails).
+func checkBack(t *testing.T, r *sideReport, out string, ranks int) {
+	t.Helper()
+	read := map[int]uint64{}
+	for _, m := range sideBackRE.FindAllStringSubmatch(out, -1) {
+		rank, _ := strconv.Atoi(m[1])
+		n, _ := strconv.ParseUint(m[2], 10, 64)
+		read[rank] = n
+	}
+	var bad []string
+	for _, c := range r.Conns {
+		if c.Child != 0 || c.Rank < 0 {
+			continue
+		}
+		n, ok := read[c.Rank]
+		switch {
+		case c.BackErr != "":
+			bad = append(bad, fmt.Sprintf("rank %d: the server's stream back ended after %d bytes: %s", c.Rank, c.BackSent, c.BackErr))
+		case c.BackSent == 0:
+			bad = append(bad, fmt.Sprintf("rank %d: the server sent nothing back", c.Rank))
+		case !ok:
+			bad = append(bad, fmt.Sprintf("rank %d: no line saying how much of the server's %d bytes it read", c.Rank, c.BackSent))
+		case n != c.BackSent:
+			bad = append(bad, fmt.Sprintf("rank %d read %d bytes of the %d the server sent back", c.Rank, n, c.BackSent))
+		}
+		delete(read, c.Rank)
+	}
+	for rank := range read {
+		bad = append(bad, fmt.Sprintf("rank %d: a line saying what it read, but no connection at the server", rank))
+	}
+	if len(bad) > 0 {
+		slices.Sort(bad)
+		t.Errorf("the server's stream back:\n%s", strings.Join(bad, "\n"))
+	}
 }
 
 // report ends the server (SIGTERM) and reads what it verified.
@@ -332,6 +447,10 @@ type sideConn struct {
 	End      bool   `json:"end"` // END, with the byte count it says
 	EOF      bool   `json:"eof"` // end of stream right after END
 	Children uint64 `json:"children"`
+	// The server's stream back on a rank's own connection: bytes the
+	// kernel took, and why it stopped before the rank's end of stream.
+	BackSent uint64 `json:"back_sent,omitempty"`
+	BackErr  string `json:"back_err,omitempty"`
 }
 
 func (c *sideConn) whole() bool { return c.Mismatch < 0 && c.End && c.EOF }
@@ -396,7 +515,7 @@ func sideFile(rank int) []byte {
 // they come and, at SIGTERM (the job has ended), writes what it found to
 // path. It says "listening PORT" once it listens, "parent R" when rank R's
 // own connection says HELLO and "first child R.K" at the first child's.
-func sideServe(path string) int {
+func sideServe(path string, back int) int {
 	ln, err := net.Listen("tcp", ":0")
 	if err != nil {
 		fmt.Println("listen:", err)
@@ -434,8 +553,21 @@ func sideServe(path string) int {
 			conns = append(conns, c)
 			open[nc] = true
 			mu.Unlock()
+			stop := make(chan struct{})
+			var talking sync.WaitGroup
+			hello := func(c *sideConn) {
+				said(c)
+				if back > 0 && c.Child == 0 {
+					talking.Go(func() { sendBack(nc, c, back, stop) })
+				}
+			}
 			wg.Go(func() {
-				verifyConn(nc, c, said)
+				verifyConn(nc, c, hello)
+				// The rank's end of stream: the stream back ends too,
+				// with what the kernel took of it, before our close.
+				close(stop)
+				nc.SetWriteDeadline(time.Unix(1, 0))
+				talking.Wait()
 				nc.Close()
 				mu.Lock()
 				delete(open, nc)
@@ -469,6 +601,51 @@ func sideServe(path string) int {
 		return 1
 	}
 	return 0
+}
+
+// sendBack sends rank c's stream back on nc, rate bytes a second in a
+// piece every 2 ms, until stop: while the rank does not read (paused), the
+// kernel's buffers fill and the write waits.
+func sendBack(nc net.Conn, c *sideConn, rate int, stop <-chan struct{}) {
+	const every = 2 * time.Millisecond
+	buf := make([]byte, max(rate/int(time.Second/every), 8))
+	seed := backSeed(c.Rank)
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		fillBack(buf, seed, c.BackSent)
+		n, err := nc.Write(buf)
+		c.BackSent += uint64(n)
+		if err != nil {
+			select {
+			case <-stop:
+			default:
+				c.BackErr = err.Error()
+			}
+			return
+		}
+	}
+}
+
+// The stream back of apps/sideio.c: byte off is byte off%8 of the
+// little-endian word mix64(seed + off/8).
+func backSeed(rank int) uint64 { return mix64(0x6261636b73747265 + uint64(rank)) }
+
+func fillBack(b []byte, seed, off uint64) {
+	w, wi := uint64(0), ^uint64(0)
+	for i := range b {
+		o := off + uint64(i)
+		if o/8 != wi {
+			wi = o / 8
+			w = mix64(seed + wi)
+		}
+		b[i] = byte(w >> (8 * (o % 8)))
+	}
 }
 
 // verifyConn reads one connection to its end, checking each record against
@@ -590,5 +767,6 @@ func sideServerMain() (int, bool) {
 	if path == "" {
 		return 0, false
 	}
-	return sideServe(path), true
+	back, _ := strconv.Atoi(os.Getenv(sideBackEnv))
+	return sideServe(path, back), true
 }

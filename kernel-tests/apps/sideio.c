@@ -18,6 +18,18 @@
 // it; the parent's also the number of children it forked), then
 // shutdown(SHUT_WR), and the parent reads until the server closes.
 //
+// With -B the server also talks back: it sends a numbered stream on every
+// rank's own connection, all the time, paused or not, and a third thread of
+// the rank reads it with raw syscall(SYS_read) and syscall(SYS_recvfrom),
+// which the shim does not wrap, as a program's own client library might,
+// checking every byte (back_byte) until the server closes. A byte lost,
+// repeated or out of order (the shim's receive-side drain taking bytes from
+// a connection that is not the job's: they wait in its stash for a wrapped
+// read that never comes) is reported on stderr, with where the bytes it read
+// instead come from in the stream, and fails the rank (exit 1); the rank's
+// line says how many bytes it read (back=), for the test to compare with
+// what the server sent.
+//
 // Record: a 40-byte header (struct rec) and len bytes of body. A body is
 // fill(len, body_seed(rank, child, seq)), or for sendfile bytes
 // [arg, arg+len) of the rank's file, which is fill(FILE_SIZE,
@@ -26,7 +38,7 @@
 // offset.
 //
 // Usage: sideio [-n iters] [-s bytes[K|M]] [-E dir] [-H host:port] [-D dir]
-//               [-F records] [-z usec] [-k ways] [-x ranks]
+//               [-F records] [-z usec] [-k ways] [-B usec] [-x ranks]
 //   -E dir   rank 0 looks for dir/stop after every iteration and all ranks
 //            stop after the one where it appeared (at most -n iterations);
 //            the result line gives the iterations run.
@@ -36,6 +48,9 @@
 //   -z usec  pause between two records of the parent.
 //   -k ways  the ways records are sent, among s (send), w (write), v
 //            (writev), m (sendmsg) and f (sendfile): all by default.
+//   -B usec  read the server's stream back (the server must send one),
+//            pausing usec between two reads, so that its bytes wait in the
+//            kernel as a slow reader's would.
 //   -x ranks print the expected checksum for that many ranks, without MPI.
 #define _GNU_SOURCE
 #include <errno.h>
@@ -52,6 +67,7 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -159,6 +175,11 @@ struct side {
 	int nkids, capkids;
 	uint32_t forked;
 	uint64_t records, bytes;
+	// The server's stream back (-B): back_gap < 0 means none.
+	long back_gap;
+	int back_fd;
+	uint64_t back_bytes; // read, up to end of stream
+	int back_failed;
 };
 
 // conn is one connection's sending state.
@@ -385,6 +406,100 @@ static int spawn(struct side *s)
 	return 0;
 }
 
+// ---- the server's stream back (-B) ----
+
+// Byte off of rank's stream back is byte off%8 of word off/8, a 64-bit
+// little-endian mix of the word's number: a byte found at the wrong offset
+// shows which offset it belongs to (back_where).
+static uint64_t back_seed(int rank)
+{
+	return mix64(0x6261636b73747265ULL + (uint64_t)rank);
+}
+
+static uint64_t back_word(uint64_t seed, uint64_t i)
+{
+	return mix64(seed + i);
+}
+
+// back_where says where n (1..16) bytes read at offset off belong in the
+// stream: the first offset within 64 MiB past off where they occur.
+static void back_where(uint64_t seed, uint64_t off, const unsigned char *got, size_t n, char *out, size_t outlen)
+{
+	uint64_t end = (off + (64u << 20)) / 8;
+	for (uint64_t j = 0; j < end; j++) {
+		unsigned char w[24];
+		for (int k = 0; k < 3; k++) {
+			uint64_t x = back_word(seed, j + (uint64_t)k);
+			for (int b = 0; b < 8; b++)
+				w[8 * k + b] = (unsigned char)(x >> (8 * b));
+		}
+		for (int a = 0; a < 8; a++) {
+			if (memcmp(w + a, got, n) != 0)
+				continue;
+			uint64_t at = 8 * j + (uint64_t)a;
+			if (at > off)
+				snprintf(out, outlen, "they are bytes %" PRIu64 ".. of the stream: later bytes first, %" PRIu64 " bytes never read", at, at - off);
+			else
+				snprintf(out, outlen, "they are bytes %" PRIu64 ".. of the stream: earlier bytes again", at);
+			return;
+		}
+	}
+	snprintf(out, outlen, "they are not from the stream's first %" PRIu64 " bytes", 8 * end);
+}
+
+// raw_read reads with the kernel's own calls, alternately read and
+// recvfrom, never the shim's wrappers: a stash the shim made of this
+// socket's bytes stays where only a wrapped read would find it.
+static ssize_t raw_read(int fd, unsigned char *b, size_t n, unsigned long k)
+{
+	if (k % 2 == 0)
+		return syscall(SYS_read, fd, b, n);
+	return syscall(SYS_recvfrom, fd, b, n, 0, NULL, NULL);
+}
+
+static void *back_main(void *arg)
+{
+	struct side *s = arg;
+	static unsigned char buf[65536];
+	uint64_t seed = back_seed(s->rank), off = 0, wi = UINT64_MAX, w = 0;
+	struct timespec gap = {s->back_gap / 1000000, s->back_gap % 1000000 * 1000};
+	for (unsigned long k = 0;; k++) {
+		ssize_t got = raw_read(s->back_fd, buf, sizeof(buf), k);
+		if (got == 0)
+			break;
+		if (got < 0 && errno == EINTR)
+			continue;
+		if (got < 0) {
+			fprintf(stderr, "sideio: rank %d: back stream: read after %" PRIu64 " bytes: %s\n", s->rank, off,
+				strerror(errno));
+			s->back_failed = 1;
+			break;
+		}
+		if (s->back_failed) {
+			off += (uint64_t)got; // only counts, to the end of stream
+			continue;
+		}
+		for (ssize_t i = 0; i < got; i++, off++) {
+			if (off / 8 != wi)
+				wi = off / 8, w = back_word(seed, wi);
+			if (buf[i] == (unsigned char)(w >> (8 * (off % 8))))
+				continue;
+			char where[160];
+			size_t n = (size_t)(got - i) < 16 ? (size_t)(got - i) : 16;
+			back_where(seed, off, buf + i, n, where, sizeof(where));
+			fprintf(stderr, "sideio: rank %d: back stream: byte %" PRIu64 " not as sent (read %zd bytes at %" PRIu64 "): %s\n",
+				s->rank, off, got, off - (uint64_t)i, where);
+			s->back_failed = 1;
+			off += (uint64_t)(got - i);
+			break;
+		}
+		if (s->back_gap > 0 && !s->back_failed)
+			nanosleep(&gap, NULL);
+	}
+	s->back_bytes = off;
+	return NULL;
+}
+
 static void *side_main(void *arg)
 {
 	struct side *s = arg;
@@ -392,8 +507,20 @@ static void *side_main(void *arg)
 	c = (struct conn){.rank = s->rank, .rng = body_seed(s->rank, 0, 0x706172)};
 	struct timespec gap = {s->gap_usec / 1000000, s->gap_usec % 1000000 * 1000};
 	const char *what = "connect";
+	pthread_t back_thread;
+	int back = 0;
 	c.fd = dial(s);
-	if (c.fd < 0 || hello(&c) != 0)
+	if (c.fd < 0)
+		goto fail;
+	if (s->back_gap >= 0) {
+		s->back_fd = c.fd;
+		what = "back stream thread";
+		if ((errno = pthread_create(&back_thread, NULL, back_main, s)) != 0)
+			goto fail;
+		back = 1;
+		what = "connect";
+	}
+	if (hello(&c) != 0)
 		goto fail;
 	what = "send";
 	while (!atomic_load(&s->stop)) {
@@ -414,6 +541,11 @@ static void *side_main(void *arg)
 		goto fail;
 	// The server closes once it has read everything up to our end of
 	// stream: the parent's connection is known delivered.
+	if (back) {
+		pthread_join(back_thread, NULL);
+		s->failed |= s->back_failed;
+		goto done;
+	}
 	what = "read";
 	for (char b[256];;) {
 		ssize_t k = read(c.fd, b, sizeof(b));
@@ -426,6 +558,7 @@ static void *side_main(void *arg)
 		fprintf(stderr, "sideio: rank %d: the server sent %zd bytes\n", s->rank, k);
 		s->failed = 1;
 	}
+done:
 	close(c.fd);
 	reap(s, 1);
 	s->records = c.seq, s->bytes = c.sent;
@@ -433,6 +566,10 @@ static void *side_main(void *arg)
 fail:
 	fprintf(stderr, "sideio: rank %d: side connection: %s: %s\n", s->rank, what, strerror(errno));
 	s->failed = 1;
+	if (back) {
+		shutdown(c.fd, SHUT_RDWR); // the reader's end of stream
+		pthread_join(back_thread, NULL);
+	}
 	if (c.fd >= 0)
 		close(c.fd);
 	reap(s, 1);
@@ -481,8 +618,8 @@ int main(int argc, char **argv)
 	int iters = 10, expect_ranks = 0, c;
 	size_t bytes = 64 << 10;
 	const char *stop_dir = NULL, *server = NULL, *body_dir = "/tmp";
-	long fork_every = 0, gap_usec = 0;
-	while ((c = getopt(argc, argv, "n:s:E:H:D:F:z:k:x:")) != -1) {
+	long fork_every = 0, gap_usec = 0, back_gap = -1;
+	while ((c = getopt(argc, argv, "n:s:E:H:D:F:z:k:B:x:")) != -1) {
 		switch (c) {
 		case 'n':
 			iters = atoi(optarg);
@@ -518,12 +655,17 @@ int main(int argc, char **argv)
 			if (nways == 0)
 				return 2;
 			break;
+		case 'B':
+			back_gap = atol(optarg);
+			if (back_gap < 0)
+				return 2;
+			break;
 		case 'x':
 			expect_ranks = atoi(optarg);
 			break;
 		default:
 			fprintf(stderr, "usage: sideio [-n iters] [-s bytes] [-E dir] [-H host:port] [-D dir] [-F records] "
-					"[-z usec] [-k ways] [-x ranks]\n");
+					"[-z usec] [-k ways] [-B usec] [-x ranks]\n");
 			return 2;
 		}
 	}
@@ -539,7 +681,7 @@ int main(int argc, char **argv)
 
 	static struct side s;
 	pthread_t side_thread;
-	s.rank = rank, s.fork_every = fork_every, s.gap_usec = gap_usec;
+	s.rank = rank, s.fork_every = fork_every, s.gap_usec = gap_usec, s.back_gap = back_gap;
 	if (server) {
 		if (resolve(server, &s) != 0 || (s.file = make_body(body_dir, rank)) < 0) {
 			fprintf(stderr, "sideio: rank %d: server %s or body in %s: %s\n", rank, server, body_dir,
@@ -600,8 +742,11 @@ int main(int argc, char **argv)
 		atomic_store(&s.stop, 1);
 		pthread_join(side_thread, NULL);
 		failed = s.failed;
-		printf("sideio rank=%d side records=%" PRIu64 " bytes=%" PRIu64 " children=%u%s\n", rank, s.records,
-		       s.bytes, s.forked, failed ? " FAILED" : "");
+		char back[40] = "";
+		if (back_gap >= 0)
+			snprintf(back, sizeof(back), " back=%" PRIu64, s.back_bytes);
+		printf("sideio rank=%d side records=%" PRIu64 " bytes=%" PRIu64 " children=%u%s%s\n", rank, s.records,
+		       s.bytes, s.forked, back, failed ? " FAILED" : "");
 		fflush(stdout);
 	}
 	uint64_t *all = rank == 0 ? calloc((size_t)nranks, sizeof(*all)) : NULL;

@@ -8,8 +8,8 @@ import (
 	"time"
 )
 
-// NodeState is what a node last did for a job, for status reports (G3: say
-// exactly what state each node is in).
+// NodeState is what a node last did for a job, for status reports (G3,
+// docs/guarantees.md: say exactly what state each node is in).
 type NodeState struct {
 	// Kind is the last step executed, successfully or not.
 	Kind  Kind   `json:"kind"`
@@ -60,14 +60,16 @@ type jobState struct {
 	// prepared is the epoch of the last pause this agent ran PREPARE for:
 	// its later steps need it. An agent that did not (its mpid restarted
 	// mid-pause) would otherwise drain, freeze and commit ranks whose
-	// gates it never closed, and a message could be cut in half (G1).
+	// gates it never closed, and a message could be cut in half (G1,
+	// docs/guarantees.md).
 	prepared uint64
 }
 
 // DefaultLeaseGrace is how long after a pause step's deadline a node waits
 // for the next step before it rolls the job back on its own: a coordinator
 // that died or lost the node mid-pause must not leave its ranks gated or
-// frozen for ever (G3). A committed pause holds without a lease.
+// frozen for ever (G3, docs/guarantees.md). A committed pause holds
+// without a lease.
 const DefaultLeaseGrace = 2 * time.Second
 
 // flight is a request being served, or served, on this node: reply is

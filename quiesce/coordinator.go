@@ -25,7 +25,8 @@ type Options struct {
 	Verify    time.Duration `json:"verify_ns"`
 	Commit    time.Duration `json:"commit_ns"`
 	// Abort bounds the rollback. It runs even when the caller's context is
-	// cancelled, because leaving ranks frozen is the worse outcome (G3).
+	// cancelled, because leaving ranks frozen is the worse outcome (G3,
+	// docs/guarantees.md).
 	Abort  time.Duration `json:"abort_ns"`
 	Resume time.Duration `json:"resume_ns"`
 	// Rethaws bounds the attempts after a VERIFY that found bytes: THAW
@@ -407,7 +408,8 @@ func (c *Coordinator) Pause(ctx context.Context, job string, nodes []string) (Re
 }
 
 // drainTimeout says why the drain deadline passed: bytes still held
-// (ErrNotEmpty, the case G2 asks to report), or only unreachable nodes.
+// (ErrNotEmpty, the case G2 asks to report: docs/guarantees.md), or only
+// unreachable nodes.
 func drainTimeout(rounds int, last Report) error {
 	if _, unreached, holding := last.split(); holding == 0 && unreached > 0 {
 		// Nobody is known to hold bytes: the network, not the job, failed.

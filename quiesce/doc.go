@@ -30,8 +30,8 @@
 //
 // A VERIFY that finds bytes is followed by THAW (gates stay closed) and
 // another DRAIN, FREEZE and VERIFY, at most [Options.Rethaws] times
-// (DESIGN.md's "thaw and go back to DRAIN"). Not here: persistence of a
-// paused job across daemon restarts (G5), which is mpid's (its state
+// (docs/guarantees.md, G1). Not here: persistence of a paused job across
+// daemon restarts (G5, docs/guarantees.md), which is mpid's (its state
 // records); peers are authenticated here, under the cluster key (tls.go).
 //
 // Ordering: every request carries (Epoch, Seq). A coordinator picks a fresh

@@ -13,9 +13,10 @@ import "context"
 // must return when ctx is done, with an error if it did not finish.
 type Node interface {
 	// Prepare closes the send gates of every rank of the job on this node. A
-	// gate closes per socket at a send-call boundary (G2); Prepare returns once
-	// every shim has been told, not once every gate is closed: sockets still
-	// owing part of a frame are reported by Drain as Ungated.
+	// gate closes per socket at a send-call boundary (G2,
+	// docs/guarantees.md); Prepare returns once every shim has been told,
+	// not once every gate is closed: sockets still owing part of a frame are
+	// reported by Drain as Ungated.
 	Prepare(ctx context.Context, job string) error
 	// Drain reports the job's sockets on this node as they are now: Empty, or
 	// the connections still holding bytes, the sockets not yet gated and any
@@ -25,8 +26,9 @@ type Node interface {
 	// Freeze freezes the job's ranks on this node and returns once the kernel
 	// reports them frozen.
 	Freeze(ctx context.Context, job string) error
-	// Verify is the final check, read from the kernel after Freeze (G1): the
-	// same report as Drain, but from a source the ranks can no longer change.
+	// Verify is the final check, read from the kernel after Freeze (G1,
+	// docs/guarantees.md): the same report as Drain, but from a source the
+	// ranks can no longer change.
 	Verify(ctx context.Context, job string) (NodeReport, error)
 	// Thaw unfreezes the job's ranks. Thawing a job that is not frozen is a
 	// successful no-op.

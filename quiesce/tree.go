@@ -2,7 +2,8 @@ package quiesce
 
 import "math/bits"
 
-// The binomial tree of SEEDS.md §4, rooted at index 0 (the coordinator). Node
+// The binomial tree of OpenXM's broadcast and reduction (docs/guarantees.md,
+// "Where the protocol comes from"), rooted at index 0 (the coordinator). Node
 // i's parent is i with its lowest set bit cleared; its children are i+m for the
 // powers of two m below that bit. Child c's subtree is the contiguous range
 // [c, c+lowbit(c)), which is again a binomial tree rooted at its first

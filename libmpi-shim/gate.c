@@ -8,17 +8,17 @@
 // byte store recording whether the call was short. Nothing else, so that the
 // return value and errno of every call are exactly the real call's.
 //
-// Closed gate, per TCP socket (G2, DESIGN.md): a socket whose last send call
-// was short (the kernel took fewer bytes than asked: the library is in the
-// middle of a message and will call again with the rest) stays open until
-// one call completes in full; from then on it is gated. A gated socket's
-// sends are accepted and held in the shim (accept-and-hold): the caller is
-// told every byte went, nothing reaches the kernel, and the library goes on
-// receiving, so the job's connections drain. Why hold rather than block or
-// refuse with EAGAIN: blocking stops a single-threaded library from
-// receiving, so its peers' bytes stay unread and the pause never converges;
-// a synthetic EAGAIN leaves an edge-triggered event loop (UCX uses epoll
-// with EPOLLET) waiting for an EPOLLOUT edge that never comes, because the
+// Closed gate, per TCP socket (G2, docs/guarantees.md): a socket whose last
+// send call was short (the kernel took fewer bytes than asked: the library is
+// in the middle of a message and will call again with the rest) stays open
+// until one call completes in full; from then on it is gated. A gated
+// socket's sends are accepted and held in the shim (accept-and-hold): the
+// caller is told every byte went, nothing reaches the kernel, and the library
+// goes on receiving, so the job's connections drain. Why hold rather than
+// block or refuse with EAGAIN: blocking stops a single-threaded library from
+// receiving, so its peers' bytes stay unread and the pause never converges; a
+// synthetic EAGAIN leaves an edge-triggered event loop (UCX uses epoll with
+// EPOLLET) waiting for an EPOLLOUT edge that never comes, because the
 // kernel's socket was never full. Holding is invisible to the library.
 //
 // Reopening flushes each socket's held bytes, in order, from the thread that

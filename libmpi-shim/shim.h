@@ -79,7 +79,8 @@ extern unsigned char *mpp_fd_short;
 extern int mpp_nfds;
 
 // mpp_note_short is the fast path's only bookkeeping: whether the last call
-// on fd left part of the caller's bytes unsent (G2's call boundary).
+// on fd left part of the caller's bytes unsent (G2's call boundary,
+// docs/guarantees.md).
 static inline __attribute__((always_inline)) void mpp_note_short(int fd, ssize_t r, size_t want)
 {
 	if ((unsigned)fd < (unsigned)mpp_nfds)

@@ -1,6 +1,7 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// SIGTSTP and SIGCONT, as the patent has it (SEEDS.md §1): once the rank
+// SIGTSTP and SIGCONT, as in the patent the protocol comes from
+// (docs/guarantees.md, "Where the protocol comes from"): once the rank
 // is registered, SIGTSTP (a scheduler's suspend, Hydra's proxy forwarding
 // Ctrl-Z, or kill -TSTP by hand) does not stop the process; it asks the
 // node's mpid to pause the whole job, and SIGCONT asks it to resume.

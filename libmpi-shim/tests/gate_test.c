@@ -284,8 +284,8 @@ static void *open_thread(void *st)
 	return NULL;
 }
 
-// G2: a socket whose last call was short stays open until a call completes
-// in full, then is gated.
+// G2 (docs/guarantees.md): a socket whose last call was short stays open
+// until a call completes in full, then is gated.
 static void test_call_boundary(void)
 {
 	int s[2];

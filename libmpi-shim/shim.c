@@ -3,8 +3,9 @@
 // libmpipause.so: the rank-side gate, preloaded into unmodified MPI programs.
 //
 // gate.c and wrap.c are the send gate. This file is the library's frame:
-// its constructor, and the control entry points that mpid's channel (not
-// yet written: see the shim issue's notes) and the C tests drive.
+// its constructor, and the control entry points through which the C tests
+// play mpid's part (the rank channel to mpid calls the same functions
+// directly).
 #include "shim.h"
 
 // mpipause_shim_version lets mpid and tests check which shim a rank loaded.

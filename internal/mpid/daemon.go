@@ -70,7 +70,7 @@ type Config struct {
 	// Nice is the scheduling niceness of every mpid thread (0: leave it).
 	Nice int
 	// StateDir holds the records of paused jobs that let a restarted mpid
-	// resume them (G5); default /run/mpipause/mpid-<Node>.
+	// resume them (G5, docs/guarantees.md); default /run/mpipause/mpid-<Node>.
 	StateDir string
 	// ClusterKey is the cluster's keys (quiesce keys.go): the peer port's
 	// TLS certificates derive from them (quiesce tls.go), and so do job
@@ -270,7 +270,8 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 	agent.Self = d.cfg.Node
 	agent.OnExpire = func(job string, err error) {
 		// The coordinator died or lost this node mid-pause: the agent
-		// thawed and reopened the job here on its own (G3).
+		// thawed and reopened the job here on its own (G3,
+		// docs/guarantees.md).
 		d.metrics.LeaseExpired()
 		if err != nil {
 			d.log.Error("pause abandoned by its coordinator; rolling back here failed", "job", job, "error", err)

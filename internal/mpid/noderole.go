@@ -510,7 +510,8 @@ func (l *nodeRole) Drain(ctx context.Context, job string) (quiesce.NodeReport, e
 const slowStep = 100 * time.Millisecond
 
 // Verify is the kernel's report after the freeze: the ranks cannot answer
-// now, and need not: only the kernel's queues count (G1).
+// now, and need not: only the kernel's queues count (G1,
+// docs/guarantees.md).
 func (l *nodeRole) Verify(ctx context.Context, job string) (quiesce.NodeReport, error) {
 	if err := l.gone(job, true); err != nil {
 		return quiesce.NodeReport{Node: l.Name}, err

@@ -14,12 +14,14 @@ import (
 	"github.com/mpipause/mpipause/internal/ctl"
 )
 
-// G5 (durable): a paused job stays paused across a restart of mpid. The
-// ranks' cgroups stay frozen without mpid; what a new mpid needs is which
-// jobs they are, their owners, and, on the coordinator, the job's nodes, to
-// resume it everywhere. The coordinator writes a record when a pause
-// commits and removes it when the job resumes or ends; every node, at
-// start, adopts the job cgroups it finds under its cgroup parent.
+// G5 (durable, docs/guarantees.md): a paused job stays paused across a
+// restart of mpid. The ranks' cgroups stay frozen without mpid; what a new
+// mpid needs is which jobs they are, their owners, and, on the coordinator,
+// the job's nodes, to resume it everywhere. The coordinator writes a record
+// before a pause's first step (pausing: a successor rolls it back) and again
+// once it holds (paused); every other node writes one at COMMIT, before it
+// acknowledges. A thaw or the job's end removes it; every node, at start,
+// adopts the job cgroups it finds under its cgroup parent.
 //
 // A record is written whole or not at all (a temporary file, fsync, rename,
 // fsync of the directory) and carries a SHA-256 of its content: a torn or

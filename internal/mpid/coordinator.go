@@ -302,10 +302,11 @@ func (c *coordinator) confirmRollback(id string, nodes []string) {
 // rollbackRetries bounds confirmRollback: about half an hour.
 const rollbackRetries = 64
 
-// forward passes a pause or resume to the job's coordinator (the mpid of
-// rank 0's node) over the peer port, and returns its answer. The user's uid
-// travels with it: the coordinator applies the same ownership rule.
-// (Nothing authenticates the peers yet: the cluster key is the next issue's.)
+// forward passes a pause or resume to the job's coordinator (the mpid the
+// job key names) over the peer port, and returns its answer. The user's uid
+// travels with it: the coordinator applies the same ownership rule, and
+// believes the uid because only a holder of the cluster key can speak on
+// the peer port (TLS, docs/security.md, "The peer port").
 func (c *coordinator) forward(ctx context.Context, to string, req ctl.Request, uid uint32) (ctl.Job, error) {
 	drain := req.Timeout
 	if drain <= 0 {

@@ -17,8 +17,8 @@
 //     on its [Node], merges the children's reports and replies. It deduplicates retried and
 //     duplicated requests and refuses stale ones, so that a late FREEZE can
 //     never freeze a node after the ABORT that rolled it back.
-//   - [Coordinator]: the coordinator role (the mpid on rank 0's node):
-//     [Coordinator.Pause] and [Coordinator.Resume].
+//   - [Coordinator]: the coordinator role (in mpid, the node the job key
+//     names): [Coordinator.Pause] and [Coordinator.Resume].
 //   - [Transport]: request/response delivery between daemons;
 //     [MemNetwork] is the in-memory implementation with injected delays,
 //     duplicates and drops; [TCPTransport] and [ServeTCP] speak

@@ -41,7 +41,8 @@ func (s TCPState) String() string {
 //
 // The sequence fields are the kernel's own 32-bit counters; SendQueue and
 // Unread are derived from them (or, for sock_diag, reported by the kernel as
-// wqueue/rqueue), so that G1 (DESIGN.md) reads: SendQueue == 0 && Unread == 0.
+// wqueue/rqueue), so that G1 (docs/guarantees.md) reads: SendQueue == 0 &&
+// Unread == 0.
 type Conn struct {
 	Cookie uint64 // socket cookie: stable identity of the socket for its lifetime
 	Local  netip.AddrPort
@@ -84,7 +85,7 @@ type Conn struct {
 }
 
 // Empty reports whether nothing is in flight on the connection in either
-// direction: the wire-empty condition G1 of DESIGN.md.
+// direction: the wire-empty condition G1 of docs/guarantees.md.
 func (c Conn) Empty() bool { return c.SendQueue == 0 && c.Unread == 0 }
 
 // Observer reads a job's TCP connections from the kernel.

@@ -122,9 +122,9 @@ type TCPSocket struct {
 	// but LISTEN, tcp_diag_get_info (net/ipv4/tcp_diag.c) sets
 	//	rqueue = max(rcv_nxt - copied_seq, 0)  received, not yet read
 	//	wqueue = write_seq - snd_una           written, not yet acknowledged
-	// which are exactly the two queues of G1 (DESIGN.md). For LISTEN they
-	// are the accept backlog and its limit; TIME_WAIT and request sockets
-	// report 0.
+	// which are exactly the two queues of G1 (docs/guarantees.md). For
+	// LISTEN they are the accept backlog and its limit; TIME_WAIT and
+	// request sockets report 0.
 	RQueue uint32
 	WQueue uint32
 	// UID owns the socket (0 for TIME_WAIT and request sockets), mapped

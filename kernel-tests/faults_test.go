@@ -23,7 +23,8 @@ import (
 // hear no further step; once the step's deadline and the lease's grace have
 // passed, each rolls the pause back on its own (their mpids say so), nothing
 // is left frozen, and the job, whose node0 ranks reopen their gates when
-// their mpid goes, finishes with the output of an unpaused run (G3).
+// their mpid goes, finishes with the output of an unpaused run (G3,
+// docs/guarantees.md).
 func TestCoordinatorDiesMidPause(t *testing.T) {
 	bin := binDir(t)
 	sharedRig(t)
@@ -63,12 +64,12 @@ func TestCoordinatorDiesMidPause(t *testing.T) {
 	job.end(ctx, t, "the job after its coordinator died mid-pause")
 }
 
-// TestMpidRestartWhilePaused (G5): the mpids of the coordinator (node0) and
-// of node2 are killed while a job is paused and started again. The job
-// stays frozen throughout; the new mpids find it (paused, with its nodes on
-// the coordinator, from the record written at COMMIT); a second pause is
-// refused as such; `mpipause resume` resumes it on every node; its output is
-// that of an unpaused run.
+// TestMpidRestartWhilePaused (G5, docs/guarantees.md): the mpids of the
+// coordinator (node0) and of node2 are killed while a job is paused and
+// started again. The job stays frozen throughout; the new mpids find it
+// (paused, with its nodes on the coordinator, from the record written at
+// COMMIT); a second pause is refused as such; `mpipause resume` resumes it
+// on every node; its output is that of an unpaused run.
 func TestMpidRestartWhilePaused(t *testing.T) {
 	bin := binDir(t)
 	sharedRig(t)

@@ -74,8 +74,9 @@ type cell struct{ trials, rolled, completed, stuck, wrong int }
 // plus a random delay), many times, on real Open MPI and MPICH jobs, and
 // prints the table: fault x phase x trials x outcome, and the jobs whose
 // output differed from an unpaused run. Stuck and differed must be 0, and
-// every outcome must be one the fault allows (G3: rolled back everywhere or
-// completed everywhere, never split; a pause with a node lost rolls back).
+// every outcome must be one the fault allows (G3, docs/guarantees.md: rolled
+// back everywhere or completed everywhere, never split; a pause with a node
+// lost rolls back).
 // MPIPAUSE_FAULT_TRIALS sets the trials per cell (default 3),
 // MPIPAUSE_FAULT_SEED the random seed (printed), MPIPAUSE_FAULT_ONLY a
 // substring of "fault phase" to run only matching cells.

@@ -10,9 +10,10 @@
 //   CLOSE -> CLOSED <state>     STATE -> STATE <state>     OPEN -> OPENED flushed=<n> errors=<n>
 //   REOPEN [gen] -> REOPENED, at once, then "EVENT flushed bytes=<n> errors=<n> errno=<e>" after the
 //                   flush; "REOPENED stale" (no event) if the gate is open or in another generation
-//   DRAIN -> DRAINING sockets=<n> stashed=<bytes>: while the gate stays closed this thread moves
-//            what arrives on the process's TCP sockets into their stashes (stash.c); "DRAINING off"
-//            if the gate is open; "DRAINING disabled" with MPIPAUSE_RECV_DRAIN=0
+//   DRAIN <n>, then n socket cookies in lines "C <hex> ..." -> DRAINING sockets=<n> stashed=<bytes>:
+//            while the gate stays closed this thread moves what arrives on those of the process's
+//            sockets into their stashes (stash.c), and leaves every other socket alone;
+//            "DRAINING off" if the gate is open; "DRAINING disabled" with MPIPAUSE_RECV_DRAIN=0
 // and, unasked, "EVENT pause" / "EVENT resume" when the rank gets SIGTSTP /
 // SIGCONT (sig.c); where <state> is "gate=<open|closed|flushing> gated=<n> closing=<n> held=<bytes>".
 // mpid checks the HELLO's pid against the connection's SO_PEERCRED; the

@@ -106,7 +106,7 @@ test-cluster-script: build ## the cluster e2e script of vagrant/ (docs/vagrant.m
 
 BENCH_DIR ?= bench-results
 BENCH_ENV = $(PRIV) MPIPAUSE_BIN=$(BIN) MPIPAUSE_BENCH_DIR=$(abspath $(BENCH_DIR))
-bench: deps build ## the benchmark suite (not in make test, ~30 min): prints one table; CSV and SVG plots in BENCH_DIR (bench-results)
+bench: deps build ## the benchmark suite (not in make test, ~20 min when last timed): prints one table; CSV and SVG plots in BENCH_DIR (bench-results)
 	@rm -rf $(BENCH_DIR) && mkdir -p $(BENCH_DIR); rc=0; \
 	step() { echo "bench: $$1" >&2; shift; "$$@" 2>&1 | tee -a $(BENCH_DIR)/bench.log | { grep -E '^(Benchmark|--- FAIL|FAIL|panic|bench: |pause |overhead |snapshot |scale )|_test.go:' || true; }; \
 		[ $${PIPESTATUS[0]} -eq 0 ] || { echo "bench: that step FAILED (see $(BENCH_DIR)/bench.log)" >&2; rc=1; }; }; \

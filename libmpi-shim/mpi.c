@@ -2,7 +2,7 @@
 //
 // MPI_Init, MPI_Init_thread and MPI_Finalize, interposed without relinking:
 // the real functions come from dlsym(RTLD_NEXT). After the real init the
-// rank learns who it is and registers with the node's mpid (ctl.c).
+// rank learns who it is and registers with the node's mpid (rankchan.c).
 //
 // The shim is built once for every MPI: it includes no mpi.h. The few PMPI
 // calls it makes (only when the job id must be agreed on) use the ABI of

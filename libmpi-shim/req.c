@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// Decoding of mpid's requests on the rank channel (ctl.c): the bytes come
+// Decoding of mpid's requests on the rank channel (rankchan.c): the bytes come
 // from another process, so this file depends on nothing else of the shim
 // and is fuzzed on its own (tests/fuzz_request.c, make fuzz).
 #include "req.h"

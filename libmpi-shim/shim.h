@@ -130,11 +130,11 @@ void mpp_gate_open(struct mpp_gate_stats *st); // forced: flush everything, then
 int mpp_gate_flushing(long gen);
 void mpp_gate_flush(struct mpp_gate_stats *st, int word);
 void mpp_gate_state(struct mpp_gate_stats *st);
-// The rank channel to mpid (ctl.c): start after MPI_Init with the HELLO
+// The rank channel to mpid (rankchan.c): start after MPI_Init with the HELLO
 // line, stop at MPI_Finalize.
 void mpp_ctl_start(const char *hello);
 void mpp_ctl_stop(void);
-// The early JOIN (ctl.c), from the library's constructor: a rank of a job
+// The early JOIN (rankchan.c), from the library's constructor: a rank of a job
 // named by MPIPAUSE_JOBID asks mpid to move it into the job's cgroup before
 // it creates any socket (the kernel charges a socket to its creator's
 // cgroup for good). At most JOIN_TIMEOUT_MS; never fails the process.

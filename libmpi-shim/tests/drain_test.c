@@ -1,8 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // C tests of the receive-side drain as mpid drives it, over the real rank
-// channel (ctl.c) with libmpipause.so preloaded: this process plays mpid on
-// an abstract unix socket, and the rank's part with loopback TCP pairs.
+// channel (rankchan.c) with libmpipause.so preloaded: this process plays mpid
+// on an abstract unix socket, and the rank's part with loopback TCP pairs.
 // Run by `make -C libmpi-shim test` with MPIPAUSE_STASH_MAX_MB=1.
 //
 // - only_job_sockets: a process with a connection of its own (a database

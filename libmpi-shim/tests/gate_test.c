@@ -533,7 +533,7 @@ static void test_signals(void)
 	CHECK(app_tstp == 1, "a SIG_DFL application handler ran");
 }
 
-// The early JOIN (ctl.c): the formatting and the job id rules.
+// The early JOIN (rankchan.c): the formatting and the job id rules.
 static void test_join_line(void)
 {
 	int (*line)(char *, size_t, const char *, long, const char *) =

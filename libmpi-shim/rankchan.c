@@ -1,7 +1,8 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// The shim's channel to the node's mpid: one unix stream connection per
-// rank, opened after MPI_Init, served by a thread of the shim.
+// The rank channel: the shim's channel to the node's mpid (whose end is
+// internal/ranks), one unix stream connection per rank, opened after
+// MPI_Init, served by a thread of the shim.
 //
 // Protocol (docs/ARCHITECTURE.md, "Rank channel"): text lines. The shim
 // says

@@ -1,390 +1,22 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// The wrapped waits: poll, ppoll, select, pselect, epoll_wait, epoll_pwait,
-// epoll_pwait2 and the fortified __poll_chk and __ppoll_chk. While a pause
-// is in progress the control thread empties the rank's TCP receive queues
-// into stashes (stash.c); the kernel then reports those sockets empty, so
-// an event loop would never learn that its bytes are there. These wrappers
-// report an fd readable while its stash holds bytes, merged with what the
-// kernel says, and never block when they have something to report.
-//
-// Fast path: a wait with a zero timeout (UCX calls epoll_wait(.., 0) in a
-// busy loop) loads mpp_stash_live once and, when no stash holds bytes,
-// makes the real call unchanged. Otherwise the real call is made with a
-// zero timeout and the stash-ready fds are added to its answer.
-//
-// The wake. A thread may have entered a blocking wait while every stash
-// was empty; when the control thread then stashes the bytes that woke it,
-// the kernel re-checks the socket, finds it empty and sleeps on. So every
-// blocking wait (timeout != 0) registers its thread in a small table, and
-// mpp_wait_wake sends each registered thread a signal of its own
-// (wake_sig) with tgkill; the wrapper takes the EINTR that a wake caused
-// (its handler sets a per-thread flag) as "look at the stashes again, then
-// wait for what is left of the timeout". A signal rather than a wake fd
-// added to the wait: a poll array or fd_set would have to be copied and
-// grown on every blocking call, and an fd added to the application's epoll
-// set would be visible to (and could be removed by) the application.
-//
-// The wake signal is blocked in the thread for the whole registered
-// stretch except inside the real wait, whose mask (the application's, or
-// the thread's own) has it removed: a wake that comes before the thread is
-// in the kernel is held pending and interrupts the wait as soon as it
-// starts (no lost wake-up between the check and the sleep), and a wake can
-// never interrupt an application call outside a wait. The signal is the
-// shim's: it is unblocked during the wait even when the application's mask
-// (ppoll, pselect, epoll_pwait) blocks every signal, since a thread that
-// blocks all signals is exactly the progress thread that must wake. A
-// wake that arrives just as the real wait returns stays pending until the
-// next wait (harmless: one spurious re-check) or is taken when the mask is
-// restored, where it interrupts nothing.
-//
-// Costs: a zero-timeout wait, one load (epoll_wait(.., 0) on an idle set:
-// 160 ns with or without the shim); a blocking wait, two sigprocmask calls,
-// a clock read and a compare-and-swap on each side of the real call (a
-// poll(.., 10) that returns at once: 520 -> 1,200 ns on the 2-core VM).
-// With no signal (MPIPAUSE_WAKE_SIGNAL=none, none free, or more than
-// WAITERS threads waiting at once) a blocking wait wakes every 10 ms to
-// look at the stashes instead.
-#include "shim.h"
+// poll, ppoll, the fortified __poll_chk and __ppoll_chk, select, pselect,
+// and epoll_wait, epoll_pwait, epoll_pwait2: the wrapped waits (waits.h);
+// and the shim's view of the epoll sets, which the dup family keeps too.
+#include "waits.h"
 
 #include <errno.h>
 #include <fcntl.h>
-#include <limits.h>
-#include <poll.h>
 #include <pthread.h>
-#include <sched.h>
-#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/epoll.h>
-#include <sys/select.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
-#include <time.h>
 #include <unistd.h>
-
-#define unlikely(x) __builtin_expect(!!(x), 0)
-#define LIVE() atomic_load_explicit(&mpp_stash_live, memory_order_relaxed)
 
 int __poll_chk(struct pollfd *fds, nfds_t n, int timeout, size_t fdslen);
 int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset_t *mask, size_t fdslen);
-
-static struct {
-	int (*poll)(struct pollfd *, nfds_t, int);
-	int (*ppoll)(struct pollfd *, nfds_t, const struct timespec *, const sigset_t *);
-	int (*select)(int, fd_set *, fd_set *, fd_set *, struct timeval *);
-	int (*pselect)(int, fd_set *, fd_set *, fd_set *, const struct timespec *, const sigset_t *);
-	int (*epoll_wait)(int, struct epoll_event *, int, int);
-	int (*epoll_pwait)(int, struct epoll_event *, int, int, const sigset_t *);
-	int (*epoll_pwait2)(int, struct epoll_event *, int, const struct timespec *, const sigset_t *);
-	int (*epoll_ctl)(int, int, int, struct epoll_event *);
-	int (*epoll_create)(int);
-	int (*epoll_create1)(int);
-	int (*dup)(int);
-	int (*dup2)(int, int);
-	int (*dup3)(int, int, int);
-	int (*poll_chk)(struct pollfd *, nfds_t, int, size_t);
-	int (*ppoll_chk)(struct pollfd *, nfds_t, const struct timespec *, const sigset_t *, size_t);
-	int (*sigaction)(int, const struct sigaction *, struct sigaction *);
-} rw;
-
-static void wait_resolve(void)
-{
-#define R(fn, name)                                  \
-	if (!rw.fn)                                  \
-		rw.fn = dlsym(RTLD_NEXT, name)
-	R(poll, "poll");
-	R(ppoll, "ppoll");
-	R(select, "select");
-	R(pselect, "pselect");
-	R(epoll_wait, "epoll_wait");
-	R(epoll_pwait, "epoll_pwait");
-	R(epoll_pwait2, "epoll_pwait2");
-	R(epoll_ctl, "epoll_ctl");
-	R(epoll_create, "epoll_create");
-	R(epoll_create1, "epoll_create1");
-	R(dup, "dup");
-	R(dup2, "dup2");
-	R(dup3, "dup3");
-	R(poll_chk, "__poll_chk");
-	R(ppoll_chk, "__ppoll_chk");
-	R(sigaction, "sigaction");
-#undef R
-}
-
-// As wrap.c's REAL: resolved by mpp_wait_init, or by the first call that
-// comes earlier (another library's constructor).
-#define RW(fn) (likely(rw.fn != NULL) ? rw.fn : (wait_resolve(), rw.fn))
-
-static int wake_sig; // 0: no signal; blocking waits then wake every SLICE_NS
-static _Atomic int inited;
-static __thread volatile sig_atomic_t woken __attribute__((tls_model("initial-exec")));
-static __thread pid_t my_tid __attribute__((tls_model("initial-exec")));
-
-// The waiters: tids of threads inside a blocking wait. A slot's owner
-// clears it; mpp_wait_wake marks it BUSY around its tgkill so that the
-// owner, which waits for BUSY to go before it leaves, still has the signal
-// blocked when it arrives, and a tid reused by a new thread is never hit.
-// A thread that finds no free slot waits in slices.
-#define WAITERS 256
-#define BUSY (1 << 30) // above any tid (pid_max <= 2^22)
-#define SLICE_NS 10000000L
-static _Atomic int waiters[WAITERS];
-static pthread_mutex_t wake_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static void on_wake(int sig)
-{
-	(void)sig;
-	woken = 1;
-}
-
-static pid_t tid(void)
-{
-	if (unlikely(my_tid == 0))
-		my_tid = (pid_t)syscall(SYS_gettid);
-	return my_tid;
-}
-
-static int enroll(void)
-{
-	pid_t t = tid();
-	unsigned h = (unsigned)t * 2654435761u;
-	for (unsigned k = 0; k < WAITERS; k++) {
-		unsigned i = (h + k) % WAITERS;
-		int z = 0;
-		if (atomic_load_explicit(&waiters[i], memory_order_relaxed) == 0 &&
-		    atomic_compare_exchange_strong(&waiters[i], &z, t))
-			return (int)i;
-	}
-	return -1;
-}
-
-static void unenroll(int i)
-{
-	int v = tid();
-	while (!atomic_compare_exchange_strong(&waiters[i], &v, 0)) {
-		v = tid(); // BUSY: a wake is sending us its signal right now
-		sched_yield();
-	}
-}
-
-// mpp_wait_wake runs on the control thread after a stash went from empty
-// to holding bytes (mpp_stash_live already counts it). The fence pairs
-// with the one a waiter makes between registering and loading
-// mpp_stash_live: a waiter either is seen here or sees the stash.
-void mpp_wait_wake(void)
-{
-	if (!wake_sig)
-		return;
-	int saved = errno;
-	atomic_thread_fence(memory_order_seq_cst);
-	pthread_mutex_lock(&wake_mu);
-	pid_t pid = getpid();
-	for (int i = 0; i < WAITERS; i++) {
-		int v = atomic_load(&waiters[i]);
-		if (v <= 0)
-			continue;
-		// A slot that changed meanwhile belongs to a thread that
-		// registered after the fence: it sees the stash itself.
-		if (!atomic_compare_exchange_strong(&waiters[i], &v, v | BUSY))
-			continue;
-		syscall(SYS_tgkill, pid, v, wake_sig);
-		atomic_store(&waiters[i], v);
-	}
-	pthread_mutex_unlock(&wake_mu);
-	errno = saved;
-}
-
-struct waiter {
-	int slot;              // in waiters, or -1: wait in slices
-	int masked;            // old holds the mask to restore
-	sigset_t old;          // the thread's mask before the call
-	sigset_t wbuf, hbuf;   // storage for wmask and hmask
-	const sigset_t *wmask; // for the real wait: the wake signal unblocked
-	const sigset_t *hmask; // for a zero-timeout look: the wake signal blocked
-};
-
-static void wait_begin(struct waiter *w, const sigset_t *app)
-{
-	w->slot = -1;
-	w->masked = 0;
-	w->wmask = app;
-	w->hmask = app;
-	if (!wake_sig)
-		return;
-	sigset_t s;
-	sigemptyset(&s);
-	sigaddset(&s, wake_sig);
-	if (pthread_sigmask(SIG_BLOCK, &s, &w->old) != 0)
-		return;
-	w->masked = 1;
-	w->wbuf = app ? *app : w->old;
-	sigdelset(&w->wbuf, wake_sig);
-	w->wmask = &w->wbuf;
-	if (app) {
-		w->hbuf = *app;
-		sigaddset(&w->hbuf, wake_sig);
-		w->hmask = &w->hbuf;
-	} else {
-		w->hmask = NULL; // the thread's mask, which now blocks it
-	}
-	w->slot = enroll();
-	atomic_thread_fence(memory_order_seq_cst);
-}
-
-static void wait_end(struct waiter *w)
-{
-	int saved = errno;
-	if (w->slot >= 0)
-		unenroll(w->slot);
-	if (w->masked)
-		pthread_sigmask(SIG_SETMASK, &w->old, NULL);
-	errno = saved;
-}
-
-// A thread cancelled inside the real wait must give its slot back, or a
-// later wake could signal another thread that got its tid.
-static void wait_cancelled(void *w)
-{
-	wait_end(w);
-}
-
-static void ts_now(struct timespec *t)
-{
-	clock_gettime(CLOCK_MONOTONIC, t);
-}
-
-static void ts_add(struct timespec *a, const struct timespec *b)
-{
-	a->tv_sec += b->tv_sec;
-	a->tv_nsec += b->tv_nsec;
-	if (a->tv_nsec >= 1000000000L) {
-		a->tv_sec++;
-		a->tv_nsec -= 1000000000L;
-	}
-}
-
-// ts_left is end - now, at least zero.
-static struct timespec ts_left(const struct timespec *end)
-{
-	struct timespec n, d;
-	ts_now(&n);
-	d.tv_sec = end->tv_sec - n.tv_sec;
-	d.tv_nsec = end->tv_nsec - n.tv_nsec;
-	if (d.tv_nsec < 0) {
-		d.tv_sec--;
-		d.tv_nsec += 1000000000L;
-	}
-	if (d.tv_sec < 0)
-		d.tv_sec = d.tv_nsec = 0;
-	return d;
-}
-
-static int ts_valid(const struct timespec *t)
-{
-	return t->tv_sec >= 0 && t->tv_nsec >= 0 && t->tv_nsec < 1000000000L;
-}
-
-static int ts_zero(const struct timespec *t)
-{
-	return t && t->tv_sec == 0 && t->tv_nsec == 0;
-}
-
-// ts_ms rounds up, as the kernel does a poll timeout: a wait never ends
-// before its time.
-static int ts_ms(const struct timespec *t)
-{
-	if (!t)
-		return -1;
-	if (t->tv_sec >= INT_MAX / 1000 - 1)
-		return INT_MAX;
-	return (int)(t->tv_sec * 1000 + (t->tv_nsec + 999999) / 1000000);
-}
-
-// One kind of wait, for wait_loop: now() makes the real call with a zero
-// timeout and adds the stash-ready fds (a count, or -1 and errno);
-// block() makes the real call; merge() adds the stash-ready fds to what a
-// blocking call returned (n > 0).
-struct wait_ops {
-	int (*now)(void *c, const sigset_t *mask);
-	int (*block)(void *c, const struct timespec *left, const sigset_t *mask);
-	int (*merge)(void *c, int n);
-};
-
-// glibc's pthread_cleanup_push (a sigsetjmp in C without -fexceptions)
-// trips -Wclobbered on its own variables: GCC bug 61118.
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wclobbered"
-// wait_loop runs a blocking wait (tmo NULL: no limit) with the wake. *left,
-// if not NULL, gets the time that remained (select's timeval).
-static int wait_loop(const struct wait_ops *ops, void *c, const struct timespec *tmo, const sigset_t *app,
-		     struct timespec *left)
-{
-	struct waiter w;
-	struct timespec end, rem = {0, 0};
-	int r;
-
-	if (unlikely(!atomic_load_explicit(&inited, memory_order_acquire)))
-		mpp_wait_init();
-	if (tmo) {
-		ts_now(&end);
-		ts_add(&end, tmo);
-	}
-	wait_begin(&w, app);
-	pthread_cleanup_push(wait_cancelled, &w);
-	for (;;) {
-		woken = 0;
-		atomic_thread_fence(memory_order_seq_cst);
-		if (LIVE() > 0) {
-			r = ops->now(c, w.hmask);
-			if (r != 0)
-				break;
-		}
-		const struct timespec *t = NULL;
-		int sliced = 0;
-		if (tmo) {
-			rem = ts_left(&end);
-			t = &rem;
-		}
-		if (w.slot < 0 && (!t || rem.tv_sec > 0 || rem.tv_nsec > SLICE_NS)) {
-			rem.tv_sec = 0;
-			rem.tv_nsec = SLICE_NS;
-			t = &rem;
-			sliced = 1;
-		}
-		r = ops->block(c, t, w.wmask);
-		if (r < 0 && errno == EINTR && woken)
-			continue;
-		if (r == 0 && sliced)
-			continue;
-		if (r > 0 && LIVE() > 0)
-			r = ops->merge(c, r);
-		break;
-	}
-	pthread_cleanup_pop(0);
-	wait_end(&w);
-	if (left) {
-		if (tmo)
-			*left = ts_left(&end);
-		else
-			left->tv_sec = left->tv_nsec = 0;
-	}
-	return r;
-}
-#pragma GCC diagnostic pop
-
-// with_wake_blocked returns the application's mask with the wake signal
-// added, for a wait that must not take a wake left pending (a wait that is
-// not registered is never the one a wake is for).
-static const sigset_t *with_wake_blocked(const sigset_t *app, sigset_t *buf)
-{
-	if (!app || !wake_sig || sigismember(app, wake_sig))
-		return app;
-	*buf = *app;
-	sigaddset(buf, wake_sig);
-	return buf;
-}
 
 // ---- poll, ppoll
 
@@ -456,14 +88,14 @@ EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
 	}
 	struct poll_ctx p = {fds, n};
 	struct timespec t = {timeout / 1000, (timeout % 1000) * 1000000L};
-	return wait_loop(&poll_ops, &p, timeout > 0 ? &t : NULL, NULL, NULL);
+	return mpp_wait_loop(&poll_ops, &p, timeout > 0 ? &t : NULL, NULL, NULL);
 }
 
 EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset_t *mask)
 {
 	sigset_t buf;
 	if (ts_zero(tmo)) {
-		mask = with_wake_blocked(mask, &buf);
+		mask = mpp_with_wake_blocked(mask, &buf);
 		if (likely(LIVE() == 0))
 			return RW(ppoll)(fds, n, tmo, mask);
 		return poll_now(fds, n, mask);
@@ -471,7 +103,7 @@ EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const
 	if ((tmo && !ts_valid(tmo)))
 		return RW(ppoll)(fds, n, tmo, mask); // the kernel's EINVAL
 	struct poll_ctx p = {fds, n};
-	return wait_loop(&poll_ops, &p, tmo, mask, NULL);
+	return mpp_wait_loop(&poll_ops, &p, tmo, mask, NULL);
 }
 
 // A fortified build calls these instead (glibc's own poll is not reached
@@ -480,14 +112,14 @@ EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const
 EXPORT int __poll_chk(struct pollfd *fds, nfds_t n, int timeout, size_t fdslen)
 {
 	if (unlikely(fdslen / sizeof(*fds) < n) && RW(poll_chk))
-		return rw.poll_chk(fds, n, timeout, fdslen);
+		return mpp_wait_real.poll_chk(fds, n, timeout, fdslen);
 	return poll(fds, n, timeout);
 }
 
 EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset_t *mask, size_t fdslen)
 {
 	if (unlikely(fdslen / sizeof(*fds) < n) && RW(ppoll_chk))
-		return rw.ppoll_chk(fds, n, tmo, mask, fdslen);
+		return mpp_wait_real.ppoll_chk(fds, n, tmo, mask, fdslen);
 	return ppoll(fds, n, tmo, mask);
 }
 
@@ -591,7 +223,7 @@ static int sel_run(int nfds, fd_set *r, fd_set *w, fd_set *e, const struct times
 		if (left)
 			left->tv_sec = left->tv_nsec = 0;
 	} else {
-		ret = wait_loop(&sel_ops, &s, tmo, mask, left);
+		ret = mpp_wait_loop(&sel_ops, &s, tmo, mask, left);
 	}
 	if (s.save != stack) {
 		int saved = errno;
@@ -625,7 +257,7 @@ EXPORT int pselect(int nfds, fd_set *r, fd_set *w, fd_set *e, const struct times
 {
 	sigset_t buf;
 	if (ts_zero(tmo)) {
-		mask = with_wake_blocked(mask, &buf);
+		mask = mpp_with_wake_blocked(mask, &buf);
 		if (likely(LIVE() == 0))
 			return RW(pselect)(nfds, r, w, e, tmo, mask);
 	}
@@ -952,6 +584,17 @@ EXPORT int dup3(int oldfd, int newfd, int flags)
 	return dup_onto(oldfd, newfd, flags, 1);
 }
 
+// reg_mu for the fork handlers (wake.c).
+void mpp_epoll_lock(void)
+{
+	pthread_mutex_lock(&reg_mu);
+}
+
+void mpp_epoll_unlock(void)
+{
+	pthread_mutex_unlock(&reg_mu);
+}
+
 // mpp_wait_close is close's part here (wrap.c calls it before the real
 // close): fd's registrations go, and so does the set if fd is an epoll fd.
 // One load when no epoll set is known.
@@ -1139,7 +782,7 @@ static int ep_op_block(void *v, const struct timespec *left, const sigset_t *mas
 		errno = ENOSYS;
 		return -1;
 	}
-	return rw.epoll_pwait2(c->epfd, c->ev, c->max, left, mask);
+	return mpp_wait_real.epoll_pwait2(c->epfd, c->ev, c->max, left, mask);
 }
 
 static int ep_op_merge(void *v, int n)
@@ -1155,7 +798,7 @@ static int ep_wait(int epfd, struct epoll_event *ev, int max, const struct times
 	struct ep_ctx c = {epfd, ev, max, ms};
 	if (ts_zero(tmo))
 		return ep_now(&c, mask);
-	return wait_loop(&ep_ops, &c, tmo, mask, NULL);
+	return mpp_wait_loop(&ep_ops, &c, tmo, mask, NULL);
 }
 
 EXPORT int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout)
@@ -1172,7 +815,7 @@ EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout, c
 {
 	sigset_t buf;
 	if (timeout == 0) {
-		mask = with_wake_blocked(mask, &buf);
+		mask = mpp_with_wake_blocked(mask, &buf);
 		if (likely(LIVE() == 0))
 			return RW(epoll_pwait)(epfd, ev, max, 0, mask);
 	}
@@ -1190,118 +833,13 @@ EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max, const struct 
 		return -1;
 	}
 	if (ts_zero(tmo)) {
-		mask = with_wake_blocked(mask, &buf);
+		mask = mpp_with_wake_blocked(mask, &buf);
 		if (likely(LIVE() == 0))
-			return rw.epoll_pwait2(epfd, ev, max, tmo, mask);
+			return mpp_wait_real.epoll_pwait2(epfd, ev, max, tmo, mask);
 	}
 	if (max <= 0 || (tmo && !ts_valid(tmo)))
-		return rw.epoll_pwait2(epfd, ev, max, tmo, mask);
+		return mpp_wait_real.epoll_pwait2(epfd, ev, max, tmo, mask);
 	return ep_wait(epfd, ev, max, tmo, mask, 0);
-}
-
-// ---- set-up
-
-// pick_signal chooses the wake signal: MPIPAUSE_WAKE_SIGNAL (a number,
-// RTMIN+n or RTMAX-n; 0 or "none" for no signal: blocking waits then wake
-// every 10 ms to look), else SIGRTMAX-5. MPI libraries and their
-// transports use SIGUSR1/2, SIGALRM, SIGCHLD and SIGRTMIN-based numbers,
-// valgrind the highest real-time ones. A signal that already has a handler
-// (another preloaded library's constructor) is not taken from it: the next
-// lower real-time signal with the default action is used instead, down to
-// SIGRTMIN+2; if none is free, no signal. The application setting a
-// handler for it later would break the wake (sig.c could record it, as it
-// does SIGTSTP's).
-static int sig_free(int s)
-{
-	struct sigaction old;
-	return RW(sigaction)(s, NULL, &old) == 0 && !(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_DFL;
-}
-
-static int pick_signal(void)
-{
-	const char *v = getenv("MPIPAUSE_WAKE_SIGNAL");
-	int sig = SIGRTMAX - 5;
-	if (v && *v) {
-		char *end;
-		if (strncmp(v, "SIG", 3) == 0)
-			v += 3;
-		if (strcmp(v, "none") == 0)
-			return 0;
-		if (strncmp(v, "RTMIN+", 6) == 0)
-			sig = SIGRTMIN + (int)strtol(v + 6, &end, 10);
-		else if (strncmp(v, "RTMAX-", 6) == 0)
-			sig = SIGRTMAX - (int)strtol(v + 6, &end, 10);
-		else
-			sig = (int)strtol(v, &end, 10);
-		if (sig == 0)
-			return 0;
-		if (*end || sig < 1 || sig > SIGRTMAX || sig == SIGKILL || sig == SIGSTOP)
-			sig = SIGRTMAX - 5;
-	}
-	if (sig_free(sig))
-		return sig;
-	for (int s = SIGRTMAX - 5; s >= SIGRTMIN + 2; s--)
-		if (s != sig && sig_free(s))
-			return s;
-	return 0;
-}
-
-static void at_prepare(void)
-{
-	pthread_mutex_lock(&reg_mu);
-	pthread_mutex_lock(&wake_mu);
-}
-
-static void at_parent(void)
-{
-	pthread_mutex_unlock(&wake_mu);
-	pthread_mutex_unlock(&reg_mu);
-}
-
-// The child has one thread, which is in no wait.
-static void at_child(void)
-{
-	for (int i = 0; i < WAITERS; i++)
-		atomic_store_explicit(&waiters[i], 0, memory_order_relaxed);
-	my_tid = 0;
-	at_parent();
-}
-
-// mpp_wait_init runs from the library's constructor, before any thread of
-// the program can block in a wait that a stash would have to end; a
-// blocking wait that comes earlier (another library's constructor) runs it.
-static pthread_once_t init_once = PTHREAD_ONCE_INIT;
-
-static void wait_init_once(void)
-{
-	wait_resolve();
-	int sig = pick_signal();
-	if (sig) {
-		// SA_RESTART although the waits are never restarted: a wake
-		// taken outside a wait (one left pending, then unblocked by the
-		// application) restarts the call it lands in instead of failing
-		// it with EINTR.
-		struct sigaction sa;
-		memset(&sa, 0, sizeof(sa));
-		sa.sa_handler = on_wake;
-		sa.sa_flags = SA_RESTART;
-		sigemptyset(&sa.sa_mask);
-		if (RW(sigaction)(sig, &sa, NULL) == 0)
-			wake_sig = sig;
-	}
-	pthread_atfork(at_prepare, at_parent, at_child);
-	atomic_store_explicit(&inited, 1, memory_order_release);
-}
-
-void mpp_wait_init(void)
-{
-	pthread_once(&init_once, wait_init_once);
-}
-
-// mpipause_test_wait_signal is the wake signal (0: none), for the C tests.
-EXPORT int mpipause_test_wait_signal(void)
-{
-	return wake_sig;
 }
 
 // mpipause_test_wait_untracked counts epoll registrations beyond the

@@ -201,7 +201,7 @@ ssize_t mpp_stash_read(int fd, const struct iovec *iov, int iovcnt, int flags,
 		       ssize_t (*real)(void *arg, const struct iovec *rest, int restcnt), void *arg);
 void __chk_fail(void) __attribute__((noreturn));
 
-// poll.c: mpp_wait_wake makes every thread blocked in a wrapped wait look
+// wake.c: mpp_wait_wake makes every thread blocked in a wrapped wait look
 // at the stashes again, without the application seeing an EINTR it would
 // not otherwise see. mpp_wait_init runs from the constructor.
 void mpp_wait_wake(void);

@@ -1,0 +1,107 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// The wrapped waits: poll, ppoll, select, pselect, epoll_wait, epoll_pwait,
+// epoll_pwait2 and the fortified __poll_chk and __ppoll_chk. While a pause
+// is in progress the control thread empties the rank's TCP receive queues
+// into stashes (stash.c); the kernel then reports those sockets empty, so
+// an event loop would never learn that its bytes are there. These wrappers
+// report an fd readable while its stash holds bytes, merged with what the
+// kernel says, and never block when they have something to report.
+//
+// Fast path: a wait with a zero timeout (UCX calls epoll_wait(.., 0) in a
+// busy loop) loads mpp_stash_live once and, when no stash holds bytes,
+// makes the real call unchanged. Otherwise the real call is made with a
+// zero timeout and the stash-ready fds are added to its answer.
+//
+// The parts: wake.c wakes a thread blocked in a wait when bytes get
+// stashed, around the real call (mpp_wait_loop) that every blocking wait
+// makes; poll.c holds the waits themselves, the shim's view of the epoll
+// sets and the dup family. This header is what they share.
+#ifndef MPIPAUSE_WAITS_H
+#define MPIPAUSE_WAITS_H
+
+#include "shim.h"
+
+#include <limits.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/select.h>
+#include <time.h>
+
+#define unlikely(x) __builtin_expect(!!(x), 0)
+#define LIVE() atomic_load_explicit(&mpp_stash_live, memory_order_relaxed)
+
+// The real functions of every call these files wrap, found with
+// dlsym(RTLD_NEXT) by mpp_wait_resolve (wake.c).
+struct wait_real {
+	int (*poll)(struct pollfd *, nfds_t, int);
+	int (*ppoll)(struct pollfd *, nfds_t, const struct timespec *, const sigset_t *);
+	int (*select)(int, fd_set *, fd_set *, fd_set *, struct timeval *);
+	int (*pselect)(int, fd_set *, fd_set *, fd_set *, const struct timespec *, const sigset_t *);
+	int (*epoll_wait)(int, struct epoll_event *, int, int);
+	int (*epoll_pwait)(int, struct epoll_event *, int, int, const sigset_t *);
+	int (*epoll_pwait2)(int, struct epoll_event *, int, const struct timespec *, const sigset_t *);
+	int (*epoll_ctl)(int, int, int, struct epoll_event *);
+	int (*epoll_create)(int);
+	int (*epoll_create1)(int);
+	int (*dup)(int);
+	int (*dup2)(int, int);
+	int (*dup3)(int, int, int);
+	int (*poll_chk)(struct pollfd *, nfds_t, int, size_t);
+	int (*ppoll_chk)(struct pollfd *, nfds_t, const struct timespec *, const sigset_t *, size_t);
+	int (*sigaction)(int, const struct sigaction *, struct sigaction *);
+};
+extern struct wait_real mpp_wait_real;
+void mpp_wait_resolve(void);
+
+// As wrap.c's REAL: resolved by mpp_wait_init, or by the first call that
+// comes earlier (another library's constructor).
+#define RW(fn) (likely(mpp_wait_real.fn != NULL) ? mpp_wait_real.fn : (mpp_wait_resolve(), mpp_wait_real.fn))
+
+static inline int ts_valid(const struct timespec *t)
+{
+	return t->tv_sec >= 0 && t->tv_nsec >= 0 && t->tv_nsec < 1000000000L;
+}
+
+static inline int ts_zero(const struct timespec *t)
+{
+	return t && t->tv_sec == 0 && t->tv_nsec == 0;
+}
+
+// ts_ms rounds up, as the kernel does a poll timeout: a wait never ends
+// before its time.
+static inline int ts_ms(const struct timespec *t)
+{
+	if (!t)
+		return -1;
+	if (t->tv_sec >= INT_MAX / 1000 - 1)
+		return INT_MAX;
+	return (int)(t->tv_sec * 1000 + (t->tv_nsec + 999999) / 1000000);
+}
+
+// One kind of wait, for mpp_wait_loop: now() makes the real call with a
+// zero timeout and adds the stash-ready fds (a count, or -1 and errno);
+// block() makes the real call; merge() adds the stash-ready fds to what a
+// blocking call returned (n > 0).
+struct wait_ops {
+	int (*now)(void *c, const sigset_t *mask);
+	int (*block)(void *c, const struct timespec *left, const sigset_t *mask);
+	int (*merge)(void *c, int n);
+};
+
+// mpp_wait_loop runs a blocking wait (tmo NULL: no limit) with the wake.
+// *left, if not NULL, gets the time that remained (select's timeval).
+int mpp_wait_loop(const struct wait_ops *ops, void *c, const struct timespec *tmo, const sigset_t *app,
+		  struct timespec *left);
+// mpp_with_wake_blocked returns the application's mask with the wake
+// signal added, for a wait that must not take a wake left pending (a wait
+// that is not registered is never the one a wake is for).
+const sigset_t *mpp_with_wake_blocked(const sigset_t *app, sigset_t *buf);
+
+// The fork handlers (wake.c) hold the mutex that poll.c keeps its view of
+// the epoll sets under, so that a child starts with it free.
+void mpp_epoll_lock(void);
+void mpp_epoll_unlock(void);
+
+#endif

@@ -206,7 +206,7 @@ void __chk_fail(void) __attribute__((noreturn));
 // not otherwise see. mpp_wait_init runs from the constructor.
 void mpp_wait_wake(void);
 void mpp_wait_init(void);
-// mpp_wait_close forgets what poll.c knows of fd (an epoll set, or a
+// mpp_wait_close forgets what epoll.c knows of fd (an epoll set, or a
 // registration in one), before fd is closed.
 void mpp_wait_close(int fd);
 

@@ -262,8 +262,8 @@ EXPORT int epoll_create1(int flags)
 	return new_epfd(RW(epoll_create1)(flags));
 }
 
-// mpp_epoll_dup_done (the dup family, poll.c): newfd is now a copy of
-// oldfd; an epoll fd's copy names the same set. Called with reg_mu held.
+// mpp_epoll_dup_done (dup.c): newfd is now a copy of oldfd; an epoll fd's
+// copy names the same set. Called with reg_mu held.
 void mpp_epoll_dup_done(int oldfd, int newfd)
 {
 	forget_number(newfd);
@@ -275,8 +275,8 @@ void mpp_epoll_dup_done(int oldfd, int newfd)
 	}
 }
 
-// reg_mu for the dup family, held across its real call as epoll_ctl holds
-// it, and for the fork handlers (wake.c).
+// reg_mu for dup.c, held across its real call as epoll_ctl holds it, and
+// for the fork handlers (wake.c).
 void mpp_epoll_lock(void)
 {
 	pthread_mutex_lock(&reg_mu);

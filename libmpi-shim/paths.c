@@ -3,7 +3,7 @@
 // The other ways a program sends on a socket or ends one, which must keep
 // the gate's promise (nothing lost, nothing reordered) while bytes are
 // held: shutdown, sendfile, splice, close_range and closefrom, fclose and
-// fflush of a socket stream, dup2/dup3 (poll.c), and the ends of a process
+// fflush of a socket stream, dup2/dup3 (dup.c), and the ends of a process
 // as the kernel sees them: fork, exec, exit. Each has the send path's fast
 // path (one load of the gate word, then the real call) and does its work
 // only while the gate is not open.

@@ -15,9 +15,9 @@
 //
 // The parts: wake.c wakes a thread blocked in a wait when bytes get
 // stashed, around the real call (mpp_wait_loop) that every blocking wait
-// makes; poll.c holds poll, ppoll and select, pselect, and the dup family,
-// which copies epoll fds and closes what it replaces; epoll.c the epoll
-// waits over the shim's view of the epoll sets. This header is what they
+// makes; poll.c holds poll, ppoll and select, pselect; epoll.c the epoll
+// waits over the shim's view of the epoll sets; dup.c the dup family, which
+// copies epoll fds and closes what it replaces. This header is what they
 // share.
 #ifndef MPIPAUSE_WAITS_H
 #define MPIPAUSE_WAITS_H
@@ -101,12 +101,12 @@ int mpp_wait_loop(const struct wait_ops *ops, void *c, const struct timespec *tm
 // that is not registered is never the one a wake is for).
 const sigset_t *mpp_with_wake_blocked(const sigset_t *app, sigset_t *buf);
 
-// What the dup family, and the fork handlers (wake.c), need of epoll.c's
-// view of the epoll sets: mpp_epoll_have_sets is nonzero once any set is
-// known (until then a dup has nothing to tell it); mpp_epoll_lock and
-// mpp_epoll_unlock take and give back the mutex the view is kept under,
-// held across the real call that changes the kernel's sets;
-// mpp_epoll_dup_done, with it held, says that newfd is now a copy of oldfd.
+// What dup.c, and the fork handlers (wake.c), need of epoll.c's view of the
+// epoll sets: mpp_epoll_have_sets is nonzero once any set is known (until
+// then a dup has nothing to tell it); mpp_epoll_lock and mpp_epoll_unlock
+// take and give back the mutex the view is kept under, held across the real
+// call that changes the kernel's sets; mpp_epoll_dup_done, with it held,
+// says that newfd is now a copy of oldfd.
 extern _Atomic int mpp_epoll_have_sets;
 void mpp_epoll_lock(void);
 void mpp_epoll_unlock(void);

@@ -164,7 +164,7 @@ void mpp_quickack(int fd);
 // control thread reads what waits in the receive queues of the rank's TCP
 // sockets into a per-fd stash in process memory, so that the kernel reports
 // them empty whether or not the application reads; the wrapped reads give
-// those bytes back first, in order, and the wrapped waits (poll.c) report
+// those bytes back first, in order, and the wrapped waits (waits.h) report
 // the fd readable while its stash holds bytes.
 //
 // mpp_stash_live counts the fds whose stash holds bytes: a wrapped wait

@@ -8,7 +8,7 @@
 // stash per fd, in process memory, which the freeze keeps with the rest of
 // the process (DMTCP drains sockets the same way before a checkpoint). The
 // wrapped reads give those bytes back before anything the kernel holds, in
-// order, and the wrapped waits (poll.c) report the fd readable while its
+// order, and the wrapped waits (waits.h) report the fd readable while its
 // stash is not empty.
 //
 // Order is the whole difficulty: the control thread and an application

@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// C tests of the wrapped waits (poll.c) over loopback TCP, run with
+// C tests of the wrapped waits (waits.h) over loopback TCP, run with
 // libmpipause.so preloaded (make -C libmpi-shim test). Bytes are moved
 // into an fd's stash as the control thread does during a pause
 // (mpipause_test_stash); the kernel then holds nothing for the fd, and
@@ -584,7 +584,7 @@ int main(void)
 	stash = (ssize_t (*)(int, unsigned long))dlsym(RTLD_DEFAULT, "mpipause_test_stash");
 	wake_signal = (int (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_wait_signal");
 	if (!stash || !wake_signal) {
-		fprintf(stderr, "FAIL: libmpipause.so (with stash.c and poll.c) is not preloaded "
+		fprintf(stderr, "FAIL: libmpipause.so (with stash.c and wake.c) is not preloaded "
 				"(run: make -C libmpi-shim test)\n");
 		return 1;
 	}

@@ -10,7 +10,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
-	"github.com/mpipause/mpipause/internal/nl"
+	"github.com/mpipause/mpipause/internal/sockdiag"
 )
 
 // SockDiagObserver observes a job through sock_diag netlink (INET_DIAG):
@@ -27,8 +27,8 @@ type SockDiagObserver struct {
 
 	mu      sync.Mutex
 	closed  bool
-	diag    map[uint64]*nl.DiagConn // by netns inode
-	skipped []string                // namespaces the last Snapshot could not enter
+	diag    map[uint64]*sockdiag.DiagConn // by netns inode
+	skipped []string                      // namespaces the last Snapshot could not enter
 }
 
 var _ Observer = (*SockDiagObserver)(nil)
@@ -56,7 +56,7 @@ func OpenSockDiag(ctx context.Context, cfg Config) (*SockDiagObserver, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &SockDiagObserver{job: j, ns: ns, diag: map[uint64]*nl.DiagConn{}}, nil
+	return &SockDiagObserver{job: j, ns: ns, diag: map[uint64]*sockdiag.DiagConn{}}, nil
 }
 
 // Snapshot returns the job's connected TCP sockets (LISTEN, SYN_RECV,
@@ -88,7 +88,7 @@ func (d *SockDiagObserver) Snapshot(ctx context.Context) ([]Conn, error) {
 			if ns.label == "" {
 				fd = -1 // the own namespace: no setns, no privilege needed
 			}
-			if dc, err = nl.DialDiag(fd); err != nil {
+			if dc, err = sockdiag.DialDiag(fd); err != nil {
 				if errors.Is(err, unix.EPERM) && d.followed(ns) {
 					d.skipped = append(d.skipped, "network namespace "+ns.label+" (entering it needs CAP_SYS_ADMIN)")
 					continue
@@ -97,7 +97,7 @@ func (d *SockDiagObserver) Snapshot(ctx context.Context) ([]Conn, error) {
 			}
 			d.diag[ns.ino] = dc
 		}
-		socks, err := dc.DumpTCP(ctx, nl.Filter{States: nl.StatesConnected, Cgroups: ids})
+		socks, err := dc.DumpTCP(ctx, sockdiag.Filter{States: sockdiag.StatesConnected, Cgroups: ids})
 		if err != nil {
 			return nil, fmt.Errorf("sock_diag in %s: %w", nsName(ns), err)
 		}
@@ -132,7 +132,7 @@ func (d *SockDiagObserver) Skipped() []string {
 
 // diagConn converts a sock_diag socket; v4-mapped addresses are unmapped,
 // as the BPF observer does.
-func diagConn(s *nl.TCPSocket, netns string) Conn {
+func diagConn(s *sockdiag.TCPSocket, netns string) Conn {
 	return Conn{
 		Cookie:    s.Cookie,
 		Local:     netip.AddrPortFrom(s.Local.Addr().Unmap(), s.Local.Port()),

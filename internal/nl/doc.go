@@ -1,4 +1,3 @@
-// Package nl is the one place that imports the netlink libraries:
-// vishvananda/netlink for links, addresses and namespaces of the test rig,
-// and mdlayher/netlink for sock_diag (INET_DIAG) dumps of TCP sockets.
+// Package nl makes the test rig's network: named network namespaces and the
+// bridges, veths and addresses in them, through vishvananda/netlink.
 package nl

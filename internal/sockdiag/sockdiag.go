@@ -1,4 +1,9 @@
-package nl
+// Package sockdiag dumps a network namespace's TCP sockets with the
+// kernel's sock_diag (INET_DIAG) netlink interface, through
+// mdlayher/netlink: the 4-tuple, state, cgroup id, queues and tcp_info of
+// each socket, filtered in the kernel by state and cgroup. It is the sock_diag
+// observer's source (loader/diag.go) where BPF cannot run.
+package sockdiag
 
 import (
 	"context"

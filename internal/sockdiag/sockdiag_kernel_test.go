@@ -1,4 +1,4 @@
-package nl
+package sockdiag
 
 import (
 	"bufio"

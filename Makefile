@@ -25,7 +25,7 @@ deps: ## install the Debian packages that are missing (root)
 
 build: ## build bin/mpipause, bin/mpid, bin/rig, bin/libmpipause.so, bin/libucxfinalize.so, the MPI test apps, the fault tests' bin/test/mpid and the Slurm plugin bin/mpipause_spank.so
 	@mkdir -p $(BIN)/test
-	$(GO) build -ldflags "$(STAMP)" -o $(BIN)/ ./cmd/mpipause ./cmd/mpid ./internal/rig/cmd/rig
+	$(GO) build -ldflags "$(STAMP)" -o $(BIN)/ ./cmd/mpipause ./cmd/mpid ./kernel-tests/cmd/rig
 	@# The fault tests' mpid: the failpoint hook is in this build only (internal/mpid/failpoints.go).
 	$(GO) build -tags failpoints -ldflags "$(STAMP)" -o $(BIN)/test/ ./cmd/mpid
 	$(MAKE) -s -C libmpi-shim OUT=$(BIN)
@@ -73,11 +73,11 @@ test-fuzz: ## fuzz every decoder FUZZ_TIME (100000 inputs) each, and the shim's 
 	@echo "fuzz libmpi-shim request decoder (libFuzzer)"
 	@setpriv --inh-caps=-all --bounding-set=-all -- $(MAKE) -s -C libmpi-shim OUT=$(BIN) fuzz
 
-test-priv: ## tier 2: privileged kernel tests (BPF, sock_diag, cgroups, netns); fail, not skip, without root
-	$(PRIV) $(GO) test -count=1 -timeout 15m ./loader/... ./internal/... ./cmd/...
+test-priv: ## tier 2: privileged kernel tests (BPF, sock_diag, cgroups, netns, the rig's own); fail, not skip, without root
+	$(PRIV) $(GO) test -count=1 -timeout 15m ./loader/... ./internal/... ./cmd/... ./kernel-tests/internal/... ./kernel-tests/cmd/...
 
 test-multinode: build ## tier 3: real Open MPI and MPICH jobs on the netns rig
-	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -count=1 -timeout 25m -v -skip '^TestSecurity$$' ./kernel-tests/... 2>&1 | tee /tmp/mpipause-multinode.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:'; exit $${PIPESTATUS[0]}
+	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -count=1 -timeout 25m -v -skip '^TestSecurity$$' ./kernel-tests/ 2>&1 | tee /tmp/mpipause-multinode.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:'; exit $${PIPESTATUS[0]}
 
 test-security: build ## tier 4: each attack of docs/security.md's table as uid 1001 against uid 1002's job on the rig, judged on the victim; prints attack x outcome
 	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -count=1 -timeout 20m -v -run '^TestSecurity$$' ./kernel-tests/ 2>&1 \

@@ -14,7 +14,7 @@ import (
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
-	"github.com/mpipause/mpipause/internal/rig"
+	"github.com/mpipause/mpipause/kernel-tests/internal/rig"
 )
 
 // TestCoordinatorDiesMidPause: the coordinator's mpid (node0) is killed

@@ -21,8 +21,8 @@ import (
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/mpid"
-	"github.com/mpipause/mpipause/internal/rig"
 	"github.com/mpipause/mpipause/internal/testutil"
+	"github.com/mpipause/mpipause/kernel-tests/internal/rig"
 	"github.com/mpipause/mpipause/loader"
 )
 

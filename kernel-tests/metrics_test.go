@@ -22,7 +22,7 @@ import (
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/internal/metrics"
-	"github.com/mpipause/mpipause/internal/rig"
+	"github.com/mpipause/mpipause/kernel-tests/internal/rig"
 )
 
 // rigMetricsAddr is where every mpid of the tests' rig serves its metrics,

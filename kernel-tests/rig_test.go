@@ -16,7 +16,7 @@ import (
 	"testing"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
-	"github.com/mpipause/mpipause/internal/rig"
+	"github.com/mpipause/mpipause/kernel-tests/internal/rig"
 )
 
 // hostTrace is what a rig may change on the host while it is up and must

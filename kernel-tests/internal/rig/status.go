@@ -4,7 +4,7 @@ import (
 	"net/netip"
 	"os"
 
-	"github.com/mpipause/mpipause/internal/nl"
+	"github.com/mpipause/mpipause/kernel-tests/internal/links"
 )
 
 // NodeStatus is what `rig status` shows of one node.
@@ -43,9 +43,9 @@ func (r *Rig) Status() (*Status, error) {
 	s.Up = true
 	for i := 0; i < st.Nodes; i++ {
 		ns := NodeStatus{Name: NodeName(i), Netns: r.NodeNetns(i), Addr: r.NodeAddr(i).String()}
-		if nl.NetnsExists(ns.Netns) {
+		if links.NetnsExists(ns.Netns) {
 			ns.Exists = true
-			if h, err := nl.OpenNetns(ns.Netns); err == nil {
+			if h, err := links.OpenNetns(ns.Netns); err == nil {
 				ls, _ := h.Links()
 				h.Close()
 				want := netip.PrefixFrom(r.NodeAddr(i), r.cfg.Subnet.Bits())

@@ -1,4 +1,4 @@
-package nl
+package links
 
 import (
 	"errors"

@@ -1,5 +1,5 @@
 // Command rig runs mpipause's local cluster: N network-namespace "nodes" on
-// one machine (see package internal/rig). kernel-tests/rig is its wrapper.
+// one machine (see package kernel-tests/internal/rig). kernel-tests/rig is its wrapper.
 //
 //	rig up [--no-mpid] N        bring up node0..node{N-1}, an mpid in each (idempotent)
 //	rig exec NODE -- CMD...     run CMD in NODE (also from inside a node)
@@ -25,7 +25,7 @@ import (
 	"syscall"
 	"text/tabwriter"
 
-	"github.com/mpipause/mpipause/internal/rig"
+	"github.com/mpipause/mpipause/kernel-tests/internal/rig"
 )
 
 func main() {

@@ -17,7 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/mpipause/mpipause/internal/nl"
+	"github.com/mpipause/mpipause/kernel-tests/internal/links"
 )
 
 // Defaults for Config's empty fields.
@@ -339,10 +339,10 @@ func (r *Rig) makeStateDir(mounts []mount) error {
 
 // makeNetwork creates the namespaces, the bridge and one veth pair per node.
 func (r *Rig) makeNetwork(n int) error {
-	if err := nl.AddNetns(r.BridgeNetns()); err != nil {
+	if err := links.AddNetns(r.BridgeNetns()); err != nil {
 		return err
 	}
-	br, err := nl.OpenNetns(r.BridgeNetns())
+	br, err := links.OpenNetns(r.BridgeNetns())
 	if err != nil {
 		return err
 	}
@@ -361,12 +361,12 @@ func (r *Rig) makeNetwork(n int) error {
 	return nil
 }
 
-func (r *Rig) makeNodeNetwork(br *nl.Netns, i int) error {
+func (r *Rig) makeNodeNetwork(br *links.Netns, i int) error {
 	name := r.NodeNetns(i)
-	if err := nl.AddNetns(name); err != nil {
+	if err := links.AddNetns(name); err != nil {
 		return err
 	}
-	node, err := nl.OpenNetns(name)
+	node, err := links.OpenNetns(name)
 	if err != nil {
 		return err
 	}
@@ -454,7 +454,7 @@ func (r *Rig) makeNodeNamespaces(ctx context.Context, i int, spec NodeSpec) erro
 	js, _ := json.Marshal(spec)
 	cmd := exec.CommandContext(ctx, "unshare",
 		"--mount="+r.mntFile(i), "--uts="+r.utsFile(i), "--propagation=slave", "--",
-		"nsenter", "--net="+nl.NetnsPath(r.NodeNetns(i)), "--",
+		"nsenter", "--net="+links.NetnsPath(r.NodeNetns(i)), "--",
 		r.cfg.Exe, InitNodeCommand, string(js))
 	if out, err := cmd.CombinedOutput(); err != nil {
 		return fmt.Errorf("set up namespaces of %s: %w: %s", NodeName(i), err, strings.TrimSpace(string(out)))
@@ -502,7 +502,7 @@ func (r *Rig) Down(ctx context.Context) error {
 		}
 	}
 	for _, name := range names {
-		if err := nl.DelNetns(name); err != nil {
+		if err := links.DelNetns(name); err != nil {
 			errs = append(errs, err)
 		}
 		if strings.Contains(name, "node") { // not the bridge's
@@ -529,7 +529,7 @@ func (r *Rig) Down(ctx context.Context) error {
 // than from the state file, so that down also cleans a rig whose up failed
 // half way.
 func (r *Rig) findNetns() ([]string, error) {
-	all, err := nl.ListNetns()
+	all, err := links.ListNetns()
 	if err != nil {
 		return nil, err
 	}
@@ -571,7 +571,7 @@ func (r *Rig) Pids(i int) ([]int, error) { return netnsPids(r.NodeNetns(i)) }
 
 // netnsPids lists the processes whose network namespace is the named one.
 func netnsPids(name string) ([]int, error) {
-	ino, err := nl.NetnsInode(name)
+	ino, err := links.NetnsInode(name)
 	if err != nil {
 		return nil, err
 	}

@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/mpipause/mpipause/internal/nl"
+	"github.com/mpipause/mpipause/kernel-tests/internal/links"
 )
 
 // Exec says how to run a command in a node: Path and Argv for execve(2),
@@ -55,7 +55,7 @@ func (r *Rig) nodeCommand(st *State, i int, cmd []string, env []string, cwd stri
 		return nil, err
 	}
 	argv := []string{nsenter,
-		"--net=" + root + nl.NetnsPath(r.NodeNetns(i)),
+		"--net=" + root + links.NetnsPath(r.NodeNetns(i)),
 		"--mount=" + root + r.mntFile(i),
 		"--uts=" + root + r.utsFile(i),
 		"--wd=" + cwd, "--"}

@@ -16,8 +16,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
-	"github.com/mpipause/mpipause/internal/nl"
 	"github.com/mpipause/mpipause/internal/testutil"
+	"github.com/mpipause/mpipause/kernel-tests/internal/links"
 	"github.com/mpipause/mpipause/quiesce"
 )
 
@@ -155,7 +155,7 @@ func TestDaemonsLifecycle(t *testing.T) {
 		}
 		// In the node's network namespace, detached: own session, stdin
 		// /dev/null, output in its log.
-		ino, err := nl.NetnsInode(r.NodeNetns(i))
+		ino, err := links.NetnsInode(r.NodeNetns(i))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -118,7 +118,7 @@ bench: deps build ## the benchmark suite (not in make test, ~20 min when last ti
 		env $(BENCH_ENV) $(GO) test -run '^$$' -bench '^BenchmarkOverhead$$' -benchtime 1x -timeout 30m ./kernel-tests/; \
 	step "pause and resume beside SIGSTOP and cgroup freeze (rig, 12 jobs)" \
 		env $(BENCH_ENV) MPIPAUSE_RIG_NODES=4 $(GO) test -run '^$$' -bench '^BenchmarkPause$$' -benchtime 1x -timeout 60m ./kernel-tests/; \
-	$(GO) run ./internal/bench/benchtable $(BENCH_DIR) || rc=1; \
+	$(GO) run ./kernel-tests/tools/bench/benchtable $(BENCH_DIR) || rc=1; \
 	exit $$rc
 
 demo: deps build ## on a local 3-node rig: launch a real MPI job, pause it (kernel-verified), resume it, same result
@@ -148,7 +148,7 @@ man: ## build mpipause and mpid, and their man pages from what they print for --
 	@mkdir -p $(BIN)
 	$(GO) build $(INSTALL_GOFLAGS) -o $(BIN)/ ./cmd/mpipause ./cmd/mpid
 	@rm -rf $(BIN)/man
-	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run ./internal/manpage/cmd/genman -o $(BIN)/man -version "$$(scripts/version.sh)" $(BIN)
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run ./kernel-tests/tools/manpage/cmd/genman -o $(BIN)/man -version "$$(scripts/version.sh)" $(BIN)
 	gzip -9n -k $(BIN)/man/mpipause.1 $(BIN)/man/mpid.8
 
 install: man ## install the commands, the shim (and Slurm plugin), mpid's unit and config, the man pages (PREFIX=/usr, DESTDIR); keeps an existing config

@@ -17,10 +17,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpipause/mpipause/internal/bench"
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/kernel-tests/tools/bench"
 	"github.com/mpipause/mpipause/loader"
 )
 

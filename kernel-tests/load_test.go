@@ -14,9 +14,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpipause/mpipause/internal/bench"
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/kernel-tests/tools/bench"
 )
 
 // TestConcurrentJobs (issue 5, load): 20 jobs at once on the rig (one rank

@@ -14,8 +14,8 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/mpipause/mpipause/internal/bench"
 	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/kernel-tests/tools/bench"
 )
 
 // BenchmarkOverhead measures what mpipause costs a job that is never

@@ -19,9 +19,9 @@ import (
 
 	"github.com/vishvananda/netns"
 
-	"github.com/mpipause/mpipause/internal/bench"
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/kernel-tests/tools/bench"
 	"github.com/mpipause/mpipause/quiesce"
 )
 

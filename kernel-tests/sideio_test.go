@@ -24,8 +24,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpipause/mpipause/internal/bench"
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/kernel-tests/tools/bench"
 	"github.com/mpipause/mpipause/loader"
 )
 

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpipause/mpipause/internal/bench"
 	"github.com/mpipause/mpipause/internal/testutil"
+	"github.com/mpipause/mpipause/kernel-tests/tools/bench"
 )
 
 // snapshotSizes are the job sizes BenchmarkSnapshot measures, in sockets.
@@ -38,7 +38,7 @@ type snapshotSamples struct {
 // It writes snapshot.csv (every snapshot's time), the summary rows of
 // section "snapshot" (p50 and p99 per size and observer, their ratio, the
 // issue's target of < 5 ms for BPF at 10,000 sockets) and
-// snapshot-vs-sockets.svg to the results directory (internal/bench).
+// snapshot-vs-sockets.svg to the results directory (kernel-tests/tools/bench).
 func BenchmarkSnapshot(b *testing.B) {
 	testutil.RequirePrivileged(b)
 	dir, err := bench.Dir()

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpipause/mpipause/internal/bench"
+	"github.com/mpipause/mpipause/kernel-tests/tools/bench"
 )
 
 // BenchmarkScale measures how the protocol's cost grows with the job: whole

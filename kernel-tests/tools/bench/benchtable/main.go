@@ -4,7 +4,7 @@
 // resolved (the measurement's interval straddles it), a line that counts
 // the targets, and the plots and raw data beside it.
 //
-//	go run ./internal/bench/benchtable [--json] DIR
+//	go run ./kernel-tests/tools/bench/benchtable [--json] DIR
 //
 // Exit status: 0 when the table printed (a missed target is a figure, not a
 // failure of this command), 1 when there is no summary to read, 2 for bad
@@ -24,7 +24,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/mpipause/mpipause/internal/bench"
+	"github.com/mpipause/mpipause/kernel-tests/tools/bench"
 )
 
 const usageText = `usage: benchtable [--json] DIR

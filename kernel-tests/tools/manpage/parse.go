@@ -1,7 +1,7 @@
 // Package manpage turns a command's own --help text into a roff man page, so
 // that the installed manual says what the binary says and cannot drift from
 // it: `make install` runs the built binaries and renders what they print
-// (internal/manpage/cmd/genman).
+// (kernel-tests/tools/manpage/cmd/genman).
 //
 // It reads the shape every help text of the project has: a "usage:" line
 // (and indented continuation lines), then blocks separated by blank lines,

@@ -2,7 +2,7 @@
 // built binaries print for --help (and each subcommand's --help), so that
 // the installed manual cannot drift from the commands (package manpage).
 //
-//	go run ./internal/manpage/cmd/genman -o DIR [-date YYYY-MM-DD] [-version V] BINDIR
+//	go run ./kernel-tests/tools/manpage/cmd/genman -o DIR [-date YYYY-MM-DD] [-version V] BINDIR
 //
 // The date in the pages' title lines is -date, else SOURCE_DATE_EPOCH; never
 // the clock, so that two builds of one commit give the same pages.
@@ -21,7 +21,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/mpipause/mpipause/internal/manpage"
+	"github.com/mpipause/mpipause/kernel-tests/tools/manpage"
 )
 
 // pages are the pages genman writes: the program (in BINDIR), its section,
@@ -128,7 +128,7 @@ func build(bindir, prog string) (*manpage.Page, error) {
 	p := &manpage.Page{
 		Name:      prog,
 		Main:      main,
-		Generator: fmt.Sprintf("Made by internal/manpage/cmd/genman from '%s --help' and its subcommands' --help; do not edit.", prog),
+		Generator: fmt.Sprintf("Made by kernel-tests/tools/manpage/cmd/genman from '%s --help' and its subcommands' --help; do not edit.", prog),
 	}
 	for _, s := range manpage.Subcommands(prog, main) {
 		text, err := help(bin, s.Name)

@@ -10,7 +10,7 @@ import (
 	"testing"
 
 	"github.com/google/go-cmp/cmp"
-	"github.com/mpipause/mpipause/internal/bench"
+	"github.com/mpipause/mpipause/kernel-tests/tools/bench"
 )
 
 // runCLI runs one command line in-process and returns its exit code and output.

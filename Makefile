@@ -8,6 +8,9 @@ BIN := $(CURDIR)/bin
 # Privileged tests fail instead of skipping when this is set (internal/testutil).
 PRIV := MPIPAUSE_REQUIRE_PRIV=1
 GENERATED := loader/*_bpfel.go loader/*_bpfel.o
+# Every Go package, module by module (go.work's): ./... stops at a directory
+# with a go.mod of its own.
+GOPKGS := ./... ./kernel-tests/tools/...
 # The commands print the version the .deb and the man pages carry (--version).
 VERSION_STR := $(shell scripts/version.sh)
 STAMP := -X github.com/mpipause/mpipause/internal/version.stamped=$(VERSION_STR)
@@ -43,14 +46,14 @@ check-generate: ## fail if regenerating BPF objects changes anything committed
 check-format: ## fail if a Go file is not gofmt-formatted or go vet reports a problem
 	@f=$$("$$($(GO) env GOROOT)/bin/gofmt" -l $$(git ls-files '*.go')); \
 		[ -z "$$f" ] || { echo "not gofmt-formatted: $$f (run: gofmt -w $$f)" >&2; exit 1; }
-	$(GO) vet ./...
+	$(GO) vet $(GOPKGS)
 	$(GO) vet -tags failpoints ./internal/mpid/ ./cmd/mpid/
 
 test: deps build check-generate check-format check-vagrant check-deb check-systemd test-unit test-fuzz test-priv test-multinode test-security test-cluster-script ## install what is missing and run every test tier
 	@echo "make test: all tiers passed"
 
 test-unit: ## tier 1: unit tests with every capability dropped (must pass unprivileged), and the shim's C tests
-	env -u CI -u MPIPAUSE_REQUIRE_PRIV setpriv --inh-caps=-all --bounding-set=-all -- $(GO) test -count=1 ./...
+	env -u CI -u MPIPAUSE_REQUIRE_PRIV setpriv --inh-caps=-all --bounding-set=-all -- $(GO) test -count=1 $(GOPKGS)
 	env -u CI -u MPIPAUSE_REQUIRE_PRIV setpriv --inh-caps=-all --bounding-set=-all -- $(GO) test -count=1 -tags failpoints -run Failpoint ./internal/mpid/
 	setpriv --inh-caps=-all --bounding-set=-all -- $(MAKE) -s -C libmpi-shim OUT=$(BIN) test
 

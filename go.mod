@@ -6,6 +6,7 @@ require (
 	github.com/cilium/ebpf v0.22.0
 	github.com/google/go-cmp v0.7.0
 	github.com/mdlayher/netlink v1.11.2
+	github.com/mpipause/mpipause/kernel-tests/tools v0.0.0-00010101000000-000000000000
 	github.com/prometheus/client_golang v1.25.0
 	github.com/prometheus/client_model v0.6.3
 	github.com/prometheus/common v0.73.1
@@ -28,3 +29,8 @@ require (
 )
 
 tool github.com/cilium/ebpf/cmd/bpf2go
+
+// The benchmarks of quiesce and loader record and plot through the tools
+// module (kernel-tests/tools): a test-only requirement, which no command
+// links; go.work builds the modules together.
+replace github.com/mpipause/mpipause/kernel-tests/tools => ./kernel-tests/tools

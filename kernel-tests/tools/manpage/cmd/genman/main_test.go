@@ -15,8 +15,10 @@ import (
 func buildCommands(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
-	cmd := exec.Command("go", "build", "-o", dir+"/",
-		"github.com/mpipause/mpipause/cmd/mpipause", "github.com/mpipause/mpipause/cmd/mpid")
+	cmd := exec.Command("go", "build", "-o", dir+"/", "./cmd/mpipause", "./cmd/mpid")
+	// From the product module's directory: this one is the tools module,
+	// which does not require the product's (go.work joins them, when present).
+	cmd.Dir = filepath.Join("..", "..", "..", "..", "..")
 	if out, err := cmd.CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
 	}

@@ -10,7 +10,7 @@ PRIV := MPIPAUSE_REQUIRE_PRIV=1
 GENERATED := loader/*_bpfel.go loader/*_bpfel.o
 # Every Go package, module by module (go.work's): ./... stops at a directory
 # with a go.mod of its own.
-GOPKGS := ./... ./kernel-tests/tools/...
+GOPKGS := ./... ./kernel-tests/... ./kernel-tests/tools/...
 # The commands print the version the .deb and the man pages carry (--version).
 VERSION_STR := $(shell scripts/version.sh)
 STAMP := -X github.com/mpipause/mpipause/internal/version.stamped=$(VERSION_STR)

@@ -43,11 +43,15 @@ generate: ## regenerate BPF objects and Go bindings from bpf/*.c (needs clang)
 check-generate: ## fail if regenerating BPF objects changes anything committed
 	@bash scripts/check-generate.sh
 
-check-format: ## fail if a Go file is not gofmt-formatted or go vet reports a problem
+check-format: ## fail if a Go file is not gofmt-formatted, go vet reports a problem, or mpid or mpipause links a package of kernel-tests/
 	@f=$$("$$($(GO) env GOROOT)/bin/gofmt" -l $$(git ls-files '*.go')); \
 		[ -z "$$f" ] || { echo "not gofmt-formatted: $$f (run: gofmt -w $$f)" >&2; exit 1; }
 	$(GO) vet $(GOPKGS)
 	$(GO) vet -tags failpoints ./internal/mpid/ ./cmd/mpid/
+	@# The product module requires the tools module (for its benchmarks), so
+	@# nothing but this stops a command from linking it, or the rig.
+	@p=$$($(GO) list -deps ./cmd/... | grep -E '/kernel-tests(/|$$)|vishvananda'); \
+		[ -z "$$p" ] || { echo "the commands link test or tooling packages: $$p" >&2; exit 1; }
 
 test: deps build check-generate check-format check-vagrant check-deb check-systemd test-unit test-fuzz test-priv test-multinode test-security test-cluster-script ## install what is missing and run every test tier
 	@echo "make test: all tiers passed"

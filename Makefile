@@ -16,7 +16,7 @@ VERSION_STR := $(shell scripts/version.sh)
 STAMP := -X github.com/mpipause/mpipause/internal/version.stamped=$(VERSION_STR)
 
 .DEFAULT_GOAL := help
-.PHONY: help deps build generate check-generate check-format check-vagrant test-cluster-script test test-unit test-fuzz test-priv test-multinode test-security test-faults bench demo clean
+.PHONY: help deps build generate check-generate check-format check-vagrant test-cluster-script test test-unit test-fuzz test-priv test-multinode test-security test-faults bench bench-base demo clean
 .PHONY: man install uninstall deb check-install check-deb
 .PHONY: check-systemd
 
@@ -112,8 +112,12 @@ test-cluster-script: build ## the cluster e2e script of vagrant/ (docs/vagrant.m
 		kernel-tests/rig down >/dev/null || rc=1; exit $$rc
 
 BENCH_DIR ?= bench-results
-BENCH_ENV = $(PRIV) MPIPAUSE_BIN=$(BIN) MPIPAUSE_BENCH_DIR=$(abspath $(BENCH_DIR))
-bench: deps build ## the benchmark suite (not in make test, ~20 min when last timed): prints one table; CSV and SVG plots in BENCH_DIR (bench-results)
+# BASE_SHIM: another build's libmpipause.so, measured beside this one's by the
+# overhead step's calls (docs/benchmarks.md, "Producing the figures").
+BASE_SHIM ?=
+BENCH_ENV = $(PRIV) MPIPAUSE_BIN=$(BIN) MPIPAUSE_BENCH_DIR=$(abspath $(BENCH_DIR)) \
+	$(if $(BASE_SHIM),MPIPAUSE_BENCH_BASE_SHIM=$(abspath $(BASE_SHIM)))
+bench: deps build ## the benchmark suite (not in make test, ~20 min when last timed): prints one table; CSV and SVG plots in BENCH_DIR (bench-results); BASE_SHIM=<.so> adds that shim to the per-call costs
 	@rm -rf $(BENCH_DIR) && mkdir -p $(BENCH_DIR); rc=0; \
 	step() { echo "bench: $$1" >&2; shift; "$$@" 2>&1 | tee -a $(BENCH_DIR)/bench.log | { grep -E '^(Benchmark|--- FAIL|FAIL|panic|bench: |pause |overhead |snapshot |scale )|_test.go:' || true; }; \
 		[ $${PIPESTATUS[0]} -eq 0 ] || { echo "bench: that step FAILED (see $(BENCH_DIR)/bench.log)" >&2; rc=1; }; }; \
@@ -127,6 +131,31 @@ bench: deps build ## the benchmark suite (not in make test, ~20 min when last ti
 		env $(BENCH_ENV) MPIPAUSE_RIG_NODES=4 $(GO) test -run '^$$' -bench '^BenchmarkPause$$' -benchtime 1x -timeout 60m ./kernel-tests/; \
 	$(GO) run ./kernel-tests/tools/bench/benchtable $(BENCH_DIR) || rc=1; \
 	exit $$rc
+
+# The shim of git revision BASE is built from that revision's libmpi-shim/
+# (git archive: the worktree is not touched) into BENCH_DIR, where it stays
+# beside the figures it gave. Without a job mode in CALL_MODES a round takes
+# about 2 s, and other checkouts' jobs on the machine do not hold it back
+# (docs/benchmarks.md, "Producing the figures").
+BASE ?=
+CALL_RUNS ?= 100
+CALL_MODES ?= plain,shim,base
+bench-base: deps build ## the shim's per-call cost, this build's against revision BASE's in the same run, CALL_RUNS (100) rounds of CALL_MODES, and both send wrappers' open-gate path
+	@[ -n "$(BASE)" ] || { echo "bench-base: name the baseline: make bench-base BASE=<git revision>" >&2; exit 2; }
+	@rev=$$(git rev-parse --short --verify '$(BASE)^{commit}') || exit 2; \
+	rm -rf $(BENCH_DIR) && mkdir -p $(BENCH_DIR)/base-$$rev || exit 1; \
+	src=$$(mktemp -d) && trap 'rm -rf "$$src"' EXIT && \
+	git archive $$rev libmpi-shim | tar -x -C "$$src" && \
+	$(MAKE) -s -C "$$src/libmpi-shim" OUT=$(abspath $(BENCH_DIR))/base-$$rev $(abspath $(BENCH_DIR))/base-$$rev/libmpipause.so || exit 1; \
+	echo "bench-base: the send wrappers' open-gate path, $$rev's shim, then this build's" >&2; \
+	scripts/shim-fastpath.sh $(BENCH_DIR)/base-$$rev/libmpipause.so $(BIN)/libmpipause.so | tee $(BENCH_DIR)/fastpath.txt | grep -E '^(==|[a-z]+: )'; \
+	[ $${PIPESTATUS[0]} -eq 0 ] || exit 1; \
+	echo "bench-base: per-call cost, $$rev's shim and this build's, $(CALL_RUNS) rounds of $(CALL_MODES)" >&2; \
+	env $(PRIV) MPIPAUSE_BIN=$(BIN) MPIPAUSE_BENCH_DIR=$(abspath $(BENCH_DIR)) MPIPAUSE_BENCH_CALL_RUNS=$(CALL_RUNS) MPIPAUSE_BENCH_CALL_MODES=$(CALL_MODES) \
+		MPIPAUSE_BENCH_BASE_SHIM=$(abspath $(BENCH_DIR))/base-$$rev/libmpipause.so \
+		$(GO) test -run '^$$' -bench '^BenchmarkOverhead$$/^calls$$' -benchtime 1x -timeout $$(( $(CALL_RUNS) + 5 ))m ./kernel-tests/ 2>&1 \
+		| tee $(BENCH_DIR)/bench.log | { grep -E '^(Benchmark|--- FAIL|FAIL|panic|overhead )|_test.go:' || true; }; \
+	rc=$${PIPESTATUS[0]}; $(GO) run ./kernel-tests/tools/bench/benchtable $(BENCH_DIR) || rc=1; exit $$rc
 
 demo: deps build ## on a local 3-node rig: launch a real MPI job, pause it (kernel-verified), resume it, same result
 	@bash scripts/demo.sh

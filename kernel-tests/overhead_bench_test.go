@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -56,10 +57,23 @@ import (
 // job runs both nodes' sets.
 //
 // Every run starts with no job's BPF programs loaded on the machine
-// (quietBPF), and callcost runs pinned to one CPU.
+// (quietBPF; in calls, only when it runs a mode with a job), and callcost
+// runs pinned to one CPU.
 //
 // MPIPAUSE_BENCH_RUNS sets the ping-pong pairs per library (default 12),
 // MPIPAUSE_BENCH_CALL_RUNS the callcost rounds (default 24).
+// MPIPAUSE_BENCH_BASE_SHIM names another build of libmpipause.so (an
+// absolute path; `make bench-base BASE=<rev>` builds one from a git
+// revision): calls then also runs callcost with that shim preloaded,
+// unregistered, in each round beside the other modes, and prints plain,
+// that shim and this build's per call, and this build's over it, paired by
+// round. Two builds are compared within one run because on this machine
+// the per-call figures move between runs by more than a wrapper costs (a
+// neighbour's load). MPIPAUSE_BENCH_CALL_MODES names the modes calls runs
+// (comma-separated: plain, shim, bpf, shim+bpf, base; default all, plain
+// always among them): "plain,shim,base" compares two shims in a few
+// seconds a round, where a mode with a job costs up to 10 s of mpid's
+// cleanup after it.
 func BenchmarkOverhead(b *testing.B) {
 	dir, err := bench.Dir()
 	if err != nil {
@@ -248,8 +262,9 @@ func pingpong(b *testing.B, bin, lib string, shim bool, launch []string) (float6
 // callMode is one way of running callcost.
 type callMode struct {
 	name string
-	shim bool // libmpipause.so loaded in the measuring process
-	job  bool // the process in a job cgroup its mpid watches
+	shim bool   // libmpipause.so loaded in the measuring process
+	job  bool   // the process in a job cgroup its mpid watches
+	so   string // the shim to preload, if not this build's
 }
 
 var callModes = []callMode{
@@ -271,27 +286,135 @@ const nominalMPICHLatency = 6.7
 // over 140 KiB a call.
 const callBytes = 64 << 10
 
+// baseMode is the index of the base shim's mode in overheadCalls' modes,
+// when MPIPAUSE_BENCH_BASE_SHIM names one.
+const baseMode = 4
+
+// callOrder is the order of the selected modes (indices) in round i
+// (0-based): the modes without a job, then the ones with one, each group
+// taking each of its orders in turn, so that every mode is as often first
+// (after the previous round's job modes and their cleanup) as last. With
+// every mode of callModes that is the alternation plain, shim, bpf,
+// shim+bpf / shim, plain, shim+bpf, bpf.
+func callOrder(i int, modes []callMode, sel []int) []int {
+	var nojob, job []int
+	for _, m := range sel {
+		if modes[m].job {
+			job = append(job, m)
+		} else {
+			nojob = append(nojob, m)
+		}
+	}
+	pn, pj := permutations(nojob), permutations(job)
+	return append(slices.Clone(pn[i%len(pn)]), pj[i%len(pj)]...)
+}
+
+// permutations lists every order of v, the identity first (lexicographic
+// by position): 1 for 0 or 1 element, 2 for 2, 6 for 3.
+func permutations(v []int) [][]int {
+	if len(v) <= 1 {
+		return [][]int{slices.Clone(v)}
+	}
+	var out [][]int
+	for k := range v {
+		rest := append(slices.Clone(v[:k]), v[k+1:]...)
+		for _, p := range permutations(rest) {
+			out = append(out, append([]int{v[k]}, p...))
+		}
+	}
+	return out
+}
+
+// baseShim is MPIPAUSE_BENCH_BASE_SHIM, checked: "" when unset.
+func baseShim(b *testing.B) string {
+	so := os.Getenv("MPIPAUSE_BENCH_BASE_SHIM")
+	if so == "" {
+		return ""
+	}
+	// The path goes into LD_PRELOAD of a process in a rig node, whose
+	// working directory is not the test's.
+	if !filepath.IsAbs(so) {
+		b.Fatalf("MPIPAUSE_BENCH_BASE_SHIM=%q: want an absolute path", so)
+	}
+	if _, err := os.Stat(so); err != nil {
+		b.Fatalf("MPIPAUSE_BENCH_BASE_SHIM: %v", err)
+	}
+	return so
+}
+
+// selectModes is the indices into modes of the modes to run: every one, or
+// those MPIPAUSE_BENCH_CALL_MODES names (comma-separated). plain is
+// always one of them (every figure is against it), and a base shim needs
+// this build's shim beside it.
+func selectModes(b *testing.B, modes []callMode) []int {
+	v := os.Getenv("MPIPAUSE_BENCH_CALL_MODES")
+	if v == "" {
+		sel := make([]int, len(modes))
+		for m := range sel {
+			sel[m] = m
+		}
+		return sel
+	}
+	var sel []int
+	for _, name := range strings.Split(v, ",") {
+		m := slices.IndexFunc(modes, func(c callMode) bool { return c.name == strings.TrimSpace(name) })
+		if m < 0 {
+			var names []string
+			for _, c := range modes {
+				names = append(names, c.name)
+			}
+			b.Fatalf("MPIPAUSE_BENCH_CALL_MODES=%q: no mode %q here (modes: %s; base needs MPIPAUSE_BENCH_BASE_SHIM)", v, name, strings.Join(names, ", "))
+		}
+		if !slices.Contains(sel, m) {
+			sel = append(sel, m)
+		}
+	}
+	slices.Sort(sel)
+	if sel[0] != 0 {
+		b.Fatalf("MPIPAUSE_BENCH_CALL_MODES=%q: plain must be one of them", v)
+	}
+	if len(modes) > baseMode && (!slices.Contains(sel, baseMode) || !slices.Contains(sel, 1)) {
+		b.Fatalf("MPIPAUSE_BENCH_CALL_MODES=%q: with MPIPAUSE_BENCH_BASE_SHIM, shim and base must be among them", v)
+	}
+	return sel
+}
+
 func overheadCalls(b *testing.B, dir, bin string, lat, bw float64) {
 	rounds := envCount("MPIPAUSE_BENCH_CALL_RUNS", 24)
 	latCase := "measured"
 	if lat == 0 {
 		lat, latCase = nominalMPICHLatency, "nominal"
 	}
-	var ns [4][nCallFigs][]float64 // per mode, figure, round
+	modes := slices.Clone(callModes)
+	base := baseShim(b)
+	if base != "" {
+		// Unregistered only: the base build's rank channel need not
+		// speak this mpid's, and with the gate open an unregistered
+		// shim's send path is a registered one's.
+		modes = append(modes, callMode{name: "base", shim: true, so: base})
+	}
+	sel := selectModes(b, modes)
+	// Every run waits for the machine to have no job's BPF programs when
+	// any mode of the run has a job: then each job measures its own set,
+	// and the other modes none. Without a job mode there is nothing of
+	// ours to wait for, and other checkouts' jobs on a shared machine
+	// would only hold the run back: their programs run on TCP state
+	// changes, which callcost makes before its timed loops, not in them.
+	quiet := slices.ContainsFunc(sel, func(m int) bool { return modes[m].job })
+	ns := make([][nCallFigs][]float64, len(modes)) // per mode, figure, round
 	var raw [][]string
-	// Each round: the two modes without a job, then the two with one,
-	// each two in alternating order. A job mode gets a job of its own:
-	// mpid refuses an id while the job that had it is still known (an
-	// ended job's programs go up to 10 s later), so every run waits for
-	// the machine to have no job's programs, each job then its own set.
-	orders := [2][]int{{0, 1, 2, 3}, {1, 0, 3, 2}}
+	// A job mode gets a job of its own: mpid refuses an id while the job
+	// that had it is still known (an ended job's programs go up to 10 s
+	// later).
 	for i := 0; i < rounds; i++ {
-		for _, m := range orders[i%2] {
-			id := fmt.Sprintf("overhead-calls-%d-%d-%s", os.Getpid(), i+1, strings.ReplaceAll(callModes[m].name, "+", "-"))
-			fmt.Fprintf(os.Stderr, "bench: overhead calls round %d/%d %s\n", i+1, rounds, callModes[m].name)
-			quietBPF(b)
-			f := callcost(b, bin, callModes[m], id)
-			rec := []string{callModes[m].name, strconv.Itoa(i + 1)}
+		for _, m := range callOrder(i, modes, sel) {
+			id := fmt.Sprintf("overhead-calls-%d-%d-%s", os.Getpid(), i+1, strings.ReplaceAll(modes[m].name, "+", "-"))
+			fmt.Fprintf(os.Stderr, "bench: overhead calls round %d/%d %s\n", i+1, rounds, modes[m].name)
+			if quiet {
+				quietBPF(b)
+			}
+			f := callcost(b, bin, modes[m], id)
+			rec := []string{modes[m].name, strconv.Itoa(i + 1)}
 			for j := range f {
 				ns[m][j] = append(ns[m][j], f[j])
 				rec = append(rec, fmt.Sprint(f[j]))
@@ -312,6 +435,9 @@ func overheadCalls(b *testing.B, dir, bin string, lat, bw float64) {
 	}
 	var add [4][nCallFigs]bench.Interval
 	for m := 1; m < len(callModes); m++ {
+		if !slices.Contains(sel, m) {
+			continue
+		}
 		name := callModes[m].name
 		var say []string
 		for j, fig := range callFigs {
@@ -322,20 +448,32 @@ func overheadCalls(b *testing.B, dir, bin string, lat, bw float64) {
 		}
 		fmt.Fprintf(os.Stderr, "overhead calls: %s adds %s\n", name, strings.Join(say, ", "))
 	}
-	// The bound, for the real state (shim+bpf): what a one-way message
-	// pays on its critical path, over the plain one-way latency. MPICH
-	// (UCX's TCP transport) makes one send and one recv per message and
-	// rank and waits in epoll_wait(.., 0), which the tracepoints do not
-	// see and the shim wraps (strace of a ping-pong: per round trip and
-	// rank, 1 sendto, 1 recvfrom, ~4 epoll_wait, no EAGAIN recv): one
-	// pair, and one turn of the wait loop, by which the message's arrival
-	// may be noticed later.
-	all := len(callModes) - 1
-	pairAdd := add[all][figPair]
+	if all := len(callModes) - 1; slices.Contains(sel, all) {
+		rows = append(rows, callBounds(b, add[all], rounds, lat, latCase, bw)...)
+	}
+	if base != "" {
+		rows = append(rows, compareShims(b, base, rounds, ns[0], ns[1], ns[baseMode])...)
+	}
+	if err := bench.Record(dir, rows...); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// callBounds is the bound, for the real state (shim+bpf, whose added
+// costs add holds): what a one-way message pays on its critical path,
+// over the plain one-way latency. MPICH (UCX's TCP transport) makes one
+// send and one recv per message and rank and waits in epoll_wait(.., 0),
+// which the tracepoints do not see and the shim wraps (strace of a
+// ping-pong: per round trip and rank, 1 sendto, 1 recvfrom, ~4
+// epoll_wait, no EAGAIN recv): one pair, and one turn of the wait loop,
+// by which the message's arrival may be noticed later.
+func callBounds(b *testing.B, add [nCallFigs]bench.Interval, rounds int, lat float64, latCase string, bw float64) []bench.Row {
+	var rows []bench.Row
+	pairAdd := add[figPair]
 	msg := bench.Interval{ // one pair and one turn of the epoll_wait loop
-		Median: pairAdd.Median + add[all][figEpoll].Median,
-		Lo:     pairAdd.Lo + add[all][figEpoll].Lo,
-		Hi:     pairAdd.Hi + add[all][figEpoll].Hi,
+		Median: pairAdd.Median + add[figEpoll].Median,
+		Lo:     pairAdd.Lo + add[figEpoll].Lo,
+		Hi:     pairAdd.Hi + add[figEpoll].Hi,
 		N:      rounds, Level: overheadLevel,
 	}
 	frac := scaleInterval(msg, 1/(lat*1000))
@@ -358,10 +496,39 @@ func overheadCalls(b *testing.B, dir, bin string, lat, bw float64) {
 			bw, bwFrac, verdict(bwMet))
 	}
 	b.ReportMetric(pairAdd.Median, "pair-added-ns")
-	b.ReportMetric(add[all][figEpoll].Median, "epoll-added-ns")
-	if err := bench.Record(dir, rows...); err != nil {
-		b.Fatal(err)
+	b.ReportMetric(add[figEpoll].Median, "epoll-added-ns")
+	return rows
+}
+
+// compareShims prints and returns the base shim's figures beside this
+// build's: plain, base and shim per call (min / median over the rounds),
+// and shim over base, paired by round, with its interval. The pairs are
+// the two shims' runs of one round, not each against the round's plain
+// run as the "added by" figures are, so plain's own spread stays out of
+// the comparison of the two builds.
+func compareShims(b *testing.B, base string, rounds int, plain, shim, old [nCallFigs][]float64) []bench.Row {
+	// The table names the base by its file's last two elements
+	// (bench-base's base-<rev>/libmpipause.so); the log has the whole path.
+	c := fmt.Sprintf("calls, base shim %s, node0, CPU ns per call", filepath.Join(filepath.Base(filepath.Dir(base)), filepath.Base(base)))
+	row := func(metric string, v float64, unit string) bench.Row {
+		return bench.Row{Section: "overhead", Case: c, Metric: metric, Value: v, Unit: unit}
 	}
+	mm := func(v []float64) string { return fmt.Sprintf("%.4g / %.4g", slices.Min(v), median(v)) }
+	fmt.Fprintf(os.Stderr, "overhead shims: base shim %s against this build's, %d rounds, CPU ns per call (min / median)\n", base, rounds)
+	var rows []bench.Row
+	for j, fig := range callFigs {
+		r := bench.MedianInterval(bench.Ratios(shim[j], old[j]), overheadLevel)
+		d := bench.MedianInterval(bench.Diffs(shim[j], old[j]), overheadLevel)
+		rows = append(rows,
+			row(fig+", base shim", median(old[j]), "ns"),
+			row(fig+", shim", median(shim[j]), "ns"),
+			row(fig+", shim / base shim, "+ivText(r), r.Median, "x"),
+			row(fig+", shim - base shim, "+ivText(d), d.Median, "ns"))
+		fmt.Fprintf(os.Stderr, "overhead shims: %s: plain %s, base shim %s, shim %s; shim / base %v, shim - base %v ns\n",
+			fig, mm(plain[j]), mm(old[j]), mm(shim[j]), r, d)
+	}
+	b.ReportMetric(bench.MedianInterval(bench.Ratios(shim[figPair], old[figPair]), overheadLevel).Median, "pair-shim/base")
+	return rows
 }
 
 // upperBound is the verdict of a bound from above: below the target it
@@ -391,19 +558,23 @@ const (
 	nCallFigs
 )
 
-var callcostRE = regexp.MustCompile(`(?m)^callcost pair_ns=([0-9.]+) poll_ns=([0-9.]+) epoll_ns=([0-9.]+) wait_ns=([0-9.]+) shim=([01]) cgroup=(\S*)$`)
+var callcostRE = regexp.MustCompile(`(?m)^callcost pair_ns=([0-9.]+) poll_ns=([0-9.]+) epoll_ns=([0-9.]+) wait_ns=([0-9.]+) shim=([01]) shimlib=(\S*) cgroup=(\S*)$`)
 
 // callcost runs callcost.mpich once on node0 in mode m (a one-rank MPICH
 // job, of job id id in the modes with a job: MPI_Init lets a preloaded
 // shim register as a rank's does) and
 // returns its figures (ns per call, in callFigs order). It checks that
-// the process measured in the state m says: shim loaded or not, in the
-// job's cgroup or not.
+// the process measured in the state m says: shim loaded or not (and which
+// build of it), in the job's cgroup or not.
 func callcost(b *testing.B, bin string, m callMode, id string) [nCallFigs]float64 {
 	b.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	argv := []string{"mpiexec.mpich", "-n", "1", filepath.Join(bin, "apps", "callcost.mpich"), "-M", "-c", "1", "-n", "50000", "-p", "200000"}
+	so := m.so // mpipause run preloads the one beside it, this build's
+	if so == "" {
+		so = filepath.Join(bin, "libmpipause.so")
+	}
 	var env []string
 	switch {
 	case m.job:
@@ -418,7 +589,7 @@ func callcost(b *testing.B, bin string, m callMode, id string) [nCallFigs]float6
 	case m.shim:
 		// No mpid at this address: the shim stays unregistered, gate
 		// open, quietly.
-		env = []string{"LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so"), "MPIPAUSE_MPID_SOCKET=@mpipause-bench-nobody", "MPIPAUSE_QUIET=1"}
+		env = []string{"LD_PRELOAD=" + so, "MPIPAUSE_MPID_SOCKET=@mpipause-bench-nobody", "MPIPAUSE_QUIET=1"}
 	}
 	r := runInNode(ctx, b, "node0", env, argv...)
 	what := strings.Join(argv, " ")
@@ -432,9 +603,12 @@ func callcost(b *testing.B, bin string, m callMode, id string) [nCallFigs]float6
 	if got := o[5] == "1"; got != m.shim {
 		b.Fatalf("%s (%s): shim loaded %v, want %v:\n%s%s", what, m.name, got, m.shim, r.stdout, r.stderr)
 	}
+	if m.shim && filepath.Clean(o[6]) != filepath.Clean(so) {
+		b.Fatalf("%s (%s): shim loaded from %s, want %s:\n%s%s", what, m.name, o[6], so, r.stdout, r.stderr)
+	}
 	// mpid names a job's cgroup by its key, the owner's uid and the id.
-	if _, name, _ := ranks.SplitJobKey(filepath.Base(o[6])); (name == id) != m.job {
-		b.Fatalf("%s (%s): cgroup %s, want the job's (%v):\n%s%s", what, m.name, o[6], m.job, r.stdout, r.stderr)
+	if _, name, _ := ranks.SplitJobKey(filepath.Base(o[7])); (name == id) != m.job {
+		b.Fatalf("%s (%s): cgroup %s, want the job's (%v):\n%s%s", what, m.name, o[7], m.job, r.stdout, r.stderr)
 	}
 	if m.job && (!strings.HasPrefix(r.stdout, "job "+id+"\n") || strings.Contains(r.stderr, "mpipause:")) {
 		b.Fatalf("%s (%s) did not run quietly under mpipause run:\n%s%s", what, m.name, r.stdout, r.stderr)

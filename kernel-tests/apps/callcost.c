@@ -26,17 +26,19 @@
 //             (watched by the BPF programs), and the measurement runs there
 //             without the shim
 // Prints one line: "callcost pair_ns=<per send+recv> poll_ns=<per recv>
-// epoll_ns=<per epoll_wait> wait_ns=<per poll> shim=<0|1> cgroup=<path>",
-// shim=1 when libmpipause.so is loaded, cgroup
-// the process's cgroup v2 path (the benchmark checks both: a mode that
-// quietly lost the shim or its cgroup would measure nothing).
+// epoll_ns=<per epoll_wait> wait_ns=<per poll> shim=<0|1> shimlib=<path|->
+// cgroup=<path>", shim=1 when libmpipause.so is loaded, shimlib the file it
+// was loaded from, cgroup the process's cgroup v2 path (the benchmark checks
+// all three: a mode that quietly lost the shim or its cgroup would measure
+// nothing, and one that loaded another build of the shim than the one it
+// names would measure the wrong one).
 //
 // Times are the thread's CPU time (CLOCK_THREAD_CPUTIME_ID), not wall time:
 // on a shared machine a preemption lands in wall time and not here. The
 // loopback receive path runs in the sender's softirq, in this thread, so a
 // pair's time includes the whole way of the bytes through TCP and any
 // BPF program the kernel runs on it.
-#define _GNU_SOURCE // sched_setaffinity, CPU_SET
+#define _GNU_SOURCE // sched_setaffinity, CPU_SET, dladdr
 #include <dlfcn.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -223,7 +225,11 @@ int main(int argc, char **argv)
 		MPI_Finalize();
 #endif
 	cgroup_path(cg, sizeof(cg));
-	printf("callcost pair_ns=%.1f poll_ns=%.1f epoll_ns=%.1f wait_ns=%.1f shim=%d cgroup=%s\n", pair, rpoll, epoll, wait,
-	       dlsym(RTLD_DEFAULT, "mpipause_gate_state") != NULL, cg);
+	void *gate = dlsym(RTLD_DEFAULT, "mpipause_gate_state");
+	Dl_info shim = {0};
+	if (gate == NULL || dladdr(gate, &shim) == 0 || shim.dli_fname == NULL)
+		shim.dli_fname = "-";
+	printf("callcost pair_ns=%.1f poll_ns=%.1f epoll_ns=%.1f wait_ns=%.1f shim=%d shimlib=%s cgroup=%s\n", pair, rpoll,
+	       epoll, wait, gate != NULL, shim.dli_fname, cg);
 	return 0;
 }

@@ -623,7 +623,7 @@ void mpp_ctl_stop(void)
 
 // mpp_valid_jobid: a job id is one token of 1 to MPP_JOBID_MAX printable
 // ASCII characters other than '=', ',' and '/', and not "." or "..": the
-// rule of internal/ranks.ValidJobID (',' because HELLO turns it into '_',
+// rule of internal/jobid.Valid (',' because HELLO turns it into '_',
 // '/' and the dot names because the id names a cgroup directory).
 int mpp_valid_jobid(const char *id)
 {

@@ -19,6 +19,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/mpipause/mpipause/internal/jobid"
 	"github.com/mpipause/mpipause/internal/ranks"
 )
 
@@ -246,11 +247,10 @@ func (r *Request) Validate() error {
 	return nil
 }
 
-// ValidJobID checks a job id as the shim and mpid accept it
-// (ranks.ValidJobID).
+// ValidJobID checks a job id as the shim and mpid accept it (jobid.Valid).
 func ValidJobID(id string) error {
-	if !ranks.ValidJobID(id) {
-		return Errorf(CodeBadRequest, "job id %q: %s", id, ranks.JobIDRule)
+	if !jobid.Valid(id) {
+		return Errorf(CodeBadRequest, "job id %q: %s", id, jobid.Rule)
 	}
 	return nil
 }

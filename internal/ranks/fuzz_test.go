@@ -4,6 +4,8 @@ import (
 	"encoding/binary"
 	"strings"
 	"testing"
+
+	"github.com/mpipause/mpipause/internal/jobid"
 )
 
 // Every decoder of bytes another process sends mpid has a fuzz target
@@ -23,7 +25,7 @@ func FuzzParseHello(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if !ValidJobID(r.Job) || r.Pid <= 0 || r.Size <= 0 || r.Rank < 0 || r.Rank >= r.Size {
+		if !jobid.Valid(r.Job) || r.Pid <= 0 || r.Size <= 0 || r.Rank < 0 || r.Rank >= r.Size {
 			t.Fatalf("accepted %q as %+v", line, r)
 		}
 		// Names reach node lists, peers' addresses and terminals.
@@ -45,7 +47,7 @@ func FuzzParseJoin(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if !ValidJobID(job) || pid <= 0 || strings.ContainsAny(job, "/= \n") || !validKey(key) || strings.ContainsAny(key, "= \n") {
+		if !jobid.Valid(job) || pid <= 0 || strings.ContainsAny(job, "/= \n") || !validKey(key) || strings.ContainsAny(key, "= \n") {
 			t.Fatalf("accepted %q as job %q pid %d", line, job, pid)
 		}
 	})

@@ -34,6 +34,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mpipause/mpipause/internal/jobid"
 )
 
 // DefaultAddr is where the shim looks for mpid unless MPIPAUSE_MPID_SOCKET
@@ -139,7 +141,7 @@ func JobKey(uid uint32, id string) string { return strconv.FormatUint(uint64(uid
 func SplitJobKey(key string) (uid uint32, id string, ok bool) {
 	u, id, ok := strings.Cut(key, ":")
 	n, err := strconv.ParseUint(u, 10, 32)
-	if !ok || err != nil || u == "" || (len(u) > 1 && u[0] == '0') || !ValidJobID(id) {
+	if !ok || err != nil || u == "" || (len(u) > 1 && u[0] == '0') || !jobid.Valid(id) {
 		return 0, "", false
 	}
 	return uint32(n), id, true
@@ -496,9 +498,6 @@ func oneLine(s string) string {
 	return s
 }
 
-// MaxJobID is the longest job id a JOIN may carry.
-const MaxJobID = 128
-
 // JoinVersion and HelloVersion are the line formats mpid speaks; a shim of
 // another release is refused with a reason that says so.
 const (
@@ -525,7 +524,7 @@ func validKey(v string) bool {
 
 // ParseJoin parses "JOIN 2 job=<id> pid=<pid> key=<job key>" (one trailing
 // newline allowed): exactly these fields, each once, single spaces. A job
-// id is 1 to MaxJobID printable ASCII characters other than '=' (so no
+// id is 1 to jobid.MaxLen printable ASCII characters other than '=' (so no
 // spaces and no control characters); pid is a positive decimal without
 // sign or leading zeros; the key is what the launcher gave the rank.
 func ParseJoin(line string) (job string, pid int, key string, err error) {
@@ -544,8 +543,8 @@ func ParseJoin(line string) (job string, pid int, key string, err error) {
 		k, v, _ := strings.Cut(kv, "=")
 		switch {
 		case k == "job" && !haveJob:
-			if !ValidJobID(v) {
-				return "", 0, "", fmt.Errorf("JOIN job id %q: %s", v, JobIDRule)
+			if !jobid.Valid(v) {
+				return "", 0, "", fmt.Errorf("JOIN job id %q: %s", v, jobid.Rule)
 			}
 			job, haveJob = v, true
 		case k == "pid" && !havePid:
@@ -564,25 +563,6 @@ func ParseJoin(line string) (job string, pid int, key string, err error) {
 		}
 	}
 	return job, pid, key, nil
-}
-
-// JobIDRule says what ValidJobID accepts, for error messages.
-const JobIDRule = "want 1 to 128 printable ASCII characters without spaces, '=', ',' or '/', and not . or .."
-
-// ValidJobID is the one rule for job ids, here, in mpid, in the CLI and in
-// the shim (mpp_valid_jobid): '=' and spaces would break the line protocol,
-// the shim's HELLO turns ',' into '_' (so JOIN and HELLO would disagree),
-// and '/' and the dot names would escape the job's cgroup directory.
-func ValidJobID(s string) bool {
-	if len(s) == 0 || len(s) > MaxJobID || s == "." || s == ".." {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; c <= ' ' || c > '~' || c == '=' || c == ',' || c == '/' {
-			return false
-		}
-	}
-	return true
 }
 
 // ParseHello parses "HELLO 2 job=... rank=... size=... pid=... host=...
@@ -637,8 +617,8 @@ func ParseHello(line string) (*Rank, error) {
 	}
 	// The same rules as everywhere a job id or rank comes in: what mpid
 	// builds paths and reports from must hold whatever a process sends.
-	if !ValidJobID(r.Job) {
-		return nil, fmt.Errorf("HELLO job id %q: %s", r.Job, JobIDRule)
+	if !jobid.Valid(r.Job) {
+		return nil, fmt.Errorf("HELLO job id %q: %s", r.Job, jobid.Rule)
 	}
 	if r.Size <= 0 || r.Rank < 0 || r.Rank >= r.Size {
 		return nil, fmt.Errorf("HELLO rank %d of size %d", r.Rank, r.Size)

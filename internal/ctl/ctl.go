@@ -20,15 +20,15 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/jobid"
-	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/internal/peercred"
 )
 
 // Version is the request format's version; mpid refuses others.
 const Version = 1
 
 // DefaultAddr is mpid's control socket unless MPIPAUSE_CTL_SOCKET says
-// otherwise: a path in a directory only root may write, beside
-// ranks.DefaultAddr.
+// otherwise: a path in a directory only root may write, beside the rank
+// socket.
 const DefaultAddr = "/run/mpipause/ctl.sock"
 
 // Addr is the control socket the CLI uses: $MPIPAUSE_CTL_SOCKET or DefaultAddr.
@@ -320,7 +320,7 @@ func checkServer(c net.Conn, addr string) error {
 	if !ok {
 		return Errorf(CodeUnavailable, "%s is not a unix socket", addr)
 	}
-	cred, err := ranks.PeerCred(uc)
+	cred, err := peercred.Of(uc)
 	if err != nil {
 		return Errorf(CodeUnavailable, "cannot tell who serves %s: %v", addr, err)
 	}

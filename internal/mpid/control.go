@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
-	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/internal/peercred"
 	"github.com/mpipause/mpipause/quiesce"
 )
 
@@ -40,7 +40,7 @@ func (s *control) serve(ctx context.Context, ln *net.UnixListener) error {
 
 func (s *control) conn(ctx context.Context, c *net.UnixConn) {
 	defer c.Close()
-	cred, err := ranks.PeerCred(c)
+	cred, err := peercred.Of(c)
 	if err != nil {
 		return
 	}

@@ -10,6 +10,7 @@ import (
 	"sync"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/peercred"
 	"golang.org/x/sys/unix"
 )
 
@@ -44,7 +45,7 @@ type Proc struct {
 // remaining window, a reuse by the same user between connect and accept,
 // only lets a user act on their own process).
 func peerProc(c *net.UnixConn) (*Proc, error) {
-	cred, err := PeerCred(c)
+	cred, err := peercred.Of(c)
 	if err != nil {
 		return nil, err
 	}

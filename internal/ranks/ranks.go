@@ -292,21 +292,6 @@ type firstLine struct {
 	perr error // the attached fd was not a valid state page
 }
 
-// PeerCred is what the kernel says of the process at the other end of c:
-// who is asking, whatever the request claims.
-func PeerCred(c *net.UnixConn) (*unix.Ucred, error) {
-	raw, err := c.SyscallConn()
-	if err != nil {
-		return nil, err
-	}
-	var cred *unix.Ucred
-	var cerr error
-	if err := raw.Control(func(fd uintptr) { cred, cerr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) }); err != nil {
-		return nil, err
-	}
-	return cred, cerr
-}
-
 // MaxPendingPerUID bounds, per uid, the connections that wait for their
 // first line (each up to 10 s). A shim writes its line right after its
 // connect(), so its line is there when mpid reads; past the bound a

@@ -135,14 +135,17 @@ func TestShimSurvivesMpidLoss(t *testing.T) {
 	if r2.Pid != r.Pid {
 		t.Errorf("registered again as pid %d, was %d", r2.Pid, r.Pid)
 	}
-	if ok := r2.CloseGate(); !ok {
+	if !r2.HasGatePage() {
 		t.Error("no gate page shared with the new mpid")
+	}
+	if err := r2.CloseGate(ctx); err != nil {
+		t.Fatalf("close under the new mpid: %v", err)
 	}
 	if g, err := r2.State(ctx); err != nil || g.State != "closed" {
 		t.Fatalf("state under the new mpid: %+v %v", g, err)
 	}
-	if ok, err := r2.ReopenGate(); !ok || err != nil {
-		t.Fatalf("reopen under the new mpid: %v %v", ok, err)
+	if err := r2.ReopenGate(ctx); err != nil {
+		t.Fatalf("reopen under the new mpid: %v", err)
 	}
 	release(t, hold)
 	p.finish(ctx, t, "the rank after losing mpid", serial(t, filepath.Join(bin, "apps", "xchg.mpich"), 1, "-n", "3", "-s", "1K"))

@@ -428,12 +428,7 @@ func (l *nodeRole) Prepare(ctx context.Context, job string) error {
 				l.Log.Debug("shim control thread not raised", "job", job, "rank", r.Rank, "error", err)
 			}
 		}
-		if !r.CloseGate() {
-			if _, err := r.Close(ctx); err != nil {
-				return err
-			}
-		}
-		return nil
+		return r.CloseGate(ctx)
 	})
 	if err != nil {
 		return err
@@ -672,15 +667,12 @@ func (l *nodeRole) Thaw(ctx context.Context, job string) error {
 // failed on them already (Drain, Verify), and after a COMMIT the job's own
 // launcher sees the loss.
 func (l *nodeRole) Open(ctx context.Context, job string) error {
-	// Reopen, not Open: the rank runs again once its gate lets sends
+	// ReopenGate, not Open: the rank runs again once its gate lets sends
 	// through; the flush of what it held (MiBs, for MPICH) goes on behind,
 	// in order, and is reported as an event.
 	err := l.eachRank(job, "open gate", func(r *ranks.Rank) error {
 		defer r.Unboost() // the pause step is over
-		if ok, err := r.ReopenGate(); ok || err != nil {
-			return err
-		}
-		return r.Reopen(ctx)
+		return r.ReopenGate(ctx)
 	})
 	if errors.Is(err, ErrNoRanks) {
 		err = nil // every rank here is gone: nothing to open

@@ -1,6 +1,7 @@
 package ranks
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -186,11 +187,37 @@ func (r *Rank) withPage(fn func(p *statePage)) bool {
 	return true
 }
 
-// CloseGate closes the rank's gate, in a new generation, by writing its
+// CloseGate closes the rank's send gate, by its gate word when the shim
+// shared a gate page (closeWord: it wakes nobody, and a frozen or busy
+// control thread does not delay it), else by asking its shim (Close).
+func (r *Rank) CloseGate(ctx context.Context) error {
+	if r.closeWord() {
+		return nil
+	}
+	_, err := r.Close(ctx)
+	return err
+}
+
+// ReopenGate lets the rank's sends through again, held bytes first: by its
+// gate word and a REOPEN nobody waits for when the shim shared a gate page
+// (reopenWord), else by asking its shim and waiting for its answer
+// (Reopen).
+func (r *Rank) ReopenGate(ctx context.Context) error {
+	if ok, err := r.reopenWord(); ok || err != nil {
+		return err
+	}
+	return r.Reopen(ctx)
+}
+
+// HasGatePage reports whether the rank's shim shared its gate page, so
+// that CloseGate and ReopenGate write its gate word.
+func (r *Rank) HasGatePage() bool { return r.withWord(func(*int32) {}) }
+
+// closeWord closes the rank's gate, in a new generation, by writing its
 // gate word, and reports whether it could: false when the shim shared no
-// gate page (then ask it with Close). Unlike Close it wakes nobody: a
-// rank's send calls see the word at their next call.
-func (r *Rank) CloseGate() bool {
+// gate page. Unlike Close it wakes nobody: a rank's send calls see the
+// word at their next call.
+func (r *Rank) closeWord() bool {
 	return r.withWord(func(w *int32) {
 		// mpid counts the generations: the word forgets its own once open,
 		// and a late "REOPEN <gen>" must never match a later close.
@@ -198,14 +225,14 @@ func (r *Rank) CloseGate() bool {
 	})
 }
 
-// ReopenGate lets the rank's sends through again by writing its gate word
+// reopenWord lets the rank's sends through again by writing its gate word
 // (closed to flushing, same generation), then asks its shim to flush what it
 // held ("REOPEN <gen>") without waiting for the answer: a send to a socket
 // with held bytes queues behind them until the flush, so order holds, and
 // a rank whose control thread is slow to be scheduled runs meanwhile. The
 // flush's outcome comes as an event. False when the shim shared no gate
-// page (then use Reopen).
-func (r *Rank) ReopenGate() (bool, error) {
+// page.
+func (r *Rank) reopenWord() (bool, error) {
 	var gen uint32
 	open := false
 	if !r.withWord(func(w *int32) {

@@ -145,19 +145,24 @@ func TestGatePage(t *testing.T) {
 	if r.Quiet() {
 		t.Error("Quiet with the gate open")
 	}
-	if !r.CloseGate() || atomic.LoadInt32(word) != gateWord(gateClosed, 1) || !r.Quiet() {
-		t.Fatalf("after CloseGate: word %#x, quiet %v", atomic.LoadInt32(word), r.Quiet())
+	if !r.HasGatePage() {
+		t.Fatal("no gate page")
+	}
+	if err := r.CloseGate(ctx); err != nil || atomic.LoadInt32(word) != gateWord(gateClosed, 1) || !r.Quiet() {
+		t.Fatalf("after CloseGate: %v, word %#x, quiet %v", err, atomic.LoadInt32(word), r.Quiet())
 	}
 	br := bufio.NewReader(c)
 	for gen := uint32(1); gen <= 3; gen++ {
 		if gen > 1 {
-			r.CloseGate()
+			if err := r.CloseGate(ctx); err != nil {
+				t.Fatalf("CloseGate: %v", err)
+			}
 		}
 		if got := atomic.LoadInt32(word); got != gateWord(gateClosed, gen) {
 			t.Fatalf("close %d: word %#x", gen, got)
 		}
-		if ok, err := r.ReopenGate(); !ok || err != nil {
-			t.Fatalf("ReopenGate: %v %v", ok, err)
+		if err := r.ReopenGate(ctx); err != nil {
+			t.Fatalf("ReopenGate: %v", err)
 		}
 		if got := atomic.LoadInt32(word); got != gateWord(gateFlushing, gen) || r.Quiet() {
 			t.Fatalf("reopen %d: word %#x, quiet %v", gen, got, r.Quiet())
@@ -202,8 +207,8 @@ func TestGatePage(t *testing.T) {
 	if f := r.StashFullSince(); f != nil {
 		t.Errorf("after ClearStashFull: %+v", f)
 	}
-	if ok, err := r.ReopenGate(); !ok || err != nil || atomic.LoadInt32(word) != gateOpen {
-		t.Errorf("ReopenGate of an open gate: %v %v, word %#x", ok, err, atomic.LoadInt32(word))
+	if err := r.ReopenGate(ctx); err != nil || atomic.LoadInt32(word) != gateOpen {
+		t.Errorf("ReopenGate of an open gate: %v, word %#x", err, atomic.LoadInt32(word))
 	}
 
 	for name, gate := range map[string]func() int{
@@ -222,8 +227,8 @@ func TestGatePage(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer p.close()
-	if (&Rank{page: p}).CloseGate() {
-		t.Error("CloseGate without a gate page")
+	if r := (&Rank{page: p}); r.HasGatePage() || r.closeWord() {
+		t.Error("a gate word without a gate page")
 	}
 }
 

@@ -192,6 +192,36 @@ func TestServer(t *testing.T) {
 	}
 }
 
+// TestGateWithoutPage: a shim that shared no gate page has its gate
+// closed and reopened by request; CloseGate and ReopenGate ask it.
+func TestGateWithoutPage(t *testing.T) {
+	s, addr, ctx := serving(t)
+	c := fakeShim(t, addr, fmt.Sprintf("HELLO 2 job=np rank=0 size=1 pid=%d host=h key=k\n", os.Getpid()))
+	defer c.Close()
+	if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	r := s.Ranks(JobKey(uint32(os.Getuid()), "np"))[0]
+	if r.HasGatePage() {
+		t.Fatal("a gate page from a shim that sent none")
+	}
+	for _, step := range []struct {
+		name string
+		do   func(context.Context) error
+		want string
+	}{
+		{"close", r.CloseGate, "closed"},
+		{"reopen", r.ReopenGate, "open"},
+	} {
+		if err := step.do(ctx); err != nil {
+			t.Fatalf("%s: %v", step.name, err)
+		}
+		if g, err := r.State(ctx); err != nil || g.State != step.want {
+			t.Fatalf("after %s: %+v %v, want gate %s", step.name, g, err, step.want)
+		}
+	}
+}
+
 func TestParseJoin(t *testing.T) {
 	id128 := strings.Repeat("a", 128)
 	for _, c := range []struct {

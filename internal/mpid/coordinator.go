@@ -201,10 +201,7 @@ func (c *coordinator) pause(ctx context.Context, req ctl.Request, v ctl.Job, pro
 		c.log.Info("paused", "job", req.Job, "nodes", len(v.Nodes), "connections", fig.Connections, "drained_bytes", drained, "total_ms", fig.TotalMs)
 		return fig, nil
 	}
-	fig.State = res.State
-	if fig.State == "" {
-		fig.State = ctl.StateRunning
-	}
+	fig.State = stateAfter(res.State)
 	c.metrics.PauseDone(pauseOutcome(fig.State), total(res, start), metricPhases(res), drained)
 	fig.Failure = failure(err, res, context.Cause(ctx))
 	fig = c.end(j, fig.State, fig)

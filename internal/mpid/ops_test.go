@@ -1,6 +1,7 @@
 package mpid
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -49,6 +50,24 @@ func TestFailureReportViolations(t *testing.T) {
 	want := "the drain timed out: 40 bytes sent through closed gates on n1 in the last round"
 	if !strings.HasPrefix(f.Reason, want) {
 		t.Errorf("reason %q; want it to start %q", f.Reason, want)
+	}
+}
+
+// TestStateAfter: every outcome the protocol reports for a failed pause has
+// its state for the CLI, named, not copied.
+func TestStateAfter(t *testing.T) {
+	for _, tc := range []struct{ protocol, want string }{
+		{quiesce.StateRunning, ctl.StateRunning},
+		{quiesce.StatePaused, ctl.StatePaused},
+		{quiesce.StateFailed, ctl.StateFailed},
+		{"", ctl.StateRunning},
+		{"frobbed", ctl.StateFailed},
+	} {
+		t.Run(cmp.Or(tc.protocol, "none"), func(t *testing.T) {
+			if got := stateAfter(tc.protocol); got != tc.want {
+				t.Errorf("stateAfter(%q) = %q, want %q", tc.protocol, got, tc.want)
+			}
+		})
 	}
 }
 

@@ -44,6 +44,23 @@ func figures(v ctl.Job, res quiesce.Result) ctl.Job {
 	return v
 }
 
+// stateAfter is the job's state for the CLI (ctl) after a pause that
+// failed, from the protocol's outcome (quiesce.Result.State): the two
+// vocabularies are each their layer's, whatever words they share.
+func stateAfter(protocol string) string {
+	switch protocol {
+	case quiesce.StateRunning, "": // rolled back; or refused before its first round
+		return ctl.StateRunning
+	case quiesce.StatePaused:
+		return ctl.StatePaused
+	case quiesce.StateFailed: // some node did not confirm the rollback
+		return ctl.StateFailed
+	}
+	// A state this mpid does not know is not one it can vouch for: failed
+	// keeps the pause's record and goes on confirming the rollback.
+	return ctl.StateFailed
+}
+
 // failure explains a failed pause or resume: where, why, and which
 // connections still held bytes.
 func failure(err error, res quiesce.Result, cause error) *ctl.Failure {

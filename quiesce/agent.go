@@ -388,6 +388,11 @@ func (a *Agent) local(ctx context.Context, js *jobState, req Message) NodeReport
 	if err != nil {
 		rep.Err = fmt.Sprintf("%s: %v", req.Kind, err)
 		st.Err = rep.Err
+		var rf RankFault
+		if errors.As(err, &rf) {
+			f := rf.Fault()
+			rep.Fault = &f
+		}
 	}
 	a.mu.Lock()
 	js.state = st

@@ -136,6 +136,24 @@ func (e *AbortError) Error() string {
 
 func (e *AbortError) Unwrap() error { return e.Cause }
 
+// NodeError is ErrNodeFailed with the report of the first of the nodes
+// that failed a step (or, Unconfirmed, did not confirm a resume): what it
+// blames on a rank (First.Fault) travels as a field, not as text.
+type NodeError struct {
+	Failed      int
+	First       NodeReport
+	Unconfirmed bool
+}
+
+func (e *NodeError) Error() string {
+	if e.Unconfirmed {
+		return ErrNodeFailed.Error() + ": not confirmed on " + firstOf(e.Failed, e.First)
+	}
+	return ErrNodeFailed.Error() + ": " + firstOf(e.Failed, e.First)
+}
+
+func (e *NodeError) Unwrap() error { return ErrNodeFailed }
+
 // Coordinator is the coordinator role: it drives Pause and Resume of a job
 // over the binomial tree of the job's nodes. Its own node must be nodes[0]
 // and reachable through the transport like any other.
@@ -304,7 +322,7 @@ func (r *run) once(kind Kind, last *Report) func(ctx context.Context, st *PhaseS
 		r.progress(ctx, Progress{Phase: kind, Round: st.Rounds, Report: rep})
 		*last = rep
 		if f := rep.Failed(); len(f) > 0 {
-			return fmt.Errorf("%w: %s", ErrNodeFailed, firstOf(len(f), f[0]))
+			return &NodeError{Failed: len(f), First: f[0]}
 		}
 		if !rep.Empty() {
 			return fmt.Errorf("%w: %s", ErrNotEmpty, rep.String())
@@ -353,8 +371,7 @@ func (c *Coordinator) Pause(ctx context.Context, job string, nodes []string) (Re
 			last = carryOver(last, rep)
 			r.progress(ctx, Progress{Phase: KindDrain, Round: st.Rounds, Report: last})
 			if failed, _, _ := rep.split(); failed > 0 {
-				f := rep.Failed()[0]
-				return fmt.Errorf("%w: %s", ErrNodeFailed, firstOf(failed, f))
+				return &NodeError{Failed: failed, First: rep.Failed()[0]}
 			}
 			if rep.Empty() {
 				return nil
@@ -527,8 +544,8 @@ func (c *Coordinator) Resume(ctx context.Context, job string, nodes []string) (R
 	r.res.Unconfirmed = unconfirmed
 	if len(unconfirmed) > 0 {
 		r.res.State = StateFailed
-		err := fmt.Errorf("resume of job %s: %w: not confirmed on %s",
-			job, ErrNodeFailed, firstOf(len(unconfirmed), unconfirmed[0]))
+		err := fmt.Errorf("resume of job %s: %w", job,
+			&NodeError{Failed: len(unconfirmed), First: unconfirmed[0], Unconfirmed: true})
 		r.res.Error = err.Error()
 		return r.res, err
 	}

@@ -17,12 +17,13 @@ type fakeNode struct {
 	mu        sync.Mutex
 	gatesOpen bool
 	frozen    bool
-	left      int  // drain rounds with closed gates until empty
-	stuck     bool // never drains (a rank computing, not reading)
-	dirty     bool // drains, but the kernel check after freeze finds bytes
-	violate   bool // ... and bytes sent through closed gates
-	fail      Kind // this step always fails
-	thawFails int  // the first thawFails Thaws fail
+	left      int    // drain rounds with closed gates until empty
+	stuck     bool   // never drains (a rank computing, not reading)
+	dirty     bool   // drains, but the kernel check after freeze finds bytes
+	violate   bool   // ... and bytes sent through closed gates
+	fail      Kind   // this step always fails
+	blame     *Fault // ... blaming a rank (RankFault)
+	thawFails int    // the first thawFails Thaws fail
 	// late bytes arrive right after the node's first empty DRAIN answer
 	// (another node's last bytes, crossing): its next late checks find
 	// them, and a freeze before they are read leaves them for VERIFY.
@@ -43,10 +44,19 @@ var errInjected = errors.New("injected failure")
 func (f *fakeNode) enter(step string, kind Kind) error {
 	f.calls[step]++
 	if f.fail == kind {
+		if f.blame != nil {
+			return fmt.Errorf("%s on %s: %w", step, f.name, errors.Join(errInjected, blamed{*f.blame}))
+		}
 		return fmt.Errorf("%s on %s: %w", step, f.name, errInjected)
 	}
 	return nil
 }
+
+// blamed is a node's RankFault.
+type blamed struct{ f Fault }
+
+func (b blamed) Error() string { return fmt.Sprintf("rank %d: %s", b.f.Rank, b.f.Code) }
+func (b blamed) Fault() Fault  { return b.f }
 
 func (f *fakeNode) breach(s string) { f.breaches = append(f.breaches, s) }
 

@@ -157,6 +157,9 @@ type NodeReport struct {
 	Violations uint64 `json:"violations,omitempty"`
 	// Err is set when the node failed the step or could not be reached.
 	Err string `json:"err,omitempty"`
+	// Fault, with Err, is what the node's failure blames on a rank of the
+	// job (the first RankFault in its step's error).
+	Fault *Fault `json:"fault,omitempty"`
 	// Unreached is set, with Err, when the node's reply never arrived: the
 	// node may be fine and the network not, which matters for retrying.
 	Unreached bool `json:"unreached,omitempty"`
@@ -179,6 +182,23 @@ type NodeReport struct {
 	// subtree's report.
 	Ports Ports `json:"-"`
 	Own   Ports `json:"-"`
+}
+
+// Fault is what a node's failed step blames on one rank of the job, beside
+// the step's Err text, so that the coordinator's caller need not read it
+// out of that text: Code is the node daemon's word for what happened,
+// which the protocol passes on unread.
+type Fault struct {
+	Code string `json:"code"`
+	Rank int    `json:"rank"`
+}
+
+// RankFault is an error of a Node's step that blames a rank of the job.
+// The agent sends the first one it finds in a failed step's error
+// (errors.As) in the node's report (NodeReport.Fault).
+type RankFault interface {
+	error
+	Fault() Fault
 }
 
 // Clean reports whether the node has nothing pending and no error. A node

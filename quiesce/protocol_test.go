@@ -203,6 +203,38 @@ func TestNodeFailureAborts(t *testing.T) {
 	}
 }
 
+// TestNodeFaultCarried: what a node's failed step blames on a rank
+// (RankFault) reaches the coordinator's caller as a field of the failed
+// node's report, in the abort's error (NodeError) and in its report.
+func TestNodeFaultCarried(t *testing.T) {
+	for _, k := range []Kind{KindPrepare, KindDrain, KindVerify} {
+		t.Run(string(k), func(t *testing.T) {
+			c := newCluster(6, 1, Faults{}, fastOpts().Retry)
+			defer c.net.Close()
+			c.fakes[3].fail, c.fakes[3].blame = k, &Fault{Code: "gone", Rank: 7}
+			c.fakes[4].fail = k // fails too, blaming nobody
+			_, err := NewCoordinator(c.net, fastOpts()).Pause(context.Background(), "j", c.names)
+			var ne *NodeError
+			if !errors.As(err, &ne) || !errors.Is(err, ErrNodeFailed) || ne.Failed != 2 || ne.First.Node != "node3" {
+				t.Fatalf("want a NodeError naming node3 first of 2, got %v", err)
+			}
+			want := Fault{Code: "gone", Rank: 7}
+			if ne.First.Fault == nil || *ne.First.Fault != want {
+				t.Errorf("fault %+v, want %+v", ne.First.Fault, want)
+			}
+			var ae *AbortError
+			if !errors.As(err, &ae) {
+				t.Fatalf("not an abort: %v", err)
+			}
+			for _, n := range ae.Report.Failed() {
+				if got, blames := n.Fault, n.Node == "node3"; (got != nil) != blames || (blames && *got != want) {
+					t.Errorf("%s's report blames %+v", n.Node, got)
+				}
+			}
+		})
+	}
+}
+
 func TestUnreachableNodeIsNamed(t *testing.T) {
 	c := newCluster(8, 1, Faults{}, fastOpts().Retry)
 	names := append(append([]string(nil), c.names...), "ghost") // index 8: child of 0

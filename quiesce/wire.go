@@ -75,6 +75,11 @@ const (
 	tagNodeRanks      = 9
 	tagNodeDrained    = 10
 	tagNodeRefused    = 11
+	tagNodeFault      = 12
+
+	// Fault
+	tagFaultCode = 1
+	tagFaultRank = 2
 
 	// Conn
 	tagConnNode      = 1
@@ -250,7 +255,15 @@ func (n *NodeReport) appendWire(b []byte) []byte {
 	b = appendInt(b, tagNodeChecked, int64(n.Checked))
 	b = appendInt(b, tagNodeRanks, int64(n.Ranks))
 	b = appendUint(b, tagNodeDrained, n.Drained)
-	return appendBool(b, tagNodeRefused, n.Refused)
+	b = appendBool(b, tagNodeRefused, n.Refused)
+	if n.Fault != nil {
+		var at int
+		b, at = beginNested(b, tagNodeFault)
+		b = appendString(b, tagFaultCode, n.Fault.Code)
+		b = appendInt(b, tagFaultRank, int64(n.Fault.Rank))
+		b = endNested(b, at)
+	}
+	return b
 }
 
 func (c *Conn) appendWire(b []byte) []byte {
@@ -602,6 +615,28 @@ func (r *wireReader) nodeReport(nr *NodeReport) {
 			nr.Drained = r.uint(wt)
 		case tagNodeRefused:
 			nr.Refused = r.bool(wt)
+		case tagNodeFault:
+			n := r.nested(wt)
+			nr.Fault = new(Fault)
+			n.fault(nr.Fault)
+			r.done(&n)
+		default:
+			r.skip(wt)
+		}
+	}
+}
+
+func (r *wireReader) fault(f *Fault) {
+	for {
+		tag, wt, ok := r.next()
+		if !ok {
+			return
+		}
+		switch tag {
+		case tagFaultCode:
+			f.Code = r.str(wt)
+		case tagFaultRank:
+			f.Rank = r.int(wt)
 		default:
 			r.skip(wt)
 		}

@@ -214,8 +214,7 @@ func (c *coordinator) pause(ctx context.Context, req ctl.Request, v ctl.Job, pro
 	}
 	msg := fmt.Sprintf("pause of job %s failed in %s: %s", req.Job, fig.Failure.Phase, fig.Failure.Reason)
 	code := ctl.CodeFailed
-	if strings.Contains(fig.Failure.Reason, ErrRankGone.Error()) {
-		// Errors cross the network as text: the node's words are the key.
+	if fa := fault(err, context.Cause(ctx)); fa != nil && fa.Code == faultRankGone {
 		code = ctl.CodeRankGone
 		msg += "; rolled back for the other ranks"
 	} else if fig.State == ctl.StateRunning {

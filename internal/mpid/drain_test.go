@@ -199,7 +199,14 @@ func TestNodeRoleDrainSet(t *testing.T) {
 	if !errors.Is(err, ErrStashFull) {
 		t.Fatalf("Drain with a full stash: %v, want ErrStashFull", err)
 	}
-	cause := fmt.Errorf("%w: n1: %v", quiesce.ErrNodeFailed, err)
+	// What the coordinator gets back: n1's failed DRAIN, as the agent
+	// reports it.
+	var rf quiesce.RankFault
+	if !errors.As(err, &rf) {
+		t.Fatalf("Drain with a full stash: %v blames no rank", err)
+	}
+	fa := rf.Fault()
+	cause := &quiesce.NodeError{Failed: 1, First: quiesce.NodeReport{Node: "n1", Err: "DRAIN: " + err.Error(), Fault: &fa}}
 	f := failure(&quiesce.AbortError{Job: job, Phase: quiesce.KindDrain, Cause: cause}, quiesce.Result{}, nil)
 	if f.Phase != "DRAIN" || f.Rank != 3 {
 		t.Errorf("failure report: phase %s, rank %d; want DRAIN, 3 (%s)", f.Phase, f.Rank, f.Reason)

@@ -95,6 +95,33 @@ type drainSet struct {
 // (MPIPAUSE_STASH_MAX_MB) and drains no more.
 var ErrStashFull = errors.New("stash is full")
 
+// StashFullError is ErrStashFull of one rank, on node Node: Bytes held,
+// cap Max.
+type StashFullError struct {
+	Rank, Pid  int
+	Node       string
+	Bytes, Max uint64
+}
+
+func (e *StashFullError) Error() string {
+	return fmt.Sprintf("rank %d (pid %d) on %s: its shim's %v (%d bytes; cap %d MiB, MPIPAUSE_STASH_MAX_MB): the drain takes no more and the rest of what was sent to it stays in the kernel (the rank does not read: busy outside MPI?)",
+		e.Rank, e.Pid, e.Node, ErrStashFull, e.Bytes, e.Max>>20)
+}
+
+func (e *StashFullError) Is(target error) bool { return target == ErrStashFull }
+
+// Fault is quiesce.RankFault's: the coordinator names the rank.
+func (e *StashFullError) Fault() quiesce.Fault {
+	return quiesce.Fault{Code: faultStashFull, Rank: e.Rank}
+}
+
+// The codes of the faults a node's failed step blames on a rank
+// (quiesce.Fault), read by the coordinator's mpid.
+const (
+	faultRankGone  = "rank-gone"
+	faultStashFull = "stash-full"
+)
+
 // side is whose a connection of the job's cgroup is, as far as the node
 // can tell: the job's (its other end is a socket of the job: drained, and
 // checked), the program's own (a server of its own: neither), or not known
@@ -274,8 +301,7 @@ func (l *nodeRole) stashFull(job string) error {
 	var errs []error
 	for _, r := range l.Ranks.Ranks(job) {
 		if f := r.StashFullSince(); f != nil {
-			errs = append(errs, fmt.Errorf("rank %d (pid %d) on %s: its shim's %w (%d bytes; cap %d MiB, MPIPAUSE_STASH_MAX_MB): the drain takes no more and the rest of what was sent to it stays in the kernel (the rank does not read: busy outside MPI?)",
-				r.Rank, r.Pid, l.Name, ErrStashFull, f.Bytes, f.Max>>20))
+			errs = append(errs, &StashFullError{Rank: r.Rank, Pid: r.Pid, Node: l.Name, Bytes: f.Bytes, Max: f.Max})
 		}
 	}
 	return errors.Join(errs...)
@@ -292,6 +318,28 @@ const stuckAfter = 250 * time.Millisecond
 // ErrRankGone: a rank of the job exited (or was killed) during the pause.
 var ErrRankGone = errors.New("exited during the pause")
 
+// RankGoneError is ErrRankGone of one rank, seen at step At (empty: found
+// missing, or dying, rather than by a step of its own).
+type RankGoneError struct {
+	Rank, Pid int
+	At        string
+}
+
+func (e *RankGoneError) Error() string {
+	if e.At == "" {
+		return fmt.Sprintf("rank %d (pid %d) %v", e.Rank, e.Pid, ErrRankGone)
+	}
+	return fmt.Sprintf("rank %d (pid %d) %v (at %s)", e.Rank, e.Pid, ErrRankGone, e.At)
+}
+
+func (e *RankGoneError) Is(target error) bool { return target == ErrRankGone }
+
+// Fault is quiesce.RankFault's: the coordinator names the rank, and tells
+// the user the pause was rolled back for the others (ctl.CodeRankGone).
+func (e *RankGoneError) Fault() quiesce.Fault {
+	return quiesce.Fault{Code: faultRankGone, Rank: e.Rank}
+}
+
 // gone reports the ranks Prepare gated that are no longer registered;
 // with kernel set, also those the kernel says are dead or dying (see
 // dying), which the registry learns only once mpid has read the end of
@@ -307,7 +355,7 @@ func (l *nodeRole) gone(job string, kernel bool) error {
 	var errs []error
 	for rank, pid := range was {
 		if !now[rank] || (kernel && dying(pid)) {
-			errs = append(errs, fmt.Errorf("rank %d (pid %d) %w", rank, pid, ErrRankGone))
+			errs = append(errs, &RankGoneError{Rank: rank, Pid: pid})
 		}
 	}
 	return errors.Join(errs...)
@@ -385,7 +433,7 @@ func (l *nodeRole) eachRank(job, what string, fn func(*ranks.Rank) error) error 
 			err := fn(r)
 			switch {
 			case errors.Is(err, ranks.ErrGone):
-				errs[i] = fmt.Errorf("rank %d (pid %d) %w (at %s)", r.Rank, r.Pid, ErrRankGone, what)
+				errs[i] = &RankGoneError{Rank: r.Rank, Pid: r.Pid, At: what}
 			case err != nil:
 				errs[i] = fmt.Errorf("%s of rank %d: %w", what, r.Rank, err)
 			}

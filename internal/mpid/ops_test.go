@@ -53,6 +53,56 @@ func TestFailureReportViolations(t *testing.T) {
 	}
 }
 
+// TestFailureBlamesRank: the rank a failed node blamed (quiesce.Fault)
+// is the failure's rank, and a rank gone makes the pause's code rank-gone;
+// not when the coordinator's own reason (cause) is what the user is told.
+func TestFailureBlamesRank(t *testing.T) {
+	gone := &RankGoneError{Rank: 4, Pid: 99, At: "gate state"}
+	full := &StashFullError{Rank: 2, Pid: 98, Node: "n2", Bytes: 1 << 20, Max: 1 << 20}
+	failed := func(err quiesce.RankFault, unconfirmed bool) *quiesce.NodeError {
+		fa := err.Fault()
+		return &quiesce.NodeError{Failed: 2, Unconfirmed: unconfirmed,
+			First: quiesce.NodeReport{Node: "n2", Err: "DRAIN: " + err.Error(), Fault: &fa}}
+	}
+	abort := func(cause error) error {
+		return &quiesce.AbortError{Job: "j", Phase: quiesce.KindDrain, Cause: cause}
+	}
+	for _, tc := range []struct {
+		name     string
+		err      error
+		cause    error
+		rank     int
+		rankGone bool
+		reason   string
+	}{
+		{"rank gone", abort(failed(gone, false)), nil, 4, true, "rank 4 (pid 99) exited during the pause (at gate state)"},
+		{"stash full", abort(failed(full, false)), nil, 2, false, "its shim's stash is full"},
+		{"caller gone", abort(fmt.Errorf("%w (caller: %v)", failed(gone, false), context.Canceled)), context.Canceled, 4, true, "exited during the pause"},
+		{"coordinator's own reason", abort(failed(gone, false)), errors.New("only 5 of the job's 6 ranks"), -1, false, "only 5 of"},
+		{"resume not confirmed", fmt.Errorf("resume of job j: %w", failed(gone, true)), nil, 4, true, "not confirmed on 2 nodes, first n2"},
+		// The field decides, not the words: another release may say it
+		// otherwise.
+		{"reworded", abort(&quiesce.NodeError{Failed: 1, First: quiesce.NodeReport{Node: "n2", Err: "DRAIN: rank four went away",
+			Fault: &quiesce.Fault{Code: faultRankGone, Rank: 4}}}), nil, 4, true, "rank four went away"},
+		{"blames nobody", abort(&quiesce.NodeError{Failed: 1, First: quiesce.NodeReport{Node: "n2", Err: "PREPARE: boom"}}), nil, -1, false, "boom"},
+		{"not a node's", abort(fmt.Errorf("%w after 3 drain rounds", quiesce.ErrNotEmpty)), nil, -1, false, "drain timed out"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := failure(tc.err, quiesce.Result{}, tc.cause)
+			if f.Rank != tc.rank || !strings.Contains(f.Reason, tc.reason) {
+				t.Errorf("failure rank %d, reason %q; want rank %d, a reason with %q", f.Rank, f.Reason, tc.rank, tc.reason)
+			}
+			fa := fault(tc.err, tc.cause)
+			if got := fa != nil && fa.Code == faultRankGone; got != tc.rankGone {
+				t.Errorf("rank gone %v (fault %+v), want %v", got, fa, tc.rankGone)
+			}
+		})
+	}
+	if !errors.Is(gone, ErrRankGone) || !errors.Is(full, ErrStashFull) {
+		t.Error("the typed errors are not their sentinels")
+	}
+}
+
 // TestStateAfter: every outcome the protocol reports for a failed pause has
 // its state for the CLI, named, not copied.
 func TestStateAfter(t *testing.T) {

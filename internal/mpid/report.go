@@ -4,9 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"regexp"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
@@ -64,20 +62,13 @@ func stateAfter(protocol string) string {
 // failure explains a failed pause or resume: where, why, and which
 // connections still held bytes.
 func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
-	f := &ctl.Failure{Rank: -1, Reason: err.Error()}
+	f := &ctl.Failure{Rank: -1, Reason: why(err, cause).Error()}
 	var ae *quiesce.AbortError
 	if errors.As(err, &ae) {
 		f.Phase = string(ae.Phase)
-		f.Reason = ae.Cause.Error()
 	}
-	if cause != nil && !errors.Is(cause, context.Canceled) {
-		// Our own reason for cutting the pause short beats "context canceled".
-		f.Reason = cause.Error()
-	}
-	if m := goneRank.FindStringSubmatch(f.Reason); m != nil {
-		f.Rank, _ = strconv.Atoi(m[1])
-	} else if m := fullRank.FindStringSubmatch(f.Reason); m != nil {
-		f.Rank, _ = strconv.Atoi(m[1])
+	if fa := fault(err, cause); fa != nil {
+		f.Rank = fa.Rank
 	}
 	// The peer of a connection is whoever owns its other end: another
 	// node's pending connection with the addresses swapped, if listed.
@@ -154,11 +145,29 @@ func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
 	return f
 }
 
-// goneRank finds the rank in ErrRankGone's text.
-var goneRank = regexp.MustCompile(`rank (\d+) \(pid \d+\) ` + regexp.QuoteMeta(ErrRankGone.Error()))
+// why is the reason a pause or resume failed, as the user is told it: the
+// abort's cause, or the coordinator's own reason for cutting the pause
+// short (cause), which beats "context canceled".
+func why(err, cause error) error {
+	if cause != nil && !errors.Is(cause, context.Canceled) {
+		return cause
+	}
+	var ae *quiesce.AbortError
+	if errors.As(err, &ae) {
+		return ae.Cause
+	}
+	return err
+}
 
-// fullRank finds the rank in nodeRole.stashFull's text.
-var fullRank = regexp.MustCompile(`rank (\d+) \(pid \d+\) on [^ :]+: its shim's ` + regexp.QuoteMeta(ErrStashFull.Error()))
+// fault is what the node whose failure is the reason (why) blamed on a
+// rank, if anything.
+func fault(err, cause error) *quiesce.Fault {
+	var ne *quiesce.NodeError
+	if errors.As(why(err, cause), &ne) {
+		return ne.First.Fault
+	}
+	return nil
+}
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 

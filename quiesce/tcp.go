@@ -198,8 +198,15 @@ type TCPTransport struct {
 	IdleTimeout time.Duration
 
 	mu   sync.Mutex
-	idle map[string][]*tcpConn // by address, most recently used last
+	idle map[peerAddr][]*tcpConn // most recently used last
 }
+
+// peerAddr keys the pool by the node a connection was opened to as well as
+// its address: the handshake proved that node's name, and only for it. Two
+// names that resolve to one address (a redirected name: DNS, /etc/hosts)
+// must not share a connection, or the second would be answered by the
+// first's node without its name ever being checked (TestAnotherNodeAnswers).
+type peerAddr struct{ node, addr string }
 
 // DefaultMaxIdle suits the tree: a node calls each child once a round, and
 // a few jobs may pause at once.
@@ -220,30 +227,34 @@ type tcpConn struct {
 	deadline time.Time // the connection's, zero for none
 }
 
-// get returns a pooled connection to addr that has not idled too long.
-func (t *TCPTransport) get(addr string) *tcpConn {
+// get returns a pooled connection to node to at addr that has not idled
+// too long.
+func (t *TCPTransport) get(to, addr string) *tcpConn {
+	k := peerAddr{to, addr}
 	if t.MaxIdle < 0 {
 		return nil
 	}
 	timeout := cmp.Or(t.IdleTimeout, DefaultIdleTimeout)
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	l := t.idle[addr]
+	l := t.idle[k]
 	for len(l) > 0 {
 		c := l[len(l)-1]
 		l = l[:len(l)-1]
 		if time.Since(c.since) < timeout {
-			t.idle[addr] = l
+			t.idle[k] = l
 			return c
 		}
 		c.conn.Close()
 	}
-	delete(t.idle, addr)
+	delete(t.idle, k)
 	return nil
 }
 
-// put keeps c for the next call to addr, or closes it if the pool is full.
-func (t *TCPTransport) put(addr string, c *tcpConn) {
+// put keeps c for the next call to node to at addr, or closes it if the
+// pool is full.
+func (t *TCPTransport) put(to, addr string, c *tcpConn) {
+	k := peerAddr{to, addr}
 	limit := cmp.Or(t.MaxIdle, DefaultMaxIdle)
 	if limit < 0 {
 		c.conn.Close()
@@ -252,15 +263,15 @@ func (t *TCPTransport) put(addr string, c *tcpConn) {
 	c.since = time.Now()
 	t.mu.Lock()
 	if t.idle == nil {
-		t.idle = map[string][]*tcpConn{}
+		t.idle = map[peerAddr][]*tcpConn{}
 	}
-	l := t.idle[addr]
+	l := t.idle[k]
 	if len(l) >= limit {
 		t.mu.Unlock()
 		c.conn.Close()
 		return
 	}
-	t.idle[addr] = append(l, c)
+	t.idle[k] = append(l, c)
 	t.mu.Unlock()
 }
 
@@ -287,7 +298,7 @@ func (t *TCPTransport) Call(ctx context.Context, to string, req Message) (Messag
 		}
 	}
 	var rep Message
-	if c := t.get(addr); c != nil {
+	if c := t.get(to, addr); c != nil {
 		err, sent := t.roundTrip(ctx, addr, to, c, &req, &rep)
 		// A pooled connection the server closed meanwhile (its idle
 		// timeout, a restart) fails before any byte of a reply: ask again
@@ -395,7 +406,7 @@ func (t *TCPTransport) roundTrip(ctx context.Context, addr, to string, c *tcpCon
 		*rep = Message{}
 		return t.fail(ctx, to, err), sent
 	}
-	t.put(addr, c)
+	t.put(to, addr, c)
 	return nil, true
 }
 

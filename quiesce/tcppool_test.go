@@ -137,7 +137,7 @@ func TestTCPConcurrentCallsKeepAFewConnections(t *testing.T) {
 		}
 	}
 	tr.mu.Lock()
-	idle := len(tr.idle[s.addr])
+	idle := len(tr.idle[peerAddr{s.addr, s.addr}])
 	tr.mu.Unlock()
 	if idle > DefaultMaxIdle {
 		t.Fatalf("%d idle connections kept, want at most %d", idle, DefaultMaxIdle)

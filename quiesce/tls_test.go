@@ -453,3 +453,27 @@ func BenchmarkConnect(b *testing.B) {
 		})
 	}
 }
+
+// TestPoolKeepsNamesApart: a connection proved to be node2's is not used
+// for node1 when node1's name leads to node2's address; the call to node1
+// dials and finds the wrong node (TestAnotherNodeAnswers met this only when
+// the tree happened to call node2 first).
+func TestPoolKeepsNamesApart(t *testing.T) {
+	keys := NewKeyring(mustKey(t))
+	addrs := map[string]string{}
+	resolve := func(n string) (string, error) { return addrs[n], nil }
+	node2 := serveTLS(t, "node2", keys, ServerOptions{}, resolve)
+	addrs["node1"], addrs["node2"] = node2.addr, node2.addr
+	tr := &TCPTransport{Identity: mustIdentity(t, "node0", keys), Resolve: resolve}
+	defer tr.CloseIdle()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req := Message{Version: ProtocolVersion, Job: "j", Kind: KindThaw, Nodes: []string{"node2"}}
+	if _, err := tr.Call(ctx, "node2", req); err != nil {
+		t.Fatalf("call to node2: %v", err)
+	}
+	req.Nodes = []string{"node1"}
+	if _, err := tr.Call(ctx, "node1", req); !errors.Is(err, ErrWrongNode) {
+		t.Fatalf("call to node1, whose name leads to node2's address, after a call to node2: %v; want ErrWrongNode", err)
+	}
+}

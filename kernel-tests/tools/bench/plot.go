@@ -2,14 +2,20 @@ package bench
 
 import (
 	"bytes"
-	"encoding/xml"
 	"fmt"
+	"image/color"
 	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
+
+	"gonum.org/v1/plot"
+	"gonum.org/v1/plot/plotter"
+	"gonum.org/v1/plot/vg"
+	"gonum.org/v1/plot/vg/draw"
+	"gonum.org/v1/plot/vg/vgsvg"
 )
 
 // Series is one line of a plot: points (X[i], Y[i]), drawn in order.
@@ -31,36 +37,26 @@ type Plot struct {
 // palette is the colours of the series, in order (matplotlib's tab10, chosen
 // to stay distinguishable side by side). Past its end the colours repeat
 // with the next pattern of dashes, so that series 0 and 10 still differ.
-var palette = []string{
-	"#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd",
-	"#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+var palette = []color.RGBA{
+	{0x1f, 0x77, 0xb4, 255}, {0xff, 0x7f, 0x0e, 255}, {0x2c, 0xa0, 0x2c, 255}, {0xd6, 0x27, 0x28, 255}, {0x94, 0x67, 0xbd, 255},
+	{0x8c, 0x56, 0x4b, 255}, {0xe3, 0x77, 0xc2, 255}, {0x7f, 0x7f, 0x7f, 255}, {0xbc, 0xbd, 0x22, 255}, {0x17, 0xbe, 0xcf, 255},
 }
 
-var dashes = []string{"", "6 3", "2 3", "8 3 2 3"}
+var dashes = [][]vg.Length{nil, {6, 3}, {2, 3}, {8, 3, 2, 3}}
 
-// Geometry of the figure in pixels. Text widths are estimated from the
-// number of characters (no font metrics without a renderer): charW is on
-// the generous side for 12 px sans-serif, so that labels do not collide.
-const (
-	plotW    = 560.0
-	plotH    = 340.0
-	marginT  = 44.0
-	marginB  = 56.0
-	marginR  = 16.0
-	fontSize = 12.0
-	charW    = 7.0
-	legendDY = 20.0
-	// maxMarkers: past this many points a line is drawn without markers,
-	// which would merge into a thick smear and only grow the file.
-	maxMarkers = 100
-)
+// maxMarkers: past this many points a line is drawn without markers,
+// which would merge into a thick smear and only grow the file.
+const maxMarkers = 100
 
-// SVG renders p as a self-contained SVG document.
+// gonum's default face is a serif one, whose thin digits read worse in
+// small tick labels; its defaults are globals, and only bench draws plots.
+func init() { plot.DefaultFont.Variant, plotter.DefaultFont.Variant = "Sans", "Sans" }
+
+// SVG renders p as an SVG document.
 //
 // Points that a log axis cannot show (zero, negative) and points that are
-// not finite are left out rather than drawn at NaN coordinates: a latency
-// CDF may well contain a 0. A plot with nothing left to draw still renders,
-// as an empty frame that says "no data".
+// not finite are left out: a latency CDF may well contain a 0. A plot with
+// nothing left to draw still renders, as an empty frame that says "no data".
 func (p Plot) SVG() ([]byte, error) {
 	xs, ys := linear, linear
 	if p.LogX {
@@ -72,211 +68,121 @@ func (p Plot) SVG() ([]byte, error) {
 	if p.LogY {
 		ys = log10
 	}
-	pts := make([][][2]float64, len(p.Series))
+	g := plot.New()
+	g.Title.Padding = vg.Points(8)
+	g.Title.Text, g.X.Label.Text, g.Y.Label.Text = p.Title, p.XLabel, p.YLabel
+	g.Add(plotter.NewGrid())
+	legend := plot.NewLegend()
+	legend.Top, legend.Left, legend.Padding = true, true, vg.Points(4)
 	var xv, yv []float64
 	for i, s := range p.Series {
+		var xy plotter.XYs
 		for j := range min(len(s.X), len(s.Y)) {
-			x, y := s.X[j], s.Y[j]
-			if !xs.drawable(x) || !ys.drawable(y) {
-				continue
+			if xs.drawable(s.X[j]) && ys.drawable(s.Y[j]) {
+				xy = append(xy, plotter.XY{X: s.X[j], Y: s.Y[j]})
+				xv, yv = append(xv, s.X[j]), append(yv, s.Y[j])
 			}
-			pts[i] = append(pts[i], [2]float64{x, y})
-			xv = append(xv, x)
-			yv = append(yv, y)
 		}
+		if len(xy) == 0 {
+			// Say so, lest a missing line look like one hidden under another.
+			legend.Add(s.Name + " (no data)")
+			continue
+		}
+		if p.Step && ys == linear {
+			// The empirical CDF is 0 left of the smallest sample: rise from
+			// the floor so the first step reads as a jump.
+			xy = append(plotter.XYs{{X: xy[0].X, Y: 0}}, xy...)
+		}
+		l, err := plotter.NewLine(xy)
+		if err != nil {
+			return nil, err
+		}
+		l.Color, l.Dashes = palette[i%len(palette)], dashes[(i/len(palette))%len(dashes)]
+		l.Width = vg.Points(1.3)
+		if p.Step {
+			l.StepStyle = plotter.PostStep
+		}
+		g.Add(l)
+		thumbs := []plot.Thumbnailer{l}
+		// A single point makes no line: give it a marker even in a step
+		// plot, or it would not show at all.
+		if (!p.Step && len(xy) <= maxMarkers) || len(xy) == 1 {
+			m, err := plotter.NewScatter(xy)
+			if err != nil {
+				return nil, err
+			}
+			m.Color, m.Shape, m.Radius = l.Color, draw.CircleGlyph{}, vg.Points(2)
+			g.Add(m)
+			thumbs = append(thumbs, m)
+		}
+		legend.Add(s.Name, thumbs...)
 	}
-	empty := len(xv) == 0
 	// A step function is cumulative: its axis starts at 0 so that the
 	// first riser shows the share below the smallest sample.
-	xa := newAxis(xs, xv, false)
-	ya := newAxis(ys, yv, p.Step)
-
-	// Left of the frame: the rotated Y label, a gap, the widest tick label.
-	left := 24.0 + 14.0
-	if !empty {
-		w := 0
-		for _, t := range ya.ticks {
-			w = max(w, len(t.label))
+	xa, ya := newAxis(xs, xv, false), newAxis(ys, yv, p.Step)
+	xa.set(&g.X)
+	ya.set(&g.Y)
+	if len(xv) == 0 {
+		l, err := plotter.NewLabels(plotter.XYLabels{
+			XYs: []plotter.XY{{X: xa.s.v((xa.lo + xa.hi) / 2), Y: ya.s.v((ya.lo + ya.hi) / 2)}}, Labels: []string{"no data"}})
+		if err != nil {
+			return nil, err
 		}
-		left += float64(w) * charW
+		l.TextStyle[0].XAlign, l.TextStyle[0].Color = draw.XCenter, palette[7]
+		g.Add(l)
 	}
-	nameW := 0
-	for i, s := range p.Series {
-		nameW = max(nameW, len([]rune(legendName(s, len(pts[i]) > 0))))
-	}
-	legendX := left + plotW + 20
-	width := legendX + marginR
-	if len(p.Series) > 0 {
-		width += 32 + float64(nameW)*charW
-	}
-	height := max(marginT+plotH+marginB, marginT+float64(len(p.Series))*legendDY+8)
-	px := func(x float64) float64 { return left + xa.frac(x)*plotW }
-	py := func(y float64) float64 { return marginT + (1-ya.frac(y))*plotH }
 
+	const w, h = 7 * vg.Inch, 4 * vg.Inch
+	lr := legend.Rectangle(draw.New(vgsvg.New(w, h))).Size()
+	// The widths are Liberation Sans's: leave room for a wider font where
+	// the viewer has not got that one.
+	lw := lr.X*1.2 + 0.3*vg.Inch
+	c := vgsvg.New(w+lw, max(h, lr.Y+vg.Inch))
+	dc := draw.New(c)
+	dc.SetColor(color.White)
+	dc.Fill(dc.Rectangle.Path())
+	// gonum makes room for the Y label as if it stood at the arithmetic
+	// mean of the range, which on a log axis is near the top, and shrinks
+	// the plot for it: draw the label here instead.
+	area := draw.Crop(dc, 0, -lw, 0, 0)
+	ly := g.Y.Label.TextStyle
+	ly.Rotation, ly.XAlign, ly.YAlign = math.Pi/2, draw.XCenter, draw.YTop
+	area.FillText(ly, vg.Point{X: area.Min.X + 2, Y: area.Center().Y}, p.YLabel)
+	g.Y.Label.Text = ""
+	g.Draw(draw.Crop(area, ly.Height(p.YLabel)+6, 0, 0, 0))
+	legend.Draw(draw.Crop(dc, w+0.15*vg.Inch, 0, 0, -0.3*vg.Inch))
 	var b bytes.Buffer
-	b.WriteString(`<?xml version="1.0" encoding="UTF-8" standalone="no"?>` + "\n")
-	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" version="1.1" width="%s" height="%s" viewBox="0 0 %s %s" font-family="DejaVu Sans, Helvetica, Arial, sans-serif" font-size="%s">`+"\n",
-		num(width), num(height), num(width), num(height), num(fontSize))
-	b.WriteString("<title>")
-	text(&b, p.Title)
-	b.WriteString("</title>\n")
-	fmt.Fprintf(&b, `<rect width="%s" height="%s" fill="#ffffff"/>`+"\n", num(width), num(height))
-	fmt.Fprintf(&b, `<text class="title" x="%s" y="%s" text-anchor="middle" font-size="15" font-weight="bold">`, num(left+plotW/2), num(marginT-18))
-	text(&b, p.Title)
-	b.WriteString("</text>\n")
-
-	// Grid and ticks, under the data.
-	b.WriteString(`<g class="axes" stroke="#000000" stroke-width="1">` + "\n")
-	if !empty {
-		for _, t := range xa.ticks {
-			x := left + xa.fracT(t.pos)*plotW
-			line(&b, x, marginT, x, marginT+plotH, ` stroke="#e6e6e6"`)
-			line(&b, x, marginT+plotH, x, marginT+plotH+6, "")
-		}
-		for _, m := range xa.minor {
-			x := left + xa.fracT(m)*plotW
-			line(&b, x, marginT+plotH, x, marginT+plotH+3, "")
-		}
-		for _, t := range ya.ticks {
-			y := marginT + (1-ya.fracT(t.pos))*plotH
-			line(&b, left, y, left+plotW, y, ` stroke="#e6e6e6"`)
-			line(&b, left-6, y, left, y, "")
-		}
-		for _, m := range ya.minor {
-			y := marginT + (1-ya.fracT(m))*plotH
-			line(&b, left-3, y, left, y, "")
-		}
+	if _, err := c.WriteTo(&b); err != nil {
+		return nil, err
 	}
-	fmt.Fprintf(&b, `<rect x="%s" y="%s" width="%s" height="%s" fill="none"/>`+"\n", num(left), num(marginT), num(plotW), num(plotH))
-	b.WriteString("</g>\n")
-
-	b.WriteString(`<g class="ticklabels" fill="#000000">` + "\n")
-	if !empty {
-		for _, t := range xa.ticks {
-			if t.label == "" {
-				continue
-			}
-			fmt.Fprintf(&b, `<text x="%s" y="%s" text-anchor="middle">`, num(left+xa.fracT(t.pos)*plotW), num(marginT+plotH+20))
-			text(&b, t.label)
-			b.WriteString("</text>\n")
-		}
-		for _, t := range ya.ticks {
-			if t.label == "" {
-				continue
-			}
-			fmt.Fprintf(&b, `<text x="%s" y="%s" text-anchor="end">`, num(left-9), num(marginT+(1-ya.fracT(t.pos))*plotH+4))
-			text(&b, t.label)
-			b.WriteString("</text>\n")
-		}
-	}
-	b.WriteString("</g>\n")
-	fmt.Fprintf(&b, `<text class="xlabel" x="%s" y="%s" text-anchor="middle">`, num(left+plotW/2), num(marginT+plotH+44))
-	text(&b, p.XLabel)
-	b.WriteString("</text>\n")
-	ylx, yly := 16.0, marginT+plotH/2
-	fmt.Fprintf(&b, `<text class="ylabel" x="%s" y="%s" text-anchor="middle" transform="rotate(-90 %s %s)">`, num(ylx), num(yly), num(ylx), num(yly))
-	text(&b, p.YLabel)
-	b.WriteString("</text>\n")
-	if empty {
-		fmt.Fprintf(&b, `<text class="nodata" x="%s" y="%s" text-anchor="middle" font-size="16" fill="#7f7f7f">no data</text>`+"\n",
-			num(left+plotW/2), num(marginT+plotH/2))
-	}
-
-	for i, s := range p.Series {
-		colour, dash := style(i)
-		fmt.Fprintf(&b, `<g class="series" stroke="%s" fill="none" stroke-width="1.75"`, colour)
-		if dash != "" {
-			fmt.Fprintf(&b, ` stroke-dasharray="%s"`, dash)
-		}
-		b.WriteString(">\n<title>")
-		text(&b, s.Name)
-		b.WriteString("</title>\n")
-		ps := pts[i]
-		if len(ps) > 0 {
-			var d strings.Builder
-			x0, y0 := px(ps[0][0]), py(ps[0][1])
-			if p.Step && ys == linear && ya.lo == 0 {
-				// The empirical CDF is 0 left of the smallest sample: rise
-				// from the floor so the first step reads as a jump.
-				fmt.Fprintf(&d, "M%s %sV%s", num(x0), num(py(0)), num(y0))
-			} else {
-				fmt.Fprintf(&d, "M%s %s", num(x0), num(y0))
-			}
-			for _, q := range ps[1:] {
-				if p.Step {
-					fmt.Fprintf(&d, "H%sV%s", num(px(q[0])), num(py(q[1])))
-				} else {
-					fmt.Fprintf(&d, "L%s %s", num(px(q[0])), num(py(q[1])))
-				}
-			}
-			fmt.Fprintf(&b, `<path d="%s"/>`+"\n", d.String())
-			// A single point makes no line: give it a marker even in a
-			// step plot, or it would not show at all.
-			if (!p.Step && len(ps) <= maxMarkers) || len(ps) == 1 {
-				for _, q := range ps {
-					fmt.Fprintf(&b, `<circle cx="%s" cy="%s" r="2.5" fill="%s" stroke="none"/>`+"\n", num(px(q[0])), num(py(q[1])), colour)
-				}
-			}
-		}
-		b.WriteString("</g>\n")
-	}
-
-	if len(p.Series) > 0 {
-		b.WriteString(`<g class="legend">` + "\n")
-		for i, s := range p.Series {
-			colour, dash := style(i)
-			y := marginT + 8 + float64(i)*legendDY
-			b.WriteString(`<g class="legend-entry">`)
-			attrs := fmt.Sprintf(` stroke="%s" stroke-width="2"`, colour)
-			if dash != "" {
-				attrs += fmt.Sprintf(` stroke-dasharray="%s"`, dash)
-			}
-			line(&b, legendX, y, legendX+24, y, attrs)
-			if !p.Step {
-				fmt.Fprintf(&b, `<circle cx="%s" cy="%s" r="2.5" fill="%s"/>`, num(legendX+12), num(y), colour)
-			}
-			fmt.Fprintf(&b, `<text x="%s" y="%s">`, num(legendX+32), num(y+4))
-			text(&b, legendName(s, len(pts[i]) > 0))
-			b.WriteString("</text></g>\n")
-		}
-		b.WriteString("</g>\n")
-	}
-	b.WriteString("</svg>\n")
 	return b.Bytes(), nil
 }
 
-// legendName is what the legend says of s: its name, and that nothing of
-// it could be drawn when that is so, lest a missing line look like a
-// line hidden under another.
-func legendName(s Series, drawn bool) string {
-	if drawn {
-		return s.Name
+// set gives a gonum axis this axis's range and ticks.
+func (a axis) set(g *plot.Axis) {
+	g.Min, g.Max = a.s.v(a.lo), a.s.v(a.hi)
+	if a.s != linear {
+		g.Scale = plot.LogScale{}
 	}
-	return s.Name + " (no data)"
-}
-
-func style(i int) (colour, dash string) {
-	return palette[i%len(palette)], dashes[(i/len(palette))%len(dashes)]
-}
-
-// line writes one line from (x1, y1) to (x2, y2); attrs, if any, starts
-// with a space.
-func line(b *bytes.Buffer, x1, y1, x2, y2 float64, attrs string) {
-	fmt.Fprintf(b, `<line x1="%s" y1="%s" x2="%s" y2="%s"%s/>`+"\n", num(x1), num(y1), num(x2), num(y2), attrs)
-}
-
-// text writes s escaped for XML character data. EscapeText writes to a
-// bytes.Buffer, which cannot fail.
-func text(b *bytes.Buffer, s string) { xml.EscapeText(b, []byte(s)) }
-
-// num formats a coordinate to 0.1 px: finer is invisible, and a fixed
-// precision keeps the output the same bytes for the same plot.
-func num(v float64) string {
-	r := math.Round(v*10) / 10
-	if r == 0 {
-		r = 0 // no "-0"
+	var ts plot.ConstantTicks
+	for _, t := range a.ticks {
+		ts = append(ts, plot.Tick{Value: a.s.v(t.pos), Label: t.label})
 	}
-	return strconv.FormatFloat(r, 'f', -1, 64)
+	for _, m := range a.minor {
+		ts = append(ts, plot.Tick{Value: a.s.v(m)})
+	}
+	g.Tick.Marker = ts
+}
+
+// v is the inverse of t.
+func (s scale) v(t float64) float64 {
+	switch s {
+	case log10:
+		return math.Pow(10, t)
+	case log2:
+		return math.Pow(2, t)
+	}
+	return t
 }
 
 // WritePlot writes p as SVG to dir/name (name ends in .svg).
@@ -348,10 +254,6 @@ type tick struct {
 	pos   float64
 	label string
 }
-
-func (a axis) frac(v float64) float64 { return a.fracT(a.s.t(v)) }
-
-func (a axis) fracT(t float64) float64 { return (t - a.lo) / (a.hi - a.lo) }
 
 // newAxis fits an axis to the values vs (all drawable on s). With zero set,
 // a linear axis of non-negative values starts at 0.

@@ -125,6 +125,8 @@ bench: deps build ## the benchmark suite (not in make test, ~20 min when last ti
 		env $(BENCH_ENV) $(GO) test -run '^$$' -bench '^BenchmarkScale$$' -benchtime 1x -timeout 20m ./quiesce/; \
 	step "observer snapshot cost (100 to 10,000 sockets)" \
 		env $(BENCH_ENV) $(GO) test -run '^$$' -bench '^BenchmarkSnapshot$$' -benchtime 20x -timeout 20m ./loader/; \
+	step "the figures of those two, from scale.csv and snapshot.csv (the product module draws none)" \
+		$(GO) run ./kernel-tests/tools/bench/benchplot $(BENCH_DIR); \
 	step "steady-state overhead of shim and BPF (ping-pong on the rig)" \
 		env $(BENCH_ENV) $(GO) test -run '^$$' -bench '^BenchmarkOverhead$$' -benchtime 1x -timeout 30m ./kernel-tests/; \
 	step "pause and resume beside SIGSTOP and cgroup freeze (rig, 12 jobs)" \

@@ -2,7 +2,10 @@
 // benchmark of the suite (in the packages it measures) records its headline
 // figures as rows of one summary (Record), its raw samples as CSV files and
 // its figures as SVG plots, all under one results directory; `benchtable`
-// then prints the summary as the one table the suite ends with.
+// then prints the summary as the one table the suite ends with. The
+// benchmarks of the product module (quiesce, loader) may not require this
+// module: they write the same files with internal/testutil/benchrec, and
+// `benchplot` draws their figures from their CSV (Figures).
 //
 // The directory is $MPIPAUSE_BENCH_DIR, or bench-results under the current
 // directory when that is unset. Figures are ratios against a baseline

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/testutil"
-	"github.com/mpipause/mpipause/kernel-tests/tools/bench"
+	"github.com/mpipause/mpipause/internal/testutil/benchrec"
 )
 
 // snapshotSizes are the job sizes BenchmarkSnapshot measures, in sockets.
@@ -37,11 +37,12 @@ type snapshotSamples struct {
 //
 // It writes snapshot.csv (every snapshot's time), the summary rows of
 // section "snapshot" (p50 and p99 per size and observer, their ratio, the
-// issue's target of < 5 ms for BPF at 10,000 sockets) and
-// snapshot-vs-sockets.svg to the results directory (kernel-tests/tools/bench).
+// issue's target of < 5 ms for BPF at 10,000 sockets) to the results
+// directory; benchplot (kernel-tests/tools/bench) draws
+// snapshot-vs-sockets.svg from the CSV.
 func BenchmarkSnapshot(b *testing.B) {
 	testutil.RequirePrivileged(b)
-	dir, err := bench.Dir()
+	dir, err := benchrec.Dir()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -114,9 +115,9 @@ func BenchmarkSnapshot(b *testing.B) {
 					}
 				}
 			}
-			bp50, dp50 := bench.Percentile(s.bpf, 0.5), bench.Percentile(s.diag, 0.5)
+			bp50, dp50 := benchrec.Percentile(s.bpf, 0.5), benchrec.Percentile(s.diag, 0.5)
 			b.ReportMetric(bp50, "bpf-p50-ms")
-			b.ReportMetric(bench.Percentile(s.bpf, 0.99), "bpf-p99-ms")
+			b.ReportMetric(benchrec.Percentile(s.bpf, 0.99), "bpf-p99-ms")
 			b.ReportMetric(dp50, "sock_diag-p50-ms")
 			b.ReportMetric(bp50/dp50, "bpf/sock_diag")
 			results = append(results, s)
@@ -142,15 +143,15 @@ func BenchmarkSnapshot(b *testing.B) {
 				}
 			}
 		}
-		b.ReportMetric(bench.Percentile(iterMs, 0.5), "p50-ms")
+		b.ReportMetric(benchrec.Percentile(iterMs, 0.5), "p50-ms")
 	})
 	if err := writeSnapshotResults(dir, results, iterMs); err != nil {
 		b.Fatal(err)
 	}
 }
 
-// writeSnapshotResults writes BenchmarkSnapshot's samples, summary rows and
-// plot to dir, and its table to stderr.
+// writeSnapshotResults writes BenchmarkSnapshot's samples and summary rows to
+// dir (benchplot draws its figure from snapshot.csv), and its table to stderr.
 func writeSnapshotResults(dir string, results []snapshotSamples, iterMs []float64) error {
 	if len(results) == 0 && len(iterMs) == 0 {
 		return nil // filtered out by -bench
@@ -161,54 +162,39 @@ func writeSnapshotResults(dir string, results []snapshotSamples, iterMs []float6
 			raw = append(raw, []string{observer, strconv.Itoa(sockets), strconv.Itoa(i + 1), strconv.FormatFloat(v, 'f', 4, 64)})
 		}
 	}
-	var rows []bench.Row
-	bpfS := bench.Series{Name: "bpf"}
-	diagS := bench.Series{Name: "sock_diag"}
+	var rows []benchrec.Row
 	fmt.Fprintf(os.Stderr, "bench: snapshot %8s %12s %14s %14s\n", "sockets", "bpf p50", "sock_diag p50", "bpf/sock_diag")
 	for _, s := range results {
 		add("bpf", s.sockets, s.bpf)
 		add("sock_diag", s.sockets, s.diag)
-		row := func(observer, metric string, v float64, unit string) bench.Row {
+		row := func(observer, metric string, v float64, unit string) benchrec.Row {
 			c := fmt.Sprintf("%d sockets", s.sockets)
 			if observer != "" {
 				c = observer + ", " + c
 			}
-			return bench.Row{Section: "snapshot", Case: c, Metric: metric, Value: v, Unit: unit}
+			return benchrec.Row{Section: "snapshot", Case: c, Metric: metric, Value: v, Unit: unit}
 		}
-		bp50, dp50 := bench.Percentile(s.bpf, 0.5), bench.Percentile(s.diag, 0.5)
+		bp50, dp50 := benchrec.Percentile(s.bpf, 0.5), benchrec.Percentile(s.diag, 0.5)
 		bp := row("bpf", "snapshot p50", bp50, "ms")
 		if s.sockets == 10000 {
 			bp = bp.Goal("< 5 ms", bp50 < 5)
 		}
 		rows = append(rows,
 			bp,
-			row("bpf", "snapshot p99", bench.Percentile(s.bpf, 0.99), "ms"),
+			row("bpf", "snapshot p99", benchrec.Percentile(s.bpf, 0.99), "ms"),
 			row("sock_diag", "snapshot p50", dp50, "ms"),
-			row("sock_diag", "snapshot p99", bench.Percentile(s.diag, 0.99), "ms"),
+			row("sock_diag", "snapshot p99", benchrec.Percentile(s.diag, 0.99), "ms"),
 			row("", "bpf / sock_diag p50", bp50/dp50, "x"))
-		bpfS.X, bpfS.Y = append(bpfS.X, float64(s.sockets)), append(bpfS.Y, bp50)
-		diagS.X, diagS.Y = append(diagS.X, float64(s.sockets)), append(diagS.Y, dp50)
 		fmt.Fprintf(os.Stderr, "bench: snapshot %8d %9.3f ms %11.3f ms %13.3fx\n", s.sockets, bp50, dp50, bp50/dp50)
 	}
 	if len(iterMs) > 0 {
 		add("iter_tcp_pass", 10000, iterMs)
-		p50 := bench.Percentile(iterMs, 0.5)
-		rows = append(rows, bench.Row{Section: "snapshot", Case: "iter/tcp pass, 10000 sockets", Metric: "pass p50", Value: p50, Unit: "ms"})
+		p50 := benchrec.Percentile(iterMs, 0.5)
+		rows = append(rows, benchrec.Row{Section: "snapshot", Case: "iter/tcp pass, 10000 sockets", Metric: "pass p50", Value: p50, Unit: "ms"})
 		fmt.Fprintf(os.Stderr, "bench: snapshot iter/tcp pass alone at 10000 sockets: p50 %.3f ms\n", p50)
 	}
-	if err := bench.WriteCSV(dir, "snapshot.csv", []string{"observer", "sockets", "sample", "ms"}, raw); err != nil {
+	if err := benchrec.WriteCSV(dir, "snapshot.csv", []string{"observer", "sockets", "sample", "ms"}, raw); err != nil {
 		return err
 	}
-	if err := bench.Record(dir, rows...); err != nil {
-		return err
-	}
-	if len(results) == 0 {
-		return nil
-	}
-	return bench.WritePlot(dir, "snapshot-vs-sockets.svg", bench.Plot{
-		Title:  "Snapshot time against job size",
-		XLabel: "job sockets (log)", YLabel: "snapshot p50, ms (log)",
-		LogX: true, LogY: true,
-		Series: []bench.Series{bpfS, diagS},
-	})
+	return benchrec.Record(dir, rows...)
 }

@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpipause/mpipause/kernel-tests/tools/bench"
+	"github.com/mpipause/mpipause/internal/testutil/benchrec"
 )
 
 // BenchmarkScale measures how the protocol's cost grows with the job: whole
@@ -53,8 +53,13 @@ import (
 // (default 5), after one that warms up; MPIPAUSE_SCALE_NODES (e.g.
 // "1024,4096"), MPIPAUSE_SCALE_TRANSPORTS ("mem", "tcp") and
 // MPIPAUSE_SCALE_FANOUTS ("tree", "star") narrow the cases, to profile one.
+//
+// It writes scale.csv (every measured cycle) and the summary rows of
+// section "scale" to the results directory; benchplot
+// (kernel-tests/tools/bench) draws scale-pause.svg and
+// scale-root-messages.svg from the CSV.
 func BenchmarkScale(b *testing.B) {
-	dir, err := bench.Dir()
+	dir, err := benchrec.Dir()
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -103,7 +108,7 @@ func BenchmarkScale(b *testing.B) {
 		logf("scale tcp: a bare loopback TCP request and reply costs %.1f us of CPU (%d cores)", float64(rtCPU.Nanoseconds())/1e3, runtime.NumCPU())
 	}
 	var raw [][]string
-	var rows []bench.Row
+	var rows []benchrec.Row
 	results := map[string]map[int]scaleCase{} // "mem/tree" -> nodes -> figures
 	for _, transport := range transports {
 		for _, n := range sizes {
@@ -138,11 +143,6 @@ func BenchmarkScale(b *testing.B) {
 	}
 
 	const goalMs = 250.0
-	pausePlot := bench.Plot{Title: "Pause time (PREPARE to COMMIT, p50) vs nodes", XLabel: "simulated nodes",
-		YLabel: "pause p50 (ms)", LogX2: true, LogY: true}
-	rootPlot := bench.Plot{Title: "Messages at the root per round vs nodes", XLabel: "simulated nodes",
-		YLabel: "requests in + out at node 0, per round", LogX2: true, LogY: true}
-	rootSeen := map[Fanout]bool{}
 	for _, transport := range transports {
 		for _, f := range fanouts {
 			key := transport + "/" + fanoutName(f)
@@ -151,21 +151,17 @@ func BenchmarkScale(b *testing.B) {
 				continue
 			}
 			logf("scale %s: %6s %4s %11s %11s %11s %9s %8s %8s", key, "nodes", "hops", "pause p50", "round p50", "CPU/pause", "msgs mean", "msgs max", "root")
-			ps := bench.Series{Name: key}
-			rs := bench.Series{Name: key}
 			for _, n := range sizes {
 				c, ok := byN[n]
 				if !ok {
 					continue
 				}
-				pause, round, cpu := bench.Percentile(c.pauseMs, 0.5), bench.Percentile(c.roundMs, 0.5), bench.Percentile(c.cpuMs, 0.5)
-				mean, most, root := avg(c.msgMean), bench.Max(c.msgMax), avg(c.msgRoot)
+				pause, round, cpu := benchrec.Percentile(c.pauseMs, 0.5), benchrec.Percentile(c.roundMs, 0.5), benchrec.Percentile(c.cpuMs, 0.5)
+				mean, most, root := avg(c.msgMean), benchrec.Max(c.msgMax), avg(c.msgRoot)
 				_, hops := f.split(n)
 				logf("scale %s: %6d %4d %8.2f ms %8.2f ms %8.1f ms %9.2f %8.1f %8.1f", key, n, hops, pause, round, cpu, mean, most, root)
-				ps.X, ps.Y = append(ps.X, float64(n)), append(ps.Y, pause)
-				rs.X, rs.Y = append(rs.X, float64(n)), append(rs.Y, root)
-				row := func(metric string, v float64, unit string) bench.Row {
-					return bench.Row{Section: "scale", Case: fmt.Sprintf("%s/%d nodes", key, n), Metric: metric, Value: v, Unit: unit}
+				row := func(metric string, v float64, unit string) benchrec.Row {
+					return benchrec.Row{Section: "scale", Case: fmt.Sprintf("%s/%d nodes", key, n), Metric: metric, Value: v, Unit: unit}
 				}
 				pr := row("pause p50", pause, "ms")
 				if f == FanoutTree && n == 4096 {
@@ -188,7 +184,7 @@ func BenchmarkScale(b *testing.B) {
 					rows = append(rows, row("floor: bare loopback TCP exchanges / cores", floor, "ms"),
 						row("pause / floor", pause/floor, "x"))
 					logf("scale %s/%d nodes: %.0f exchanges a pause; bare TCP floor %.1f ms; pause / floor %.1fx; CPU a pause %.1f ms, %.1f in the kernel (p50)",
-						key, n, avg(c.exchanges), floor, pause/floor, cpu, bench.Percentile(c.sysMs, 0.5))
+						key, n, avg(c.exchanges), floor, pause/floor, cpu, benchrec.Percentile(c.sysMs, 0.5))
 				}
 			}
 			// The figure: how much a pause and the root's load grow
@@ -197,35 +193,22 @@ func BenchmarkScale(b *testing.B) {
 			lo, hi := sizes[0], sizes[len(sizes)-1]
 			if a, ok := byN[lo]; ok {
 				if z, ok := byN[hi]; ok {
-					g := bench.Percentile(z.pauseMs, 0.5) / bench.Percentile(a.pauseMs, 0.5)
+					g := benchrec.Percentile(z.pauseMs, 0.5) / benchrec.Percentile(a.pauseMs, 0.5)
 					gr := avg(z.msgRoot) / avg(a.msgRoot)
 					rows = append(rows,
-						bench.Row{Section: "scale", Case: key, Metric: fmt.Sprintf("pause %d / pause %d nodes", hi, lo), Value: g, Unit: "x"},
-						bench.Row{Section: "scale", Case: key, Metric: fmt.Sprintf("root messages %d / %d nodes", hi, lo), Value: gr, Unit: "x"})
+						benchrec.Row{Section: "scale", Case: key, Metric: fmt.Sprintf("pause %d / pause %d nodes", hi, lo), Value: g, Unit: "x"},
+						benchrec.Row{Section: "scale", Case: key, Metric: fmt.Sprintf("root messages %d / %d nodes", hi, lo), Value: gr, Unit: "x"})
 					b.Logf("scale %s: from %d to %d nodes, pause x%.1f, messages at the root x%.1f (tree levels x%.1f, nodes x%d)",
 						key, lo, hi, g, gr, float64(Depth(hi))/float64(Depth(lo)), hi/lo)
 				}
 			}
-			pausePlot.Series = append(pausePlot.Series, ps)
-			if rootSeen[f] {
-				continue // the same counts over another transport
-			}
-			rootSeen[f] = true
-			rs.Name = fanoutName(f)
-			rootPlot.Series = append(rootPlot.Series, rs)
 		}
 	}
 	header := []string{"transport", "fanout", "nodes", "cycle", "pause_ms", "round_ms", "cpu_ms", "msgs_per_node_mean", "msgs_per_node_max", "root_msgs"}
-	if err := bench.WriteCSV(dir, "scale.csv", header, raw); err != nil {
+	if err := benchrec.WriteCSV(dir, "scale.csv", header, raw); err != nil {
 		b.Fatal(err)
 	}
-	if err := bench.Record(dir, rows...); err != nil {
-		b.Fatal(err)
-	}
-	if err := bench.WritePlot(dir, "scale-pause.svg", pausePlot); err != nil {
-		b.Fatal(err)
-	}
-	if err := bench.WritePlot(dir, "scale-root-messages.svg", rootPlot); err != nil {
+	if err := benchrec.Record(dir, rows...); err != nil {
 		b.Fatal(err)
 	}
 }

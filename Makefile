@@ -43,13 +43,18 @@ generate: ## regenerate BPF objects and Go bindings from bpf/*.c (needs clang)
 check-generate: ## fail if regenerating BPF objects changes anything committed
 	@bash scripts/check-generate.sh
 
-check-format: ## fail if a Go file is not gofmt-formatted, go vet reports a problem, or mpid or mpipause links a package of kernel-tests/
+check-format: ## fail if a Go file is not gofmt-formatted, go vet reports a problem, the product module requires a module of kernel-tests/, or mpid or mpipause links a package of kernel-tests/
 	@f=$$("$$($(GO) env GOROOT)/bin/gofmt" -l $$(git ls-files '*.go')); \
 		[ -z "$$f" ] || { echo "not gofmt-formatted: $$f (run: gofmt -w $$f)" >&2; exit 1; }
 	$(GO) vet $(GOPKGS)
 	$(GO) vet -tags failpoints ./internal/mpid/ ./cmd/mpid/
-	@# The product module requires the tools module (for its benchmarks), so
-	@# nothing but this stops a command from linking it, or the rig.
+	@# go.work resolves the other modules for any package, required or not,
+	@# so nothing but these stops the product module from depending on the
+	@# kernel tests or the tools again (and the tools' plotting libraries),
+	@# or a command from linking them or the rig.
+	@m=$$(GOWORK=off $(GO) list -m all | grep -E '/kernel-tests|gonum'); \
+		[ -z "$$m" ] || { echo "the product module requires test or tooling modules: $$m" >&2; exit 1; }
+	@GOWORK=off $(GO) list -test -deps ./... >/dev/null || { echo "the product module imports what its go.mod does not require" >&2; exit 1; }
 	@p=$$($(GO) list -deps ./cmd/... | grep -E '/kernel-tests(/|$$)|vishvananda'); \
 		[ -z "$$p" ] || { echo "the commands link test or tooling packages: $$p" >&2; exit 1; }
 

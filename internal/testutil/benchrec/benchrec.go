@@ -1,11 +1,11 @@
-// Package benchrec is what the product module's benchmarks (quiesce's
-// BenchmarkScale, loader's BenchmarkSnapshot) write their results with:
-// raw samples as CSV files and headline rows appended to the summary, in
-// the results directory and format of the tools module's bench package,
-// which reads them back (benchtable prints the summary, benchplot draws
-// the figures from the CSV files). It uses the standard library alone, so
-// that the product module requires no tooling module and none of the
-// plotting libraries.
+// Package benchrec writes benchmark results: raw samples as CSV files and
+// headline rows appended to the summary, in one results directory. The
+// product module's benchmarks (quiesce's BenchmarkScale, loader's
+// BenchmarkSnapshot) use it directly; the tools module's bench package
+// writes with it too and reads the files back (benchtable prints the
+// summary, benchplot draws the figures from the CSV files). It uses the
+// standard library alone, so that the product module requires no tooling
+// module and none of the plotting libraries.
 package benchrec
 
 import (
@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"sync"
 )
 
 // EnvDir names the results directory (bench.EnvDir).
@@ -45,9 +46,11 @@ func Dir() (string, error) {
 	return d, nil
 }
 
-// Row is one headline figure, as bench.Row: Target is the goal as a person
-// reads it ("< 5 ms") and Met whether the value reached it, both unset for
-// a row without a goal.
+// Row is one headline figure. Section groups rows in the table ("pause",
+// "overhead", "snapshot", "scale"); Case says what was measured (job,
+// workload, method, size); Metric what the value is. Target, if set, is the
+// goal as a person reads it ("<= 20 ms"), and Met whether the value reached
+// it; rows without a target leave both empty.
 type Row struct {
 	Section, Case, Metric string
 	Value                 float64
@@ -61,10 +64,21 @@ func (r Row) Goal(t string, ok bool) Row {
 	return r
 }
 
+// Judged returns r with target text t and the verdict met, which may be
+// nil: the measurement could not tell (the table says "not resolved").
+func (r Row) Judged(t string, met *bool) Row {
+	r.Target, r.Met = t, met
+	return r
+}
+
+var recordMu sync.Mutex
+
 // Record appends rows to the summary in dir, with its header if the file
 // is new. Each package's benchmarks run in a binary of their own, one after
-// another, so appends need no lock across them.
+// another; within one, benchmarks may record from several goroutines.
 func Record(dir string, rows ...Row) error {
+	recordMu.Lock()
+	defer recordMu.Unlock()
 	f, err := os.OpenFile(filepath.Join(dir, SummaryFile), os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		return err

@@ -15,99 +15,46 @@ package bench
 
 import (
 	"encoding/csv"
-	"errors"
 	"fmt"
-	"math"
 	"os"
 	"path/filepath"
 	"slices"
 	"strconv"
-	"sync"
+
+	"github.com/mpipause/mpipause/internal/testutil/benchrec"
 )
 
-// EnvDir names the results directory.
-const EnvDir = "MPIPAUSE_BENCH_DIR"
-
-// SummaryFile is the file in the results directory that Record appends to.
-const SummaryFile = "summary.csv"
-
-// Dir returns the results directory, created if missing.
-func Dir() (string, error) {
-	d := os.Getenv(EnvDir)
-	if d == "" {
-		d = "bench-results"
-	}
-	d, err := filepath.Abs(d)
-	if err != nil {
-		return "", err
-	}
-	if err := os.MkdirAll(d, 0o755); err != nil {
-		return "", fmt.Errorf("bench: results directory: %w", err)
-	}
-	return d, nil
-}
-
-// Row is one headline figure. Section groups rows in the table (the
-// issue's list: "pause", "overhead", "snapshot", "scale"); Case says what
-// was measured (job, workload, method, size); Metric what the value is.
-// Target, if set, is the goal as a person reads it ("<= 20 ms"), and Met
-// whether the value reached it; rows without a target leave both empty.
-type Row struct {
-	Section string
-	Case    string
-	Metric  string
-	Value   float64
-	Unit    string
-	Target  string
-	Met     *bool
-}
+// The results directory and the files in it are benchrec's, which the
+// product module's benchmarks write with too: one writer, so that what
+// they write and what benchtable and benchplot read cannot drift apart.
+const (
+	EnvDir      = benchrec.EnvDir
+	SummaryFile = benchrec.SummaryFile
+)
 
 // Header is the first line of the summary CSV.
-var Header = []string{"section", "case", "metric", "value", "unit", "target", "met"}
+var Header = benchrec.Header
 
-// Goal returns r with target text t and Met set to ok.
-func (r Row) Goal(t string, ok bool) Row {
-	r.Target, r.Met = t, &ok
-	return r
+// Row is one headline figure (benchrec.Row).
+type Row = benchrec.Row
+
+// Dir returns the results directory, created if missing.
+func Dir() (string, error) { return benchrec.Dir() }
+
+// Record appends rows to the summary in dir.
+func Record(dir string, rows ...Row) error { return benchrec.Record(dir, rows...) }
+
+// WriteCSV writes one CSV file of raw data (samples, curves) to dir/name.
+func WriteCSV(dir, name string, header []string, rows [][]string) error {
+	return benchrec.WriteCSV(dir, name, header, rows)
 }
 
-func (r Row) record() []string {
-	met := ""
-	if r.Met != nil {
-		met = strconv.FormatBool(*r.Met)
-	}
-	return []string{r.Section, r.Case, r.Metric, strconv.FormatFloat(r.Value, 'g', 6, 64), r.Unit, r.Target, met}
-}
+// Percentile returns the q-quantile (0..1) of v by the nearest-rank method,
+// NaN for no samples.
+func Percentile(v []float64, q float64) float64 { return benchrec.Percentile(v, q) }
 
-var recordMu sync.Mutex
-
-// Record appends rows to the summary in dir. Benchmarks of several
-// packages run one after another (go test runs package binaries in
-// sequence when -p 1), and each line is written in one append, so rows of
-// different benchmarks do not interleave inside a line.
-func Record(dir string, rows ...Row) error {
-	recordMu.Lock()
-	defer recordMu.Unlock()
-	path := filepath.Join(dir, SummaryFile)
-	f, err := os.OpenFile(path, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		return err
-	}
-	st, err := f.Stat()
-	if err != nil {
-		f.Close()
-		return err
-	}
-	w := csv.NewWriter(f)
-	if st.Size() == 0 {
-		w.Write(Header)
-	}
-	for _, r := range rows {
-		w.Write(r.record())
-	}
-	w.Flush()
-	return errors.Join(w.Error(), f.Close())
-}
+// Max returns the largest of v, NaN for none.
+func Max(v []float64) float64 { return benchrec.Max(v) }
 
 // ReadSummary returns the rows Record wrote to dir, in order.
 func ReadSummary(dir string) ([]Row, error) {
@@ -140,36 +87,4 @@ func ReadSummary(dir string) ([]Row, error) {
 		out = append(out, r)
 	}
 	return out, nil
-}
-
-// WriteCSV writes one CSV file of raw data (samples, curves) to dir/name.
-func WriteCSV(dir, name string, header []string, rows [][]string) error {
-	f, err := os.Create(filepath.Join(dir, name))
-	if err != nil {
-		return err
-	}
-	w := csv.NewWriter(f)
-	w.Write(header)
-	w.WriteAll(rows)
-	return errors.Join(w.Error(), f.Close())
-}
-
-// Percentile returns the q-quantile (0..1) of v by the nearest-rank method,
-// NaN for no samples. v is not modified.
-func Percentile(v []float64, q float64) float64 {
-	if len(v) == 0 {
-		return math.NaN()
-	}
-	s := slices.Clone(v)
-	slices.Sort(s)
-	i := int(math.Ceil(q*float64(len(s)))) - 1
-	return s[max(0, min(i, len(s)-1))]
-}
-
-// Max returns the largest of v, NaN for none.
-func Max(v []float64) float64 {
-	if len(v) == 0 {
-		return math.NaN()
-	}
-	return slices.Max(v)
 }

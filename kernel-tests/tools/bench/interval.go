@@ -133,10 +133,3 @@ func (iv Interval) Above(bound float64) *bool {
 }
 
 func ptr(b bool) *bool { return &b }
-
-// Judged returns r with target text t and the verdict met, which may be
-// nil: the measurement could not tell (the table says "not resolved").
-func (r Row) Judged(t string, met *bool) Row {
-	r.Target, r.Met = t, met
-	return r
-}

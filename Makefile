@@ -69,7 +69,7 @@ test-unit: ## tier 1: unit tests with every capability dropped (must pass unpriv
 # Every decoder of bytes from the network or another process, as package:target.
 FUZZ_TARGETS := internal/ranks:FuzzParseHello internal/ranks:FuzzParseJoin internal/ranks:FuzzParseReply \
 	internal/ranks:FuzzStatePage internal/ctl:FuzzReadRequest internal/ctl:FuzzDecodeReply \
-	quiesce:FuzzReadFrame quiesce:FuzzServeConn quiesce:FuzzReadHello quiesce:FuzzParseKeys
+	internal/mpid:FuzzDecodeControl quiesce:FuzzReadFrame quiesce:FuzzServeConn quiesce:FuzzReadHello quiesce:FuzzParseKeys
 # A count, not a duration: Go 1.26 can fail a duration-bounded run with a bare
 # "context deadline exceeded" when a worker is busy at the deadline
 # (go.dev/issue/75804), which would be a CI failure with no input behind it.

@@ -344,7 +344,7 @@ func testPeerPort() int { return 20000 + os.Getpid()%20000 }
 // done and is logged, without the key.
 func TestMpidClusterKey(t *testing.T) {
 	bin := binDir(t)
-	mpid := filepath.Join(bin, "mpid")
+	mpidBin := filepath.Join(bin, "mpid")
 	key := newKeyFile(t)
 	loose := filepath.Join(t.TempDir(), "loose.key")
 	b, _ := os.ReadFile(key)
@@ -358,7 +358,7 @@ func TestMpidClusterKey(t *testing.T) {
 		"loose mode":        {[]string{"--cluster-key", loose}, "chmod 600"},
 		"keygen over a key": {[]string{"keygen", key}, "never overwritten"},
 	} {
-		out, err := exec.Command(mpid, c.args...).CombinedOutput()
+		out, err := exec.Command(mpidBin, c.args...).CombinedOutput()
 		var ee *exec.ExitError
 		if !errors.As(err, &ee) || ee.ExitCode() != 2 || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 || !strings.Contains(string(out), c.say) {
 			t.Errorf("%s: %v, output %q; want exit 2 and one line saying %q", name, err, out, c.say)
@@ -372,7 +372,7 @@ func TestMpidClusterKey(t *testing.T) {
 	defer cancel()
 	port := testPeerPort() + 1
 	ready := filepath.Join(t.TempDir(), "ready")
-	d := start(ctx, t, "", nil, mpid, "--cluster-key", key, "--peer-port", fmt.Sprint(port), "--ready-file", ready,
+	d := start(ctx, t, "", nil, mpidBin, "--cluster-key", key, "--peer-port", fmt.Sprint(port), "--ready-file", ready,
 		"--rank-socket", fmt.Sprintf("@mpipause-kt-key-r-%d", os.Getpid()), "--ctl-socket", fmt.Sprintf("@mpipause-kt-key-c-%d", os.Getpid()),
 		"--cgroup-parent", "mpipause-kt-key")
 	defer func() {
@@ -389,8 +389,7 @@ func TestMpidClusterKey(t *testing.T) {
 		t.Fatal(err)
 	}
 	resolve := func(string) (string, error) { return fmt.Sprintf("127.0.0.1:%d", port), nil }
-	req := quiesce.Message{Version: quiesce.ProtocolVersion, Job: "nojob", Epoch: 1, Seq: 1, Kind: quiesce.KindControl, Nodes: []string{host},
-		Control: &quiesce.Control{Op: "pause", UID: 0}}
+	req := mpid.ControlRequest("nojob", host, "pause", 0)
 	other, _ := quiesce.GenerateKey()
 	good, err := quiesce.LoadKeys(key)
 	if err != nil {
@@ -410,8 +409,9 @@ func TestMpidClusterKey(t *testing.T) {
 		}
 	}
 	// The holder of the key is answered (about a job that does not exist).
-	if rep, err := (&quiesce.TCPTransport{Resolve: resolve, Identity: identity(good)}).Call(ctx, host, req); err != nil || rep.Control == nil || rep.Control.Code != "unknown-job" {
-		t.Errorf("with the key: %+v, %v; want the answer that there is no such job", rep, err)
+	rep, err := (&quiesce.TCPTransport{Resolve: resolve, Identity: identity(good)}).Call(ctx, host, req)
+	if code, cerr := mpid.ControlRefusal(rep); err != nil || cerr != nil || code != "unknown-job" {
+		t.Errorf("with the key: %+v, %v, %v; want the answer that there is no such job", rep, err, cerr)
 	}
 	waitFor(t, "mpid to log the refused peers", 10*time.Second, d.done, func() bool {
 		return strings.Contains(d.out.String(), "does not speak TLS") && strings.Contains(d.out.String(), "another cluster key")

@@ -1,7 +1,6 @@
 package quiesce
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -28,13 +27,12 @@ const (
 	KindThaw    Kind = "THAW"    // VERIFY found bytes: thaw, gates stay closed, drain again
 	KindAbort   Kind = "ABORT"   // roll back: thaw, then reopen gates
 	KindResume  Kind = "RESUME"  // thaw, then reopen gates
-	// KindControl is not a protocol step: a node daemon passes a user's
-	// request (pause, resume) for a job to the job's coordinator. Agents
-	// refuse it; the daemon serving the port answers it (Message.Control).
-	KindControl Kind = "CONTROL"
 )
 
-// Valid reports whether k is one of the protocol's kinds.
+// Valid reports whether k is one of the protocol's kinds. A daemon may
+// send messages of a kind of its own on the same port (with a Payload):
+// an agent refuses them, so the daemon that serves the port answers them
+// before its agent sees them.
 func (k Kind) Valid() bool {
 	switch k {
 	case KindPrepare, KindDrain, KindFreeze, KindVerify, KindThaw, KindCommit, KindAbort, KindResume:
@@ -60,8 +58,11 @@ type Message struct {
 	// Err is set on a reply when the request itself was refused (bad version,
 	// stale, malformed); per-node failures travel in Report instead.
 	Err string `json:"err,omitempty"`
-	// Control carries a KindControl request and its answer.
-	Control *Control `json:"control,omitempty"`
+	// Payload is a daemon's own message, carried unread under a kind of
+	// its own (Kind.Valid), written and read with the wire's tagged fields
+	// (AppendStringField, FieldReader). Nil is no payload; an empty one
+	// is sent as such.
+	Payload []byte `json:"payload,omitempty"`
 	// Wait, on a DRAIN request, lets each node hold its answer until its
 	// report is empty or Wait has passed, checking every DrainPoll: the
 	// drain's end is then seen within a local check instead of a protocol
@@ -88,24 +89,6 @@ type Message struct {
 // DrainPoll is how often a node waiting on a DRAIN (Message.Wait) checks
 // its queues: a kernel snapshot each time, so not much more often.
 const DrainPoll = time.Millisecond
-
-// Control is a request passed to a job's coordinator and its answer, opaque
-// to the protocol: the daemons define Op and Result.
-type Control struct {
-	Op      string        `json:"op"`
-	UID     uint32        `json:"uid"`
-	Timeout time.Duration `json:"timeout_ns,omitempty"`
-	// Token is the job key a rank presented (a node registering with the
-	// coordinator); Node the node that registers.
-	// Size is the job's size as the registering node's ranks told it.
-	Token string `json:"token,omitempty"`
-	Node  string `json:"node,omitempty"`
-	Size  int    `json:"size,omitempty"`
-	// Answer: Result is the daemon's report; Code and Message a refusal.
-	Result  json.RawMessage `json:"result,omitempty"`
-	Code    string          `json:"code,omitempty"`
-	Message string          `json:"message,omitempty"`
-}
 
 // Validate checks what a receiver needs before it acts on a request.
 func (m *Message) Validate() error {

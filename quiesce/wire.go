@@ -48,7 +48,7 @@ const (
 	tagMsgNode    = 7 // repeated: Nodes
 	tagMsgReport  = 8
 	tagMsgErr     = 9
-	tagMsgControl = 10
+	tagMsgPayload = 10 // a nested message of the daemon's own (Message.Payload)
 	tagMsgWait    = 11
 	tagMsgFanout  = 12
 	tagMsgCoord   = 13
@@ -88,17 +88,6 @@ const (
 	tagConnSendQueue = 4
 	tagConnUnread    = 5
 	tagConnRank      = 6
-
-	// Control
-	tagCtlOp      = 1
-	tagCtlUID     = 2
-	tagCtlTimeout = 3
-	tagCtlResult  = 4
-	tagCtlCode    = 5
-	tagCtlMessage = 6
-	tagCtlToken   = 7
-	tagCtlNode    = 8
-	tagCtlSize    = 9
 )
 
 // --- encoding ---
@@ -192,10 +181,12 @@ func (m *Message) appendWire(b []byte) []byte {
 		b = endNested(b, at)
 	}
 	b = appendString(b, tagMsgErr, m.Err)
-	if m.Control != nil {
+	if m.Payload != nil {
+		// Written as a nested message is, so that the frame is the one a
+		// daemon sent when the protocol still held the message's type.
 		var at int
-		b, at = beginNested(b, tagMsgControl)
-		b = m.Control.appendWire(b)
+		b, at = beginNested(b, tagMsgPayload)
+		b = append(b, m.Payload...)
 		b = endNested(b, at)
 	}
 	b = appendInt(b, tagMsgWait, int64(m.Wait))
@@ -273,21 +264,6 @@ func (c *Conn) appendWire(b []byte) []byte {
 	b = appendUint(b, tagConnSendQueue, c.SendQueue)
 	b = appendUint(b, tagConnUnread, c.Unread)
 	return appendInt(b, tagConnRank, int64(c.Rank))
-}
-
-func (c *Control) appendWire(b []byte) []byte {
-	b = appendString(b, tagCtlOp, c.Op)
-	b = appendUint(b, tagCtlUID, uint64(c.UID))
-	b = appendInt(b, tagCtlTimeout, int64(c.Timeout))
-	if len(c.Result) > 0 {
-		b = appendUvarint(appendKey(b, tagCtlResult, wtBytes), uint64(len(c.Result)))
-		b = append(b, c.Result...)
-	}
-	b = appendString(b, tagCtlCode, c.Code)
-	b = appendString(b, tagCtlToken, c.Token)
-	b = appendString(b, tagCtlNode, c.Node)
-	b = appendInt(b, tagCtlSize, int64(c.Size))
-	return appendString(b, tagCtlMessage, c.Message)
 }
 
 // --- decoding ---
@@ -485,11 +461,8 @@ func (r *wireReader) message(m *Message) {
 			r.done(&n)
 		case tagMsgErr:
 			m.Err = r.str(wt)
-		case tagMsgControl:
-			n := r.nested(wt)
-			m.Control = new(Control)
-			n.control(m.Control)
-			r.done(&n)
+		case tagMsgPayload:
+			m.Payload = []byte(r.str(wt))
 		case tagMsgWait:
 			m.Wait = time.Duration(r.int64(wt))
 		case tagMsgFanout:
@@ -662,47 +635,6 @@ func (r *wireReader) conn(c *Conn) {
 			c.Unread = r.uint(wt)
 		case tagConnRank:
 			c.Rank = r.int(wt)
-		default:
-			r.skip(wt)
-		}
-	}
-}
-
-func (r *wireReader) control(c *Control) {
-	for {
-		tag, wt, ok := r.next()
-		if !ok {
-			return
-		}
-		switch tag {
-		case tagCtlOp:
-			c.Op = r.str(wt)
-		case tagCtlUID:
-			v := r.uint(wt)
-			if v > 1<<32-1 {
-				r.fail("uid out of range")
-			}
-			c.UID = uint32(v)
-		case tagCtlTimeout:
-			c.Timeout = time.Duration(r.int64(wt))
-		case tagCtlResult:
-			if s := r.str(wt); s != "" {
-				c.Result = []byte(s)
-			}
-		case tagCtlCode:
-			c.Code = r.str(wt)
-		case tagCtlMessage:
-			c.Message = r.str(wt)
-		case tagCtlToken:
-			c.Token = r.str(wt)
-		case tagCtlNode:
-			c.Node = r.str(wt)
-		case tagCtlSize:
-			v := r.int64(wt)
-			if v < 0 || v > 1<<31-1 {
-				r.fail("size out of range")
-			}
-			c.Size = int(v)
 		default:
 			r.skip(wt)
 		}

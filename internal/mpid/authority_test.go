@@ -178,10 +178,10 @@ func TestRegistration(t *testing.T) {
 	d := newTestDaemon(t, "node0", nil, nil)
 	tok := JobToken(d.cfg.ClusterKey.Current(), 1002, "j", "node0")
 	key := ranks.JobKey(1002, "j")
-	reg := func(op string, uid uint32, token, node string) *quiesce.Control {
-		return d.peer.registered(quiesce.Message{Job: key, Control: &quiesce.Control{Op: op, UID: uid, Token: token, Node: node, Size: 6}})
+	reg := func(op string, uid uint32, token, node string) *peerControl {
+		return d.peer.registered(key, &peerControl{Op: op, UID: uid, Token: token, Node: node, Size: 6})
 	}
-	for name, c := range map[string]*quiesce.Control{
+	for name, c := range map[string]*peerControl{
 		"another uid":         reg(opRegister, 1001, tok, "node1"),
 		"a forged key":        reg(opRegister, 1002, "node0:00", "node1"),
 		"another coordinator": reg(opRegister, 1002, JobToken(d.cfg.ClusterKey.Current(), 1002, "j", "node2"), "node1"),

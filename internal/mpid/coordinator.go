@@ -312,26 +312,28 @@ func (c *coordinator) forward(ctx context.Context, to string, req ctl.Request, u
 	// coordinator that never answers.
 	ctx, cancel := context.WithTimeout(ctx, drain+2*time.Minute)
 	defer cancel()
-	m := quiesce.Message{Version: quiesce.ProtocolVersion, Job: req.Job, Kind: quiesce.KindControl, Nodes: []string{to},
-		Control: &quiesce.Control{Op: req.Op, UID: uid, Timeout: req.Timeout}}
+	m := (&peerControl{Op: req.Op, UID: uid, Timeout: req.Timeout}).message(req.Job, to)
 	rep, err := c.tr.Call(ctx, to, m)
 	if err == nil && rep.Err != "" {
 		err = errors.New(rep.Err)
 	}
-	if err == nil && rep.Control == nil {
-		err = errors.New("an answer without a result")
+	var ans *peerControl
+	if err == nil {
+		if ans, err = decodeControl(rep); errors.Is(err, errNoControl) {
+			err = errors.New("an answer without a result")
+		}
 	}
 	if err != nil {
 		return ctl.Job{}, ctl.Errorf(ctl.CodeUnavailable, "job %s is coordinated by mpid on %s (the node of rank 0), which did not answer: %v", req.Job, to, err)
 	}
 	var j ctl.Job
-	if len(rep.Control.Result) > 0 {
-		if err := json.Unmarshal(rep.Control.Result, &j); err != nil {
+	if len(ans.Result) > 0 {
+		if err := json.Unmarshal(ans.Result, &j); err != nil {
 			return ctl.Job{}, ctl.Errorf(ctl.CodeUnavailable, "mpid on %s sent a malformed result: %v", to, err)
 		}
 	}
-	if rep.Control.Code != "" {
-		return j, &ctl.Error{Code: rep.Control.Code, Message: rep.Control.Message}
+	if ans.Code != "" {
+		return j, &ctl.Error{Code: ans.Code, Message: ans.Message}
 	}
 	return j, nil
 }

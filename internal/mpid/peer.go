@@ -28,7 +28,7 @@ type peer struct {
 // handle serves one message: a protocol step goes to the agent, a request
 // passed on by another node's mpid is run here as the coordinator.
 func (p *peer) handle(ctx context.Context, m quiesce.Message) (quiesce.Message, error) {
-	if m.Kind != quiesce.KindControl {
+	if m.Kind != kindControl {
 		if why := p.foreignStep(m); why != "" {
 			p.log.Warn("protocol step refused", "job", m.Job, "kind", m.Kind, "coordinator", m.Coordinator, "reason", why)
 			return quiesce.Message{Version: quiesce.ProtocolVersion, Job: m.Job, Epoch: m.Epoch, Seq: m.Seq, Kind: m.Kind, Reply: true, Err: why}, nil
@@ -36,23 +36,23 @@ func (p *peer) handle(ctx context.Context, m quiesce.Message) (quiesce.Message, 
 		return p.agent.Handle(ctx, m)
 	}
 	reply := quiesce.Message{Version: quiesce.ProtocolVersion, Job: m.Job, Kind: m.Kind, Reply: true}
-	c := m.Control
-	if m.Version == quiesce.ProtocolVersion && c != nil && (c.Op == opRegister || c.Op == opUnregister) {
-		reply.Control = p.registered(m)
+	c, err := decodeControl(m)
+	if m.Version == quiesce.ProtocolVersion && err == nil && (c.Op == opRegister || c.Op == opUnregister) {
+		reply.Payload = p.registered(m.Job, c).encode()
 		return reply, nil
 	}
-	if m.Version != quiesce.ProtocolVersion || c == nil || (c.Op != ctl.OpPause && c.Op != ctl.OpResume) {
+	if m.Version != quiesce.ProtocolVersion || err != nil || (c.Op != ctl.OpPause && c.Op != ctl.OpResume) {
 		reply.Err = "malformed control request"
 		return reply, nil
 	}
 	req := ctl.Request{Version: ctl.Version, Op: c.Op, Job: m.Job, Timeout: c.Timeout}
 	var j ctl.Job
-	err := req.Validate()
+	err = req.Validate()
 	if err == nil {
 		// As for the CLI: the caller going away does not cut the pause short.
 		j, err = p.coord.doAt(context.WithoutCancel(ctx), req, c.UID, nil, false)
 	}
-	out := &quiesce.Control{Op: c.Op}
+	out := &peerControl{Op: c.Op}
 	var ce *ctl.Error
 	switch {
 	case errors.As(err, &ce):
@@ -63,7 +63,7 @@ func (p *peer) handle(ctx context.Context, m quiesce.Message) (quiesce.Message, 
 	if j.ID != "" {
 		out.Result, _ = json.Marshal(j)
 	}
-	reply.Control = out
+	reply.Payload = out.encode()
 	p.log.Info("request from a peer", "job", m.Job, "op", c.Op, "uid", c.UID, "code", out.Code)
 	return reply, nil
 }
@@ -84,14 +84,13 @@ func (p *peer) foreignStep(m quiesce.Message) string {
 
 // registered serves a node's registration (or its job's end there): the
 // job key must be this job's and name this node as its coordinator.
-func (p *peer) registered(m quiesce.Message) *quiesce.Control {
-	c := m.Control
-	out := &quiesce.Control{Op: c.Op}
-	refuse := func(format string, args ...any) *quiesce.Control {
+func (p *peer) registered(job string, c *peerControl) *peerControl {
+	out := &peerControl{Op: c.Op}
+	refuse := func(format string, args ...any) *peerControl {
 		out.Code, out.Message = ctl.CodePermission, fmt.Sprintf(format, args...)
 		return out
 	}
-	uid, name, ok := ranks.SplitJobKey(m.Job)
+	uid, name, ok := ranks.SplitJobKey(job)
 	if !ok || uid != c.UID || !ranks.ValidHostName(c.Node) {
 		return refuse("malformed registration")
 	}
@@ -100,9 +99,9 @@ func (p *peer) registered(m quiesce.Message) *quiesce.Control {
 		return refuse("%v", err)
 	}
 	if coord != p.node {
-		return refuse("job %s is coordinated by %s, not %s", m.Job, coord, p.node)
+		return refuse("job %s is coordinated by %s, not %s", job, coord, p.node)
 	}
-	if err := p.reg.remote(m.Job, uid, name, c.Node, c.Size, c.Op == opRegister); err != nil {
+	if err := p.reg.remote(job, uid, name, c.Node, c.Size, c.Op == opRegister); err != nil {
 		return refuse("%v", err)
 	}
 	return out

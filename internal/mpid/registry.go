@@ -518,7 +518,7 @@ func (r *registry) register(key, coord, token string, uid uint32) {
 	for _, rk := range r.ranks.Ranks(key) {
 		size = max(size, rk.Size)
 	}
-	err := r.registration(key, coord, &quiesce.Control{Op: opRegister, UID: uid, Token: token, Node: r.node, Size: size})
+	err := r.registration(key, coord, &peerControl{Op: opRegister, UID: uid, Token: token, Node: r.node, Size: size})
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	j := r.jobs[key]
@@ -540,21 +540,26 @@ func (r *registry) register(key, coord, token string, uid uint32) {
 
 // unregister tells the coordinator that the job ended on this node.
 func (r *registry) unregister(key, coord, token string, uid uint32) {
-	if err := r.registration(key, coord, &quiesce.Control{Op: opUnregister, UID: uid, Token: token, Node: r.node}); err != nil {
+	if err := r.registration(key, coord, &peerControl{Op: opUnregister, UID: uid, Token: token, Node: r.node}); err != nil {
 		r.log.Info("the job's coordinator was not told that the job ended here", "job", key, "coordinator", coord, "error", err)
 	}
 }
 
-func (r *registry) registration(key, coord string, c *quiesce.Control) error {
+func (r *registry) registration(key, coord string, c *peerControl) error {
 	ctx, cancel := context.WithTimeout(context.Background(), registerTimeout)
 	defer cancel()
-	m := quiesce.Message{Version: quiesce.ProtocolVersion, Job: key, Kind: quiesce.KindControl, Nodes: []string{coord}, Coordinator: coord, Control: c}
+	m := c.message(key, coord)
+	m.Coordinator = coord
 	rep, err := r.tr.Call(ctx, coord, m)
 	if err == nil && rep.Err != "" {
 		err = errors.New(rep.Err)
 	}
-	if err == nil && rep.Control != nil && rep.Control.Code != "" {
-		err = errors.New(rep.Control.Message)
+	if err == nil && rep.Payload != nil {
+		// An answer without a payload was taken as done, as before.
+		var ans *peerControl
+		if ans, err = decodeControl(rep); err == nil && ans.Code != "" {
+			err = errors.New(ans.Message)
+		}
 	}
 	return err
 }

@@ -14,6 +14,8 @@ import (
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
+
+	"github.com/mpipause/mpipause/internal/caps"
 )
 
 // Variables for tests: the kernel's own BTF, and the size of the records
@@ -88,11 +90,11 @@ func OpenBPF(ctx context.Context, cfg Config) (*BPFObserver, error) {
 	if err != nil {
 		return nil, err
 	}
-	want := []uint{capBPF, capPerfmon, capNetAdmin}
+	want := []caps.Cap{caps.BPF, caps.Perfmon, caps.NetAdmin}
 	if len(cfg.Netns) > 0 || cfg.FollowJob {
-		want = append(want, capSysAdmin) // setns(2)
+		want = append(want, caps.SysAdmin) // setns(2)
 	}
-	missing, err := missingCaps(want...)
+	missing, err := caps.Missing(want...)
 	if err != nil {
 		return nil, err
 	}

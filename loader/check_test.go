@@ -13,6 +13,7 @@ import (
 	"github.com/cilium/ebpf/btf"
 	"github.com/google/go-cmp/cmp"
 
+	"github.com/mpipause/mpipause/internal/caps"
 	"github.com/mpipause/mpipause/internal/testutil"
 )
 
@@ -209,7 +210,7 @@ const unprivEnv = "MPIPAUSE_LOADER_UNPRIV"
 // to sock_diag in the own network namespace. As root it runs itself again
 // with every capability dropped (setpriv), as `make test-unit` does.
 func TestOpenUnprivileged(t *testing.T) {
-	missing, err := missingCaps(capBPF, capPerfmon, capNetAdmin)
+	missing, err := caps.Missing(caps.BPF, caps.Perfmon, caps.NetAdmin)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/mpipause/mpipause/internal/caps"
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/sockdiag"
 )
@@ -41,7 +42,7 @@ func OpenSockDiag(ctx context.Context, cfg Config) (*SockDiagObserver, error) {
 		return nil, err
 	}
 	if len(cfg.Netns) > 0 {
-		missing, err := missingCaps(capSysAdmin)
+		missing, err := caps.Missing(caps.SysAdmin)
 		if err != nil {
 			return nil, err
 		}

@@ -1,0 +1,54 @@
+// Package caps reads the calling thread's effective capabilities: what
+// loader checks before it loads BPF or enters a network namespace, and what
+// the test suite's privilege gate checks (internal/testutil). Being root is
+// not enough: `setpriv --inh-caps=-all` and containers drop capabilities
+// from uid 0, so the check is on the capability, never on the uid.
+package caps
+
+import (
+	"fmt"
+
+	"golang.org/x/sys/unix"
+)
+
+// Cap is a capability number (include/uapi/linux/capability.h).
+type Cap uint
+
+// The capabilities mpipause needs.
+const (
+	NetAdmin Cap = 12 // attach to cgroups, bring links up
+	SysAdmin Cap = 21 // setns(2), mount(2)
+	Perfmon  Cap = 38 // tracing programs
+	BPF      Cap = 39 // load programs, make maps
+)
+
+var names = map[Cap]string{
+	NetAdmin: "CAP_NET_ADMIN",
+	SysAdmin: "CAP_SYS_ADMIN",
+	Perfmon:  "CAP_PERFMON",
+	BPF:      "CAP_BPF",
+}
+
+func (c Cap) String() string {
+	if n, ok := names[c]; ok {
+		return n
+	}
+	return fmt.Sprintf("capability %d", uint(c))
+}
+
+// Missing lists the capabilities of want, in want's order, that the calling
+// thread lacks in its effective set.
+func Missing(want ...Cap) ([]string, error) {
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var data [2]unix.CapUserData
+	if err := unix.Capget(&hdr, &data[0]); err != nil {
+		return nil, fmt.Errorf("capget: %w", err)
+	}
+	var missing []string
+	for _, c := range want {
+		if c >= 64 || data[c/32].Effective&(1<<(c%32)) == 0 {
+			missing = append(missing, c.String())
+		}
+	}
+	return missing, nil
+}

@@ -1,20 +1,19 @@
 package loader
 
 import (
-	"bufio"
 	"errors"
 	"fmt"
 	"io"
 	"os"
-	"strconv"
-	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mpipause/mpipause/internal/mountinfo"
 )
 
 // Where bpffs is looked for and, if absent, mounted; variables for tests.
 var (
-	mountinfoPath = "/proc/self/mountinfo"
+	mountinfoPath = mountinfo.Self
 	defaultBPFFS  = "/sys/fs/bpf"
 )
 
@@ -62,42 +61,16 @@ func findBPFFS(dir string, mount bool) (string, error) {
 // bpffsFrom returns the mount point of the first bpf filesystem in a
 // mountinfo(5) listing, or "" if there is none.
 func bpffsFrom(r io.Reader) (string, error) {
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTS
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
-			continue
-		}
-		pf, sf := strings.Fields(pre), strings.Fields(post)
-		if len(pf) < 5 || len(sf) < 1 || sf[0] != "bpf" {
-			continue
-		}
-		return unescapeMount(pf[4]), nil
+	ms, err := mountinfo.Parse(r)
+	if err != nil {
+		return "", err
 	}
-	if err := sc.Err(); err != nil {
-		return "", fmt.Errorf("read mountinfo: %w", err)
+	for _, m := range ms {
+		if m.FSType == "bpf" {
+			return m.Point, nil
+		}
 	}
 	return "", nil
-}
-
-// unescapeMount undoes mountinfo's octal escapes (\040 for a space).
-func unescapeMount(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 func isBPFFS(dir string) error {

@@ -5,7 +5,6 @@
 package cgroupv2
 
 import (
-	"bufio"
 	"context"
 	"errors"
 	"fmt"
@@ -18,6 +17,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mpipause/mpipause/internal/mountinfo"
 )
 
 // ErrNotMounted says no cgroup2 filesystem is mounted in this mount namespace.
@@ -25,7 +26,7 @@ var ErrNotMounted = errors.New("cgroup v2 is not mounted (no cgroup2 entry in /p
 
 // Root returns the mount point of the cgroup v2 hierarchy.
 func Root() (string, error) {
-	f, err := os.Open("/proc/self/mountinfo")
+	f, err := os.Open(mountinfo.Self)
 	if err != nil {
 		return "", fmt.Errorf("read mountinfo: %w", err)
 	}
@@ -33,43 +34,19 @@ func Root() (string, error) {
 	return rootFrom(f)
 }
 
+// rootFrom is the first cgroup2 mount of the whole hierarchy in a mountinfo
+// listing: a bind mount of a sub-tree (a container's) is not the root.
 func rootFrom(r io.Reader) (string, error) {
-	sc := bufio.NewScanner(r)
-	for sc.Scan() {
-		// mountinfo(5): ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTS
-		pre, post, ok := strings.Cut(sc.Text(), " - ")
-		if !ok {
-			continue
-		}
-		pf, sf := strings.Fields(pre), strings.Fields(post)
-		if len(pf) < 5 || len(sf) < 1 || sf[0] != "cgroup2" || pf[3] != "/" {
-			continue
-		}
-		return unescape(pf[4]), nil
+	ms, err := mountinfo.Parse(r)
+	if err != nil {
+		return "", err
 	}
-	if err := sc.Err(); err != nil {
-		return "", fmt.Errorf("read mountinfo: %w", err)
+	for _, m := range ms {
+		if m.FSType == "cgroup2" && m.Root == "/" {
+			return m.Point, nil
+		}
 	}
 	return "", ErrNotMounted
-}
-
-// unescape undoes mountinfo's octal escapes of space, tab, newline and backslash.
-func unescape(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+4 <= len(s) {
-			if n, err := strconv.ParseUint(s[i+1:i+4], 8, 8); err == nil {
-				b.WriteByte(byte(n))
-				i += 3
-				continue
-			}
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
 }
 
 // Resolve turns a cgroup given by a user into an absolute directory in the

@@ -1,7 +1,6 @@
 package rig
 
 import (
-	"bufio"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -10,6 +9,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mpipause/mpipause/internal/mountinfo"
 )
 
 // InitNodeCommand is the hidden subcommand of the rig binary that `up` runs
@@ -39,15 +40,15 @@ type NodeSpec struct {
 }
 
 // nodeSpecFromHost fills the host-derived fields of a NodeSpec.
-func nodeSpecFromHost(mounts []mount) NodeSpec {
+func nodeSpecFromHost(mounts []mountinfo.Mount) NodeSpec {
 	var s NodeSpec
 	for _, m := range mounts {
 		switch {
-		case m.fstype == "cgroup2" && m.root == "/" && s.Cgroup2 == "":
-			s.Cgroup2 = m.point
-			s.Cgroup2Opts = dropOpts(m.superOpts, "rw", "ro")
-		case m.fstype == "tracefs" && strings.HasPrefix(m.point, "/sys/") && s.Tracefs == "":
-			s.Tracefs = m.point
+		case m.FSType == "cgroup2" && m.Root == "/" && s.Cgroup2 == "":
+			s.Cgroup2 = m.Point
+			s.Cgroup2Opts = dropOpts(m.SuperOpts, "rw", "ro")
+		case m.FSType == "tracefs" && strings.HasPrefix(m.Point, "/sys/") && s.Tracefs == "":
+			s.Tracefs = m.Point
 		}
 	}
 	return s
@@ -154,76 +155,14 @@ func RunInitNode(arg string) error {
 	return InitNode(spec)
 }
 
-// mount is one line of /proc/PID/mountinfo (proc(5)).
-type mount struct {
-	root, point, fstype, superOpts string
-}
-
-func readMountinfo(path string) ([]mount, error) {
-	f, err := os.Open(path)
-	if err != nil {
-		return nil, fmt.Errorf("read mountinfo: %w", err)
-	}
-	defer f.Close()
-	var out []mount
-	sc := bufio.NewScanner(f)
-	sc.Buffer(make([]byte, 64*1024), 1024*1024)
-	for sc.Scan() {
-		if m, ok := parseMountinfoLine(sc.Text()); ok {
-			out = append(out, m)
-		}
-	}
-	if err := sc.Err(); err != nil {
-		return nil, fmt.Errorf("read mountinfo: %w", err)
-	}
-	return out, nil
-}
-
-// parseMountinfoLine parses
-// ID PARENT MAJ:MIN ROOT MOUNTPOINT OPTS [OPTIONAL...] - FSTYPE SOURCE SUPEROPTS.
-func parseMountinfoLine(line string) (mount, bool) {
-	pre, post, ok := strings.Cut(line, " - ")
-	if !ok {
-		return mount{}, false
-	}
-	pf, sf := strings.Fields(pre), strings.Fields(post)
-	if len(pf) < 5 || len(sf) < 1 {
-		return mount{}, false
-	}
-	m := mount{root: unescapeOctal(pf[3]), point: unescapeOctal(pf[4]), fstype: sf[0]}
-	if len(sf) >= 3 {
-		m.superOpts = sf[2]
-	}
-	return m, true
-}
-
-func isMountPoint(mounts []mount, dir string) bool {
+func isMountPoint(mounts []mountinfo.Mount, dir string) bool {
 	for _, m := range mounts {
-		if m.point == dir {
+		if m.Point == dir {
 			return true
 		}
 	}
 	return false
 }
-
-// unescapeOctal undoes mountinfo's \NNN escapes (space, tab, newline, backslash).
-func unescapeOctal(s string) string {
-	if !strings.Contains(s, `\`) {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); i++ {
-		if s[i] == '\\' && i+3 < len(s) && isOctal(s[i+1]) && isOctal(s[i+2]) && isOctal(s[i+3]) {
-			b.WriteByte((s[i+1]-'0')<<6 | (s[i+2]-'0')<<3 | (s[i+3] - '0'))
-			i += 3
-			continue
-		}
-		b.WriteByte(s[i])
-	}
-	return b.String()
-}
-
-func isOctal(c byte) bool { return c >= '0' && c <= '7' }
 
 // dropOpts removes the named options from a comma-separated list.
 func dropOpts(opts string, drop ...string) string {

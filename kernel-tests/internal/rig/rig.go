@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/mpipause/mpipause/internal/mountinfo"
 	"github.com/mpipause/mpipause/kernel-tests/internal/links"
 )
 
@@ -261,7 +262,7 @@ func (r *Rig) Up(ctx context.Context, n int) (err error) {
 		return fmt.Errorf("rig %s is up with %d nodes; run `rig down` first", r.cfg.Name, prev.Nodes)
 	}
 
-	mounts, err := readMountinfo("/proc/self/mountinfo")
+	mounts, err := mountinfo.Read(mountinfo.Self)
 	if err != nil {
 		return err
 	}
@@ -315,7 +316,7 @@ func (r *Rig) saveState(st *State) error {
 // onto a file of a shared mount, which could propagate into that namespace
 // and pin it in a loop), and bpf/, a bpffs of the rig's own that outlives
 // the nodes' processes, so that a daemon's pins survive its restart.
-func (r *Rig) makeStateDir(mounts []mount) error {
+func (r *Rig) makeStateDir(mounts []mountinfo.Mount) error {
 	for _, d := range []string{r.nsDir(), r.bpfDir()} {
 		if err := os.MkdirAll(d, 0o755); err != nil {
 			return fmt.Errorf("make rig state dir: %w", err)

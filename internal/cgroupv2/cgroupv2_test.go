@@ -1,19 +1,12 @@
 package cgroupv2
 
 import (
-	"context"
 	"errors"
-	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
-	"time"
-
-	"github.com/mpipause/mpipause/internal/testutil"
 )
 
 func TestRootFrom(t *testing.T) {
@@ -101,98 +94,5 @@ func TestTreeIDs(t *testing.T) {
 
 	if _, err := TreeIDs(filepath.Join(root, "missing")); !errors.Is(err, os.ErrNotExist) {
 		t.Fatalf("TreeIDs(missing) err = %v, want ErrNotExist", err)
-	}
-}
-
-func TestTreeIDsCgroup(t *testing.T) {
-	testutil.RequirePrivileged(t)
-	root, err := Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	job := filepath.Join(root, fmt.Sprintf("mpipause-test-treeids-%d", os.Getpid()))
-	child := filepath.Join(job, "rank0")
-	if err := Create(child); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := Remove(child); err != nil {
-			t.Error(err)
-		}
-		if err := Remove(job); err != nil {
-			t.Error(err)
-		}
-	})
-	jobID, err := ID(job)
-	if err != nil {
-		t.Fatal(err)
-	}
-	childID, err := ID(child)
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := TreeIDs(job)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := []uint64{jobID, childID}; !slices.Equal(got, want) {
-		t.Fatalf("TreeIDs(%s) = %v, want %v", job, got, want)
-	}
-}
-
-func TestFreezeThaw(t *testing.T) {
-	testutil.RequirePrivileged(t)
-	root, err := Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(root, fmt.Sprintf("mpipause-test-freeze-%d", os.Getpid()))
-	if err := Create(dir); err != nil {
-		t.Fatal(err)
-	}
-	fd, err := os.Open(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fd.Close()
-	// A process that spins in user space and one asleep in a system call.
-	var procs []*exec.Cmd
-	for _, script := range []string{"while :; do :; done", "sleep 1000"} {
-		c := exec.Command("sh", "-c", script)
-		c.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(fd.Fd())}
-		if err := c.Start(); err != nil {
-			t.Fatal(err)
-		}
-		procs = append(procs, c)
-	}
-	t.Cleanup(func() {
-		Thaw(context.Background(), dir)
-		for _, c := range procs {
-			c.Process.Kill()
-			c.Wait()
-		}
-		if err := Remove(dir); err != nil {
-			t.Error(err)
-		}
-	})
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if err := Freeze(ctx, dir); err != nil {
-		t.Fatal(err)
-	}
-	if f, err := Frozen(dir); err != nil || !f {
-		t.Fatalf("after Freeze: frozen %v, %v", f, err)
-	}
-	if err := Freeze(ctx, dir); err != nil { // idempotent
-		t.Fatal(err)
-	}
-	if err := Thaw(ctx, dir); err != nil {
-		t.Fatal(err)
-	}
-	if f, err := Frozen(dir); err != nil || f {
-		t.Fatalf("after Thaw: frozen %v, %v", f, err)
-	}
-	if err := Freeze(ctx, filepath.Join(dir, "nonexistent")); err == nil {
-		t.Error("Freeze of a missing cgroup succeeded")
 	}
 }

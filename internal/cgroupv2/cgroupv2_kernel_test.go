@@ -1,0 +1,112 @@
+package cgroupv2_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/testutil"
+)
+
+// The kernel's half of the tests, in a package of their own: testutil,
+// which they take their fixtures from, imports cgroupv2.
+
+func TestTreeIDsCgroup(t *testing.T) {
+	testutil.RequirePrivileged(t)
+	root, err := cgroupv2.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	job := filepath.Join(root, fmt.Sprintf("mpipause-test-treeids-%d", os.Getpid()))
+	child := filepath.Join(job, "rank0")
+	if err := cgroupv2.Create(child); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if err := cgroupv2.Remove(child); err != nil {
+			t.Error(err)
+		}
+		if err := cgroupv2.Remove(job); err != nil {
+			t.Error(err)
+		}
+	})
+	jobID, err := cgroupv2.ID(job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	childID, err := cgroupv2.ID(child)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := cgroupv2.TreeIDs(job)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := []uint64{jobID, childID}; !slices.Equal(got, want) {
+		t.Fatalf("TreeIDs(%s) = %v, want %v", job, got, want)
+	}
+}
+
+func TestFreezeThaw(t *testing.T) {
+	testutil.RequirePrivileged(t)
+	root, err := cgroupv2.Root()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(root, fmt.Sprintf("mpipause-test-freeze-%d", os.Getpid()))
+	if err := cgroupv2.Create(dir); err != nil {
+		t.Fatal(err)
+	}
+	fd, err := os.Open(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fd.Close()
+	// A process that spins in user space and one asleep in a system call.
+	var procs []*exec.Cmd
+	for _, script := range []string{"while :; do :; done", "sleep 1000"} {
+		c := exec.Command("sh", "-c", script)
+		c.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(fd.Fd())}
+		if err := c.Start(); err != nil {
+			t.Fatal(err)
+		}
+		procs = append(procs, c)
+	}
+	t.Cleanup(func() {
+		cgroupv2.Thaw(context.Background(), dir)
+		for _, c := range procs {
+			c.Process.Kill()
+			c.Wait()
+		}
+		if err := cgroupv2.Remove(dir); err != nil {
+			t.Error(err)
+		}
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := cgroupv2.Freeze(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := cgroupv2.Frozen(dir); err != nil || !f {
+		t.Fatalf("after Freeze: frozen %v, %v", f, err)
+	}
+	if err := cgroupv2.Freeze(ctx, dir); err != nil { // idempotent
+		t.Fatal(err)
+	}
+	if err := cgroupv2.Thaw(ctx, dir); err != nil {
+		t.Fatal(err)
+	}
+	if f, err := cgroupv2.Frozen(dir); err != nil || f {
+		t.Fatalf("after Thaw: frozen %v, %v", f, err)
+	}
+	if err := cgroupv2.Freeze(ctx, filepath.Join(dir, "nonexistent")); err == nil {
+		t.Error("Freeze of a missing cgroup succeeded")
+	}
+}

@@ -1,4 +1,13 @@
-// Package testutil holds what the project's tests share: the privilege gate
-// that skips privileged tests outside CI and fails them inside it, and
-// helpers for fresh network namespaces and cgroups.
+// Package testutil is the project's fixture kit, what its tests share:
+//
+//   - RequirePrivileged, the privilege gate: privileged tests skip outside
+//     CI and fail inside it (PrivEnv), so the kernel tier cannot pass by
+//     skipping;
+//   - NewNetns, NewNamedNetns and OpenNetns, network namespaces with Do,
+//     which runs a function on a locked thread inside one;
+//   - NewCgroup, a fresh cgroup v2 directory removed at cleanup.
+//
+// Every helper that needs privileges goes through the gate itself. The
+// capability check is internal/caps's and the mount table internal/mountinfo's,
+// as the product code reads them.
 package testutil

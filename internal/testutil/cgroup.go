@@ -1,0 +1,63 @@
+package testutil
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"os"
+	"path/filepath"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/cgroupv2"
+)
+
+// CgroupParent is the directory, under the cgroup v2 mount, that holds the
+// tests' cgroups: one place to look for what a killed test run left.
+const CgroupParent = "mpipause-test"
+
+// NewCgroup makes a cgroup v2 directory for tb alone,
+// <v2 mount>/mpipause-test/<random>, and returns its absolute path. At
+// cleanup whatever is still in it is killed and it is removed; cgroups a
+// test makes inside it must be removed by cleanups of their own, which run
+// first.
+func NewCgroup(tb testing.TB) string {
+	tb.Helper()
+	RequirePrivileged(tb)
+	root, err := cgroupv2.Root()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	id := make([]byte, 4)
+	if _, err := rand.Read(id); err != nil {
+		tb.Fatal(err)
+	}
+	dir := filepath.Join(root, CgroupParent, hex.EncodeToString(id))
+	if err := cgroupv2.Create(dir); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		killProcs(dir)
+		if err := cgroupv2.Remove(dir); err != nil {
+			tb.Error(err)
+		}
+		os.Remove(filepath.Dir(dir)) // shared by parallel runs: only if empty
+	})
+	return dir
+}
+
+// killProcs kills the processes of the cgroup dir until none is left (a
+// launcher may fork while it dies) or a second has passed; Remove moves
+// any still there out of the way.
+func killProcs(dir string) {
+	for range 50 {
+		procs, _ := cgroupv2.Procs(dir)
+		if len(procs) == 0 {
+			return
+		}
+		for _, p := range procs {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}

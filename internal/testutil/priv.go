@@ -28,6 +28,17 @@ func RequirePrivileged(tb testing.TB) {
 	tb.Skipf("needs %v (run as root, or set %s=1 to make this a failure)", missing, PrivEnv)
 }
 
+// unavailable ends tb for want of something of the kernel's that the kernel
+// tier needs, as RequirePrivileged does for capabilities: a failure when
+// PrivEnv or CI is set, a skip otherwise.
+func unavailable(tb testing.TB, format string, args ...any) {
+	tb.Helper()
+	if os.Getenv(PrivEnv) != "" || os.Getenv("CI") != "" {
+		tb.Fatalf(format, args...)
+	}
+	tb.Skipf(format, args...)
+}
+
 // MissingCaps lists the capabilities from the kernel tier's set that the
 // process lacks in its effective set.
 func MissingCaps() []string {

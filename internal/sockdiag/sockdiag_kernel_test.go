@@ -23,125 +23,21 @@ import (
 	"github.com/mpipause/mpipause/internal/testutil"
 )
 
-// diagNetns creates a network namespace with loopback up, for the test
-// only, and returns an fd of it (closed at cleanup; the namespace goes away
-// with its last socket).
-func diagNetns(tb testing.TB) int {
-	tb.Helper()
-	type result struct {
-		fd  int
-		err error
-	}
-	ch := make(chan result)
-	go func() {
-		// Never unlocked: the thread ends with this goroutine, and its
-		// namespace with it, instead of going back to the scheduler.
-		runtime.LockOSThread()
-		fd, err := func() (int, error) {
-			if err := unix.Unshare(unix.CLONE_NEWNET); err != nil {
-				return -1, fmt.Errorf("unshare network namespace: %w", err)
-			}
-			fd, err := unix.Open("/proc/thread-self/ns/net", unix.O_RDONLY|unix.O_CLOEXEC, 0)
-			if err != nil {
-				return -1, fmt.Errorf("open new network namespace: %w", err)
-			}
-			if err := diagLoopbackUp(); err != nil {
-				unix.Close(fd)
-				return -1, err
-			}
-			return fd, nil
-		}()
-		ch <- result{fd, err}
-	}()
-	r := <-ch
-	if r.err != nil {
-		tb.Fatal(r.err)
-	}
-	tb.Cleanup(func() { unix.Close(r.fd) })
-	return r.fd
-}
-
-// diagLoopbackUp sets lo up in the calling thread's network namespace.
-func diagLoopbackUp() error {
-	s, err := unix.Socket(unix.AF_INET, unix.SOCK_DGRAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		return fmt.Errorf("socket for SIOCSIFFLAGS: %w", err)
-	}
-	defer unix.Close(s)
-	ifr, err := unix.NewIfreq("lo")
-	if err != nil {
-		return err
-	}
-	if err := unix.IoctlIfreq(s, unix.SIOCGIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("get flags of lo: %w", err)
-	}
-	ifr.SetUint16(ifr.Uint16() | unix.IFF_UP)
-	if err := unix.IoctlIfreq(s, unix.SIOCSIFFLAGS, ifr); err != nil {
-		return fmt.Errorf("set lo up: %w", err)
-	}
-	return nil
-}
-
-// diagInNetns runs fn on a thread in the network namespace netnsFD: the
-// sockets fn creates live there (and stay there wherever they are used).
-func diagInNetns(tb testing.TB, netnsFD int, fn func() error) {
-	tb.Helper()
-	errc := make(chan error)
-	go func() {
-		runtime.LockOSThread() // never unlocked, as in diagNetns
-		if err := unix.Setns(netnsFD, unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("enter network namespace: %w", err)
-			return
-		}
-		errc <- fn()
-	}()
-	if err := <-errc; err != nil {
-		tb.Fatal(err)
-	}
-}
-
-// diagCgroup creates a fresh cgroup for the test and removes it (moving out
-// anything left in it) at cleanup.
-func diagCgroup(tb testing.TB, name string) string {
-	tb.Helper()
-	root, err := cgroupv2.Root()
-	if err != nil {
-		tb.Skipf("cgroup v2: %v", err)
-	}
-	dir := filepath.Join(root, fmt.Sprintf("mpipause-test-nl-%d-%s", os.Getpid(), name))
-	if err := cgroupv2.Create(dir); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		if err := cgroupv2.Remove(dir); err != nil {
-			tb.Error(err)
-		}
-	})
-	return dir
-}
-
 // ownCgroupID is the cgroup v2 id of this process's cgroup.
 func ownCgroupID(tb testing.TB) uint64 {
 	tb.Helper()
-	b, err := os.ReadFile("/proc/self/cgroup")
+	dir, err := cgroupv2.Of(os.Getpid())
+	if errors.Is(err, cgroupv2.ErrNotMounted) {
+		tb.Skipf("cgroup v2: %v", err)
+	}
 	if err != nil {
 		tb.Fatal(err)
 	}
-	for _, l := range strings.Split(string(b), "\n") {
-		if p, ok := strings.CutPrefix(l, "0::"); ok {
-			root, err := cgroupv2.Root()
-			if err != nil {
-				tb.Skipf("cgroup v2: %v", err)
-			}
-			id, err := cgroupv2.ID(filepath.Join(root, p))
-			if err != nil {
-				tb.Fatal(err)
-			}
-			return id
-		}
+	id, err := cgroupv2.ID(dir)
+	if err != nil {
+		tb.Fatal(err)
 	}
-	tb.Fatal("no cgroup v2 line in /proc/self/cgroup")
-	return 0
+	return id
 }
 
 // addrPort is a's address and port as the kernel reports an AF_INET or
@@ -177,17 +73,19 @@ func sockIdentity(tb testing.TB, c net.Conn) (cookie uint64, inode uint64) {
 	return cookie, inode
 }
 
-// diagPair makes a listener and one connection to it in netns.
-func diagPair(tb testing.TB, netnsFD int, network, addr string) (ln net.Listener, client, server net.Conn) {
+// diagPair makes a listener and one connection to it in ns.
+func diagPair(tb testing.TB, ns *testutil.Netns, network, addr string) (ln net.Listener, client, server net.Conn) {
 	tb.Helper()
-	diagInNetns(tb, netnsFD, func() error {
+	if err := ns.Do(func() error {
 		var err error
 		if ln, err = net.Listen(network, addr); err != nil {
 			return err
 		}
 		client, err = net.Dial(network, ln.Addr().String())
 		return err
-	})
+	}); err != nil {
+		tb.Fatal(err)
+	}
 	server, err := ln.Accept()
 	if err != nil {
 		tb.Fatal(err)
@@ -198,11 +96,11 @@ func diagPair(tb testing.TB, netnsFD int, network, addr string) (ln net.Listener
 
 // pollDump dumps until ok accepts the result or 10 s pass: the kernel's
 // answer is what the test waits for, never a fixed sleep.
-func pollDump(t *testing.T, netnsFD int, f Filter, ok func([]TCPSocket) error) []TCPSocket {
+func pollDump(t *testing.T, ns *testutil.Netns, f Filter, ok func([]TCPSocket) error) []TCPSocket {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	d, err := DialDiag(netnsFD)
+	d, err := DialDiag(ns.FD())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -243,7 +141,7 @@ func TestDumpTCPQueues(t *testing.T) {
 		{"ipv6", "tcp6", "[::1]:0", unix.AF_INET6},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			ns := diagNetns(t)
+			ns := testutil.NewNetns(t)
 			ln, client, server := diagPair(t, ns, tt.network, tt.addr)
 			const n, k = 20000, 7000 // well inside loopback's buffers: no blocking
 			if _, err := client.Write(bytes.Repeat([]byte{'x'}, n)); err != nil {
@@ -318,14 +216,14 @@ func TestDumpTCPQueues(t *testing.T) {
 			if _, ok := lnCookie(got); !ok {
 				t.Errorf("listener %v not in the dump", ln.Addr())
 			}
-			conn, err := DumpTCP(context.Background(), ns, Filter{States: StatesConnected})
+			conn, err := DumpTCP(context.Background(), ns.FD(), Filter{States: StatesConnected})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if _, ok := lnCookie(conn); ok || len(conn) != 2 {
 				t.Errorf("StatesConnected: %d sockets (listener in: %v), want the 2 ends", len(conn), ok)
 			}
-			other, err := DumpTCP(context.Background(), ns, Filter{Family: tt.family ^ (unix.AF_INET ^ unix.AF_INET6)})
+			other, err := DumpTCP(context.Background(), ns.FD(), Filter{Family: tt.family ^ (unix.AF_INET ^ unix.AF_INET6)})
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -349,7 +247,7 @@ func TestDumpTCPQueues(t *testing.T) {
 
 func TestDumpTCPClosed(t *testing.T) {
 	testutil.RequirePrivileged(t)
-	ns := diagNetns(t)
+	ns := testutil.NewNetns(t)
 	_, client, server := diagPair(t, ns, "tcp4", "127.0.0.1:0")
 	cCookie, _ := sockIdentity(t, client)
 	sCookie, _ := sockIdentity(t, server)
@@ -372,7 +270,7 @@ func TestDumpTCPClosed(t *testing.T) {
 	})
 	// All that may stay is the client's TIME_WAIT, which keeps the cookie
 	// but has no owner, inode, cgroup or tcp_info.
-	all, err := DumpTCP(context.Background(), ns, Filter{})
+	all, err := DumpTCP(context.Background(), ns.FD(), Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -423,11 +321,11 @@ func TestDiagHelperProcess(t *testing.T) {
 }
 
 // startDiagHelper runs a client process in cgroup dir and network namespace
-// netnsFD that connects to addr; it returns the client's local address once
+// ns that connects to addr; it returns the client's local address once
 // the connection is up, and ends the process at cleanup.
-func startDiagHelper(t *testing.T, netnsFD int, dir string, addr net.Addr) netip.AddrPort {
+func startDiagHelper(t *testing.T, ns *testutil.Netns, dir string, addr net.Addr) netip.AddrPort {
 	t.Helper()
-	nsFD, err := unix.FcntlInt(uintptr(netnsFD), unix.F_DUPFD_CLOEXEC, 0)
+	nsFD, err := unix.FcntlInt(uintptr(ns.FD()), unix.F_DUPFD_CLOEXEC, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -477,8 +375,8 @@ func startDiagHelper(t *testing.T, netnsFD int, dir string, addr net.Addr) netip
 
 func TestDumpTCPCgroup(t *testing.T) {
 	testutil.RequirePrivileged(t)
-	ns := diagNetns(t)
-	job := diagCgroup(t, "job")
+	ns := testutil.NewNetns(t)
+	job := testutil.NewCgroup(t)
 	rank := filepath.Join(job, "rank0")
 	if err := cgroupv2.Create(rank); err != nil {
 		t.Fatal(err)
@@ -486,10 +384,12 @@ func TestDumpTCPCgroup(t *testing.T) {
 	t.Cleanup(func() { _ = cgroupv2.Remove(rank) }) // runs before job's removal
 
 	var ln net.Listener
-	diagInNetns(t, ns, func() (err error) {
+	if err := ns.Do(func() (err error) {
 		ln, err = net.Listen("tcp4", "127.0.0.1:0")
 		return err
-	})
+	}); err != nil {
+		t.Fatal(err)
+	}
 	t.Cleanup(func() { ln.Close() })
 	clientAddr := startDiagHelper(t, ns, rank, ln.Addr())
 	server, err := ln.Accept()
@@ -517,7 +417,7 @@ func TestDumpTCPCgroup(t *testing.T) {
 		big = append(big, 1<<40+uint64(i))
 	}
 
-	all, err := DumpTCP(context.Background(), ns, Filter{})
+	all, err := DumpTCP(context.Background(), ns.FD(), Filter{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -549,7 +449,7 @@ func TestDumpTCPCgroup(t *testing.T) {
 		} {
 			name := fmt.Sprintf("userspace=%v/%s", userSpace, tt.name)
 			t.Run(name, func(t *testing.T) {
-				got, err := DumpTCP(context.Background(), ns, Filter{Cgroups: tt.ids, userSpace: userSpace})
+				got, err := DumpTCP(context.Background(), ns.FD(), Filter{Cgroups: tt.ids, userSpace: userSpace})
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -566,9 +466,9 @@ func TestDumpTCPCgroup(t *testing.T) {
 
 func TestDumpTCPCanceled(t *testing.T) {
 	testutil.RequirePrivileged(t)
-	ns := diagNetns(t)
+	ns := testutil.NewNetns(t)
 	diagPair(t, ns, "tcp4", "127.0.0.1:0")
-	d, err := DialDiag(ns)
+	d, err := DialDiag(ns.FD())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -632,11 +532,11 @@ func BenchmarkDumpTCP10k(b *testing.B) {
 		b.Fatal(err)
 	}
 
-	ns := diagNetns(b)
+	ns := testutil.NewNetns(b)
 	var ln net.Listener
 	var clients []net.Conn
 	accepted := make(chan net.Conn, conns)
-	diagInNetns(b, ns, func() (err error) {
+	if err := ns.Do(func() (err error) {
 		if ln, err = net.Listen("tcp4", "127.0.0.1:0"); err != nil {
 			return err
 		}
@@ -658,7 +558,9 @@ func BenchmarkDumpTCP10k(b *testing.B) {
 			clients = append(clients, c)
 		}
 		return nil
-	})
+	}); err != nil {
+		b.Fatal(err)
+	}
 	servers := make([]net.Conn, 0, conns)
 	for range conns {
 		servers = append(servers, <-accepted)
@@ -671,7 +573,7 @@ func BenchmarkDumpTCP10k(b *testing.B) {
 	})
 
 	own := ownCgroupID(b)
-	empty, err := cgroupv2.ID(diagCgroup(b, "bench"))
+	empty, err := cgroupv2.ID(testutil.NewCgroup(b))
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -683,7 +585,7 @@ func BenchmarkDumpTCP10k(b *testing.B) {
 	}
 	tree16 = append(tree16, own)
 
-	d, err := DialDiag(ns)
+	d, err := DialDiag(ns.FD())
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -715,7 +617,7 @@ func BenchmarkDumpTCP10k(b *testing.B) {
 	}
 	b.Run("dial+none", func(b *testing.B) {
 		for b.Loop() {
-			if _, err := DumpTCP(ctx, ns, Filter{}); err != nil {
+			if _, err := DumpTCP(ctx, ns.FD(), Filter{}); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -464,6 +464,8 @@ func TestDumpTCPCgroup(t *testing.T) {
 	}
 }
 
+// TestDumpTCPCanceled cancels dumps on one DiagConn, which must answer the
+// next dump in full whatever the cut one left, and refuses dumps once closed.
 func TestDumpTCPCanceled(t *testing.T) {
 	testutil.RequirePrivileged(t)
 	ns := testutil.NewNetns(t)
@@ -473,45 +475,51 @@ func TestDumpTCPCanceled(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	if _, err := d.DumpTCP(ctx, Filter{}); !errors.Is(err, context.Canceled) {
-		t.Fatalf("canceled dump: err = %v, want context.Canceled", err)
-	}
-	got, err := d.DumpTCP(context.Background(), Filter{})
-	if err != nil || len(got) != 3 {
-		t.Fatalf("dump after a canceled one: %d sockets, %v; want 3", len(got), err)
-	}
 
-	// Cancel dumps at every point of their run: a dump cut in the middle
-	// must not leave anything behind for the next one on the same DiagConn.
-	for range 100 {
-		diagPair(t, ns, "tcp4", "127.0.0.1:0")
-	}
-	const want = 3 * 101
-	var cut int
-	for i := range 300 {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Duration(i*5)*time.Microsecond)
-		_, err := d.DumpTCP(ctx, Filter{})
+	t.Run("canceled before it starts", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		if err != nil {
-			if !errors.Is(err, context.DeadlineExceeded) {
-				t.Fatalf("timed-out dump: err = %v, want DeadlineExceeded", err)
-			}
-			cut++
+		if _, err := d.DumpTCP(ctx, Filter{}); !errors.Is(err, context.Canceled) {
+			t.Fatalf("canceled dump: err = %v, want context.Canceled", err)
 		}
 		got, err := d.DumpTCP(context.Background(), Filter{})
-		if err != nil || len(got) != want {
-			t.Fatalf("dump after a timed-out one: %d sockets, %v; want %d", len(got), err, want)
+		if err != nil || len(got) != 3 {
+			t.Fatalf("dump after a canceled one: %d sockets, %v; want 3", len(got), err)
 		}
-	}
-	t.Logf("%d of 300 dumps cut by their deadline", cut)
-	if err := d.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := d.DumpTCP(context.Background(), Filter{}); !errors.Is(err, ErrClosed) {
-		t.Fatalf("dump after Close: err = %v, want ErrClosed", err)
-	}
+	})
+
+	t.Run("cut at every point of its run", func(t *testing.T) {
+		for range 100 {
+			diagPair(t, ns, "tcp4", "127.0.0.1:0")
+		}
+		const want = 3 * 101
+		var cut int
+		for i := range 300 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Duration(i*5)*time.Microsecond)
+			_, err := d.DumpTCP(ctx, Filter{})
+			cancel()
+			if err != nil {
+				if !errors.Is(err, context.DeadlineExceeded) {
+					t.Fatalf("timed-out dump: err = %v, want DeadlineExceeded", err)
+				}
+				cut++
+			}
+			got, err := d.DumpTCP(context.Background(), Filter{})
+			if err != nil || len(got) != want {
+				t.Fatalf("dump after a timed-out one: %d sockets, %v; want %d", len(got), err, want)
+			}
+		}
+		t.Logf("%d of 300 dumps cut by their deadline", cut)
+	})
+
+	t.Run("after Close", func(t *testing.T) {
+		if err := d.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := d.DumpTCP(context.Background(), Filter{}); !errors.Is(err, ErrClosed) {
+			t.Fatalf("dump after Close: err = %v, want ErrClosed", err)
+		}
+	})
 }
 
 // BenchmarkDumpTCP10k dumps a namespace holding 5,000 loopback connections

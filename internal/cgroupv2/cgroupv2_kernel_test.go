@@ -2,7 +2,6 @@ package cgroupv2_test
 
 import (
 	"context"
-	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,21 +18,13 @@ import (
 // which they take their fixtures from, imports cgroupv2.
 
 func TestTreeIDsCgroup(t *testing.T) {
-	testutil.RequirePrivileged(t)
-	root, err := cgroupv2.Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	job := filepath.Join(root, fmt.Sprintf("mpipause-test-treeids-%d", os.Getpid()))
+	job := testutil.NewCgroup(t)
 	child := filepath.Join(job, "rank0")
 	if err := cgroupv2.Create(child); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
 		if err := cgroupv2.Remove(child); err != nil {
-			t.Error(err)
-		}
-		if err := cgroupv2.Remove(job); err != nil {
 			t.Error(err)
 		}
 	})
@@ -55,15 +46,7 @@ func TestTreeIDsCgroup(t *testing.T) {
 }
 
 func TestFreezeThaw(t *testing.T) {
-	testutil.RequirePrivileged(t)
-	root, err := cgroupv2.Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := filepath.Join(root, fmt.Sprintf("mpipause-test-freeze-%d", os.Getpid()))
-	if err := cgroupv2.Create(dir); err != nil {
-		t.Fatal(err)
-	}
+	dir := testutil.NewCgroup(t)
 	fd, err := os.Open(dir)
 	if err != nil {
 		t.Fatal(err)
@@ -84,9 +67,6 @@ func TestFreezeThaw(t *testing.T) {
 		for _, c := range procs {
 			c.Process.Kill()
 			c.Wait()
-		}
-		if err := cgroupv2.Remove(dir); err != nil {
-			t.Error(err)
 		}
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)

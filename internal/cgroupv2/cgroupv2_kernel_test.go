@@ -45,6 +45,9 @@ func TestTreeIDsCgroup(t *testing.T) {
 	}
 }
 
+// TestFreezeThaw freezes and thaws a cgroup holding a process that spins
+// in user space and one asleep in a system call, in that order: each case
+// starts from the state the one before left.
 func TestFreezeThaw(t *testing.T) {
 	dir := testutil.NewCgroup(t)
 	fd, err := os.Open(dir)
@@ -52,7 +55,6 @@ func TestFreezeThaw(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer fd.Close()
-	// A process that spins in user space and one asleep in a system call.
 	var procs []*exec.Cmd
 	for _, script := range []string{"while :; do :; done", "sleep 1000"} {
 		c := exec.Command("sh", "-c", script)
@@ -71,22 +73,34 @@ func TestFreezeThaw(t *testing.T) {
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := cgroupv2.Freeze(ctx, dir); err != nil {
-		t.Fatal(err)
+	frozen := func(t *testing.T, want bool) {
+		t.Helper()
+		if f, err := cgroupv2.Frozen(dir); err != nil || f != want {
+			t.Fatalf("frozen %v, %v; want %v", f, err, want)
+		}
 	}
-	if f, err := cgroupv2.Frozen(dir); err != nil || !f {
-		t.Fatalf("after Freeze: frozen %v, %v", f, err)
-	}
-	if err := cgroupv2.Freeze(ctx, dir); err != nil { // idempotent
-		t.Fatal(err)
-	}
-	if err := cgroupv2.Thaw(ctx, dir); err != nil {
-		t.Fatal(err)
-	}
-	if f, err := cgroupv2.Frozen(dir); err != nil || f {
-		t.Fatalf("after Thaw: frozen %v, %v", f, err)
-	}
-	if err := cgroupv2.Freeze(ctx, filepath.Join(dir, "nonexistent")); err == nil {
-		t.Error("Freeze of a missing cgroup succeeded")
-	}
+
+	t.Run("freeze", func(t *testing.T) {
+		if err := cgroupv2.Freeze(ctx, dir); err != nil {
+			t.Fatal(err)
+		}
+		frozen(t, true)
+	})
+	t.Run("freeze again", func(t *testing.T) {
+		if err := cgroupv2.Freeze(ctx, dir); err != nil {
+			t.Fatal(err)
+		}
+		frozen(t, true)
+	})
+	t.Run("thaw", func(t *testing.T) {
+		if err := cgroupv2.Thaw(ctx, dir); err != nil {
+			t.Fatal(err)
+		}
+		frozen(t, false)
+	})
+	t.Run("missing cgroup", func(t *testing.T) {
+		if err := cgroupv2.Freeze(ctx, filepath.Join(dir, "nonexistent")); err == nil {
+			t.Error("Freeze of a missing cgroup succeeded")
+		}
+	})
 }

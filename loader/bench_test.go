@@ -47,8 +47,8 @@ func BenchmarkSnapshot(b *testing.B) {
 		b.Fatal(err)
 	}
 	ns := "mpt-" + randomID(b) + "-bench"
-	cg := newCgroup(b)
-	newNetns(b, ns)
+	cg := testutil.NewCgroup(b)
+	testutil.NewNamedNetns(b, ns)
 	h := startHelper(b, ns, cg)
 
 	// Open before the connections exist, so that sockops registers them

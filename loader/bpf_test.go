@@ -605,7 +605,7 @@ func TestBPFPinReuse(t *testing.T) {
 // observer, and that an unpinned observer leaves nothing attached.
 func TestBPFUnpin(t *testing.T) {
 	testutil.RequirePrivileged(t)
-	cg := newCgroup(t)
+	cg := testutil.NewCgroup(t)
 	bpffs := mountBPFFS(t)
 	cfg := Config{Cgroup: cg, Pin: true, BPFFS: bpffs}
 	o := openBPF(t, cfg)

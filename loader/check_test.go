@@ -97,7 +97,7 @@ func TestBPFSpill(t *testing.T) {
 // pinned.
 func TestOpenBadInput(t *testing.T) {
 	testutil.RequirePrivileged(t)
-	cg := newCgroup(t)
+	cg := testutil.NewCgroup(t)
 	notBPFFS := t.TempDir()
 	noMount := filepath.Join(t.TempDir(), "file")
 	if err := os.WriteFile(noMount, nil, 0o600); err != nil {
@@ -185,7 +185,7 @@ func swap[T any](t *testing.T, v *T, to T) {
 // cannot run, and says why.
 func TestOpenNoBTFFallsBack(t *testing.T) {
 	testutil.RequirePrivileged(t)
-	cg := newCgroup(t)
+	cg := testutil.NewCgroup(t)
 	swap(t, &btfPath, "/nonexistent/vmlinux")
 	var reason error
 	o, err := Open(context.Background(), Config{Cgroup: cg, OnFallback: func(r error) { reason = r }})

@@ -10,7 +10,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,6 +20,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/testutil"
 )
 
 // helperEnv selects the helper mode of the test binary: a small process
@@ -271,44 +271,16 @@ func randomID(tb testing.TB) string {
 	return hex.EncodeToString(b)
 }
 
-// newCgroup makes <v2 root>/mpipause-test/<random> and removes it at cleanup.
-func newCgroup(tb testing.TB) string {
-	tb.Helper()
-	root, err := cgroupv2.Root()
-	if err != nil {
-		tb.Fatal(err)
-	}
-	dir := filepath.Join(root, "mpipause-test", randomID(tb))
-	if err := cgroupv2.Create(dir); err != nil {
-		tb.Fatal(err)
-	}
-	tb.Cleanup(func() {
-		if err := cgroupv2.Remove(dir); err != nil {
-			tb.Error(err)
-		}
-		os.Remove(filepath.Dir(dir)) // shared by parallel runs: only if empty
-	})
-	return dir
-}
-
-// newNetns makes a named network namespace with lo up.
-func newNetns(tb testing.TB, name string) {
-	tb.Helper()
-	ip(tb, "netns", "add", name)
-	tb.Cleanup(func() { exec.Command("ip", "netns", "del", name).Run() })
-	ip(tb, "-n", name, "link", "set", "lo", "up")
-}
-
 func newRig(tb testing.TB) *rig {
 	tb.Helper()
 	id := randomID(tb)
-	r := &rig{cgroup: newCgroup(tb), nsA: "mpt-" + id + "-a", nsB: "mpt-" + id + "-b"}
+	r := &rig{cgroup: testutil.NewCgroup(tb), nsA: "mpt-" + id + "-a", nsB: "mpt-" + id + "-b"}
 	var err error
 	if r.cgroupID, err = cgroupv2.ID(r.cgroup); err != nil {
 		tb.Fatal(err)
 	}
-	newNetns(tb, r.nsA)
-	newNetns(tb, r.nsB)
+	testutil.NewNamedNetns(tb, r.nsA)
+	testutil.NewNamedNetns(tb, r.nsB)
 	ip(tb, "link", "add", "eth0", "netns", r.nsA, "type", "veth", "peer", "name", "eth0", "netns", r.nsB)
 	for _, x := range []struct{ ns, addr string }{{r.nsA, addrA}, {r.nsB, addrB}} {
 		ip(tb, "-n", x.ns, "addr", "add", x.addr+"/24", "dev", "eth0")

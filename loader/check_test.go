@@ -231,38 +231,43 @@ func TestOpenUnprivileged(t *testing.T) {
 		}
 		return
 	}
-	cfg := Config{Cgroup: "/"}
-	_, err = OpenBPF(context.Background(), cfg)
-	if !errors.Is(err, ErrNotPrivileged) || !strings.Contains(err.Error(), "CAP_BPF") || strings.Contains(err.Error(), "\n") {
-		t.Errorf("OpenBPF unprivileged: %v; want one line, ErrNotPrivileged, naming CAP_BPF", err)
-	}
-	var reason error
-	cfg.OnFallback = func(r error) { reason = r }
-	o, err := Open(context.Background(), cfg)
-	if err != nil {
-		t.Fatalf("Open unprivileged: %v", err)
-	}
-	defer o.Close()
-	if o.Kind() != KindSockDiag || !errors.Is(reason, ErrNotPrivileged) {
-		t.Errorf("Open unprivileged: kind %s, reason %v; want sock_diag, ErrNotPrivileged", o.Kind(), reason)
-	}
-	if _, err := o.Snapshot(context.Background()); err != nil {
-		t.Errorf("sock_diag Snapshot unprivileged: %v", err)
-	}
-	if _, err := Open(context.Background(), Config{Cgroup: "/", Netns: []string{"/proc/1/ns/net"}, Require: KindSockDiag}); !errors.Is(err, ErrNotPrivileged) {
-		t.Errorf("sock_diag in another namespace unprivileged: %v, want ErrNotPrivileged", err)
-	}
-	// Following the whole hierarchy reaches namespaces it may not enter:
-	// those are skipped, not an error.
-	d, err := OpenSockDiag(context.Background(), Config{Cgroup: "/", FollowJob: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer d.Close()
-	if _, err := d.Snapshot(context.Background()); err != nil {
-		t.Errorf("sock_diag following the job unprivileged: %v", err)
-	}
-	t.Logf("skipped %v", d.Skipped())
+	t.Run("OpenBPF refuses", func(t *testing.T) {
+		_, err := OpenBPF(context.Background(), Config{Cgroup: "/"})
+		if !errors.Is(err, ErrNotPrivileged) || !strings.Contains(err.Error(), "CAP_BPF") || strings.Contains(err.Error(), "\n") {
+			t.Errorf("OpenBPF unprivileged: %v; want one line, ErrNotPrivileged, naming CAP_BPF", err)
+		}
+	})
+	t.Run("Open falls back to sock_diag", func(t *testing.T) {
+		var reason error
+		o, err := Open(context.Background(), Config{Cgroup: "/", OnFallback: func(r error) { reason = r }})
+		if err != nil {
+			t.Fatalf("Open unprivileged: %v", err)
+		}
+		defer o.Close()
+		if o.Kind() != KindSockDiag || !errors.Is(reason, ErrNotPrivileged) {
+			t.Errorf("Open unprivileged: kind %s, reason %v; want sock_diag, ErrNotPrivileged", o.Kind(), reason)
+		}
+		if _, err := o.Snapshot(context.Background()); err != nil {
+			t.Errorf("sock_diag Snapshot unprivileged: %v", err)
+		}
+	})
+	t.Run("sock_diag in another namespace refused", func(t *testing.T) {
+		if _, err := Open(context.Background(), Config{Cgroup: "/", Netns: []string{"/proc/1/ns/net"}, Require: KindSockDiag}); !errors.Is(err, ErrNotPrivileged) {
+			t.Errorf("sock_diag in another namespace unprivileged: %v, want ErrNotPrivileged", err)
+		}
+	})
+	// Following the whole hierarchy reaches namespaces it may not enter.
+	t.Run("namespaces it may not enter skipped", func(t *testing.T) {
+		d, err := OpenSockDiag(context.Background(), Config{Cgroup: "/", FollowJob: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer d.Close()
+		if _, err := d.Snapshot(context.Background()); err != nil {
+			t.Errorf("sock_diag following the job unprivileged: %v", err)
+		}
+		t.Logf("skipped %v", d.Skipped())
+	})
 }
 
 // TestRecordLayout checks the Go mirror of struct tcp_record, which

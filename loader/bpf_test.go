@@ -605,36 +605,39 @@ func TestBPFPinReuse(t *testing.T) {
 // observer, and that an unpinned observer leaves nothing attached.
 func TestBPFUnpin(t *testing.T) {
 	testutil.RequirePrivileged(t)
-	cg := testutil.NewCgroup(t)
-	bpffs := mountBPFFS(t)
-	cfg := Config{Cgroup: cg, Pin: true, BPFFS: bpffs}
-	o := openBPF(t, cfg)
-	o.Close()
-	if n := sockopsAttached(t, cg); n != 1 {
-		t.Fatalf("%d sockops attached after Close with Pin, want 1", n)
-	}
-	if err := Unpin(cfg); err != nil {
-		t.Fatal(err)
-	}
-	if n := sockopsAttached(t, cg); n != 0 {
-		t.Errorf("%d sockops attached after Unpin, want 0", n)
-	}
-	if _, err := os.Stat(filepath.Join(bpffs, "mpipause")); !os.IsNotExist(err) {
-		t.Errorf("after Unpin, %s/mpipause: %v; want it gone", bpffs, err)
-	}
-	if err := Unpin(cfg); err != nil {
-		t.Errorf("second Unpin: %v, want nil", err)
-	}
-
-	cfg.Pin = false
-	o = openBPF(t, cfg)
-	if n := sockopsAttached(t, cg); n != 1 {
-		t.Fatalf("%d sockops attached, want 1", n)
-	}
-	o.Close()
-	if n := sockopsAttached(t, cg); n != 0 {
-		t.Errorf("%d sockops attached after Close without Pin, want 0", n)
-	}
+	t.Run("Unpin after Close with Pin", func(t *testing.T) {
+		cg := testutil.NewCgroup(t)
+		bpffs := mountBPFFS(t)
+		cfg := Config{Cgroup: cg, Pin: true, BPFFS: bpffs}
+		o := openBPF(t, cfg)
+		o.Close()
+		if n := sockopsAttached(t, cg); n != 1 {
+			t.Fatalf("%d sockops attached after Close with Pin, want 1", n)
+		}
+		if err := Unpin(cfg); err != nil {
+			t.Fatal(err)
+		}
+		if n := sockopsAttached(t, cg); n != 0 {
+			t.Errorf("%d sockops attached after Unpin, want 0", n)
+		}
+		if _, err := os.Stat(filepath.Join(bpffs, "mpipause")); !os.IsNotExist(err) {
+			t.Errorf("after Unpin, %s/mpipause: %v; want it gone", bpffs, err)
+		}
+		if err := Unpin(cfg); err != nil {
+			t.Errorf("second Unpin: %v, want nil", err)
+		}
+	})
+	t.Run("Close without Pin", func(t *testing.T) {
+		cg := testutil.NewCgroup(t)
+		o := openBPF(t, Config{Cgroup: cg, BPFFS: mountBPFFS(t)})
+		if n := sockopsAttached(t, cg); n != 1 {
+			t.Fatalf("%d sockops attached, want 1", n)
+		}
+		o.Close()
+		if n := sockopsAttached(t, cg); n != 0 {
+			t.Errorf("%d sockops attached after Close without Pin, want 0", n)
+		}
+	})
 }
 
 // TestBPFPinStale checks what mpid does with state pinned by another build

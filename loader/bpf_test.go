@@ -333,7 +333,7 @@ func TestBPFExactCounts(t *testing.T) {
 	o := openBPF(t, Config{Cgroup: r.cgroup, FollowJob: true})
 	cli, srv := connect(t, r, client, server)
 
-	snapshot := func() []Conn {
+	snapshot := func(t *testing.T) []Conn {
 		t.Helper()
 		cs, err := o.Snapshot(context.Background())
 		if err != nil {
@@ -341,7 +341,7 @@ func TestBPFExactCounts(t *testing.T) {
 		}
 		return cs
 	}
-	check := func(what string, cs []Conn, end tcpConn, sent, recv uint64) Conn {
+	check := func(t *testing.T, what string, cs []Conn, end tcpConn, sent, recv uint64) Conn {
 		t.Helper()
 		c := mustConn(t, cs, end.cookie)
 		if c.BytesSent != sent || c.BytesRecv != recv {
@@ -350,69 +350,86 @@ func TestBPFExactCounts(t *testing.T) {
 		}
 		return c
 	}
-	// The SYNs are not the application's bytes (bytes_acked counts the
-	// client's).
-	cs := waitFor(t, o, "both ends", func(cs []Conn) bool { return len(cs) == 2 })
-	check("idle client", cs, cli, 0, 0)
-	check("idle server", cs, srv, 0, 0)
-
-	// Written, not acknowledged: the server's side of the link is down.
 	const n, k, peekN, back = 3000, 1000, 500, 700
-	ip(t, "-n", r.nsB, "link", "set", "eth0", "down")
-	client.do("write %s %d", cli.id, n)
-	if c := check("client, nothing acknowledged", snapshot(), cli, n, 0); c.SendQueue != n {
-		t.Fatalf("client send-q %d, want %d: the bytes were acknowledged already", c.SendQueue, n)
-	}
-	ip(t, "-n", r.nsB, "link", "set", "eth0", "up")
-	cs = waitFor(t, o, "acknowledged", has(cli.cookie, func(c Conn) bool { return c.SendQueue == 0 }))
-	check("client, all acknowledged", cs, cli, n, 0)
-
-	// Read in part, then peeked: the peek counts nothing.
-	server.do("read %s %d", srv.id, k)
-	server.do("peek %s %d", srv.id, peekN)
-	if s := check("server after a partial read and a peek", snapshot(), srv, 0, k); s.Unread != n-k {
-		t.Errorf("server Unread %d, want %d", s.Unread, n-k)
-	}
-
-	// shutdown(SHUT_WR): the client's FIN is not a byte it sent, queued
-	// or acknowledged; nor is it one the server read, unread or read.
-	client.do("shutw %s", cli.id)
-	check("client right after shutdown", snapshot(), cli, n, 0)
-	cs = waitFor(t, o, "FIN acknowledged", func(cs []Conn) bool {
-		c, ok1 := byCookie(cs, cli.cookie)
-		s, ok2 := byCookie(cs, srv.cookie)
-		return ok1 && ok2 && c.State == StateFinWait2 && s.State == StateCloseWait
-	})
-	check("client in FIN_WAIT2", cs, cli, n, 0)
-	check("server in CLOSE_WAIT, FIN unread", cs, srv, 0, k)
-	server.do("read %s %d", srv.id, n-k)
-	check("server, all read but the FIN", snapshot(), srv, 0, n)
-	server.do("eof %s", srv.id)
-	if s := check("server after reading the end of stream", snapshot(), srv, 0, n); s.Unread != 0 {
-		t.Errorf("server Unread %d after the end of stream, want 0", s.Unread)
-	}
-
-	// The other way, to a half-closed client.
-	server.do("write %s %d", srv.id, back)
-	client.do("read %s %d", cli.id, back)
-	cs = waitFor(t, o, "reply acknowledged", has(srv.cookie, func(c Conn) bool { return c.SendQueue == 0 }))
-	check("client after the reply", cs, cli, n, back)
-	check("server after the reply", cs, srv, back, n)
-
-	// close() with the client's side of the link down: the server's socket
-	// waits in LAST_ACK, orphaned, its FIN unacknowledged.
-	ip(t, "-n", r.nsA, "link", "set", "eth0", "down")
-	server.do("close %s", srv.id)
-	cs = waitFor(t, o, "LAST_ACK", has(srv.cookie, func(c Conn) bool { return c.State == StateLastAck }))
-	check("server in LAST_ACK", cs, srv, back, n)
-	check("client, peer's FIN not arrived", cs, cli, n, back)
-	ip(t, "-n", r.nsA, "link", "set", "eth0", "up")
-	cs = waitFor(t, o, "client has the FIN", func(cs []Conn) bool {
-		_, ok := byCookie(cs, cli.cookie)
-		return !ok // TIME_WAIT: not a full socket any more
-	})
-	if _, ok := byCookie(cs, srv.cookie); ok {
-		check("server, last ACK on its way", cs, srv, back, n)
+	// Each stage starts where the one before left the connection: after a
+	// failed one, the rest would only report its consequences.
+	for _, stage := range []struct {
+		name string
+		run  func(t *testing.T, client, server *helper)
+	}{
+		// The SYNs are not the application's bytes (bytes_acked counts the
+		// client's).
+		{"idle", func(t *testing.T, client, server *helper) {
+			cs := waitFor(t, o, "both ends", func(cs []Conn) bool { return len(cs) == 2 })
+			check(t, "idle client", cs, cli, 0, 0)
+			check(t, "idle server", cs, srv, 0, 0)
+		}},
+		// The server's side of the link is down.
+		{"written, not acknowledged", func(t *testing.T, client, server *helper) {
+			ip(t, "-n", r.nsB, "link", "set", "eth0", "down")
+			client.do("write %s %d", cli.id, n)
+			if c := check(t, "client, nothing acknowledged", snapshot(t), cli, n, 0); c.SendQueue != n {
+				t.Fatalf("client send-q %d, want %d: the bytes were acknowledged already", c.SendQueue, n)
+			}
+			ip(t, "-n", r.nsB, "link", "set", "eth0", "up")
+			cs := waitFor(t, o, "acknowledged", has(cli.cookie, func(c Conn) bool { return c.SendQueue == 0 }))
+			check(t, "client, all acknowledged", cs, cli, n, 0)
+		}},
+		// The peek counts nothing.
+		{"read in part, then peeked", func(t *testing.T, client, server *helper) {
+			server.do("read %s %d", srv.id, k)
+			server.do("peek %s %d", srv.id, peekN)
+			if s := check(t, "server after a partial read and a peek", snapshot(t), srv, 0, k); s.Unread != n-k {
+				t.Errorf("server Unread %d, want %d", s.Unread, n-k)
+			}
+		}},
+		// The client's FIN is not a byte it sent, queued or acknowledged;
+		// nor is it one the server read, unread or read.
+		{"shutdown(SHUT_WR)", func(t *testing.T, client, server *helper) {
+			client.do("shutw %s", cli.id)
+			check(t, "client right after shutdown", snapshot(t), cli, n, 0)
+			cs := waitFor(t, o, "FIN acknowledged", func(cs []Conn) bool {
+				c, ok1 := byCookie(cs, cli.cookie)
+				s, ok2 := byCookie(cs, srv.cookie)
+				return ok1 && ok2 && c.State == StateFinWait2 && s.State == StateCloseWait
+			})
+			check(t, "client in FIN_WAIT2", cs, cli, n, 0)
+			check(t, "server in CLOSE_WAIT, FIN unread", cs, srv, 0, k)
+			server.do("read %s %d", srv.id, n-k)
+			check(t, "server, all read but the FIN", snapshot(t), srv, 0, n)
+			server.do("eof %s", srv.id)
+			if s := check(t, "server after reading the end of stream", snapshot(t), srv, 0, n); s.Unread != 0 {
+				t.Errorf("server Unread %d after the end of stream, want 0", s.Unread)
+			}
+		}},
+		{"the other way, to a half-closed client", func(t *testing.T, client, server *helper) {
+			server.do("write %s %d", srv.id, back)
+			client.do("read %s %d", cli.id, back)
+			cs := waitFor(t, o, "reply acknowledged", has(srv.cookie, func(c Conn) bool { return c.SendQueue == 0 }))
+			check(t, "client after the reply", cs, cli, n, back)
+			check(t, "server after the reply", cs, srv, back, n)
+		}},
+		// The client's side of the link is down: the server's socket waits
+		// in LAST_ACK, orphaned, its FIN unacknowledged.
+		{"close() with the FIN unacknowledged", func(t *testing.T, client, server *helper) {
+			ip(t, "-n", r.nsA, "link", "set", "eth0", "down")
+			server.do("close %s", srv.id)
+			cs := waitFor(t, o, "LAST_ACK", has(srv.cookie, func(c Conn) bool { return c.State == StateLastAck }))
+			check(t, "server in LAST_ACK", cs, srv, back, n)
+			check(t, "client, peer's FIN not arrived", cs, cli, n, back)
+			ip(t, "-n", r.nsA, "link", "set", "eth0", "up")
+			cs = waitFor(t, o, "client has the FIN", func(cs []Conn) bool {
+				_, ok := byCookie(cs, cli.cookie)
+				return !ok // TIME_WAIT: not a full socket any more
+			})
+			if _, ok := byCookie(cs, srv.cookie); ok {
+				check(t, "server, last ACK on its way", cs, srv, back, n)
+			}
+		}},
+	} {
+		if !t.Run(stage.name, func(t *testing.T) { stage.run(t, client.forTest(t), server.forTest(t)) }) {
+			return
+		}
 	}
 }
 

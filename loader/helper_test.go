@@ -359,6 +359,14 @@ func startHelper(tb testing.TB, ns, dir string) *helper {
 	return &helper{tb: tb, pid: cmd.Process.Pid, in: in, out: sc}
 }
 
+// forTest is h for the subtest t: the failures of its commands are t's (a
+// subtest may not end its parent).
+func (h *helper) forTest(t testing.TB) *helper {
+	c := *h
+	c.tb = t
+	return &c
+}
+
 // do sends one command and returns the fields of the "ok" reply.
 func (h *helper) do(format string, args ...any) []string {
 	h.tb.Helper()

@@ -7,16 +7,14 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
-
 	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/internal/testutil"
 	"github.com/mpipause/mpipause/loader"
 )
 
@@ -33,27 +31,12 @@ func shimEnv(bin string) []string {
 // to the network namespace it is made in) inside a rig node.
 func listenInNode(t testing.TB, node int) *net.UnixListener {
 	t.Helper()
-	runtime.LockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
+	var ln *net.UnixListener
+	if err := nodeNetns(t, node).Do(func() (err error) {
+		ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: testRankSocket, Net: "unix"})
+		return err
+	}); err != nil {
 		t.Fatal(err)
-	}
-	defer orig.Close()
-	ns, err := netns.GetFromName(fmt.Sprintf("%s-node%d", jobRig, node))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ns.Close()
-	if err := netns.Set(ns); err != nil {
-		t.Fatal(err)
-	}
-	ln, lerr := net.ListenUnix("unix", &net.UnixAddr{Name: testRankSocket, Net: "unix"})
-	if err := netns.Set(orig); err != nil {
-		t.Fatalf("back to own netns: %v", err) // the thread stays locked and dies with the test goroutine
-	}
-	runtime.UnlockOSThread()
-	if lerr != nil {
-		t.Fatal(lerr)
 	}
 	return ln
 }
@@ -123,7 +106,7 @@ func testGate(t *testing.T, lib mpiLib) {
 	defer cancel()
 
 	srv := serveNodes(t)
-	cg := jobCgroup(t, "gate-"+lib.name)
+	cg := testutil.NewCgroup(t)
 	obs := jobObserver(ctx, t, cg)
 
 	want := envCount("MPIPAUSE_GATE_CYCLES", 50)

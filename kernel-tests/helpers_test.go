@@ -19,7 +19,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/mpid"
 	"github.com/mpipause/mpipause/internal/testutil"
 	"github.com/mpipause/mpipause/kernel-tests/internal/rig"
@@ -270,20 +269,11 @@ func serial(t testing.TB, app string, ranks int, args ...string) string {
 	return string(out)
 }
 
-// jobCgroup makes a cgroup v2 directory for one test's job; whatever is
-// left in it is killed and it is removed when the test ends.
-func jobCgroup(t testing.TB, name string) string {
+// nodeNetns is the network namespace of node k of the shared rig, held
+// until the test ends.
+func nodeNetns(t testing.TB, k int) *testutil.Netns {
 	t.Helper()
-	root, err := cgroupv2.Root()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cg := filepath.Join(root, "mpipause-kt-"+name)
-	if err := cgroupv2.Create(cg); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { killCgroup(t, cg) })
-	return cg
+	return testutil.OpenNetns(t, fmt.Sprintf("%s-node%d", jobRig, k))
 }
 
 // atHold waits for ranks ranks to reach xchg's hold point in dir.

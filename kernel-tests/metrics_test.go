@@ -10,18 +10,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/vishvananda/netns"
-
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/internal/metrics"
+	"github.com/mpipause/mpipause/internal/testutil"
 	"github.com/mpipause/mpipause/kernel-tests/internal/rig"
 )
 
@@ -42,7 +40,7 @@ func init() {
 // network namespace (a socket keeps the namespace it was made in).
 func scrapeNode(t testing.TB, k int) metrics.Samples {
 	t.Helper()
-	c, err := dialInNode(k, rigMetricsAddr)
+	c, err := dialInNode(t, k, rigMetricsAddr)
 	if err != nil {
 		t.Fatalf("node%d: %v (does the rig's mpid run with %s=%q? `rig down` a rig left up without it)", k, err, rig.MPIDArgsEnv, os.Getenv(rig.MPIDArgsEnv))
 	}
@@ -67,27 +65,12 @@ func scrapeNode(t testing.TB, k int) metrics.Samples {
 	return s
 }
 
-func dialInNode(k int, addr string) (net.Conn, error) {
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
-		return nil, err
-	}
-	defer orig.Close()
-	ns, err := netns.GetFromName(fmt.Sprintf("%s-node%d", jobRig, k))
-	if err != nil {
-		return nil, err
-	}
-	defer ns.Close()
-	if err := netns.Set(ns); err != nil {
-		return nil, err
-	}
-	c, cerr := net.DialTimeout("tcp", addr, 5*time.Second)
-	if err := netns.Set(orig); err != nil {
-		panic(fmt.Sprintf("back to own netns: %v", err)) // the thread would carry the wrong namespace on
-	}
-	return c, cerr
+func dialInNode(t testing.TB, k int, addr string) (c net.Conn, err error) {
+	err = nodeNetns(t, k).Do(func() error {
+		c, err = net.DialTimeout("tcp", addr, 5*time.Second)
+		return err
+	})
+	return c, err
 }
 
 // moved is how much series moved between two scrapes.
@@ -352,11 +335,11 @@ func TestMetricsOffByDefault(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	parent := fmt.Sprintf("mpipause-kt-metrics-%d", os.Getpid())
-	if err := cgroupv2.Create(filepath.Join(root, parent)); err != nil {
+	// --cgroup-parent is relative to the v2 mount.
+	parent, err := filepath.Rel(root, testutil.NewCgroup(t))
+	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { cgroupv2.Remove(filepath.Join(root, parent)) })
 	dir := t.TempDir()
 	key := filepath.Join(dir, "cluster.key")
 	if out, err := exec.Command(mpidBin, "keygen", key).CombinedOutput(); err != nil {

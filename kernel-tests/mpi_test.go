@@ -8,11 +8,11 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/testutil"
 	"github.com/mpipause/mpipause/loader"
 )
 
@@ -51,7 +51,7 @@ func testJob(t *testing.T, lib mpiLib) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 
-	cg := jobCgroup(t, lib.name)
+	cg := testutil.NewCgroup(t)
 
 	// Observers first, so the BPF one sees every connection from its start.
 	bpfObs, err := loader.Open(ctx, loader.Config{Cgroup: cg, FollowJob: true, Require: loader.KindBPF})
@@ -234,20 +234,3 @@ func checkSnapshot(t *testing.T, kind string, truth []sock, conns []loader.Conn)
 }
 
 func unmap(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()) }
-
-// killCgroup kills whatever is left of a job and removes its cgroup.
-func killCgroup(t testing.TB, cg string) {
-	for i := 0; i < 50; i++ {
-		procs, _ := cgroupv2.Procs(cg)
-		if len(procs) == 0 {
-			break
-		}
-		for _, p := range procs {
-			syscall.Kill(p, syscall.SIGKILL)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err := cgroupv2.Remove(cg); err != nil {
-		t.Errorf("remove %s: %v", cg, err)
-	}
-}

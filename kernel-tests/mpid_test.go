@@ -18,6 +18,7 @@ import (
 
 	"github.com/mpipause/mpipause/internal/mpid"
 	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/internal/testutil"
 	"github.com/mpipause/mpipause/quiesce"
 )
 
@@ -27,7 +28,7 @@ import (
 // runs to the end; without any mpid the program runs and says so once.
 func TestMpidAdmitsJobRanks(t *testing.T) {
 	bin := binDir(t)
-	cg := jobCgroup(t, "mpid")
+	cg := testutil.NewCgroup(t)
 	sock := fmt.Sprintf("@mpipause-kt-mpid-%d", os.Getpid())
 	ready := filepath.Join(t.TempDir(), "ready")
 

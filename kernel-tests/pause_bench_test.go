@@ -9,15 +9,12 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/vishvananda/netns"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
@@ -483,26 +480,7 @@ func probeLink(b *testing.B) linkProbe {
 // keeps the namespace it was made in.
 func inNode(b *testing.B, k int, f func() error) {
 	b.Helper()
-	runtime.LockOSThread()
-	defer runtime.UnlockOSThread()
-	orig, err := netns.Get()
-	if err != nil {
+	if err := nodeNetns(b, k).Do(f); err != nil {
 		b.Fatal(err)
-	}
-	defer orig.Close()
-	ns, err := netns.GetFromName(fmt.Sprintf("%s-node%d", jobRig, k))
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer ns.Close()
-	if err := netns.Set(ns); err != nil {
-		b.Fatal(err)
-	}
-	ferr := f()
-	if err := netns.Set(orig); err != nil {
-		panic(fmt.Sprintf("back to own netns: %v", err)) // the thread would carry the wrong namespace on
-	}
-	if ferr != nil {
-		b.Fatal(ferr)
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/testutil"
 	"github.com/mpipause/mpipause/kernel-tests/tools/bench"
 	"github.com/mpipause/mpipause/loader"
 )
@@ -227,9 +228,10 @@ func startSideServer(ctx context.Context, t *testing.T, name string, back int) *
 	}
 	s := &sideServer{path: filepath.Join(t.TempDir(), "report.json")}
 	env := []string{"MPIPAUSE_RIG=" + jobRig, sideServerEnv + "=" + s.path, fmt.Sprintf("%s=%d", sideBackEnv, back)}
-	// The cgroup's name is this run's alone: a test of another rig's that
-	// kills its own server's cgroup at its end must not kill this one.
-	cg := jobCgroup(t, fmt.Sprintf("sideserver-%s-%s-%d", jobRig, name, os.Getpid()))
+	// The cgroup is this run's alone (NewCgroup's names are random): a test
+	// of another rig's that kills its own server's cgroup at its end must
+	// not kill this one.
+	cg := testutil.NewCgroup(t)
 	s.proc = start(ctx, t, cg, env, filepath.Join(binDir(t), "rig"), "exec", "node1", "--", exe)
 	waitFor(t, "the side server to listen", time.Minute, s.done, func() bool {
 		m := listeningRE.FindStringSubmatch(s.out.String())

@@ -12,6 +12,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mpipause/mpipause/internal/testutil"
 )
 
 // slurmCluster is a real Slurm (Debian's slurm-wlm 22.05) on the shared
@@ -77,7 +79,7 @@ func startSlurm(ctx context.Context, t *testing.T, plugstack string) *slurmClust
 		write(filepath.Join(n, "mpi.conf"), "PMIxCliTmpDirBase="+filepath.Join(dir, n, "tmp")+"\n", 0o644)
 	}
 
-	cg := jobCgroup(t, "slurm-"+jobRig)
+	cg := testutil.NewCgroup(t)
 	sock := filepath.Join(dir, "munge", "munge.socket")
 	start(context.Background(), t, cg, nil, "munged", "-F", "-f", "--socket="+sock,
 		"--key-file="+filepath.Join(dir, "munge", "munge.key"), "--pid-file="+filepath.Join(dir, "munge", "munged.pid"),

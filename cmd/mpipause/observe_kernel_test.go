@@ -15,6 +15,7 @@ import (
 	"testing"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/mountinfo"
 	"github.com/mpipause/mpipause/internal/testutil"
 )
 
@@ -87,17 +88,16 @@ func cli(t *testing.T, dropCaps bool, args ...string) (code int, stdout, stderr 
 // pinned lists what mpipause has pinned in any mounted bpffs.
 func pinned(t *testing.T) []string {
 	t.Helper()
-	b, err := os.ReadFile("/proc/self/mountinfo")
+	mounts, err := mountinfo.Read(mountinfo.Self)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var found []string
-	for _, line := range strings.Split(string(b), "\n") {
-		pre, post, ok := strings.Cut(line, " - ")
-		if !ok || !strings.HasPrefix(post, "bpf ") {
+	for _, m := range mounts {
+		if m.FSType != "bpf" {
 			continue
 		}
-		dir := filepath.Join(strings.Fields(pre)[4], "mpipause")
+		dir := filepath.Join(m.Point, "mpipause")
 		ents, _ := os.ReadDir(dir)
 		for _, e := range ents {
 			found = append(found, filepath.Join(dir, e.Name()))
@@ -164,11 +164,7 @@ func TestObserveJob(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cg := filepath.Join(root, "mpipause-test", "cli-"+strconv.Itoa(os.Getpid()))
-	if err := cgroupv2.Create(cg); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cgroupv2.Remove(cg) })
+	cg := testutil.NewCgroup(t)
 
 	// The holder enters the cgroup before it creates its sockets: a socket
 	// belongs to the cgroup of the process that created it.
@@ -231,11 +227,7 @@ func TestObserveNamesWhatItCannotSee(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cg := filepath.Join(root, "mpipause-test", "skip-"+strconv.Itoa(os.Getpid()))
-	if err := cgroupv2.Create(cg); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = cgroupv2.Remove(cg) })
+	cg := testutil.NewCgroup(t)
 	cgfd, err := os.Open(cg)
 	if err != nil {
 		t.Fatal(err)

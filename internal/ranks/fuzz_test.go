@@ -59,6 +59,8 @@ func FuzzParseReply(f *testing.F) {
 	f.Add("STATE gate=open gated=0 closing=1 held=0")
 	f.Add("OPENED flushed=10 errors=0 errno=0")
 	f.Add("flushed bytes=3 errors=1 errno=32")
+	f.Add("pause at=123456789")
+	f.Add("resume at=+1")
 	f.Add("STATE gate=closed gated=-1 closing=99999999999999999999 held=x")
 	f.Fuzz(func(t *testing.T, line string) {
 		for _, verb := range []string{"CLOSED", "STATE"} {
@@ -75,6 +77,11 @@ func FuzzParseReply(f *testing.F) {
 			t.Fatalf("accepted %q as %+v", line, o)
 		}
 		ParseFlushed(line)
+		if q, err := ParseRequest(line); err == nil {
+			if (q.Op != "pause" && q.Op != "resume") || q.At < 0 {
+				t.Fatalf("accepted %q as %+v", line, q)
+			}
+		}
 	})
 }
 

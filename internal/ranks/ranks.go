@@ -91,7 +91,8 @@ type Server struct {
 	// or goes away (gone true), and of refused connections (r nil, err).
 	OnChange func(r *Rank, gone bool, err error)
 	// OnEvent, if set, is told what a rank asks for unasked: "pause" when
-	// it got SIGTSTP, "resume" when it got SIGCONT. It runs on the rank's
+	// it got SIGTSTP, "resume" when it got SIGCONT (ParseRequest), and
+	// the outcome of a flush (ParseFlushed). It runs on the rank's
 	// reader: it must not make requests to that rank itself.
 	OnEvent func(r *Rank, event string)
 	// Join, if set, acts on a JOIN: process p (p.Pid and p.UID from
@@ -814,6 +815,38 @@ func (r *Rank) notify(req string) error {
 	}
 	r.owed++
 	return nil
+}
+
+// Request is what a rank asks for unasked: the event "pause" (it got
+// SIGTSTP) or "resume" (SIGCONT), "at=<ns>" after it since shims stamp it.
+type Request struct {
+	Op string // "pause" or "resume"
+	// At is CLOCK_MONOTONIC, in nanoseconds, when the rank's handler ran:
+	// the user's action, which the rank may send much later (frozen in
+	// between by a pause another rank asked for). 0: not stamped (a shim
+	// of an older release).
+	At int64
+}
+
+// ParseRequest parses the event "pause[ at=<ns>]" or "resume[ at=<ns>]",
+// ns a positive decimal without sign.
+func ParseRequest(ev string) (Request, error) {
+	op, at, stamped := strings.Cut(ev, " ")
+	if op != "pause" && op != "resume" {
+		return Request{}, fmt.Errorf("not a pause or resume request: %q", ev)
+	}
+	if !stamped {
+		return Request{Op: op}, nil
+	}
+	v, ok := strings.CutPrefix(at, "at=")
+	if !ok || v == "" || strings.Trim(v, "0123456789") != "" {
+		return Request{}, fmt.Errorf("malformed request %q", ev)
+	}
+	n, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || n <= 0 {
+		return Request{}, fmt.Errorf("malformed request %q", ev)
+	}
+	return Request{Op: op, At: n}, nil
 }
 
 // ParseFlushed parses the event "flushed bytes=<n> errors=<n> errno=<e>".

@@ -96,6 +96,27 @@ func TestParseFlushed(t *testing.T) {
 	}
 }
 
+// TestParseRequest: a shim's SIGTSTP/SIGCONT request, stamped or (an
+// older shim) not; anything else is not a request.
+func TestParseRequest(t *testing.T) {
+	for in, want := range map[string]Request{
+		"pause":                         {Op: "pause"},
+		"resume":                        {Op: "resume"},
+		"pause at=1":                    {Op: "pause", At: 1},
+		"resume at=9223372036854775807": {Op: "resume", At: 1<<63 - 1},
+	} {
+		if got, err := ParseRequest(in); err != nil || got != want {
+			t.Errorf("ParseRequest(%q) = %+v, %v; want %+v", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "pause ", "pause at=", "pause at=0", "pause at=-1", "pause at=+1", "pause at=1 ",
+		"pause at=9223372036854775808", "pause at=1x", "pause  at=1", "pause when=1", "stop at=1", "Pause", "pause at=0x10"} {
+		if q, err := ParseRequest(bad); err == nil {
+			t.Errorf("ParseRequest(%q) accepted: %+v", bad, q)
+		}
+	}
+}
+
 func TestParseGate(t *testing.T) {
 	g, err := ParseGate("CLOSED gate=closed gated=3 closing=1 held=100", "CLOSED")
 	if err != nil || g != (Gate{State: "closed", Gated: 3, Closing: 1, Held: 100}) {

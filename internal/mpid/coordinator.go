@@ -371,7 +371,8 @@ func (c *coordinator) saveLocked(j *job, v ctl.Job) {
 }
 
 // rankEvent acts on a rank's SIGTSTP or SIGCONT: the whole job pauses or
-// resumes, as `mpipause` would do it. Only the coordinator acts; every rank
+// resumes, as `mpipause` would do it, unless a resume (a pause) on this
+// node since the signal has answered it (registry.answered). Only the coordinator acts; every rank
 // of a job usually gets the signal (Slurm, a terminal), rank 0 included.
 // One request per job is under way at a time: the others would be refused
 // as the job is busy, and a rank repeating its EVENT line costs mpid a
@@ -391,9 +392,21 @@ func (c *coordinator) rankEvent(r *ranks.Rank, ev string) {
 		}
 		return
 	}
-	op := map[string]string{"pause": ctl.OpPause, "resume": ctl.OpResume}[ev]
+	q, err := ranks.ParseRequest(ev)
+	if err != nil {
+		return
+	}
+	op := map[string]string{"pause": ctl.OpPause, "resume": ctl.OpResume}[q.Op]
 	key := r.JobKey()
-	if op == "" || !c.startEvent(key) {
+	if c.reg.answered(key, q) {
+		if q.Op == "pause" {
+			c.log.Info("pause request left alone: signalled before the last resume", "job", r.Job, "rank", r.Rank, "pid", r.Pid)
+		} else {
+			c.log.Info("resume request left alone: signalled before the last pause", "job", r.Job, "rank", r.Rank, "pid", r.Pid)
+		}
+		return
+	}
+	if !c.startEvent(key) {
 		return
 	}
 	// ev is the rank's to write: an attribute (quoted), never the message.
@@ -406,11 +419,11 @@ func (c *coordinator) rankEvent(r *ranks.Rank, ev string) {
 		var ce *ctl.Error
 		switch {
 		case errors.As(err, &ce) && (ce.Code == ctl.CodeElsewhere || ce.Code == ctl.CodeState):
-			c.log.Info(ev+" request left alone", "job", r.Job, "reason", ce.Message)
+			c.log.Info(q.Op+" request left alone", "job", r.Job, "reason", ce.Message)
 		case err != nil:
-			c.log.Warn(ev+" on the rank's request failed", "job", r.Job, "error", err)
+			c.log.Warn(q.Op+" on the rank's request failed", "job", r.Job, "error", err)
 		default:
-			c.log.Info(ev+" on the rank's request", "job", r.Job, "state", rep.State, "total_ms", rep.TotalMs)
+			c.log.Info(q.Op+" on the rank's request", "job", r.Job, "state", rep.State, "total_ms", rep.TotalMs)
 		}
 	}()
 }

@@ -374,6 +374,92 @@ func TestRankEventsOneAtATime(t *testing.T) {
 	}
 }
 
+// TestRankRequestAnsweredSince: a rank's SIGTSTP is the user's action at
+// the moment of the signal. A rank frozen by the pause another rank asked
+// for sends its own request after the resume (seen in TestPauseResume,
+// 2 ms after it): that resume answered it, and the job must not pause
+// again; a signal after the resume pauses it. The same for a SIGCONT
+// signalled before a pause committed.
+func TestRankRequestAnsweredSince(t *testing.T) {
+	mem := quiesce.NewMemNetwork(1, quiesce.Faults{})
+	defer mem.Close()
+	n := startNode(t, "node0", mem, testKeys(t))
+	created := n.ask(t, ctl.OpCreate, "j1")
+	s := n.rank(t, "j1", created.Token, 0, 1)
+	marks := 0
+	// handled returns once every event sent before it has been handled:
+	// events are read in order, and a request's refusal is logged at once.
+	handled := func() {
+		t.Helper()
+		marks++
+		s.send("EVENT flushed bytes=%d errors=0 errno=0\n", 1000+marks)
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(n.log.String(), fmt.Sprintf("flushed=%d", 1000+marks)); {
+			if time.Now().After(deadline) {
+				t.Fatal("the marker event never arrived")
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	// waitState returns once the job is in state want and the rank's
+	// request that took it there has ended (the next one would be dropped
+	// as one under way otherwise).
+	waitState := func(want string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			st := n.ask(t, ctl.OpStatus, "j1")
+			n.coord.evMu.Lock()
+			idle := len(n.coord.events) == 0
+			n.coord.evMu.Unlock()
+			if st.Job != nil && st.Job.State == want && idle {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the job did not become %s: %+v", want, st.Job)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	requests := func() int { return strings.Count(n.log.String(), `msg="rank event"`) }
+
+	signalled := monotonic() // the rank's SIGTSTP, its thread frozen before it sends
+	if rep := n.ask(t, ctl.OpPause, "j1"); rep.Err != nil {
+		t.Fatalf("pause: %+v", rep.Err)
+	}
+	if rep := n.ask(t, ctl.OpResume, "j1"); rep.Err != nil {
+		t.Fatalf("resume: %+v", rep.Err)
+	}
+	s.send("EVENT pause at=%d\n", signalled)
+	handled()
+	if got := requests(); got != 0 {
+		t.Fatalf("a pause signalled before the resume was acted on (%d requests)", got)
+	}
+	if !strings.Contains(n.log.String(), "pause request left alone: signalled before the last resume") {
+		t.Errorf("the stale request is not logged:\n%s", n.log.String())
+	}
+	if st := n.ask(t, ctl.OpStatus, "j1"); st.Job == nil || st.Job.State != ctl.StateRunning {
+		t.Fatalf("after a stale pause request: %+v", st.Job)
+	}
+
+	s.send("EVENT pause at=%d\n", monotonic())
+	handled()
+	if got := requests(); got != 1 {
+		t.Fatalf("a pause signalled after the resume: %d requests, want 1", got)
+	}
+	waitState(ctl.StatePaused)
+
+	// A SIGCONT handled before the pause committed (the rank ran then),
+	// sent only now.
+	s.send("EVENT resume at=%d\n", signalled)
+	handled()
+	if !strings.Contains(n.log.String(), "resume request left alone: signalled before the last pause") {
+		t.Errorf("a resume signalled before the pause was not left alone:\n%s", n.log.String())
+	}
+	// An older shim's request carries no stamp: taken as it comes.
+	s.send("EVENT resume\n")
+	handled()
+	waitState(ctl.StateRunning)
+}
+
 // newTestDaemon is a daemon with no kernel and no sockets behind it, its
 // roles wired but not served: the tests call them directly. Its peers are
 // on net (nil: a network of its own), sharing key (nil: a fresh one).

@@ -64,6 +64,7 @@ func (n *localNode) Verify(ctx context.Context, job string) (rep quiesce.NodeRep
 
 func (n *localNode) Commit(ctx context.Context, job string) error {
 	return n.step(ctx, "COMMIT", job, func() error {
+		n.reg.noteCommitted(job)
 		n.nodeRole.Unboost(job) // frozen now: the pause step that needed them is over
 		return n.recordCommit(job)
 	})
@@ -71,6 +72,9 @@ func (n *localNode) Commit(ctx context.Context, job string) error {
 
 func (n *localNode) Thaw(ctx context.Context, job string) error {
 	return n.step(ctx, "THAW", job, func() error {
+		// Before the thaw: a rank frozen with its SIGTSTP unsent sends it
+		// as soon as it runs again.
+		n.reg.noteResumed(job)
 		if err := n.nodeRole.Thaw(ctx, job); err != nil {
 			return err
 		}

@@ -18,6 +18,7 @@ import (
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/loader"
 	"github.com/mpipause/mpipause/quiesce"
+	"golang.org/x/sys/unix"
 )
 
 // job is what this node knows of one job.
@@ -61,6 +62,11 @@ type job struct {
 	// so that a restarted coordinator learns its nodes again).
 	registered bool
 	token      string
+	// resumed and committed are CLOCK_MONOTONIC (ns) when this node last
+	// began to thaw the job (a resume or a rollback) and when a pause of it
+	// last committed here: a rank's request signalled before the one that
+	// followed has been answered (answered).
+	resumed, committed int64
 }
 
 // registry is mpid's record of the jobs with ranks on this node: it admits
@@ -699,4 +705,52 @@ func (r *registry) adopt(st *store) (interrupted []record) {
 		st.drop(id)
 	}
 	return interrupted
+}
+
+// monotonic is CLOCK_MONOTONIC in nanoseconds: the clock the shim's signal
+// handler stamps a rank's request with, on the same machine.
+func monotonic() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0 // never on Linux; 0 answers nothing
+	}
+	return ts.Nano()
+}
+
+// noteResumed records that this node begins to thaw job id (a resume, or
+// the rollback of a pause), and noteCommitted that a pause of it commits.
+func (r *registry) noteResumed(id string) { r.note(id, func(j *job, t int64) { j.resumed = t }) }
+
+func (r *registry) noteCommitted(id string) { r.note(id, func(j *job, t int64) { j.committed = t }) }
+
+func (r *registry) note(id string, set func(*job, int64)) {
+	t := monotonic()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if j := r.jobs[id]; j != nil {
+		set(j, t)
+	}
+}
+
+// answered says whether a rank's request of job id, stamped by its signal
+// handler, has been answered since: a pause signalled before the job's last
+// resume here (the rank was frozen by the pause another rank asked for,
+// and its own request comes after the resume: pausing again would undo
+// the user's resume), or a resume signalled before the last pause that
+// committed here. An unstamped request (a shim of an older release) is
+// taken as it comes.
+func (r *registry) answered(id string, q ranks.Request) bool {
+	if q.At <= 0 {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j := r.jobs[id]
+	if j == nil {
+		return false
+	}
+	if q.Op == "pause" {
+		return q.At < j.resumed
+	}
+	return q.At < j.committed
 }

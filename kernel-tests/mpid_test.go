@@ -20,6 +20,7 @@ import (
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/internal/testutil"
 	"github.com/mpipause/mpipause/quiesce"
+	"golang.org/x/sys/unix"
 )
 
 // TestMpidAdmitsJobRanks runs the real mpid and a real MPI program with the
@@ -156,7 +157,8 @@ func TestShimSurvivesMpidLoss(t *testing.T) {
 }
 
 // TestSignalsAskMpid: SIGTSTP to a registered rank does not stop it but
-// reaches mpid as a pause request; SIGCONT as a resume request.
+// reaches mpid as a pause request; SIGCONT as a resume request; each
+// stamped with the moment of the signal.
 func TestSignalsAskMpid(t *testing.T) {
 	bin := binDir(t)
 	sock := fmt.Sprintf("@mpipause-kt-sig-%d", os.Getpid())
@@ -179,10 +181,15 @@ func TestSignalsAskMpid(t *testing.T) {
 		if err := p.cmd.Process.Signal(sig.s); err != nil {
 			t.Fatal(err)
 		}
+		var ts unix.Timespec
+		unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 		select {
 		case ev := <-events:
-			if ev != sig.want {
-				t.Errorf("after %v mpid heard %q, want %q", sig.s, ev, sig.want)
+			// Stamped with the moment the rank's handler ran, on the
+			// clock mpid reads: a request a resume has answered since
+			// is left alone by it.
+			if q, err := ranks.ParseRequest(ev); err != nil || q.Op != sig.want || q.At < ts.Nano() {
+				t.Errorf("after %v mpid heard %q, want %q stamped after %d", sig.s, ev, sig.want, ts.Nano())
 			}
 		case <-time.After(30 * time.Second):
 			t.Fatalf("after %v mpid heard nothing", sig.s)

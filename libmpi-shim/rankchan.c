@@ -15,8 +15,8 @@
 //            while the gate stays closed this thread moves what arrives on those of the process's
 //            sockets into their stashes (stash.c), and leaves every other socket alone;
 //            "DRAINING off" if the gate is open; "DRAINING disabled" with MPIPAUSE_RECV_DRAIN=0
-// and, unasked, "EVENT pause" / "EVENT resume" when the rank gets SIGTSTP /
-// SIGCONT (sig.c); where <state> is "gate=<open|closed|flushing> gated=<n> closing=<n> held=<bytes>".
+// and, unasked, "EVENT pause at=<ns>" / "EVENT resume at=<ns>" when the rank gets SIGTSTP /
+// SIGCONT (sig.c; ns: CLOCK_MONOTONIC in the handler); where <state> is "gate=<open|closed|flushing> gated=<n> closing=<n> held=<bytes>".
 // mpid checks the HELLO's pid against the connection's SO_PEERCRED; the
 // shim checks that mpid runs as root or as the rank's own user.
 //
@@ -388,7 +388,7 @@ static int answer(char *line, size_t n, void *arg)
 }
 
 // serve_conn answers mpid's requests and passes the signals the handler
-// saw on as unsolicited "EVENT pause" / "EVENT resume" lines, until the
+// saw on as unsolicited "EVENT pause at=<ns>" / "EVENT resume at=<ns>" lines, until the
 // channel ends.
 static void serve_conn(int sigfd)
 {
@@ -445,10 +445,19 @@ static void serve_conn(int sigfd)
 		if (full_check() < 0)
 			goto gone;
 		if (sigfd >= 0 && (p[1].revents & POLLIN)) {
-			char c;
-			while (read(sigfd, &c, 1) == 1)
-				if (send_line(c == 'T' ? "EVENT pause\n" : "EVENT resume\n") < 0)
+			struct mpp_sig rec;
+			char out[64];
+			while (read(sigfd, &rec, sizeof(rec)) == (ssize_t)sizeof(rec)) {
+				// at=0: the clock failed in the handler; mpid then takes
+				// the request as it comes.
+				if (rec.ns > 0)
+					snprintf(out, sizeof(out), "EVENT %s at=%lld\n", rec.sig == 'T' ? "pause" : "resume",
+						 (long long)rec.ns);
+				else
+					snprintf(out, sizeof(out), "EVENT %s\n", rec.sig == 'T' ? "pause" : "resume");
+				if (send_line(out) < 0)
 					goto gone;
+			}
 		}
 		if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR)))
 			continue;

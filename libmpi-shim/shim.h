@@ -151,6 +151,15 @@ int mpp_join_line(char *b, size_t n, const char *id, long pid, const char *key);
 #define MPP_KEY_MAX 320
 const char *mpp_job_key(void);
 
+// One SIGTSTP or SIGCONT as sig.c's handler writes it to its pipe: one
+// write(2) of fewer than PIPE_BUF bytes, so the thread reads whole records.
+// ns is CLOCK_MONOTONIC when the handler ran: mpid, on the same machine,
+// leaves alone a request that a resume (or pause) has answered since.
+struct mpp_sig {
+	int64_t ns;
+	char sig; // 'T' SIGTSTP, 'C' SIGCONT
+};
+
 // SIGTSTP/SIGCONT (sig.c): install returns the pipe the handler writes to.
 int mpp_signals_install(void);
 void mpp_signals_restore(void);

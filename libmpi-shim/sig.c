@@ -6,9 +6,10 @@
 // Ctrl-Z, or kill -TSTP by hand) does not stop the process; it asks the
 // node's mpid to pause the whole job, and SIGCONT asks it to resume.
 //
-// The handler only writes one byte to a pipe (write(2) is async-signal-safe)
-// and then runs the handler the application installed, if any: the shim's
-// thread reads the pipe and tells mpid. The application's sigaction() and
+// The handler only writes the signal and its CLOCK_MONOTONIC time to a
+// pipe (clock_gettime(2) and write(2) are async-signal-safe) and then runs
+// the handler the application installed, if any: the shim's thread reads
+// the pipe and tells mpid. The application's sigaction() and
 // signal() for these two signals are recorded, not applied, so its
 // handlers still run while the shim's stays installed. Masks are the
 // kernel's business: a blocked signal reaches the handler when unblocked.
@@ -18,6 +19,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 int mpp_sig_pipe[2] = {-1, -1};
@@ -35,10 +37,16 @@ static int slot(int sig)
 static void on_signal(int sig, siginfo_t *si, void *uc)
 {
 	int saved = errno, i = slot(sig);
-	char c = sig == SIGTSTP ? 'T' : 'C';
+	struct mpp_sig rec = {.sig = sig == SIGTSTP ? 'T' : 'C'};
+	struct timespec ts;
 
+	// The moment of the user's action, not of the thread's send: the rank
+	// may be frozen in between (a pause another rank asked for) and only
+	// send after the resume that answered it.
+	if (clock_gettime(CLOCK_MONOTONIC, &ts) == 0)
+		rec.ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 	if (mpp_sig_pipe[1] >= 0)
-		(void)!mpp_real.write(mpp_sig_pipe[1], &c, 1);
+		(void)!mpp_real.write(mpp_sig_pipe[1], &rec, sizeof(rec));
 	errno = saved;
 	if (i < 0)
 		return;

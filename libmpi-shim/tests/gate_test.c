@@ -522,14 +522,25 @@ static void test_signals(void)
 	CHECK(sigaction(SIGTSTP, &sa, NULL) == 0, "app's sigaction");
 	CHECK(sigaction(SIGTSTP, NULL, &old) == 0 && old.sa_handler == app_on_tstp,
 	      "sigaction reports the application's handler back");
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	int64_t before = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 	raise(SIGTSTP); // would stop the process without the shim
 	raise(SIGCONT);
-	char c[2] = {0};
-	CHECK(read(fd, c, 2) == 2 && c[0] == 'T' && c[1] == 'C', "pipe got %c%c, want TC", c[0], c[1]);
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	int64_t after = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+	// Each signal is one whole record stamped when the handler ran, which
+	// mpid holds against its last resume (or pause) of the job.
+	struct mpp_sig rec[2] = {0};
+	CHECK(read(fd, rec, sizeof(rec)) == (ssize_t)sizeof(rec) && rec[0].sig == 'T' && rec[1].sig == 'C',
+	      "pipe got %c%c, want TC", rec[0].sig, rec[1].sig);
+	CHECK(before <= rec[0].ns && rec[0].ns <= rec[1].ns && rec[1].ns <= after,
+	      "stamps %lld %lld not within %lld..%lld", (long long)rec[0].ns, (long long)rec[1].ns, (long long)before,
+	      (long long)after);
 	CHECK(app_tstp == 1, "the application's handler ran %d times, want 1", app_tstp);
 	CHECK(signal(SIGTSTP, SIG_DFL) == app_on_tstp, "signal() returns the application's previous handler");
 	raise(SIGTSTP); // SIG_DFL for the application: still not stopped
-	CHECK(read(fd, c, 1) == 1 && c[0] == 'T', "pipe after SIG_DFL");
+	CHECK(read(fd, rec, sizeof(rec[0])) == (ssize_t)sizeof(rec[0]) && rec[0].sig == 'T', "pipe after SIG_DFL");
 	CHECK(app_tstp == 1, "a SIG_DFL application handler ran");
 }
 

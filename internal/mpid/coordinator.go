@@ -398,7 +398,7 @@ func (c *coordinator) rankEvent(r *ranks.Rank, ev string) {
 	}
 	op := map[string]string{"pause": ctl.OpPause, "resume": ctl.OpResume}[q.Op]
 	key := r.JobKey()
-	if c.reg.answered(key, q) {
+	if c.reg.answered(key, r.Pid, q) {
 		if q.Op == "pause" {
 			c.log.Info("pause request left alone: signalled before the last resume", "job", r.Job, "rank", r.Rank, "pid", r.Pid)
 		} else {

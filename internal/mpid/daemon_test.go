@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -379,11 +381,16 @@ func TestRankEventsOneAtATime(t *testing.T) {
 // for sends its own request after the resume (seen in TestPauseResume,
 // 2 ms after it): that resume answered it, and the job must not pause
 // again; a signal after the resume pauses it. The same for a SIGCONT
-// signalled before a pause committed.
+// signalled before a pause committed. A SIGTSTP that reached the rank
+// while it was frozen (pending at the thaw; seen with MPICH, whose rank
+// ran its handler 96 ms after the other's, after the resume) is stamped
+// after the resume: the look at the rank's pending signals answers it.
 func TestRankRequestAnsweredSince(t *testing.T) {
 	mem := quiesce.NewMemNetwork(1, quiesce.Faults{})
 	defer mem.Close()
 	n := startNode(t, "node0", mem, testKeys(t))
+	var held atomic.Bool // this test's rank is not frozen: its pending SIGTSTP is told
+	n.reg.tstpPending = func(int) bool { return held.Load() }
 	created := n.ask(t, ctl.OpCreate, "j1")
 	s := n.rank(t, "j1", created.Token, 0, 1)
 	marks := 0
@@ -458,6 +465,40 @@ func TestRankRequestAnsweredSince(t *testing.T) {
 	s.send("EVENT resume\n")
 	handled()
 	waitState(ctl.StateRunning)
+
+	if rep := n.ask(t, ctl.OpPause, "j1"); rep.Err != nil {
+		t.Fatalf("pause: %+v", rep.Err)
+	}
+	held.Store(true)
+	if rep := n.ask(t, ctl.OpResume, "j1"); rep.Err != nil {
+		t.Fatalf("resume: %+v", rep.Err)
+	}
+	held.Store(false)
+	before := requests()
+	s.send("EVENT pause at=%d\n", monotonic()) // the held signal's handler, after the thaw
+	handled()
+	if got := requests() - before; got != 0 {
+		t.Fatalf("a SIGTSTP held while frozen paused the job again after the resume (%d requests)", got)
+	}
+	if got := strings.Count(n.log.String(), "pause request left alone: signalled before the last resume"); got != 2 {
+		t.Errorf("%d stale pause requests logged, want 2", got)
+	}
+	s.send("EVENT pause at=%d\n", monotonic()) // the user's next Ctrl-Z
+	handled()
+	waitState(ctl.StatePaused)
+}
+
+func TestStatusPending(t *testing.T) {
+	status := "Name:\tcpi\nSigQ:\t1/63541\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000080000\nSigBlk:\t0000000000000000\n"
+	if !statusPending(status, syscall.SIGTSTP) {
+		t.Error("SIGTSTP in ShdPnd not seen")
+	}
+	if statusPending(status, syscall.SIGCONT) || statusPending(strings.Replace(status, "80000", "00000", 1), syscall.SIGTSTP) {
+		t.Error("a signal not pending seen")
+	}
+	if !statusPending("SigPnd:\t0000000000080000\nShdPnd:\t0000000000000000\n", syscall.SIGTSTP) {
+		t.Error("SIGTSTP in SigPnd not seen")
+	}
 }
 
 // newTestDaemon is a daemon with no kernel and no sockets behind it, its

@@ -65,8 +65,11 @@ type job struct {
 	// resumed and committed are CLOCK_MONOTONIC (ns) when this node last
 	// began to thaw the job (a resume or a rollback) and when a pause of it
 	// last committed here: a rank's request signalled before the one that
-	// followed has been answered (answered).
+	// followed has been answered (answered). tstpHeld are the ranks (pids)
+	// that had a SIGTSTP pending as that thaw began: a frozen rank runs no
+	// handler, so its stamp comes after the thaw.
 	resumed, committed int64
+	tstpHeld           map[int]bool
 }
 
 // registry is mpid's record of the jobs with ranks on this node: it admits
@@ -93,6 +96,10 @@ type registry struct {
 	// node (the agent's): its job is kept. ended is told the job is gone.
 	pausing func(id string) bool
 	ended   func(id string)
+
+	// tstpPending, if set, stands for the look at a rank's pending
+	// signals (tests: their ranks are not frozen processes).
+	tstpPending func(pid int) bool
 
 	mu   sync.Mutex
 	jobs map[string]*job
@@ -719,16 +726,39 @@ func monotonic() int64 {
 
 // noteResumed records that this node begins to thaw job id (a resume, or
 // the rollback of a pause), and noteCommitted that a pause of it commits.
-func (r *registry) noteResumed(id string) { r.note(id, func(j *job, t int64) { j.resumed = t }) }
+func (r *registry) noteResumed(id string) {
+	// The time first: a handler stamped before it took its signal off the
+	// pending set before the look below, which then sees a later one.
+	t := monotonic()
+	var held map[int]bool
+	if r.ranks != nil {
+		pending := r.tstpPending
+		if pending == nil {
+			pending = tstpPending
+		}
+		for _, rk := range r.ranks.Ranks(id) {
+			if pending(rk.Pid) {
+				if held == nil {
+					held = map[int]bool{}
+				}
+				held[rk.Pid] = true
+			}
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if j := r.jobs[id]; j != nil {
+		j.resumed, j.tstpHeld = t, held
+	}
+}
 
-func (r *registry) noteCommitted(id string) { r.note(id, func(j *job, t int64) { j.committed = t }) }
-
-func (r *registry) note(id string, set func(*job, int64)) {
+func (r *registry) noteCommitted(id string) {
 	t := monotonic()
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if j := r.jobs[id]; j != nil {
-		set(j, t)
+		// A pause since: a SIGTSTP held at the last thaw is answered by it.
+		j.committed, j.tstpHeld = t, nil
 	}
 }
 
@@ -737,20 +767,47 @@ func (r *registry) note(id string, set func(*job, int64)) {
 // resume here (the rank was frozen by the pause another rank asked for,
 // and its own request comes after the resume: pausing again would undo
 // the user's resume), or a resume signalled before the last pause that
-// committed here. An unstamped request (a shim of an older release) is
-// taken as it comes.
-func (r *registry) answered(id string, q ranks.Request) bool {
-	if q.At <= 0 {
-		return false
-	}
+// committed here. A rank that had SIGTSTP pending while frozen, at the
+// thaw, stamps it after the resume: its first pause request stamped since
+// (or unstamped) is that signal's. Otherwise an unstamped request (a shim
+// of an older release) is taken as it comes.
+func (r *registry) answered(id string, pid int, q ranks.Request) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	j := r.jobs[id]
 	if j == nil {
 		return false
 	}
-	if q.Op == "pause" {
-		return q.At < j.resumed
+	if q.Op != "pause" {
+		return q.At > 0 && q.At < j.committed
 	}
-	return q.At < j.committed
+	if q.At > 0 && q.At < j.resumed {
+		return true
+	}
+	if j.tstpHeld[pid] {
+		delete(j.tstpHeld, pid)
+		return true
+	}
+	return false
+}
+
+// tstpPending says whether process pid has a SIGTSTP pending (proc(5):
+// ShdPnd for kill(2), SigPnd for its main thread): one sent to a frozen
+// rank waits there for the thaw.
+func tstpPending(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	return err == nil && statusPending(string(b), syscall.SIGTSTP)
+}
+
+// statusPending is tstpPending's reading of a /proc/PID/status text.
+func statusPending(s string, sig syscall.Signal) bool {
+	for _, line := range strings.Split(s, "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && (k == "SigPnd" || k == "ShdPnd") {
+			if m, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err == nil && m&(1<<(sig-1)) != 0 {
+				return true
+			}
+		}
+	}
+	return false
 }

@@ -201,7 +201,9 @@ func retransmits(ctx context.Context, obs loader.Observer) uint64 {
 // a second. Then Ctrl-Z (SIGTSTP to `mpipause
 // run`) and SIGTSTP to a rank (what Slurm's suspend sends) pause it the same
 // way (the SIGTSTP to ranks on a node other than rank 0's, whose mpid passes
-// it to the coordinator). The job ends with the output of an unpaused run.
+// it to the coordinator), and a SIGTSTP to ranks while frozen does not pause
+// the job again after the resume. The job ends with the output of an
+// unpaused run.
 func TestPauseResume(t *testing.T) {
 	for _, lib := range mpiLibs {
 		t.Run(lib.name, func(t *testing.T) { testPauseResume(t, lib) })
@@ -309,8 +311,30 @@ func testPauseResume(t *testing.T, lib mpiLib) {
 	if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
 		t.Fatalf("resume after SIGTSTP: exit %d %s", r.code, r.stderr)
 	}
+	// SIGTSTP to the same ranks while the job is paused: frozen, they run
+	// their handlers only after the resume, which has answered that
+	// Ctrl-Z; the job must not pause again (it did, 43 ms after the resume,
+	// before node2's mpid looked at its ranks' pending signals).
+	if j, r := jobJSON(ctx, t, "pause", id); r.code != 0 || j.State != ctl.StatePaused {
+		t.Fatalf("pause before SIGTSTP to frozen ranks: exit %d %s", r.code, r.stderr)
+	}
+	const stale = "pause request left alone: signalled before the last resume"
+	staleLogged := func() int { b, _ := os.ReadFile(mpidLog(2)); return strings.Count(string(b), stale) }
+	stale0 := staleLogged()
+	for _, p := range procs {
+		syscall.Kill(p, syscall.SIGTSTP)
+	}
+	if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
+		t.Fatalf("resume after SIGTSTP to frozen ranks: exit %d %s", r.code, r.stderr)
+	}
+	waitFor(t, "node2's mpid to leave alone the SIGTSTPs its frozen ranks got", time.Minute, job.done, func() bool {
+		return staleLogged() >= stale0+len(procs)
+	})
+	if j, _ := jobJSON(ctx, t, "status", id); j.State != ctl.StateRunning {
+		t.Fatalf("SIGTSTP to frozen ranks paused the job again after the resume: %s", j.State)
+	}
 
-	job.finish(ctx, t, fmt.Sprintf("the job paused %d times", cycles+2), serial(t, app, 6, args...))
+	job.finish(ctx, t, fmt.Sprintf("the job paused %d times", cycles+3), serial(t, app, 6, args...))
 	// Nothing of the job is left on the nodes: mpid forgets an ended job.
 	waitFor(t, "the job's cgroups to go", time.Minute, nil, func() bool {
 		for _, cg := range cgs {

@@ -40,6 +40,14 @@ var mapPins = []string{pinConns, pinWatched, pinRecords}
 
 var linkPins = []string{pinSockops, pinState, pinTCPIter, pinConnIter}
 
+// optionalLinkPins may be missing from a complete set: conniter, on a
+// kernel that refuses map iterators (scanTCP).
+var optionalLinkPins = map[string]bool{pinConnIter: true}
+
+// forceScanTCP makes OpenBPF behave as on a kernel that refuses map
+// iterators, so that tests cover Snapshot's per-namespace pass anywhere.
+var forceScanTCP bool
+
 // retiredLinkPins are the pins of the per-call counting programs of earlier
 // builds. Their maps no longer fit (ErrStalePin), but a pin directory
 // restarted from debris must not keep them: a pinned tracing link stays
@@ -64,7 +72,8 @@ type BPFObserver struct {
 	recMem   []byte
 	links    map[string]link.Link
 	tcpIter  *link.Iter // adoption pass, per network namespace
-	connIter *link.Iter // Snapshot's pass, all namespaces at once
+	connIter *link.Iter // Snapshot's pass, all namespaces at once; nil: scanTCP
+	scanTCP  bool       // the kernel refused conniter (ScansTCP)
 	ns       *netnsSet
 	adopted  map[uint64]bool // netns inodes tcpIter has run in
 	skipped  []string        // what the last Snapshot could not see (SockDiagObserver.Skipped)
@@ -292,8 +301,18 @@ func (o *BPFObserver) loadPinnedLinks() bool {
 	}
 	ti, ok1 := loaded[pinTCPIter].(*link.Iter)
 	ci, ok2 := loaded[pinConnIter].(*link.Iter)
-	if len(loaded) == len(linkPins) && ok1 && ok2 {
+	complete := ok1
+	for _, name := range linkPins {
+		if loaded[name] == nil && !optionalLinkPins[name] {
+			complete = false
+		}
+	}
+	if complete && (ok2 || loaded[pinConnIter] == nil) {
 		o.links, o.tcpIter, o.connIter = loaded, ti, ci
+		if forceScanTCP {
+			o.connIter = nil
+		}
+		o.scanTCP = o.connIter == nil
 		return true
 	}
 	for name, l := range loaded {
@@ -323,9 +342,14 @@ func (o *BPFObserver) attach(specs collectionSpecs) error {
 		return loadError("sockstat", err)
 	}
 	defer ss.Close()
+	// Some kernels refuse an iterator over a map with EPERM even to root
+	// (a locked-down 6.18 build does, while iter/tcp loads): Snapshot then
+	// reads the job's connections with the iter/tcp pass of each
+	// namespace, which walks the whole TCP table instead of the job's
+	// sockets alone (scanTCP), slower but the same records.
 	var ci conniterObjects
-	if err := specs.conniter.LoadAndAssign(&ci, ciOpts); err != nil {
-		return loadError("conniter", err)
+	if err := o.loadConnIter(specs, ciOpts, &ci); err != nil {
+		return err
 	}
 	defer ci.Close()
 
@@ -347,11 +371,32 @@ func (o *BPFObserver) attach(specs collectionSpecs) error {
 		return fmt.Errorf("%w: attach iter/tcp: %w", ErrBPFUnavailable, err)
 	}
 	o.links[pinTCPIter], o.tcpIter = it, it
+	if ci.MpipauseConniter == nil {
+		o.scanTCP = true
+		return nil
+	}
 	it, err = link.AttachIter(link.IterOptions{Program: ci.MpipauseConniter, Map: o.conns})
 	if err != nil {
 		return fmt.Errorf("%w: attach iter/bpf_sk_storage_map: %w", ErrBPFUnavailable, err)
 	}
 	o.links[pinConnIter], o.connIter = it, it
+	return nil
+}
+
+// loadConnIter loads conniter into ci, or leaves ci empty where the kernel
+// refuses map iterators (or forceScanTCP says to act as if it did).
+func (o *BPFObserver) loadConnIter(specs collectionSpecs, opts *ebpf.CollectionOptions, ci *conniterObjects) error {
+	if forceScanTCP {
+		return nil
+	}
+	err := specs.conniter.LoadAndAssign(ci, opts)
+	if errors.Is(err, unix.EPERM) {
+		*ci = conniterObjects{}
+		return nil
+	}
+	if err != nil {
+		return loadError("conniter", err)
+	}
 	return nil
 }
 
@@ -394,6 +439,9 @@ func (o *BPFObserver) pin(newMaps bool) (err error) {
 		}
 	}
 	for _, name := range linkPins {
+		if o.links[name] == nil && optionalLinkPins[name] {
+			continue
+		}
 		if err := o.links[name].Pin(filepath.Join(o.pinDir, name)); err != nil {
 			return fmt.Errorf("pin %s: %w", name, err)
 		}
@@ -442,6 +490,11 @@ func (o *BPFObserver) CgroupID() uint64 { return o.job.id }
 // PinDir returns the directory holding the observer's pins, or "" if it
 // pins nothing.
 func (o *BPFObserver) PinDir() string { return o.pinDir }
+
+// ScansTCP reports whether Snapshot reads the job's connections with an
+// iter/tcp pass per network namespace (a walk of the whole TCP table), the
+// kernel having refused the iterator over the job's own sockets.
+func (o *BPFObserver) ScansTCP() bool { return o.scanTCP }
 
 // Reused reports whether OpenBPF found the programs already attached and
 // pinned (by an earlier process) and took them over, with the connections

@@ -58,18 +58,45 @@ func dump(cs []Conn) string {
 }
 
 // storedCookies returns the cookies of every socket with a conns entry, in
-// any network namespace.
+// any network namespace; where the kernel refuses map iterators
+// (ScansTCP), of every live job socket in the observer's namespaces, which
+// is all an iter/tcp pass can see.
 func storedCookies(tb testing.TB, o *BPFObserver) map[uint64]bool {
 	tb.Helper()
-	recs, err := o.readConnIter()
-	if err != nil {
-		tb.Fatal(err)
+	var recs []record
+	if o.ScansTCP() {
+		nss, err := o.ns.list()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		for _, ns := range nss {
+			rs, err := o.readTCPIter(ns)
+			if err != nil {
+				tb.Fatal(err)
+			}
+			recs = append(recs, rs...)
+		}
+	} else {
+		var err error
+		if recs, err = o.readConnIter(); err != nil {
+			tb.Fatal(err)
+		}
 	}
 	out := map[uint64]bool{}
 	for _, r := range recs {
 		out[r.Cookie] = true
 	}
 	return out
+}
+
+// pinCount is how many pins a complete set of o's has: conniter's link is
+// missing where the kernel refuses map iterators.
+func pinCount(o *BPFObserver) int {
+	n := len(mapPins) + len(linkPins)
+	if o.ScansTCP() {
+		n--
+	}
+	return n
 }
 
 func byCookie(cs []Conn, cookie uint64) (Conn, bool) {
@@ -570,7 +597,7 @@ func TestBPFPinReuse(t *testing.T) {
 	}
 	pinDir := filepath.Join(bpffs, "mpipause", fmt.Sprint(r.cgroupID))
 	ents, err := os.ReadDir(pinDir)
-	if want := len(mapPins) + len(linkPins); err != nil || len(ents) != want {
+	if want := pinCount(o1); err != nil || len(ents) != want {
 		t.Fatalf("after Close, %s holds %d pins (%v), want %d", pinDir, len(ents), err, want)
 	}
 	if n := sockopsAttached(t, r.cgroup); n != 1 {
@@ -737,8 +764,8 @@ func TestBPFPinPartial(t *testing.T) {
 			if o2.Reused() {
 				t.Error("a partial set was reused as it was")
 			}
-			if ents, _ := os.ReadDir(o2.PinDir()); len(ents) != len(mapPins)+len(linkPins) {
-				t.Errorf("%d pins after recovery, want %d", len(ents), len(mapPins)+len(linkPins))
+			if ents, _ := os.ReadDir(o2.PinDir()); len(ents) != pinCount(o2) {
+				t.Errorf("%d pins after recovery, want %d", len(ents), pinCount(o2))
 			}
 			if n := sockopsAttached(t, r.cgroup); n != 1 {
 				t.Errorf("%d sockops programs attached, want 1", n)
@@ -746,5 +773,38 @@ func TestBPFPinPartial(t *testing.T) {
 			client.do("write %s 500", cli.id)
 			waitFor(t, o2, fmt.Sprintf("%d bytes counted", tt.wantSent), has(cli.cookie, func(c Conn) bool { return c.BytesSent == tt.wantSent }))
 		})
+	}
+}
+
+// TestBPFScanTCP: where the kernel refuses the iterator over the conns map
+// (forced here, so that every kernel runs it), Snapshot reads the job's
+// connections with iter/tcp passes and counts the same bytes.
+func TestBPFScanTCP(t *testing.T) {
+	testutil.RequirePrivileged(t)
+	forceScanTCP = true
+	t.Cleanup(func() { forceScanTCP = false })
+	r, client, server := newPair(t)
+	o := openBPF(t, Config{Cgroup: r.cgroup, FollowJob: true})
+	if !o.ScansTCP() {
+		t.Fatal("ScansTCP() = false with the map iterator refused")
+	}
+	cli, srv := connect(t, r, client, server)
+	// A first pass before the bytes: every later Snapshot must read the
+	// counters anew, not only the pass that adopted the namespace.
+	waitFor(t, o, "both ends seen", has(cli.cookie, func(Conn) bool { return true }))
+	const n = 50000
+	client.do("write %s %d", cli.id, n)
+	cs := waitFor(t, o, "all bytes delivered and acknowledged", func(cs []Conn) bool {
+		c, ok1 := byCookie(cs, cli.cookie)
+		s, ok2 := byCookie(cs, srv.cookie)
+		return ok1 && ok2 && c.SendQueue == 0 && s.Unread == n
+	})
+	c, s := mustConn(t, cs, cli.cookie), mustConn(t, cs, srv.cookie)
+	if c.BytesSent != n || s.BytesRecv != 0 || s.Netns != r.nsB || c.Netns != r.nsA || !c.Counted {
+		t.Errorf("client sent %d (counted %v, %s), server recv %d (%s); want %d sent in %s, 0 read yet in %s:\n%s",
+			c.BytesSent, c.Counted, c.Netns, s.BytesRecv, s.Netns, n, r.nsA, r.nsB, dump(cs))
+	}
+	if len(cs) != 2 {
+		t.Errorf("%d connections, want the job's 2:\n%s", len(cs), dump(cs))
 	}
 }

@@ -34,17 +34,20 @@ func (o *BPFObserver) Snapshot(ctx context.Context) ([]Conn, error) {
 	}
 	o.skipped = o.ns.deniedSkipped(o.skipped[:0])
 	labels := make(map[uint32]string, len(nss))
+	var scanned []record // scanTCP: every namespace's pass
 	for _, ns := range nss {
 		labels[uint32(ns.ino)] = ns.label
-		if o.adopted[ns.ino] {
+		if o.adopted[ns.ino] && o.connIter != nil {
 			continue
 		}
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		if _, err := o.readTCPIter(ns); err != nil {
+		recs, err := o.readTCPIter(ns)
+		if err != nil {
 			return nil, err
 		}
+		scanned = append(scanned, recs...)
 		o.adopted[ns.ino] = true
 	}
 	for ino := range o.adopted {
@@ -54,6 +57,9 @@ func (o *BPFObserver) Snapshot(ctx context.Context) ([]Conn, error) {
 	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
+	}
+	if o.connIter == nil {
+		return conns(scanned, labels, bootOffset()), nil
 	}
 	recs, err := o.readConnIter()
 	if err != nil {

@@ -97,21 +97,19 @@ func (n *localNode) Open(ctx context.Context, job string) error {
 // coordinator's record, written after the whole pause, adds the job's
 // nodes and figures.
 func (n *localNode) recordCommit(id string) error {
-	n.reg.mu.Lock()
-	defer n.reg.mu.Unlock()
-	if r, err := n.store.read(id); err == nil && r.State == ctl.StatePausing {
-		// This is the coordinator, whose pause is still under way: the
-		// pause holds only once every node has committed, when it says so
-		// in its record; if it dies before, its successor rolls back.
-		return nil
-	}
-	r := record{Version: recordVersion, Job: id, State: ctl.StatePaused, Since: time.Now(), Nodes: []string{n.Name}}
-	if j := n.reg.jobs[id]; j != nil {
-		r.Owner, r.Coordinator = j.owner, j.coordinator
-	}
-	for _, rk := range n.Ranks.Ranks(id) {
-		r.LocalRanks = append(r.LocalRanks, rk.Rank)
-		r.Ranks = rk.Size
-	}
-	return n.store.write(r)
+	return n.reg.withJob(id, func(owner uint32, coordinator string) error {
+		if r, err := n.store.read(id); err == nil && r.State == ctl.StatePausing {
+			// This is the coordinator, whose pause is still under way: the
+			// pause holds only once every node has committed, when it says so
+			// in its record; if it dies before, its successor rolls back.
+			return nil
+		}
+		r := record{Version: recordVersion, Job: id, Owner: owner, State: ctl.StatePaused, Since: time.Now(),
+			Nodes: []string{n.Name}, Coordinator: coordinator}
+		for _, rk := range n.Ranks.Ranks(id) {
+			r.LocalRanks = append(r.LocalRanks, rk.Rank)
+			r.Ranks = rk.Size
+		}
+		return n.store.write(r)
+	})
 }

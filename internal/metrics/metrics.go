@@ -43,7 +43,7 @@ var (
 var Phases = []string{"prepare", "drain", "freeze", "verify", "thaw", "commit", "abort"}
 
 // Steps are the values of the step label: what a node does locally for one
-// protocol request (internal/mpid's localNode). rethaw is THAW for another
+// protocol request (internal/node's Steps). rethaw is THAW for another
 // drain attempt, thaw and open are a rollback's or a resume's two halves.
 var Steps = []string{"prepare", "drain", "freeze", "verify", "commit", "rethaw", "thaw", "open"}
 

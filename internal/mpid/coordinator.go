@@ -13,6 +13,7 @@ import (
 
 	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/internal/metrics"
+	"github.com/mpipause/mpipause/internal/node"
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/quiesce"
 )
@@ -163,7 +164,7 @@ func (c *coordinator) pause(ctx context.Context, req ctl.Request, v ctl.Job, pro
 	}
 	msg := fmt.Sprintf("pause of job %s failed in %s: %s", req.Job, fig.Failure.Phase, fig.Failure.Reason)
 	code := ctl.CodeFailed
-	if fa := fault(err, context.Cause(ctx)); fa != nil && fa.Code == faultRankGone {
+	if fa := fault(err, context.Cause(ctx)); fa != nil && fa.Code == node.FaultRankGone {
 		code = ctl.CodeRankGone
 		msg += "; rolled back for the other ranks"
 	} else if fig.State == ctl.StateRunning {

@@ -584,7 +584,7 @@ func (r *registry) rankChanged(rk *ranks.Rank, gone bool, err error) {
 		r.mu.Unlock()
 	default:
 		// Its shim's control thread is raised only for a pause step
-		// (nodeRole.Prepare), never for registering.
+		// (node.Role.Prepare), never for registering.
 		r.log.Info("rank registered", "job", rk.Job, "rank", rk.Rank, "size", rk.Size, "pid", rk.Pid, "host", rk.Host)
 	}
 }

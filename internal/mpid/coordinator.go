@@ -73,7 +73,7 @@ func (c *coordinator) doAt(ctx context.Context, req ctl.Request, uid uint32, pro
 	}
 	if v.Coordinator != c.node {
 		if v.Coordinator == "" || !mayForward {
-			return v, ctl.Errorf(ctl.CodeElsewhere, "job %s is not coordinated by %s (ranks here: %s) and its coordinator is not known here; run mpipause on the node that launched it",
+			return v, ctl.Errorf(ctl.CodeElsewhere, "job %s is not coordinated by %s (ranks here: %s) and its coordinator is not known here; run mpipause on its coordinator: the node where `mpipause run` launched it, or the Slurm step's first node",
 				jobName(req.Job), c.node, ctl.RankList(v.LocalRanks))
 		}
 		return c.forward(ctx, v.Coordinator, req, uid)
@@ -267,7 +267,7 @@ func (c *coordinator) forward(ctx context.Context, to string, req ctl.Request, u
 		}
 	}
 	if err != nil {
-		return ctl.Job{}, ctl.Errorf(ctl.CodeUnavailable, "job %s is coordinated by mpid on %s (the node of rank 0), which did not answer: %v", req.Job, to, err)
+		return ctl.Job{}, ctl.Errorf(ctl.CodeUnavailable, "job %s is coordinated by mpid on %s (the node its job key names: where `mpipause run` ran, or the Slurm step's first node), which did not answer: %v", req.Job, to, err)
 	}
 	var j ctl.Job
 	if len(ans.Result) > 0 {

@@ -68,7 +68,8 @@ type Commit struct {
 }
 
 // NewSteps makes the Steps around role with its failpoints (none outside
-// a failpoints build) for role.Name, logged to log.
+// a failpoints build) for role.Name, logged to log. The caller sets
+// Committed, Thawing, Job and Records before the agent runs a step.
 func NewSteps(role *Role, log *slog.Logger) *Steps {
 	return &Steps{Role: role, fp: hookFor(role.Name, log)}
 }

@@ -29,7 +29,7 @@ deps: ## install the Debian packages that are missing (root)
 build: ## build bin/mpipause, bin/mpid, bin/rig, bin/libmpipause.so, bin/libucxfinalize.so, the MPI test apps, the fault tests' bin/test/mpid and the Slurm plugin bin/mpipause_spank.so
 	@mkdir -p $(BIN)/test
 	$(GO) build -ldflags "$(STAMP)" -o $(BIN)/ ./cmd/mpipause ./cmd/mpid ./kernel-tests/cmd/rig
-	@# The fault tests' mpid: the failpoint hook is in this build only (internal/mpid/failpoints.go).
+	@# The fault tests' mpid: the failpoint hook is in this build only (internal/node/failpoints.go).
 	$(GO) build -tags failpoints -ldflags "$(STAMP)" -o $(BIN)/test/ ./cmd/mpid
 	$(MAKE) -s -C libmpi-shim OUT=$(BIN)
 	$(MAKE) -s -C kernel-tests/ucx-finalize OUT=$(BIN)
@@ -47,7 +47,7 @@ check-format: ## fail if a Go file is not gofmt-formatted, go vet reports a prob
 	@f=$$("$$($(GO) env GOROOT)/bin/gofmt" -l $$(git ls-files '*.go')); \
 		[ -z "$$f" ] || { echo "not gofmt-formatted: $$f (run: gofmt -w $$f)" >&2; exit 1; }
 	$(GO) vet $(GOPKGS)
-	$(GO) vet -tags failpoints ./internal/mpid/ ./cmd/mpid/
+	$(GO) vet -tags failpoints ./internal/node/ ./internal/mpid/ ./cmd/mpid/
 	@# go.work resolves the other modules for any package, required or not,
 	@# so nothing but these stops the product module from depending on the
 	@# kernel tests or the tools again (and the tools' plotting libraries),
@@ -63,7 +63,7 @@ test: deps build check-generate check-format check-vagrant check-deb check-syste
 
 test-unit: ## tier 1: unit tests with every capability dropped (must pass unprivileged), and the shim's C tests
 	env -u CI -u MPIPAUSE_REQUIRE_PRIV setpriv --inh-caps=-all --bounding-set=-all -- $(GO) test -count=1 $(GOPKGS)
-	env -u CI -u MPIPAUSE_REQUIRE_PRIV setpriv --inh-caps=-all --bounding-set=-all -- $(GO) test -count=1 -tags failpoints -run Failpoint ./internal/mpid/
+	env -u CI -u MPIPAUSE_REQUIRE_PRIV setpriv --inh-caps=-all --bounding-set=-all -- $(GO) test -count=1 -tags failpoints -run Failpoint ./internal/node/
 	setpriv --inh-caps=-all --bounding-set=-all -- $(MAKE) -s -C libmpi-shim OUT=$(BIN) test
 
 # Every decoder of bytes from the network or another process, as package:target.

@@ -8,7 +8,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/mpipause/mpipause/internal/mpid"
+	"github.com/mpipause/mpipause/internal/node"
 )
 
 // TestProductionMPIDHasNoFailpoints: the failpoint hook, a file write
@@ -27,8 +27,8 @@ func TestProductionMPIDHasNoFailpoints(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := bytes.Contains(b, []byte(mpid.FailpointsEnv)); got != c.want {
-			t.Errorf("%s holds the string %s: %v, want %v", p, mpid.FailpointsEnv, got, c.want)
+		if got := bytes.Contains(b, []byte(node.FailpointsEnv)); got != c.want {
+			t.Errorf("%s holds the string %s: %v, want %v", p, node.FailpointsEnv, got, c.want)
 		}
 		f, err := elf.Open(p)
 		if err != nil {
@@ -41,7 +41,7 @@ func TestProductionMPIDHasNoFailpoints(t *testing.T) {
 		}
 		var hook []string
 		for _, s := range syms {
-			if strings.Contains(s.Name, "internal/mpid.") && strings.Contains(strings.ToLower(s.Name), "failpoint") {
+			if (strings.Contains(s.Name, "internal/mpid.") || strings.Contains(s.Name, "internal/node.")) && strings.Contains(strings.ToLower(s.Name), "failpoint") {
 				hook = append(hook, s.Name)
 			}
 		}

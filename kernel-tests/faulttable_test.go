@@ -22,7 +22,7 @@ import (
 )
 
 // failpointRoot is where the shared rig's mpids, the test build
-// bin/test/mpid, look for failpoints (internal/mpid/failpoints.go): TestMain
+// bin/test/mpid, look for failpoints (internal/node/failpoints.go): TestMain
 // puts it in the environment `rig up` hands them. Not under /run/mpipause,
 // which each node has of its own.
 var failpointRoot = "/run/mpipause-failpoints-" + jobRig

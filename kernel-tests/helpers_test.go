@@ -19,7 +19,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/mpipause/mpipause/internal/mpid"
+	"github.com/mpipause/mpipause/internal/node"
 	"github.com/mpipause/mpipause/internal/testutil"
 	"github.com/mpipause/mpipause/kernel-tests/internal/rig"
 	"github.com/mpipause/mpipause/loader"
@@ -70,7 +70,7 @@ func TestMain(m *testing.M) {
 	// The shared rig's mpids get the failpoint directory of the fault
 	// table (faulttable_test.go); without its files it does nothing. Only
 	// the test build of mpid has the hook: the rigs run that one.
-	os.Setenv(mpid.FailpointsEnv, failpointRoot)
+	os.Setenv(node.FailpointsEnv, failpointRoot)
 	if bin := os.Getenv("MPIPAUSE_BIN"); bin != "" {
 		os.Setenv(rig.MPIDEnv, filepath.Join(bin, testMPID))
 	}

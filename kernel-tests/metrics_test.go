@@ -79,7 +79,7 @@ func moved(before, after metrics.Samples, series string) float64 {
 }
 
 // TestMetricsScrape runs a real Open MPI job on the rig under `mpipause
-// run`, scrapes the mpids of node0 (rank 0's: the coordinator) and node1
+// run`, scrapes the mpids of node0 (where `mpipause run` ran: the coordinator) and node1
 // from inside their nodes, pauses and resumes the job, and checks that the
 // metrics moved by what happened: one committed pause and one resume on the
 // coordinator only, each phase's histogram once, the durations and bytes

@@ -108,9 +108,11 @@ static void attach(void)
 			}
 			a.bcast(id, IDLEN, a.chr, 0, dup);
 		}
-		// Every rank learns rank 0's host: its mpid coordinates the job,
-		// and the other nodes' mpids pass requests (a rank's SIGTSTP, a
-		// user's pause) to it.
+		// Every rank learns rank 0's host and says it (root=), a
+		// cross-check only: the job's coordinator, to which the other
+		// nodes' mpids pass requests (a rank's SIGTSTP, a user's pause),
+		// is the node the job key names (where `mpipause run` ran, or a
+		// Slurm step's first node).
 		if (rank == 0)
 			memcpy(root, host, HOSTLEN);
 		a.bcast(root, HOSTLEN, a.chr, 0, dup);

@@ -34,7 +34,8 @@ const exitCodeHelp = `exit status:
   5  wrong state (already paused, not paused, busy)
   6  no mpid here (or the job's coordinator does not answer)
   7  the job cannot be paused cleanly
-  8  the job's coordinator (rank 0's node) is not known on this node
+  8  the job's coordinator is not known on this node (the coordinator: the node
+     where "mpipause run" ran, or under Slurm the step's first node)
   9  a rank exited during the pause (rolled back for the others)
 `
 
@@ -236,7 +237,7 @@ func printJob(w io.Writer, j ctl.Job) {
 	where := "coordinated here"
 	switch {
 	case j.Coordinator == "":
-		where = "coordinated by the node of rank 0"
+		where = "its coordinator not known here"
 	case j.Coordinator != j.Node:
 		where = "coordinated by " + q(j.Coordinator)
 	}

@@ -290,3 +290,25 @@ func TestUntrustedTextEscaped(t *testing.T) {
 		}
 	}
 }
+
+// TestPrintJobCoordinator: status says which node coordinates the job,
+// here or another by name, and never guesses one when it is not known (the
+// coordinator is the node the job key names, not rank 0's).
+func TestPrintJobCoordinator(t *testing.T) {
+	for _, tc := range []struct{ coordinator, want string }{
+		{"n1", "(coordinated here)"},
+		{"n0", "(coordinated by n0)"},
+		{"", "(its coordinator not known here)"},
+	} {
+		job := pausedJob
+		job.Node, job.Coordinator = "n1", tc.coordinator
+		var b strings.Builder
+		printJob(&b, job)
+		if first, _, _ := strings.Cut(b.String(), "\n"); !strings.HasSuffix(first, tc.want) || strings.Contains(b.String(), "rank 0") {
+			t.Errorf("coordinator %q: %q; want it to end %q", tc.coordinator, first, tc.want)
+		}
+	}
+	if strings.Contains(exitCodeHelp, "rank 0") {
+		t.Errorf("exit status help names rank 0's node as the coordinator:\n%s", exitCodeHelp)
+	}
+}

@@ -124,14 +124,17 @@ type Job struct {
 	ID    string `json:"job"`
 	State string `json:"state"`
 	Owner uint32 `json:"owner_uid"`
-	// Ranks is the job's size; Nodes its nodes (from rank 0's registration,
-	// or only this node when rank 0 is elsewhere); LocalRanks the ranks
-	// registered on the answering node.
+	// Ranks is the job's size; Nodes its nodes (on the coordinator: itself,
+	// then every node whose mpid registered ranks of the job with it; on
+	// another node only that node); LocalRanks the ranks registered on the
+	// answering node.
 	Ranks      int      `json:"ranks"`
 	Nodes      []string `json:"nodes"`
 	LocalRanks []int    `json:"local_ranks,omitempty"`
 	// Node is the node that answered; Coordinator the node whose mpid runs
-	// the job's pauses (rank 0's; empty if not known there).
+	// the job's pauses: the one its job key names, where `mpipause run`
+	// made it or, under Slurm, the step's first node (empty if not known
+	// there).
 	Node        string `json:"node"`
 	Coordinator string `json:"coordinator,omitempty"`
 	// The last pause or resume: connections the final kernel snapshot

@@ -43,7 +43,7 @@ var (
 var Phases = []string{"prepare", "drain", "freeze", "verify", "thaw", "commit", "abort"}
 
 // Steps are the values of the step label: what a node does locally for one
-// protocol request (internal/mpid's localNode). rethaw is THAW for another
+// protocol request (internal/node's Steps). rethaw is THAW for another
 // drain attempt, thaw and open are a rollback's or a resume's two halves.
 var Steps = []string{"prepare", "drain", "freeze", "verify", "commit", "rethaw", "thaw", "open"}
 
@@ -86,7 +86,7 @@ func New() *Metrics {
 	m := &Metrics{reg: prometheus.NewRegistry()}
 	m.pauses = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "pauses_total",
-		Help: "Pauses of the jobs this mpid coordinates (rank 0 runs on its node), by outcome: committed, rolled_back, failed (a rollback some node did not confirm), refused (not started).",
+		Help: "Pauses of the jobs this mpid coordinates (made by `mpipause run` on its node, or Slurm steps whose first node it is), by outcome: committed, rolled_back, failed (a rollback some node did not confirm), refused (not started).",
 	}, []string{"outcome"})
 	m.resumes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "resumes_total",

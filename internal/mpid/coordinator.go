@@ -13,6 +13,7 @@ import (
 
 	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/internal/metrics"
+	"github.com/mpipause/mpipause/internal/node"
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/quiesce"
 )
@@ -72,7 +73,7 @@ func (c *coordinator) doAt(ctx context.Context, req ctl.Request, uid uint32, pro
 	}
 	if v.Coordinator != c.node {
 		if v.Coordinator == "" || !mayForward {
-			return v, ctl.Errorf(ctl.CodeElsewhere, "job %s is not coordinated by %s (ranks here: %s) and its coordinator is not known here; run mpipause on the node that launched it",
+			return v, ctl.Errorf(ctl.CodeElsewhere, "job %s is not coordinated by %s (ranks here: %s) and its coordinator is not known here; run mpipause on its coordinator: the node where `mpipause run` launched it, or the Slurm step's first node",
 				jobName(req.Job), c.node, ctl.RankList(v.LocalRanks))
 		}
 		return c.forward(ctx, v.Coordinator, req, uid)
@@ -92,53 +93,6 @@ func (c *coordinator) noJob(key string) error {
 	return ctl.Errorf(ctl.CodeUnknownJob, "no job %s on %s: see `mpipause list`", jobName(key), c.node)
 }
 
-// begin marks the job busy for op if its state allows op.
-func (c *coordinator) begin(id, op string) (*job, error) {
-	c.reg.mu.Lock()
-	defer c.reg.mu.Unlock()
-	j := c.reg.jobs[id]
-	if j == nil {
-		return nil, ctl.Errorf(ctl.CodeUnknownJob, "job %s ended", id)
-	}
-	if j.busy {
-		return nil, ctl.Errorf(ctl.CodeState, "job %s is %s: wait for it to finish", id, j.state)
-	}
-	switch op {
-	case ctl.OpPause:
-		if j.state == ctl.StatePaused {
-			return nil, ctl.Errorf(ctl.CodeState, "job %s is already paused (since %s); resume it with `mpipause resume %s`",
-				id, j.since.Format(time.TimeOnly), id)
-		}
-		if j.unwatched != "" {
-			return nil, ctl.Errorf(ctl.CodeUnpausable, "job %s cannot be paused cleanly: %s", id, j.unwatched)
-		}
-		if why := c.reg.missingLocked(j); why != "" {
-			return nil, ctl.Errorf(ctl.CodeUnpausable, "job %s cannot be paused yet: %s", id, why)
-		}
-		j.state = ctl.StatePausing
-	case ctl.OpResume:
-		if j.state == ctl.StateRunning {
-			return nil, ctl.Errorf(ctl.CodeState, "job %s is running, not paused: nothing to resume", id)
-		}
-		j.state = ctl.StateResuming
-	}
-	j.busy = true
-	return j, nil
-}
-
-// end records the outcome of an operation and returns fig as of now.
-func (c *coordinator) end(j *job, state string, fig ctl.Job) ctl.Job {
-	c.reg.mu.Lock()
-	defer c.reg.mu.Unlock()
-	j.busy = false
-	j.state = state
-	j.since = time.Now()
-	fig.State, fig.Since = state, j.since
-	j.last = fig
-	c.reg.maybeEndLocked(j)
-	return fig
-}
-
 func (c *coordinator) protocol(drain time.Duration) *quiesce.Coordinator {
 	if drain <= 0 {
 		drain = c.drain
@@ -156,7 +110,7 @@ func (c *coordinator) pause(ctx context.Context, req ctl.Request, v ctl.Job, pro
 		return v, ctl.Errorf(ctl.CodeUnpausable, "job %s cannot be paused: rank 0 says it has ranks on %s, whose mpid has registered none of them with %s, the job's coordinator: is mpid running there, with this cluster's key file (every node needs the same one)?",
 			jobName(req.Job), strings.Join(missing, ", "), c.node)
 	}
-	j, err := c.begin(req.Job, ctl.OpPause)
+	j, err := c.reg.begin(req.Job, ctl.OpPause)
 	if err != nil {
 		c.metrics.PauseRefused()
 		return v, err
@@ -186,25 +140,21 @@ func (c *coordinator) pause(ctx context.Context, req ctl.Request, v ctl.Job, pro
 	// some nodes may have committed and others rolled back on their leases;
 	// its successor finds this record and rolls the pause back everywhere
 	// (adopt), since nobody was told it held.
-	c.reg.mu.Lock()
-	c.saveLocked(j, v)
-	c.reg.mu.Unlock()
+	c.save(j, v)
 	res, err := c.protocol(req.Timeout).Pause(ctx, req.Job, v.Nodes)
 	fig := figures(v, res)
 	fig.DrainedBytes = drained
 	if err == nil {
 		c.metrics.PauseDone(metrics.Committed, total(res, start), metricPhases(res), drained)
-		fig = c.end(j, ctl.StatePaused, fig)
-		c.reg.mu.Lock()
-		c.saveLocked(j, v)
-		c.reg.mu.Unlock()
+		fig = c.reg.end(j, ctl.StatePaused, fig)
+		c.save(j, v)
 		c.log.Info("paused", "job", req.Job, "nodes", len(v.Nodes), "connections", fig.Connections, "drained_bytes", drained, "total_ms", fig.TotalMs)
 		return fig, nil
 	}
 	fig.State = stateAfter(res.State)
 	c.metrics.PauseDone(pauseOutcome(fig.State), total(res, start), metricPhases(res), drained)
 	fig.Failure = failure(err, res, context.Cause(ctx))
-	fig = c.end(j, fig.State, fig)
+	fig = c.reg.end(j, fig.State, fig)
 	c.log.Warn("pause failed", "job", req.Job, "state", fig.State, "error", fig.Failure.Reason)
 	if fig.State == ctl.StateFailed {
 		// The record stays until the rollback is confirmed everywhere.
@@ -214,7 +164,7 @@ func (c *coordinator) pause(ctx context.Context, req ctl.Request, v ctl.Job, pro
 	}
 	msg := fmt.Sprintf("pause of job %s failed in %s: %s", req.Job, fig.Failure.Phase, fig.Failure.Reason)
 	code := ctl.CodeFailed
-	if fa := fault(err, context.Cause(ctx)); fa != nil && fa.Code == faultRankGone {
+	if fa := fault(err, context.Cause(ctx)); fa != nil && fa.Code == node.FaultRankGone {
 		code = ctl.CodeRankGone
 		msg += "; rolled back for the other ranks"
 	} else if fig.State == ctl.StateRunning {
@@ -224,7 +174,7 @@ func (c *coordinator) pause(ctx context.Context, req ctl.Request, v ctl.Job, pro
 }
 
 func (c *coordinator) resume(ctx context.Context, req ctl.Request, v ctl.Job, progress func(ctl.Progress)) (ctl.Job, error) {
-	j, err := c.begin(req.Job, ctl.OpResume)
+	j, err := c.reg.begin(req.Job, ctl.OpResume)
 	if err != nil {
 		c.metrics.ResumeRefused()
 		return v, err
@@ -239,14 +189,14 @@ func (c *coordinator) resume(ctx context.Context, req ctl.Request, v ctl.Job, pr
 	fig := figures(v, res)
 	if err == nil {
 		c.metrics.ResumeDone(metrics.Resumed, total(res, start))
-		fig = c.end(j, ctl.StateRunning, fig)
+		fig = c.reg.end(j, ctl.StateRunning, fig)
 		c.store.drop(req.Job)
 		c.log.Info("resumed", "job", req.Job, "total_ms", fig.TotalMs)
 		return fig, nil
 	}
 	c.metrics.ResumeDone(metrics.Failed, total(res, start))
 	fig.Failure = failure(err, res, nil)
-	fig = c.end(j, ctl.StateFailed, fig)
+	fig = c.reg.end(j, ctl.StateFailed, fig)
 	return fig, ctl.Errorf(ctl.CodeFailed, "resume of job %s failed: %s", req.Job, fig.Failure.Reason)
 }
 
@@ -265,14 +215,7 @@ func (c *coordinator) confirmRollback(id string, nodes []string) {
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, 30*time.Second)
-		c.reg.mu.Lock()
-		j := c.reg.jobs[id]
-		ok := j != nil && !j.busy && j.state == ctl.StateFailed
-		var last ctl.Job
-		if ok {
-			j.busy, last = true, j.last
-		}
-		c.reg.mu.Unlock()
+		j, last, ok := c.reg.claimFailed(id)
 		if !ok {
 			return
 		}
@@ -285,12 +228,12 @@ func (c *coordinator) confirmRollback(id string, nodes []string) {
 				f.Unconfirmed = nil // confirmed now
 				last.Failure = &f
 			}
-			c.end(j, ctl.StateRunning, last)
+			c.reg.end(j, ctl.StateRunning, last)
 			c.store.drop(id)
 			c.log.Info("rollback of the failed pause now confirmed on every node; the job runs", "job", id)
 			return
 		}
-		c.end(j, ctl.StateFailed, last)
+		c.reg.end(j, ctl.StateFailed, last)
 		c.log.Warn("rollback of the failed pause still not confirmed", "job", id, "unconfirmed", len(res.Unconfirmed), "error", err)
 	}
 }
@@ -324,7 +267,7 @@ func (c *coordinator) forward(ctx context.Context, to string, req ctl.Request, u
 		}
 	}
 	if err != nil {
-		return ctl.Job{}, ctl.Errorf(ctl.CodeUnavailable, "job %s is coordinated by mpid on %s (the node of rank 0), which did not answer: %v", req.Job, to, err)
+		return ctl.Job{}, ctl.Errorf(ctl.CodeUnavailable, "job %s is coordinated by mpid on %s (the node its job key names: where `mpipause run` ran, or the Slurm step's first node), which did not answer: %v", req.Job, to, err)
 	}
 	var j ctl.Job
 	if len(ans.Result) > 0 {
@@ -358,12 +301,10 @@ func (c *coordinator) unregistered(key string, nodes []string) []string {
 	return out
 }
 
-// saveLocked records j on the coordinator: its pause under way (state
-// pausing, written before the first step) or committed (state paused).
-func (c *coordinator) saveLocked(j *job, v ctl.Job) {
-	r := record{Version: recordVersion, Job: j.id, Owner: j.owner, State: j.state, Since: j.since,
-		Nodes: v.Nodes, Coordinator: v.Coordinator, Ranks: v.Ranks, LocalRanks: v.LocalRanks, Last: j.last}
-	if err := c.store.write(r); err != nil {
+// save records j on the coordinator: its pause under way (state pausing,
+// written before the first step) or committed (state paused).
+func (c *coordinator) save(j *job, v ctl.Job) {
+	if err := c.reg.save(j, v, c.store); err != nil {
 		// The pause holds either way; only a restart of mpid would lose
 		// track of it, so say so loudly.
 		c.log.Error("cannot record the paused job; a restart of mpid would forget it", "job", j.id, "error", err)
@@ -451,17 +392,8 @@ func (c *coordinator) endEvent(key string) {
 
 // list shows the jobs the caller may see: all for root, their own otherwise.
 func (c *coordinator) list(uid uint32) []ctl.Job {
-	c.reg.mu.Lock()
-	ids := make([]string, 0, len(c.reg.jobs))
-	for id, j := range c.reg.jobs {
-		if uid == 0 || uid == j.owner {
-			ids = append(ids, id)
-		}
-	}
-	c.reg.mu.Unlock()
-	slices.Sort(ids)
 	out := []ctl.Job{}
-	for _, id := range ids {
+	for _, id := range c.reg.visible(uid) {
 		if v, err := c.view(id); err == nil {
 			out = append(out, v)
 		}
@@ -471,38 +403,20 @@ func (c *coordinator) list(uid uint32) []ctl.Job {
 
 // view is the job (by key) as this node sees it.
 func (c *coordinator) view(id string) (ctl.Job, error) {
-	c.reg.mu.Lock()
-	j := c.reg.jobs[id]
-	if j == nil {
-		c.reg.mu.Unlock()
+	jv, ok := c.reg.view(id)
+	if !ok {
 		return ctl.Job{}, c.noJob(id)
 	}
-	v := j.last
-	v.ID, v.Owner, v.Since, v.Unpausable = j.name, j.owner, j.since, j.unwatched
-	if v.Unpausable == "" {
-		v.Unpausable = c.reg.missingLocked(j)
-	}
-	state, coordinated := j.state, j.coordinator == c.node
-	adopted, nodes, coordinator, size, local := j.adopted, j.nodes, j.coordinator, j.size, j.localRanks
-	v.Nodes = []string{c.node}
-	if coordinated {
-		remotes := make([]string, 0, len(j.remotes))
-		for n := range j.remotes {
-			remotes = append(remotes, n)
-		}
-		slices.Sort(remotes)
-		v.Nodes = append(v.Nodes, remotes...)
-	}
-	c.reg.mu.Unlock()
+	v := jv.v
 	rs := c.ranks.Ranks(id)
-	if adopted && len(rs) == 0 {
+	if jv.adopted && len(rs) == 0 {
 		// What the ranks told the previous mpid, from its record.
-		v.Node, v.Ranks, v.LocalRanks, v.Coordinator = c.node, size, local, coordinator
-		v.State = state
-		if coordinated && len(nodes) > len(v.Nodes) {
-			v.Nodes = nodes
+		v.Node, v.Ranks, v.LocalRanks, v.Coordinator = c.node, jv.size, jv.localRanks, jv.coordinator
+		v.State = jv.state
+		if jv.coordinated && len(jv.nodes) > len(v.Nodes) {
+			v.Nodes = jv.nodes
 		}
-		if !coordinated {
+		if !jv.coordinated {
 			v.Nodes = []string{c.node}
 			if _, ok := c.agent.State(id); ok {
 				v.State = agentState(c.agent, id)
@@ -511,15 +425,15 @@ func (c *coordinator) view(id string) (ctl.Job, error) {
 		return v, nil
 	}
 	v.LocalRanks = nil
-	v.Ranks = size
+	v.Ranks = jv.size
 	for _, r := range rs {
 		v.LocalRanks = append(v.LocalRanks, r.Rank)
 		v.Ranks = max(v.Ranks, r.Size)
 	}
 	slices.Sort(v.LocalRanks)
-	v.Node, v.Coordinator = c.node, coordinator
-	if coordinated {
-		v.State = state
+	v.Node, v.Coordinator = c.node, jv.coordinator
+	if jv.coordinated {
+		v.State = jv.state
 	} else {
 		v.State = agentState(c.agent, id)
 	}

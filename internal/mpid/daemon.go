@@ -4,8 +4,9 @@
 //     their job key (authority.go) at JOIN and HELLO, moved into their job's
 //     cgroup, watched by the kernel observer; registrations with the jobs'
 //     coordinators; jobs forgotten once nothing of them is left (sweep);
-//   - node role (noderole.go, node.go): quiesce.Node for the agent that
-//     runs this node's protocol steps: gates, kernel reports, the freezer;
+//   - node role: internal/node's Steps, the quiesce.Node of the agent that
+//     runs this node's protocol steps (gates, kernel reports, the freezer),
+//     given the registry's jobs and the store's records;
 //   - coordinator (coordinator.go, report.go): status, pause, resume and
 //     rollback confirmation of the jobs this node coordinates;
 //   - control (control.go): the CLI's socket; peer (peer.go): the peer port;
@@ -31,6 +32,7 @@ import (
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/internal/metrics"
+	"github.com/mpipause/mpipause/internal/node"
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/internal/version"
 	"github.com/mpipause/mpipause/quiesce"
@@ -263,9 +265,10 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 	d.reg = &registry{node: d.cfg.Node, key: d.cfg.ClusterKey, parent: d.cgroupParent(), fixed: d.cfg.FixedCgroup,
 		cgroups: d.cfg.Cgroups, observers: d.cfg.Observers, ranks: rs, tr: tr, log: d.log,
 		refusals: newLogLimiter(refusalQuiet), jobs: map[string]*job{}}
-	local := &localNode{reg: d.reg, store: d.store, metrics: d.metrics, fp: d.failpoints(),
-		nodeRole: &nodeRole{Name: d.cfg.Node, Ranks: rs, Observer: d.reg.observer, Cgroup: d.reg.cgroupOf, Freezer: d.cfg.Cgroups,
-			CtlNice: d.cfg.Nice, CtlRT: d.cfg.RTPriority, Metrics: d.metrics, Unready: d.reg.unready, Log: d.log}}
+	local := node.NewSteps(&node.Role{Name: d.cfg.Node, Ranks: rs, Observer: d.reg.observer, Cgroup: d.reg.cgroupOf, Freezer: d.cfg.Cgroups,
+		CtlNice: d.cfg.Nice, CtlRT: d.cfg.RTPriority, Metrics: d.metrics, Unready: d.reg.unready, Log: d.log}, d.log)
+	local.Committed, local.Thawing, local.Job = d.reg.noteCommitted, d.reg.noteResumed, d.reg.withJob
+	local.Records = commitRecords{d.store}
 	agent := quiesce.NewAgent(local, tr, quiesce.DefaultRetry)
 	agent.Self = d.cfg.Node
 	agent.OnExpire = func(job string, err error) {

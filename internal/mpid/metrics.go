@@ -32,9 +32,7 @@ func (d *Daemon) serveMetrics(ctx context.Context, ln net.Listener) error {
 // the ranks' shared pages (never asking a rank: frozen ranks cannot
 // answer), their gates.
 func (d *Daemon) gauges() metrics.Gauges {
-	d.reg.mu.Lock()
-	g := metrics.Gauges{Jobs: len(d.reg.jobs)}
-	d.reg.mu.Unlock()
+	g := metrics.Gauges{Jobs: d.reg.count()}
 	for _, r := range d.reg.ranks.Ranks("") {
 		g.Ranks++
 		if r.GateClosed() {

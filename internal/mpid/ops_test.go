@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/node"
 	"github.com/mpipause/mpipause/quiesce"
 )
 
@@ -57,8 +58,8 @@ func TestFailureReportViolations(t *testing.T) {
 // is the failure's rank, and a rank gone makes the pause's code rank-gone;
 // not when the coordinator's own reason (cause) is what the user is told.
 func TestFailureBlamesRank(t *testing.T) {
-	gone := &RankGoneError{Rank: 4, Pid: 99, At: "gate state"}
-	full := &StashFullError{Rank: 2, Pid: 98, Node: "n2", Bytes: 1 << 20, Max: 1 << 20}
+	gone := &node.RankGoneError{Rank: 4, Pid: 99, At: "gate state"}
+	full := &node.StashFullError{Rank: 2, Pid: 98, Node: "n2", Bytes: 1 << 20, Max: 1 << 20}
 	failed := func(err quiesce.RankFault, unconfirmed bool) *quiesce.NodeError {
 		fa := err.Fault()
 		return &quiesce.NodeError{Failed: 2, Unconfirmed: unconfirmed,
@@ -83,7 +84,7 @@ func TestFailureBlamesRank(t *testing.T) {
 		// The field decides, not the words: another release may say it
 		// otherwise.
 		{"reworded", abort(&quiesce.NodeError{Failed: 1, First: quiesce.NodeReport{Node: "n2", Err: "DRAIN: rank four went away",
-			Fault: &quiesce.Fault{Code: faultRankGone, Rank: 4}}}), nil, 4, true, "rank four went away"},
+			Fault: &quiesce.Fault{Code: node.FaultRankGone, Rank: 4}}}), nil, 4, true, "rank four went away"},
 		{"blames nobody", abort(&quiesce.NodeError{Failed: 1, First: quiesce.NodeReport{Node: "n2", Err: "PREPARE: boom"}}), nil, -1, false, "boom"},
 		{"not a node's", abort(fmt.Errorf("%w after 3 drain rounds", quiesce.ErrNotEmpty)), nil, -1, false, "drain timed out"},
 	} {
@@ -93,12 +94,12 @@ func TestFailureBlamesRank(t *testing.T) {
 				t.Errorf("failure rank %d, reason %q; want rank %d, a reason with %q", f.Rank, f.Reason, tc.rank, tc.reason)
 			}
 			fa := fault(tc.err, tc.cause)
-			if got := fa != nil && fa.Code == faultRankGone; got != tc.rankGone {
+			if got := fa != nil && fa.Code == node.FaultRankGone; got != tc.rankGone {
 				t.Errorf("rank gone %v (fault %+v), want %v", got, fa, tc.rankGone)
 			}
 		})
 	}
-	if !errors.Is(gone, ErrRankGone) || !errors.Is(full, ErrStashFull) {
+	if !errors.Is(gone, node.ErrRankGone) || !errors.Is(full, node.ErrStashFull) {
 		t.Error("the typed errors are not their sentinels")
 	}
 }

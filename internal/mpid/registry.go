@@ -101,6 +101,8 @@ type registry struct {
 	// signals (tests: their ranks are not frozen processes).
 	tstpPending func(pid int) bool
 
+	// mu guards jobs and every job's fields but obs's opening (obsMu);
+	// only this file's methods take it.
 	mu   sync.Mutex
 	jobs map[string]*job
 }
@@ -284,6 +286,161 @@ func (r *registry) cgroupOf(id string) (string, error) {
 	return "", fmt.Errorf("job %s is not known on %s", id, r.node)
 }
 
+// The coordinator's and the node steps' access to a job: each method holds
+// r.mu for what it reads and writes, and nothing outside this file touches
+// r.mu or r.jobs.
+
+// count is the number of jobs this node knows.
+func (r *registry) count() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return len(r.jobs)
+}
+
+// visible returns, sorted, the keys of the jobs a caller of uid may see:
+// all for root, their own otherwise.
+func (r *registry) visible(uid uint32) []string {
+	r.mu.Lock()
+	ids := make([]string, 0, len(r.jobs))
+	for id, j := range r.jobs {
+		if uid == 0 || uid == j.owner {
+			ids = append(ids, id)
+		}
+	}
+	r.mu.Unlock()
+	slices.Sort(ids)
+	return ids
+}
+
+// jobView is what one look at a job under r.mu gives the coordinator's
+// view: v is the job's last figures with its name, owner, since, why it
+// cannot be paused and its nodes as this node knows them (itself, then, on
+// its coordinator, every node that registered ranks of it); the rest is
+// what the job's record says, for the coordinator to complete v with.
+type jobView struct {
+	v                  ctl.Job
+	state, coordinator string
+	coordinated        bool // this node is the job's coordinator
+	adopted            bool
+	nodes              []string
+	size               int
+	localRanks         []int
+}
+
+// view takes a jobView of job id; false if the job is not known here.
+func (r *registry) view(id string) (jobView, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j := r.jobs[id]
+	if j == nil {
+		return jobView{}, false
+	}
+	v := j.last
+	v.ID, v.Owner, v.Since, v.Unpausable = j.name, j.owner, j.since, j.unwatched
+	if v.Unpausable == "" {
+		v.Unpausable = r.missingLocked(j)
+	}
+	jv := jobView{state: j.state, coordinator: j.coordinator, coordinated: j.coordinator == r.node,
+		adopted: j.adopted, nodes: j.nodes, size: j.size, localRanks: j.localRanks}
+	v.Nodes = []string{r.node}
+	if jv.coordinated {
+		remotes := make([]string, 0, len(j.remotes))
+		for n := range j.remotes {
+			remotes = append(remotes, n)
+		}
+		slices.Sort(remotes)
+		v.Nodes = append(v.Nodes, remotes...)
+	}
+	jv.v = v
+	return jv, true
+}
+
+// begin marks the job busy for op if its state allows op.
+func (r *registry) begin(id, op string) (*job, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j := r.jobs[id]
+	if j == nil {
+		return nil, ctl.Errorf(ctl.CodeUnknownJob, "job %s ended", id)
+	}
+	if j.busy {
+		return nil, ctl.Errorf(ctl.CodeState, "job %s is %s: wait for it to finish", id, j.state)
+	}
+	switch op {
+	case ctl.OpPause:
+		if j.state == ctl.StatePaused {
+			return nil, ctl.Errorf(ctl.CodeState, "job %s is already paused (since %s); resume it with `mpipause resume %s`",
+				id, j.since.Format(time.TimeOnly), id)
+		}
+		if j.unwatched != "" {
+			return nil, ctl.Errorf(ctl.CodeUnpausable, "job %s cannot be paused cleanly: %s", id, j.unwatched)
+		}
+		if why := r.missingLocked(j); why != "" {
+			return nil, ctl.Errorf(ctl.CodeUnpausable, "job %s cannot be paused yet: %s", id, why)
+		}
+		j.state = ctl.StatePausing
+	case ctl.OpResume:
+		if j.state == ctl.StateRunning {
+			return nil, ctl.Errorf(ctl.CodeState, "job %s is running, not paused: nothing to resume", id)
+		}
+		j.state = ctl.StateResuming
+	}
+	j.busy = true
+	return j, nil
+}
+
+// claimFailed marks job id busy if it is known, not busy and failed (a
+// rollback some node did not confirm), and returns it with its last
+// figures; false leaves it alone.
+func (r *registry) claimFailed(id string) (*job, ctl.Job, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j := r.jobs[id]
+	if j == nil || j.busy || j.state != ctl.StateFailed {
+		return nil, ctl.Job{}, false
+	}
+	j.busy = true
+	return j, j.last, true
+}
+
+// end records the outcome of an operation begun (begin, claimFailed) and
+// returns fig as of now.
+func (r *registry) end(j *job, state string, fig ctl.Job) ctl.Job {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j.busy = false
+	j.state = state
+	j.since = time.Now()
+	fig.State, fig.Since = state, j.since
+	j.last = fig
+	r.maybeEndLocked(j)
+	return fig
+}
+
+// save writes st's record of j, as the coordinator sees it (v: its nodes,
+// coordinator and ranks): its pause under way (state pausing, written
+// before the first step) or committed (state paused). Under r.mu, as every
+// record of a pause is (withJob).
+func (r *registry) save(j *job, v ctl.Job, st *store) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rec := record{Version: recordVersion, Job: j.id, Owner: j.owner, State: j.state, Since: j.since,
+		Nodes: v.Nodes, Coordinator: v.Coordinator, Ranks: v.Ranks, LocalRanks: v.LocalRanks, Last: j.last}
+	return st.write(rec)
+}
+
+// withJob calls fn, under r.mu, with job id's owner and coordinator (0 and
+// "" if the job is not known here): the node's record of a committed pause
+// is read and written there, never across the coordinator's (save).
+func (r *registry) withJob(id string, fn func(owner uint32, coordinator string) error) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if j := r.jobs[id]; j != nil {
+		return fn(j.owner, j.coordinator)
+	}
+	return fn(0, "")
+}
+
 // join moves a rank into its job's cgroup before it opens any socket: the
 // kernel files a socket under its creator's cgroup at creation, for good.
 func (r *registry) join(req ranks.JoinRequest) error {
@@ -427,7 +584,7 @@ func (r *registry) rankChanged(rk *ranks.Rank, gone bool, err error) {
 		r.mu.Unlock()
 	default:
 		// Its shim's control thread is raised only for a pause step
-		// (nodeRole.Prepare), never for registering.
+		// (node.Role.Prepare), never for registering.
 		r.log.Info("rank registered", "job", rk.Job, "rank", rk.Rank, "size", rk.Size, "pid", rk.Pid, "host", rk.Host)
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/node"
 )
 
 // G5 (durable, docs/guarantees.md): a paused job stays paused across a
@@ -62,6 +63,24 @@ func (s *store) drop(id string) {
 		s.log.Warn("remove state record", "job", id, "error", err)
 	}
 }
+
+// commitRecords are the store's records as internal/node's steps write
+// them: a node's record of a pause committed here.
+type commitRecords struct{ st *store }
+
+var _ node.Records = commitRecords{}
+
+func (c commitRecords) Pausing(id string) bool {
+	r, err := c.st.read(id)
+	return err == nil && r.State == ctl.StatePausing
+}
+
+func (c commitRecords) WriteCommit(m node.Commit) error {
+	return c.st.write(record{Version: recordVersion, Job: m.Job, Owner: m.Owner, State: ctl.StatePaused, Since: m.Since,
+		Nodes: []string{m.Node}, Coordinator: m.Coordinator, Ranks: m.Ranks, LocalRanks: m.LocalRanks})
+}
+
+func (c commitRecords) Drop(id string) { c.st.drop(id) }
 
 // load reads every record; one that fails its check is reported and set
 // aside (*.corrupt), never trusted.

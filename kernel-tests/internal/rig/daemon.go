@@ -111,7 +111,8 @@ const MPIDArgsEnv = "MPIPAUSE_RIG_MPID_ARGS"
 
 // MPIDArgs returns the arguments, after the program name, of node i's mpid
 // in a rig of n nodes. (Peers need no list: a job's coordinator learns the
-// job's nodes from rank 0, and the rig's /etc/hosts resolves them.)
+// job's nodes from their mpids' registrations, and the rig's /etc/hosts
+// resolves them.)
 func (r *Rig) MPIDArgs(i, n int) []string {
 	return append([]string{
 		"--node", NodeName(i),

@@ -1,6 +1,6 @@
 //go:build failpoints
 
-package mpid
+package node
 
 import (
 	"context"

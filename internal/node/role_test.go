@@ -1,4 +1,4 @@
-package mpid
+package node
 
 import (
 	"os"

@@ -1,4 +1,4 @@
-package mpid
+package node
 
 import (
 	"bufio"
@@ -166,7 +166,7 @@ func TestNodeRoleDrainSet(t *testing.T) {
 		conn(0x14, "10.0.0.1:5002", "10.0.0.1:5432"), // the program's own database client
 		conn(0x15, "127.0.0.1:40000", "127.0.0.1:9100"),
 	}}
-	l := &nodeRole{Name: "n1", Ranks: s, Observer: func(string) (loader.Observer, error) { return obs, nil },
+	l := &Role{Name: "n1", Ranks: s, Observer: func(string) (loader.Observer, error) { return obs, nil },
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 
 	if err := l.Prepare(ctx, job); err != nil {
@@ -199,21 +199,18 @@ func TestNodeRoleDrainSet(t *testing.T) {
 	if !errors.Is(err, ErrStashFull) {
 		t.Fatalf("Drain with a full stash: %v, want ErrStashFull", err)
 	}
-	// What the coordinator gets back: n1's failed DRAIN, as the agent
-	// reports it.
+	// What the coordinator gets back: the rank and the code, beside the
+	// text that says why (mpid's failure report: TestFailureBlamesRank).
 	var rf quiesce.RankFault
 	if !errors.As(err, &rf) {
 		t.Fatalf("Drain with a full stash: %v blames no rank", err)
 	}
-	fa := rf.Fault()
-	cause := &quiesce.NodeError{Failed: 1, First: quiesce.NodeReport{Node: "n1", Err: "DRAIN: " + err.Error(), Fault: &fa}}
-	f := failure(&quiesce.AbortError{Job: job, Phase: quiesce.KindDrain, Cause: cause}, quiesce.Result{}, nil)
-	if f.Phase != "DRAIN" || f.Rank != 3 {
-		t.Errorf("failure report: phase %s, rank %d; want DRAIN, 3 (%s)", f.Phase, f.Rank, f.Reason)
+	if fa := rf.Fault(); fa.Code != FaultStashFull || fa.Rank != 3 {
+		t.Errorf("fault %+v; want %s of rank 3 (%v)", fa, FaultStashFull, err)
 	}
 	for _, want := range []string{"rank 3", "stash is full", "256 MiB", "MPIPAUSE_STASH_MAX_MB", "stays in the kernel"} {
-		if !strings.Contains(f.Reason, want) {
-			t.Errorf("reason %q lacks %q", f.Reason, want)
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
 		}
 	}
 	// A new pause starts with a clear report.
@@ -242,7 +239,7 @@ func TestVerifyIgnoresProgramsOwn(t *testing.T) {
 		unread(conn(0x14, "10.0.0.1:5002", "10.0.0.1:5432")),    // the program's own database client
 		unread(conn(0x15, "127.0.0.1:40000", "127.0.0.1:9100")), // and its metrics agent
 	}}
-	l := &nodeRole{Name: "n1", Ranks: s, Observer: func(string) (loader.Observer, error) { return obs, nil },
+	l := &Role{Name: "n1", Ranks: s, Observer: func(string) (loader.Observer, error) { return obs, nil },
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	ctx := context.Background()
 	rep, err := l.Verify(ctx, "0:j")

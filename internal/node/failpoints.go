@@ -1,6 +1,6 @@
 //go:build failpoints
 
-package mpid
+package node
 
 import (
 	"bytes"
@@ -29,12 +29,13 @@ type failpoints struct {
 	log *slog.Logger
 }
 
-func (d *Daemon) failpoints() failpoints {
+// hookFor is node's hook: <FailpointsEnv>/<node>, if the variable is set.
+func hookFor(node string, log *slog.Logger) failpoints {
 	root := os.Getenv(FailpointsEnv)
 	if root == "" {
 		return failpoints{}
 	}
-	return failpoints{dir: filepath.Join(root, d.cfg.Node), log: d.log}
+	return failpoints{dir: filepath.Join(root, node), log: log}
 }
 
 // openFailpointDir opens dir (and, first, its parent: the directory the

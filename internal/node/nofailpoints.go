@@ -1,8 +1,11 @@
 //go:build !failpoints
 
-package mpid
+package node
 
-import "context"
+import (
+	"context"
+	"log/slog"
+)
 
 // failpoints is the fault tests' hook (FailpointsEnv, failpoints.go); the
 // production mpid has none: no variable read, no file looked at.
@@ -12,6 +15,6 @@ type failpoints = noHook
 
 type noHook struct{}
 
-func (d *Daemon) failpoints() failpoints { return noHook{} }
+func hookFor(string, *slog.Logger) noHook { return noHook{} }
 
 func (noHook) hold(context.Context, string, string, string) {}

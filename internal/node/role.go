@@ -1,4 +1,18 @@
-package mpid
+// Package node is the node half of the pause protocol as mpid runs it:
+// the quiesce.Node that a node's quiesce.Agent calls for each step of a
+// pause of a job with ranks here. Role does the steps themselves, with the
+// shims' gates (internal/ranks), the job's kernel observer (loader) and its
+// cgroup's freezer (internal/cgroupv2, through mpid's Cgroups); Steps wraps
+// them with what mpid adds around each one: step metrics, the fault tests'
+// failpoints (FailpointsEnv, in a build with -tags failpoints only) and
+// the record of every pause committed here, which a restarted mpid reads.
+//
+// What the steps need of the rest of mpid comes in as funcs and small
+// interfaces (Role's Observer, Cgroup, Unready; Steps' Committed, Thawing,
+// Job and Records), so this package does not import mpid, and mpid's
+// coordinator reads what a failed step blamed on a rank through
+// quiesce.Fault and the codes below (FaultRankGone, FaultStashFull).
+package node
 
 import (
 	"context"
@@ -22,11 +36,11 @@ import (
 	"github.com/mpipause/mpipause/quiesce"
 )
 
-// nodeRole is mpid's node role in the pause protocol: quiesce.Node for the
+// Role is mpid's node role in the pause protocol: quiesce.Node for the
 // ranks of a job registered with this node's rank socket, with the shims'
 // gates (internal/ranks), the job's kernel observer and its cgroup's
-// freezer, both given by the registry.
-type nodeRole struct {
+// freezer, both given by mpid's registry.
+type Role struct {
 	// Name is the node's name in reports.
 	Name string
 	// Ranks is the node's rank socket, where the job's shims registered.
@@ -112,14 +126,15 @@ func (e *StashFullError) Is(target error) bool { return target == ErrStashFull }
 
 // Fault is quiesce.RankFault's: the coordinator names the rank.
 func (e *StashFullError) Fault() quiesce.Fault {
-	return quiesce.Fault{Code: faultStashFull, Rank: e.Rank}
+	return quiesce.Fault{Code: FaultStashFull, Rank: e.Rank}
 }
 
 // The codes of the faults a node's failed step blames on a rank
-// (quiesce.Fault), read by the coordinator's mpid.
+// (quiesce.Fault.Code), read by the coordinator's mpid: FaultRankGone makes
+// a pause's failure ctl.CodeRankGone.
 const (
-	faultRankGone  = "rank-gone"
-	faultStashFull = "stash-full"
+	FaultRankGone  = "rank-gone"
+	FaultStashFull = "stash-full"
 )
 
 // side is whose a connection of the job's cgroup is, as far as the node
@@ -208,7 +223,7 @@ func (s sides) checked(conns []loader.Conn) (out []loader.Conn, own quiesce.Port
 
 // sidesOf returns the job's drainSet (made anew at PREPARE, when first)
 // with mine read from conns, and the sides of conns.
-func (l *nodeRole) sidesOf(job string, conns []loader.Conn, first bool) (*drainSet, sides) {
+func (l *Role) sidesOf(job string, conns []loader.Conn, first bool) (*drainSet, sides) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.drains == nil {
@@ -228,7 +243,7 @@ func (l *nodeRole) sidesOf(job string, conns []loader.Conn, first bool) (*drainS
 }
 
 // Ports is quiesce.Peered's: the job's ports here at the last kernel read.
-func (l *nodeRole) Ports(job string) quiesce.Ports {
+func (l *Role) Ports(job string) quiesce.Ports {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if d := l.drains[job]; d != nil {
@@ -238,7 +253,7 @@ func (l *nodeRole) Ports(job string) quiesce.Ports {
 }
 
 // Peers is quiesce.Peered's: the job's ports on every node.
-func (l *nodeRole) Peers(job string, all quiesce.Ports) {
+func (l *Role) Peers(job string, all quiesce.Ports) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if d := l.drains[job]; d != nil {
@@ -246,7 +261,7 @@ func (l *nodeRole) Peers(job string, all quiesce.Ports) {
 	}
 }
 
-var _ quiesce.Peered = (*nodeRole)(nil)
+var _ quiesce.Peered = (*Role)(nil)
 
 // nodeAddrs is the set of this node's addresses: its interfaces' (mpid
 // runs in the node's network namespace) and the local ends of the job's
@@ -272,7 +287,7 @@ func nodeAddrs(conns []loader.Conn) map[netip.Addr]bool {
 // bytes must be drained too, or the pause would wait for a rank that does
 // not read; or one the coordinator's ports showed to be the job's). set
 // is what sides.jobConns found in the last kernel read.
-func (l *nodeRole) startDrains(job string, d *drainSet, set []uint64, first bool) error {
+func (l *Role) startDrains(job string, d *drainSet, set []uint64, first bool) error {
 	l.mu.Lock()
 	fresh := first
 	for _, c := range set {
@@ -297,7 +312,7 @@ func (l *nodeRole) startDrains(job string, d *drainSet, set []uint64, first bool
 // stashFull names the ranks whose shims said their stash is full since
 // PREPARE: their drain takes nothing more, so the pause cannot empty their
 // queues and fails now, saying why, rather than at its deadline.
-func (l *nodeRole) stashFull(job string) error {
+func (l *Role) stashFull(job string) error {
 	var errs []error
 	for _, r := range l.Ranks.Ranks(job) {
 		if f := r.StashFullSince(); f != nil {
@@ -337,14 +352,14 @@ func (e *RankGoneError) Is(target error) bool { return target == ErrRankGone }
 // Fault is quiesce.RankFault's: the coordinator names the rank, and tells
 // the user the pause was rolled back for the others (ctl.CodeRankGone).
 func (e *RankGoneError) Fault() quiesce.Fault {
-	return quiesce.Fault{Code: faultRankGone, Rank: e.Rank}
+	return quiesce.Fault{Code: FaultRankGone, Rank: e.Rank}
 }
 
 // gone reports the ranks Prepare gated that are no longer registered;
 // with kernel set, also those the kernel says are dead or dying (see
 // dying), which the registry learns only once mpid has read the end of
 // their channel.
-func (l *nodeRole) gone(job string, kernel bool) error {
+func (l *Role) gone(job string, kernel bool) error {
 	l.mu.Lock()
 	was := l.gated[job]
 	l.mu.Unlock()
@@ -400,7 +415,7 @@ func statusDying(s string) bool {
 	return false
 }
 
-var _ quiesce.Node = (*nodeRole)(nil)
+var _ quiesce.Node = (*Role)(nil)
 
 // ErrNoRanks: no rank of the job is registered on this node.
 var ErrNoRanks = errors.New("no rank of the job is registered here")
@@ -410,7 +425,7 @@ type NotReadyError struct{ Why string }
 
 func (e *NotReadyError) Error() string { return "not ready: " + e.Why }
 
-func (l *nodeRole) ranksOf(job string) ([]*ranks.Rank, error) {
+func (l *Role) ranksOf(job string) ([]*ranks.Rank, error) {
 	rs := l.Ranks.Ranks(job)
 	if len(rs) == 0 {
 		return nil, fmt.Errorf("node %s, job %s: %w", l.Name, job, ErrNoRanks)
@@ -421,7 +436,7 @@ func (l *nodeRole) ranksOf(job string) ([]*ranks.Rank, error) {
 // eachRank runs fn on every rank of the job registered on this node, all
 // at once: each call waits for a rank's control thread to be scheduled, and
 // one after the other those waits would add up.
-func (l *nodeRole) eachRank(job, what string, fn func(*ranks.Rank) error) error {
+func (l *Role) eachRank(job, what string, fn func(*ranks.Rank) error) error {
 	rs, err := l.ranksOf(job)
 	if err != nil {
 		return err
@@ -444,7 +459,7 @@ func (l *nodeRole) eachRank(job, what string, fn func(*ranks.Rank) error) error 
 }
 
 // Prepare closes the gate of every rank of the job on this node.
-func (l *nodeRole) Prepare(ctx context.Context, job string) error {
+func (l *Role) Prepare(ctx context.Context, job string) error {
 	// Only closing waits for every rank: a rank not registered again
 	// could not be gated, while opening and thawing what is registered
 	// is always right.
@@ -490,7 +505,7 @@ func (l *nodeRole) Prepare(ctx context.Context, job string) error {
 }
 
 // conns reads the job's connections on this node from the kernel.
-func (l *nodeRole) conns(ctx context.Context, job string) ([]loader.Conn, error) {
+func (l *Role) conns(ctx context.Context, job string) ([]loader.Conn, error) {
 	obs, err := l.Observer(job)
 	if err != nil {
 		return nil, err
@@ -512,7 +527,7 @@ func (l *nodeRole) conns(ctx context.Context, job string) ([]loader.Conn, error)
 
 // Drain asks every rank for its gate (sockets still mid-message are
 // Ungated) and reads the job's connections on this node from the kernel.
-func (l *nodeRole) Drain(ctx context.Context, job string) (quiesce.NodeReport, error) {
+func (l *Role) Drain(ctx context.Context, job string) (quiesce.NodeReport, error) {
 	rep := quiesce.NodeReport{Node: l.Name}
 	if err := l.gone(job, false); err != nil {
 		return rep, err
@@ -555,7 +570,7 @@ const slowStep = 100 * time.Millisecond
 // Verify is the kernel's report after the freeze: the ranks cannot answer
 // now, and need not: only the kernel's queues count (G1,
 // docs/guarantees.md).
-func (l *nodeRole) Verify(ctx context.Context, job string) (quiesce.NodeReport, error) {
+func (l *Role) Verify(ctx context.Context, job string) (quiesce.NodeReport, error) {
 	if err := l.gone(job, true); err != nil {
 		return quiesce.NodeReport{Node: l.Name}, err
 	}
@@ -574,7 +589,7 @@ type kernelRead struct {
 // kernelReport reads the job's connections on this node. With gated (every
 // gate of the node's ranks closed when it was asked, or the job frozen) it
 // also counts violations against the previous gated report.
-func (l *nodeRole) kernelReport(ctx context.Context, job string, rep quiesce.NodeReport, gated bool) (quiesce.NodeReport, kernelRead, error) {
+func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeReport, gated bool) (quiesce.NodeReport, kernelRead, error) {
 	all, err := l.conns(ctx, job)
 	if err != nil {
 		return rep, kernelRead{}, err
@@ -693,7 +708,7 @@ func violations(sent map[uint64]uint32, conns []loader.Conn) (map[uint64]uint32,
 }
 
 // Freeze freezes the job's cgroup and waits for the kernel to say so.
-func (l *nodeRole) Freeze(ctx context.Context, job string) error {
+func (l *Role) Freeze(ctx context.Context, job string) error {
 	cg, err := l.Cgroup(job)
 	if err != nil {
 		return err
@@ -702,7 +717,7 @@ func (l *nodeRole) Freeze(ctx context.Context, job string) error {
 }
 
 // Thaw thaws the job's cgroup.
-func (l *nodeRole) Thaw(ctx context.Context, job string) error {
+func (l *Role) Thaw(ctx context.Context, job string) error {
 	cg, err := l.Cgroup(job)
 	if err != nil {
 		return err
@@ -714,7 +729,7 @@ func (l *nodeRole) Thaw(ctx context.Context, job string) error {
 // that exited meanwhile are not its business: a pause they were part of
 // failed on them already (Drain, Verify), and after a COMMIT the job's own
 // launcher sees the loss.
-func (l *nodeRole) Open(ctx context.Context, job string) error {
+func (l *Role) Open(ctx context.Context, job string) error {
 	// ReopenGate, not Open: the rank runs again once its gate lets sends
 	// through; the flush of what it held (MiBs, for MPICH) goes on behind,
 	// in order, and is reported as an event.
@@ -739,7 +754,7 @@ func (l *nodeRole) Open(ctx context.Context, job string) error {
 // Unboost gives the shim control threads of the job's ranks here what they
 // had before PREPARE raised them: the pause has committed (they are frozen)
 // or ended.
-func (l *nodeRole) Unboost(job string) {
+func (l *Role) Unboost(job string) {
 	for _, r := range l.Ranks.Ranks(job) {
 		if err := r.Unboost(); err != nil {
 			l.Log.Warn("shim control thread not lowered again", "job", job, "rank", r.Rank, "error", err)

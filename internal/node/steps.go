@@ -1,0 +1,153 @@
+package node
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/mpipause/mpipause/quiesce"
+)
+
+// FailpointsEnv names a directory of failpoints, for the fault tests
+// (kernel-tests/faulttable_test.go), read only by an mpid built with
+// -tags failpoints (bin/test/mpid; failpoints.go): a file <dir>/<node>/<STEP>
+// holding "before" or "after" makes this node's mpid stop at that point of
+// its next local STEP (PREPARE, DRAIN, FREEZE, VERIFY, COMMIT, THAW, OPEN),
+// create <STEP>.reached, and hold until the file goes (or the step's
+// deadline passes), so that a test can kill or cut it off there. The
+// production mpid has no such hook: it never reads this variable.
+const FailpointsEnv = "MPIPAUSE_FAILPOINTS"
+
+// Steps is the node half of the protocol as mpid runs it (the agent's
+// quiesce.Node): Role's steps, timed, with the fault tests' failpoints
+// around them, plus a record of every pause committed here, written before
+// the COMMIT is acknowledged, so that a restarted mpid tells a committed
+// pause (keep the job frozen) from one cut short (thaw it). Make it with
+// NewSteps.
+type Steps struct {
+	*Role
+	// Committed tells mpid's registry that a pause of the job commits
+	// here, and Thawing that this node begins to thaw the job (a resume or
+	// a rollback): a rank's pause or resume request signalled before is
+	// answered.
+	Committed, Thawing func(job string)
+	// Job calls fn with the job's owner uid and coordinator (0 and "" if
+	// the job is not known here) under the lock that the coordinator's
+	// records of its pauses are written under: the record of a commit is
+	// read and written inside fn.
+	Job func(job string, fn func(owner uint32, coordinator string) error) error
+	// Records are mpid's records of paused jobs.
+	Records Records
+
+	fp failpoints
+}
+
+// Records are mpid's records of paused jobs, which a restarted mpid reads.
+type Records interface {
+	// Pausing says whether the job's record is of a pause this node
+	// coordinates and that is still under way.
+	Pausing(job string) bool
+	// WriteCommit records c.
+	WriteCommit(c Commit) error
+	// Drop removes the job's record.
+	Drop(job string)
+}
+
+// Commit is the record of a pause committed on this node. The
+// coordinator's record, written after the whole pause, adds the job's
+// nodes and figures.
+type Commit struct {
+	Job         string
+	Owner       uint32
+	Coordinator string
+	Node        string
+	Since       time.Time
+	// Ranks is the job's size; LocalRanks the ranks registered here.
+	Ranks      int
+	LocalRanks []int
+}
+
+// NewSteps makes the Steps around role with its failpoints (none outside
+// a failpoints build) for role.Name, logged to log. The caller sets
+// Committed, Thawing, Job and Records before the agent runs a step.
+func NewSteps(role *Role, log *slog.Logger) *Steps {
+	return &Steps{Role: role, fp: hookFor(role.Name, log)}
+}
+
+var _ quiesce.Committer = (*Steps)(nil)
+
+func (n *Steps) step(ctx context.Context, name, job string, fn func() error) error {
+	n.fp.hold(ctx, name, "before", job)
+	t := time.Now()
+	err := fn()
+	n.Metrics.Step(name, time.Since(t), err)
+	n.fp.hold(ctx, name, "after", job)
+	return err
+}
+
+func (n *Steps) Prepare(ctx context.Context, job string) error {
+	return n.step(ctx, "PREPARE", job, func() error { return n.Role.Prepare(ctx, job) })
+}
+
+func (n *Steps) Drain(ctx context.Context, job string) (rep quiesce.NodeReport, err error) {
+	err = n.step(ctx, "DRAIN", job, func() error { rep, err = n.Role.Drain(ctx, job); return err })
+	return rep, err
+}
+
+func (n *Steps) Freeze(ctx context.Context, job string) error {
+	return n.step(ctx, "FREEZE", job, func() error { return n.Role.Freeze(ctx, job) })
+}
+
+func (n *Steps) Verify(ctx context.Context, job string) (rep quiesce.NodeReport, err error) {
+	err = n.step(ctx, "VERIFY", job, func() error { rep, err = n.Role.Verify(ctx, job); return err })
+	return rep, err
+}
+
+func (n *Steps) Commit(ctx context.Context, job string) error {
+	return n.step(ctx, "COMMIT", job, func() error {
+		n.Committed(job)
+		n.Role.Unboost(job) // frozen now: the pause step that needed them is over
+		return n.recordCommit(job)
+	})
+}
+
+func (n *Steps) Thaw(ctx context.Context, job string) error {
+	return n.step(ctx, "THAW", job, func() error {
+		// Before the thaw: a rank frozen with its SIGTSTP unsent sends it
+		// as soon as it runs again.
+		n.Thawing(job)
+		if err := n.Role.Thaw(ctx, job); err != nil {
+			return err
+		}
+		n.Records.Drop(job)
+		return nil
+	})
+}
+
+// Rethaw thaws for another drain attempt of a pause still under way: the
+// coordinator's record of it stays (a successor must still roll it back).
+func (n *Steps) Rethaw(ctx context.Context, job string) error {
+	return n.step(ctx, "RETHAW", job, func() error { return n.Role.Thaw(ctx, job) })
+}
+
+func (n *Steps) Open(ctx context.Context, job string) error {
+	return n.step(ctx, "OPEN", job, func() error { return n.Role.Open(ctx, job) })
+}
+
+// recordCommit records that a pause of job committed on this node.
+func (n *Steps) recordCommit(id string) error {
+	return n.Job(id, func(owner uint32, coordinator string) error {
+		if n.Records.Pausing(id) {
+			// This is the coordinator, whose pause is still under way: the
+			// pause holds only once every node has committed, when it says so
+			// in its record; if it dies before, its successor rolls back.
+			return nil
+		}
+		c := Commit{Job: id, Owner: owner, Coordinator: coordinator, Node: n.Name, Since: time.Now()}
+		for _, rk := range n.Ranks.Ranks(id) {
+			c.LocalRanks = append(c.LocalRanks, rk.Rank)
+			c.Ranks = rk.Size
+		}
+		return n.Records.WriteCommit(c)
+	})
+}

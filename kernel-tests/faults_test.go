@@ -82,55 +82,78 @@ func TestMpidRestartWhilePaused(t *testing.T) {
 	app := filepath.Join(bin, "apps", "xchg."+lib.name)
 	args := []string{"-m", "a2a", "-n", "1500", "-s", "256K"}
 	job := runJob(ctx, t, lib, id, app, args...)
-	waitProgress(ctx, t, obs, job.done, sentBytes(ctx, obs), 8<<20)
-	if j, r := jobJSON(ctx, t, "pause", id); r.code != 0 || j.State != ctl.StatePaused {
-		t.Fatalf("pause: exit %d, state %q\n%s", r.code, j.State, r.stderr)
-	}
-	st := statusOf(t, jobRig)
-	for _, i := range []int{0, 2} {
-		pid := st.Nodes[i].MPIDPid
-		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-			t.Fatalf("kill %s's mpid: %v", st.Nodes[i].Name, err)
+	// Each stage goes on from where the one before left the job: after a
+	// failed one, the rest would only report its consequences.
+	for _, stage := range []struct {
+		name string
+		run  func(t *testing.T)
+	}{
+		{"paused", func(t *testing.T) {
+			waitProgress(ctx, t, obs, job.done, sentBytes(ctx, obs), 8<<20)
+			if j, r := jobJSON(ctx, t, "pause", id); r.code != 0 || j.State != ctl.StatePaused {
+				t.Fatalf("pause: exit %d, state %q\n%s", r.code, j.State, r.stderr)
+			}
+		}},
+		{"frozen while node0's and node2's mpids die and restart", func(t *testing.T) {
+			st := statusOf(t, jobRig)
+			for _, i := range []int{0, 2} {
+				pid := st.Nodes[i].MPIDPid
+				if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+					t.Fatalf("kill %s's mpid: %v", st.Nodes[i].Name, err)
+				}
+				waitFor(t, st.Nodes[i].Name+"'s mpid to be gone", time.Minute, nil, func() bool {
+					return syscall.Kill(pid, 0) != nil || procState(pid) == "Z"
+				})
+			}
+			checkFrozen(t, id, true, "with two mpids down")
+			mustRig(t, jobRig, "up", fmt.Sprint(jobNodes))
+			checkFrozen(t, id, true, "after the mpids restarted")
+		}},
+		{"the new mpids find it paused", func(t *testing.T) {
+			j, r := jobJSON(ctx, t, "status", id)
+			if r.code != 0 || j.State != ctl.StatePaused || j.Coordinator != "node0" || len(j.Nodes) != 3 || j.Ranks != 6 {
+				t.Errorf("status on the restarted coordinator: exit %d, %+v", r.code, j)
+			}
+			r2 := cli(ctx, t, "node2", nil, "status", "--json", id)
+			var j2 ctl.Job
+			if err := json.Unmarshal([]byte(r2.stdout), &j2); err != nil || j2.State != ctl.StatePaused {
+				t.Errorf("status on restarted node2: %v, %s%s", err, r2.stdout, r2.stderr)
+			}
+			if _, r := jobJSON(ctx, t, "pause", id); r.code != 5 {
+				t.Errorf("a second pause after the restart: exit %d, want 5 (already paused)\n%s", r.code, r.stderr)
+			}
+		}},
+		{"resumed on every node", func(t *testing.T) {
+			if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
+				t.Fatalf("resume after the restart: exit %d, %+v\n%s", r.code, j, r.stderr)
+			}
+			checkFrozen(t, id, false, "after the resume")
+			b, _ := os.ReadFile(filepath.Join(rigDir(jobRig), "mpid-node0.log"))
+			if !strings.Contains(string(b), "adopted a job left by the previous mpid") {
+				t.Error("node0's new mpid did not say it adopted the job")
+			}
+		}},
+		// Running again, the ranks register with the new mpids (their shims
+		// retry), and the job can be paused again, cleanly.
+		{"paused again once its ranks registered again", func(t *testing.T) {
+			waitRegisteredAgain(ctx, t, id, job.done)
+			j, r := jobJSON(ctx, t, "pause", id)
+			if r.code != 0 {
+				t.Fatalf("pause after the ranks registered again: exit %d\n%s", r.code, r.stderr)
+			}
+			checkPaused(ctx, t, "the pause after the restart", j, nodeJobCgroups(t, id), obs)
+			if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
+				t.Fatalf("second resume: exit %d, %+v\n%s", r.code, j, r.stderr)
+			}
+		}},
+		{"the job ends as if unpaused", func(t *testing.T) {
+			job.finish(ctx, t, "the job paused across an mpid restart", serial(t, app, 6, args...))
+		}},
+	} {
+		if !t.Run(stage.name, stage.run) {
+			return
 		}
-		waitFor(t, st.Nodes[i].Name+"'s mpid to be gone", time.Minute, nil, func() bool {
-			return syscall.Kill(pid, 0) != nil || procState(pid) == "Z"
-		})
 	}
-	checkFrozen(t, id, true, "with two mpids down")
-	mustRig(t, jobRig, "up", fmt.Sprint(jobNodes))
-	checkFrozen(t, id, true, "after the mpids restarted")
-
-	j, r := jobJSON(ctx, t, "status", id)
-	if r.code != 0 || j.State != ctl.StatePaused || j.Coordinator != "node0" || len(j.Nodes) != 3 || j.Ranks != 6 {
-		t.Errorf("status on the restarted coordinator: exit %d, %+v", r.code, j)
-	}
-	r2 := cli(ctx, t, "node2", nil, "status", "--json", id)
-	var j2 ctl.Job
-	if err := json.Unmarshal([]byte(r2.stdout), &j2); err != nil || j2.State != ctl.StatePaused {
-		t.Errorf("status on restarted node2: %v, %s%s", err, r2.stdout, r2.stderr)
-	}
-	if _, r := jobJSON(ctx, t, "pause", id); r.code != 5 {
-		t.Errorf("a second pause after the restart: exit %d, want 5 (already paused)\n%s", r.code, r.stderr)
-	}
-	if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
-		t.Fatalf("resume after the restart: exit %d, %+v\n%s", r.code, j, r.stderr)
-	}
-	checkFrozen(t, id, false, "after the resume")
-	b, _ := os.ReadFile(filepath.Join(rigDir(jobRig), "mpid-node0.log"))
-	if !strings.Contains(string(b), "adopted a job left by the previous mpid") {
-		t.Error("node0's new mpid did not say it adopted the job")
-	}
-	// Running again, the ranks register with the new mpids (their shims
-	// retry), and the job can be paused again, cleanly.
-	waitRegisteredAgain(ctx, t, id, job.done)
-	if j, r = jobJSON(ctx, t, "pause", id); r.code != 0 {
-		t.Fatalf("pause after the ranks registered again: exit %d\n%s", r.code, r.stderr)
-	}
-	checkPaused(ctx, t, "the pause after the restart", j, nodeJobCgroups(t, id), obs)
-	if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
-		t.Fatalf("second resume: exit %d, %+v\n%s", r.code, j, r.stderr)
-	}
-	job.finish(ctx, t, "the job paused across an mpid restart", serial(t, app, 6, args...))
 }
 
 // TestNodeMpidDiesMidPause: node2's mpid is killed while a pause drains (its
@@ -222,7 +245,7 @@ func TestMisKeyedNodeFailsAtOnce(t *testing.T) {
 	sharedRig(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	restartNode2 := func(env ...string) {
+	restartNode2 := func(t *testing.T, env ...string) {
 		t.Helper()
 		stopRigMPIDs(t, 2)
 		if _, err := startRigMPIDs(t, env...); err != nil {
@@ -232,10 +255,10 @@ func TestMisKeyedNodeFailsAtOnce(t *testing.T) {
 	restored := false
 	t.Cleanup(func() {
 		if !restored {
-			restartNode2()
+			restartNode2(t)
 		}
 	})
-	restartNode2(rig.MPIDArgsEnv + "=" + os.Getenv(rig.MPIDArgsEnv) + " --cluster-key " + newKeyFile(t))
+	restartNode2(t, rig.MPIDArgsEnv+"="+os.Getenv(rig.MPIDArgsEnv)+" --cluster-key "+newKeyFile(t))
 
 	lib := mpiLibs[0]
 	id := fmt.Sprintf("miskeyed-%d", os.Getpid())
@@ -244,33 +267,43 @@ func TestMisKeyedNodeFailsAtOnce(t *testing.T) {
 	job := runJob(ctx, t, lib, id, app, args...)
 	// Rank 0 registered with the coordinator (so it knows the job's size
 	// and hosts) and node1 with it.
-	waitForWhy(t, "rank 0 and node1's ranks to register", time.Minute, job.done, func() (bool, string) {
-		j, r := jobJSON(ctx, t, "status", id)
-		if r.code != 0 || j.Ranks != 6 || !slices.Contains(j.Nodes, "node1") {
-			return false, fmt.Sprintf("node0: exit %d, %d ranks, nodes %v", r.code, j.Ranks, j.Nodes)
+	if !t.Run("rank 0 and node1's ranks register", func(t *testing.T) {
+		waitForWhy(t, "rank 0 and node1's ranks to register", time.Minute, job.done, func() (bool, string) {
+			j, r := jobJSON(ctx, t, "status", id)
+			if r.code != 0 || j.Ranks != 6 || !slices.Contains(j.Nodes, "node1") {
+				return false, fmt.Sprintf("node0: exit %d, %d ranks, nodes %v", r.code, j.Ranks, j.Nodes)
+			}
+			return true, ""
+		})
+	}) {
+		return
+	}
+	if !t.Run("a pause refused at once, naming node2 and the key", func(t *testing.T) {
+		start := time.Now()
+		r := cli(ctx, t, "node0", nil, "pause", id)
+		took := time.Since(start)
+		t.Logf("pause with a mis-keyed node2: exit %d in %v:\n%s", r.code, took.Round(time.Millisecond), r.stderr)
+		if r.code != 7 || !strings.Contains(r.stderr, "node2") || !strings.Contains(r.stderr, "cluster's key") ||
+			strings.Contains(r.stderr, "deadline") || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
+			t.Fatalf("pause: exit %d, stderr %q; want one line, exit 7 (cannot be paused cleanly), naming node2 and the key", r.code, r.stderr)
 		}
-		return true, ""
-	})
-
-	start := time.Now()
-	r := cli(ctx, t, "node0", nil, "pause", id)
-	took := time.Since(start)
-	t.Logf("pause with a mis-keyed node2: exit %d in %v:\n%s", r.code, took.Round(time.Millisecond), r.stderr)
-	if r.code != 7 || !strings.Contains(r.stderr, "node2") || !strings.Contains(r.stderr, "cluster's key") ||
-		strings.Contains(r.stderr, "deadline") || strings.Count(strings.TrimSpace(r.stderr), "\n") != 0 {
-		t.Fatalf("pause: exit %d, stderr %q; want one line, exit 7 (cannot be paused cleanly), naming node2 and the key", r.code, r.stderr)
+	}) {
+		return
 	}
 	// node2 has no cgroup of the job: its ranks never joined one.
-	for _, cg := range nodeJobCgroups(t, id)[:2] {
-		if fr, err := cgroupv2.Frozen(cg); err != nil || fr {
-			t.Errorf("after the refused pause: %s frozen %v (%v)", cg, fr, err)
+	t.Run("nothing frozen", func(t *testing.T) {
+		for _, cg := range nodeJobCgroups(t, id)[:2] {
+			if fr, err := cgroupv2.Frozen(cg); err != nil || fr {
+				t.Errorf("after the refused pause: %s frozen %v (%v)", cg, fr, err)
+			}
 		}
-	}
-
-	restartNode2()
-	restored = true
-	job.finish(ctx, t, "the job after a mis-keyed node", serial(t, app, 6, args...))
-	if !strings.Contains(job.out.String(), "same cluster key file") {
-		t.Errorf("node2's ranks did not say why they could not join their job:\n%s", job.out.String())
-	}
+	})
+	t.Run("the job runs on, node2's ranks saying why they did not join", func(t *testing.T) {
+		restartNode2(t)
+		restored = true
+		job.finish(ctx, t, "the job after a mis-keyed node", serial(t, app, 6, args...))
+		if !strings.Contains(job.out.String(), "same cluster key file") {
+			t.Errorf("node2's ranks did not say why they could not join their job:\n%s", job.out.String())
+		}
+	})
 }

@@ -101,135 +101,153 @@ func TestMetricsScrape(t *testing.T) {
 
 	nodes := []int{0, 1}
 	before := map[int]metrics.Samples{}
-	for _, k := range nodes {
-		// A rank registers (HELLO) from MPI_Init, and mpid takes it in
-		// on its own time: traffic alone does not say every rank has.
-		waitForWhy(t, fmt.Sprintf("node%d's 2 ranks to register", k), time.Minute, job.done, func() (bool, string) {
-			before[k] = scrapeNode(t, k)
-			v := before[k]["mpipause_ranks"]
-			return v == 2, fmt.Sprintf("mpipause_ranks = %v", v)
-		})
-	}
-	s := before[0]
-	if v := s[metrics.Series("mpipause_jobs")]; v < 1 {
-		t.Errorf("node0: mpipause_jobs = %v with a job running", v)
-	}
-	if v := s[metrics.Series("mpipause_closed_gates")]; v != 0 {
-		t.Errorf("node0: mpipause_closed_gates = %v before any pause", v)
-	}
-
-	j, r := jobJSON(ctx, t, "pause", id)
-	if r.code != 0 || j.State != ctl.StatePaused {
-		t.Fatalf("pause: exit %d, state %q: %s", r.code, j.State, r.stderr)
-	}
 	paused := map[int]metrics.Samples{}
-	for _, k := range nodes {
-		paused[k] = scrapeNode(t, k)
-	}
-	b, p := before[0], paused[0]
+	var resumed metrics.Samples
 	committed := metrics.Series("mpipause_pauses_total", "outcome", metrics.Committed)
-	if d := moved(b, p, committed); d != 1 {
-		t.Errorf("node0 (coordinator): pauses_total{committed} moved by %v, want 1", d)
-	}
-	if d := moved(before[1], paused[1], committed); d != 0 {
-		t.Errorf("node1 (not the coordinator): pauses_total{committed} moved by %v, want 0: a pause counts where it is decided", d)
-	}
-	for _, o := range []string{metrics.RolledBack, metrics.Failed, metrics.Refused} {
-		if d := moved(b, p, metrics.Series("mpipause_pauses_total", "outcome", o)); d != 0 {
-			t.Errorf("node0: pauses_total{%s} moved by %v", o, d)
-		}
-	}
-	for _, ph := range []string{"prepare", "drain", "freeze", "verify", "commit"} {
-		if d := moved(b, p, metrics.Series("mpipause_pause_phase_duration_seconds_count", "phase", ph)); d != 1 {
-			t.Errorf("node0: pause_phase_duration_seconds_count{phase=%q} moved by %v, want 1", ph, d)
-		}
-	}
-	if d := moved(b, p, metrics.Series("mpipause_pause_duration_seconds_count", "outcome", metrics.Committed)); d != 1 {
-		t.Errorf("node0: pause_duration_seconds_count{committed} moved by %v, want 1", d)
-	}
-	// The same measurement as mpipause's total_ms (rounded to µs there).
-	if d := moved(b, p, metrics.Series("mpipause_pause_duration_seconds_sum", "outcome", metrics.Committed)); d*1000 < j.TotalMs-0.01 || d*1000 > j.TotalMs+0.01 {
-		t.Errorf("node0: pause_duration_seconds_sum moved by %.6f s; mpipause reports total_ms %.3f", d, j.TotalMs)
-	}
-	if d := moved(b, p, metrics.Series("mpipause_pause_drained_bytes_count")); d != 1 {
-		t.Errorf("node0: pause_drained_bytes_count moved by %v, want 1", d)
-	}
-	if d := moved(b, p, metrics.Series("mpipause_pause_drained_bytes_sum")); d != float64(j.DrainedBytes) {
-		t.Errorf("node0: pause_drained_bytes_sum moved by %v; mpipause reports drained_bytes %d", d, j.DrainedBytes)
-	}
-	for _, k := range nodes {
-		b, p := before[k], paused[k]
-		for _, st := range []string{"prepare", "commit"} {
-			if d := moved(b, p, metrics.Series("mpipause_node_step_duration_seconds_count", "step", st)); d != 1 {
-				t.Errorf("node%d: node_step_duration_seconds_count{step=%q} moved by %v, want 1", k, st, d)
-			}
-		}
-		// A VERIFY that finds bytes makes the pause drain, freeze and
-		// verify again (rarely): at least once each.
-		for _, st := range []string{"drain", "freeze", "verify"} {
-			if d := moved(b, p, metrics.Series("mpipause_node_step_duration_seconds_count", "step", st)); d < 1 {
-				t.Errorf("node%d: node_step_duration_seconds_count{step=%q} moved by %v, want at least 1", k, st, d)
-			}
-		}
-		// A DRAIN check and VERIFY each take one.
-		if d := moved(b, p, metrics.Series("mpipause_observer_snapshot_duration_seconds_count")); d < 2 {
-			t.Errorf("node%d: observer_snapshot_duration_seconds_count moved by %v, want at least 2", k, d)
-		}
-		if v := p[metrics.Series("mpipause_closed_gates")]; v != 2 {
-			t.Errorf("node%d: closed_gates = %v while paused, want its 2 ranks", k, v)
-		}
-		if _, ok := p[metrics.Series("mpipause_gate_violation_bytes_total")]; !ok {
-			t.Errorf("node%d: no gate_violation_bytes_total", k)
-		}
-	}
-	t.Logf("paused: %.3f ms, drained %d bytes; gated sockets node0 %v node1 %v, held bytes node0 %v node1 %v",
-		j.TotalMs, j.DrainedBytes, paused[0]["mpipause_gated_sockets"], paused[1]["mpipause_gated_sockets"],
-		paused[0]["mpipause_held_bytes"], paused[1]["mpipause_held_bytes"])
-
-	j, r = jobJSON(ctx, t, "resume", id)
-	if r.code != 0 || j.State != ctl.StateRunning {
-		t.Fatalf("resume: exit %d, state %q: %s", r.code, j.State, r.stderr)
-	}
-	resumed := scrapeNode(t, 0)
 	resumedS := metrics.Series("mpipause_resumes_total", "outcome", metrics.Resumed)
-	if d := moved(p, resumed, resumedS); d != 1 {
-		t.Errorf("node0: resumes_total{resumed} moved by %v, want 1", d)
-	}
-	if d := moved(p, resumed, metrics.Series("mpipause_resume_duration_seconds_count", "outcome", metrics.Resumed)); d != 1 {
-		t.Errorf("node0: resume_duration_seconds_count{resumed} moved by %v, want 1", d)
-	}
-	if d := moved(p, resumed, metrics.Series("mpipause_resume_duration_seconds_sum", "outcome", metrics.Resumed)); d*1000 < j.TotalMs-0.01 || d*1000 > j.TotalMs+0.01 {
-		t.Errorf("node0: resume_duration_seconds_sum moved by %.6f s; mpipause reports total_ms %.3f", d, j.TotalMs)
-	}
-	if d := moved(p, resumed, committed); d != 0 {
-		t.Errorf("node0: pauses_total{committed} moved by %v on a resume", d)
-	}
-	// The shims flush what they held behind the reopen: the gauges reach 0
-	// once they have.
-	for _, k := range nodes {
-		var last metrics.Samples
-		waitForWhy(t, fmt.Sprintf("node%d's gates to open and flush", k), time.Minute, job.done, func() (bool, string) {
-			last = scrapeNode(t, k)
-			g, s, h := last["mpipause_closed_gates"], last["mpipause_gated_sockets"], last["mpipause_held_bytes"]
-			return g == 0 && s == 0 && h == 0, fmt.Sprintf("closed_gates %v, gated_sockets %v, held_bytes %v", g, s, h)
-		})
-		if d := moved(paused[k], last, metrics.Series("mpipause_node_step_duration_seconds_count", "step", "open")); d != 1 {
-			t.Errorf("node%d: node_step_duration_seconds_count{step=\"open\"} moved by %v after a resume, want 1", k, d)
+	// Each stage measures from the scrapes of the one before: after a
+	// failed one, the rest would only report its consequences.
+	for _, stage := range []struct {
+		name string
+		run  func(t *testing.T)
+	}{
+		{"before any pause", func(t *testing.T) {
+			for _, k := range nodes {
+				// A rank registers (HELLO) from MPI_Init, and mpid takes it in
+				// on its own time: traffic alone does not say every rank has.
+				waitForWhy(t, fmt.Sprintf("node%d's 2 ranks to register", k), time.Minute, job.done, func() (bool, string) {
+					before[k] = scrapeNode(t, k)
+					v := before[k]["mpipause_ranks"]
+					return v == 2, fmt.Sprintf("mpipause_ranks = %v", v)
+				})
+			}
+			s := before[0]
+			if v := s[metrics.Series("mpipause_jobs")]; v < 1 {
+				t.Errorf("node0: mpipause_jobs = %v with a job running", v)
+			}
+			if v := s[metrics.Series("mpipause_closed_gates")]; v != 0 {
+				t.Errorf("node0: mpipause_closed_gates = %v before any pause", v)
+			}
+		}},
+		{"a committed pause", func(t *testing.T) {
+			j, r := jobJSON(ctx, t, "pause", id)
+			if r.code != 0 || j.State != ctl.StatePaused {
+				t.Fatalf("pause: exit %d, state %q: %s", r.code, j.State, r.stderr)
+			}
+			for _, k := range nodes {
+				paused[k] = scrapeNode(t, k)
+			}
+			b, p := before[0], paused[0]
+			if d := moved(b, p, committed); d != 1 {
+				t.Errorf("node0 (coordinator): pauses_total{committed} moved by %v, want 1", d)
+			}
+			if d := moved(before[1], paused[1], committed); d != 0 {
+				t.Errorf("node1 (not the coordinator): pauses_total{committed} moved by %v, want 0: a pause counts where it is decided", d)
+			}
+			for _, o := range []string{metrics.RolledBack, metrics.Failed, metrics.Refused} {
+				if d := moved(b, p, metrics.Series("mpipause_pauses_total", "outcome", o)); d != 0 {
+					t.Errorf("node0: pauses_total{%s} moved by %v", o, d)
+				}
+			}
+			for _, ph := range []string{"prepare", "drain", "freeze", "verify", "commit"} {
+				if d := moved(b, p, metrics.Series("mpipause_pause_phase_duration_seconds_count", "phase", ph)); d != 1 {
+					t.Errorf("node0: pause_phase_duration_seconds_count{phase=%q} moved by %v, want 1", ph, d)
+				}
+			}
+			if d := moved(b, p, metrics.Series("mpipause_pause_duration_seconds_count", "outcome", metrics.Committed)); d != 1 {
+				t.Errorf("node0: pause_duration_seconds_count{committed} moved by %v, want 1", d)
+			}
+			// The same measurement as mpipause's total_ms (rounded to µs there).
+			if d := moved(b, p, metrics.Series("mpipause_pause_duration_seconds_sum", "outcome", metrics.Committed)); d*1000 < j.TotalMs-0.01 || d*1000 > j.TotalMs+0.01 {
+				t.Errorf("node0: pause_duration_seconds_sum moved by %.6f s; mpipause reports total_ms %.3f", d, j.TotalMs)
+			}
+			if d := moved(b, p, metrics.Series("mpipause_pause_drained_bytes_count")); d != 1 {
+				t.Errorf("node0: pause_drained_bytes_count moved by %v, want 1", d)
+			}
+			if d := moved(b, p, metrics.Series("mpipause_pause_drained_bytes_sum")); d != float64(j.DrainedBytes) {
+				t.Errorf("node0: pause_drained_bytes_sum moved by %v; mpipause reports drained_bytes %d", d, j.DrainedBytes)
+			}
+			for _, k := range nodes {
+				b, p := before[k], paused[k]
+				for _, st := range []string{"prepare", "commit"} {
+					if d := moved(b, p, metrics.Series("mpipause_node_step_duration_seconds_count", "step", st)); d != 1 {
+						t.Errorf("node%d: node_step_duration_seconds_count{step=%q} moved by %v, want 1", k, st, d)
+					}
+				}
+				// A VERIFY that finds bytes makes the pause drain, freeze and
+				// verify again (rarely): at least once each.
+				for _, st := range []string{"drain", "freeze", "verify"} {
+					if d := moved(b, p, metrics.Series("mpipause_node_step_duration_seconds_count", "step", st)); d < 1 {
+						t.Errorf("node%d: node_step_duration_seconds_count{step=%q} moved by %v, want at least 1", k, st, d)
+					}
+				}
+				// A DRAIN check and VERIFY each take one.
+				if d := moved(b, p, metrics.Series("mpipause_observer_snapshot_duration_seconds_count")); d < 2 {
+					t.Errorf("node%d: observer_snapshot_duration_seconds_count moved by %v, want at least 2", k, d)
+				}
+				if v := p[metrics.Series("mpipause_closed_gates")]; v != 2 {
+					t.Errorf("node%d: closed_gates = %v while paused, want its 2 ranks", k, v)
+				}
+				if _, ok := p[metrics.Series("mpipause_gate_violation_bytes_total")]; !ok {
+					t.Errorf("node%d: no gate_violation_bytes_total", k)
+				}
+			}
+			t.Logf("paused: %.3f ms, drained %d bytes; gated sockets node0 %v node1 %v, held bytes node0 %v node1 %v",
+				j.TotalMs, j.DrainedBytes, paused[0]["mpipause_gated_sockets"], paused[1]["mpipause_gated_sockets"],
+				paused[0]["mpipause_held_bytes"], paused[1]["mpipause_held_bytes"])
+		}},
+		{"the resume", func(t *testing.T) {
+			j, r := jobJSON(ctx, t, "resume", id)
+			if r.code != 0 || j.State != ctl.StateRunning {
+				t.Fatalf("resume: exit %d, state %q: %s", r.code, j.State, r.stderr)
+			}
+			p := paused[0]
+			resumed = scrapeNode(t, 0)
+			if d := moved(p, resumed, resumedS); d != 1 {
+				t.Errorf("node0: resumes_total{resumed} moved by %v, want 1", d)
+			}
+			if d := moved(p, resumed, metrics.Series("mpipause_resume_duration_seconds_count", "outcome", metrics.Resumed)); d != 1 {
+				t.Errorf("node0: resume_duration_seconds_count{resumed} moved by %v, want 1", d)
+			}
+			if d := moved(p, resumed, metrics.Series("mpipause_resume_duration_seconds_sum", "outcome", metrics.Resumed)); d*1000 < j.TotalMs-0.01 || d*1000 > j.TotalMs+0.01 {
+				t.Errorf("node0: resume_duration_seconds_sum moved by %.6f s; mpipause reports total_ms %.3f", d, j.TotalMs)
+			}
+			if d := moved(p, resumed, committed); d != 0 {
+				t.Errorf("node0: pauses_total{committed} moved by %v on a resume", d)
+			}
+			// The shims flush what they held behind the reopen: the gauges reach 0
+			// once they have.
+			for _, k := range nodes {
+				var last metrics.Samples
+				waitForWhy(t, fmt.Sprintf("node%d's gates to open and flush", k), time.Minute, job.done, func() (bool, string) {
+					last = scrapeNode(t, k)
+					g, s, h := last["mpipause_closed_gates"], last["mpipause_gated_sockets"], last["mpipause_held_bytes"]
+					return g == 0 && s == 0 && h == 0, fmt.Sprintf("closed_gates %v, gated_sockets %v, held_bytes %v", g, s, h)
+				})
+				if d := moved(paused[k], last, metrics.Series("mpipause_node_step_duration_seconds_count", "step", "open")); d != 1 {
+					t.Errorf("node%d: node_step_duration_seconds_count{step=\"open\"} moved by %v after a resume, want 1", k, d)
+				}
+			}
+		}},
+		// Refused (exit 5), and counted so.
+		{"resume of a running job", func(t *testing.T) {
+			if _, r := jobJSON(ctx, t, "resume", id); r.code != 5 {
+				t.Errorf("resume of a running job: exit %d, want 5: %s", r.code, r.stderr)
+			}
+			after := scrapeNode(t, 0)
+			if d := moved(resumed, after, metrics.Series("mpipause_resumes_total", "outcome", metrics.Refused)); d != 1 {
+				t.Errorf("node0: resumes_total{refused} moved by %v, want 1", d)
+			}
+			if d := moved(resumed, after, resumedS); d != 0 {
+				t.Errorf("node0: resumes_total{resumed} moved by %v on a refused resume", d)
+			}
+			waitProgress(ctx, t, obs, job.done, sentBytes(ctx, obs), 4<<20)
+		}},
+	} {
+		if !t.Run(stage.name, stage.run) {
+			return
 		}
 	}
-
-	// Resuming a running job is refused (exit 5), and counted so.
-	if _, r := jobJSON(ctx, t, "resume", id); r.code != 5 {
-		t.Errorf("resume of a running job: exit %d, want 5: %s", r.code, r.stderr)
-	}
-	after := scrapeNode(t, 0)
-	if d := moved(resumed, after, metrics.Series("mpipause_resumes_total", "outcome", metrics.Refused)); d != 1 {
-		t.Errorf("node0: resumes_total{refused} moved by %v, want 1", d)
-	}
-	if d := moved(resumed, after, resumedS); d != 0 {
-		t.Errorf("node0: resumes_total{resumed} moved by %v on a refused resume", d)
-	}
-	waitProgress(ctx, t, obs, job.done, sentBytes(ctx, obs), 4<<20)
 }
 
 // TestMetricsRolledBack: a pause that cannot drain (a busy rank, the
@@ -246,52 +264,66 @@ func TestMetricsRolledBack(t *testing.T) {
 	defer cli(context.Background(), t, "node0", nil, "resume", id)
 	nodes := []int{0, 2} // the coordinator, and the busy rank's node
 	before := map[int]metrics.Samples{}
-	for _, k := range nodes {
-		before[k] = scrapeNode(t, k)
-	}
-	j, r := jobJSON(ctx, t, "pause", id, "--timeout", "1s")
-	if r.code != 1 || j.State != ctl.StateRunning {
-		t.Fatalf("pause of a job with an undrained busy rank: exit %d, state %q; want exit 1, rolled back\n%s%s", r.code, j.State, r.stdout, r.stderr)
-	}
 	after := map[int]metrics.Samples{}
-	for _, k := range nodes {
-		after[k] = scrapeNode(t, k)
-	}
-	b, a := before[0], after[0]
-	for o, want := range map[string]float64{metrics.RolledBack: 1, metrics.Committed: 0, metrics.Failed: 0, metrics.Refused: 0} {
-		if d := moved(b, a, metrics.Series("mpipause_pauses_total", "outcome", o)); d != want {
-			t.Errorf("node0: pauses_total{%s} moved by %v, want %v", o, d, want)
+	var j ctl.Job
+	if !t.Run("the pause rolls back", func(t *testing.T) {
+		for _, k := range nodes {
+			before[k] = scrapeNode(t, k)
 		}
-	}
-	if d := moved(b, a, metrics.Series("mpipause_pause_duration_seconds_count", "outcome", metrics.RolledBack)); d != 1 {
-		t.Errorf("node0: pause_duration_seconds_count{rolled_back} moved by %v, want 1", d)
-	}
-	if d := moved(b, a, metrics.Series("mpipause_pause_duration_seconds_sum", "outcome", metrics.RolledBack)); d*1000 < j.TotalMs-0.01 || d*1000 > j.TotalMs+0.01 {
-		t.Errorf("node0: pause_duration_seconds_sum{rolled_back} moved by %.6f s; mpipause reports total_ms %.3f", d, j.TotalMs)
-	}
-	for ph, want := range map[string]float64{"prepare": 1, "drain": 1, "abort": 1, "freeze": 0, "verify": 0, "commit": 0} {
-		if d := moved(b, a, metrics.Series("mpipause_pause_phase_duration_seconds_count", "phase", ph)); d != want {
-			t.Errorf("node0: pause_phase_duration_seconds_count{phase=%q} moved by %v, want %v", ph, d, want)
+		var r cliResult
+		j, r = jobJSON(ctx, t, "pause", id, "--timeout", "1s")
+		if r.code != 1 || j.State != ctl.StateRunning {
+			t.Fatalf("pause of a job with an undrained busy rank: exit %d, state %q; want exit 1, rolled back\n%s%s", r.code, j.State, r.stdout, r.stderr)
 		}
+		for _, k := range nodes {
+			after[k] = scrapeNode(t, k)
+		}
+	}) {
+		return
 	}
-	if d := moved(b, a, metrics.Series("mpipause_pause_drained_bytes_count")); d != 0 {
-		t.Errorf("node0: pause_drained_bytes_count moved by %v for a pause that did not commit", d)
-	}
-	for _, k := range nodes {
-		for _, st := range []string{"prepare", "thaw", "open"} {
-			if d := moved(before[k], after[k], metrics.Series("mpipause_node_step_duration_seconds_count", "step", st)); d < 1 {
-				t.Errorf("node%d: node_step_duration_seconds_count{step=%q} moved by %v, want at least 1", k, st, d)
+	t.Run("the coordinator counts a rollback", func(t *testing.T) {
+		b, a := before[0], after[0]
+		for o, want := range map[string]float64{metrics.RolledBack: 1, metrics.Committed: 0, metrics.Failed: 0, metrics.Refused: 0} {
+			if d := moved(b, a, metrics.Series("mpipause_pauses_total", "outcome", o)); d != want {
+				t.Errorf("node0: pauses_total{%s} moved by %v, want %v", o, d, want)
 			}
 		}
-		if d := moved(before[k], after[k], metrics.Series("mpipause_node_step_duration_seconds_count", "step", "freeze")); d != 0 {
-			t.Errorf("node%d: a freeze step counted for a pause that never froze (moved by %v)", k, d)
+		if d := moved(b, a, metrics.Series("mpipause_pause_duration_seconds_count", "outcome", metrics.RolledBack)); d != 1 {
+			t.Errorf("node0: pause_duration_seconds_count{rolled_back} moved by %v, want 1", d)
 		}
-		waitForWhy(t, fmt.Sprintf("node%d's gates to open", k), time.Minute, job.done, func() (bool, string) {
-			v := scrapeNode(t, k)["mpipause_closed_gates"]
-			return v == 0, fmt.Sprintf("closed_gates %v", v)
-		})
-	}
-	job.end(ctx, t, "the job after a rolled-back pause")
+		if d := moved(b, a, metrics.Series("mpipause_pause_duration_seconds_sum", "outcome", metrics.RolledBack)); d*1000 < j.TotalMs-0.01 || d*1000 > j.TotalMs+0.01 {
+			t.Errorf("node0: pause_duration_seconds_sum{rolled_back} moved by %.6f s; mpipause reports total_ms %.3f", d, j.TotalMs)
+		}
+		for ph, want := range map[string]float64{"prepare": 1, "drain": 1, "abort": 1, "freeze": 0, "verify": 0, "commit": 0} {
+			if d := moved(b, a, metrics.Series("mpipause_pause_phase_duration_seconds_count", "phase", ph)); d != want {
+				t.Errorf("node0: pause_phase_duration_seconds_count{phase=%q} moved by %v, want %v", ph, d, want)
+			}
+		}
+		if d := moved(b, a, metrics.Series("mpipause_pause_drained_bytes_count")); d != 0 {
+			t.Errorf("node0: pause_drained_bytes_count moved by %v for a pause that did not commit", d)
+		}
+	})
+	t.Run("each node's steps, no freeze", func(t *testing.T) {
+		for _, k := range nodes {
+			for _, st := range []string{"prepare", "thaw", "open"} {
+				if d := moved(before[k], after[k], metrics.Series("mpipause_node_step_duration_seconds_count", "step", st)); d < 1 {
+					t.Errorf("node%d: node_step_duration_seconds_count{step=%q} moved by %v, want at least 1", k, st, d)
+				}
+			}
+			if d := moved(before[k], after[k], metrics.Series("mpipause_node_step_duration_seconds_count", "step", "freeze")); d != 0 {
+				t.Errorf("node%d: a freeze step counted for a pause that never froze (moved by %v)", k, d)
+			}
+		}
+	})
+	t.Run("the gates open and the job runs on", func(t *testing.T) {
+		for _, k := range nodes {
+			waitForWhy(t, fmt.Sprintf("node%d's gates to open", k), time.Minute, job.done, func() (bool, string) {
+				v := scrapeNode(t, k)["mpipause_closed_gates"]
+				return v == 0, fmt.Sprintf("closed_gates %v", v)
+			})
+		}
+		job.end(ctx, t, "the job after a rolled-back pause")
+	})
 }
 
 // listening returns the TCP ports that listen in pid's network namespace,
@@ -324,12 +356,14 @@ func listening(t testing.TB, pid int) []string {
 func TestMetricsOffByDefault(t *testing.T) {
 	bin := binDir(t)
 	mpidBin := filepath.Join(bin, "mpid")
-	out, err := exec.Command(mpidBin, "--metrics-listen", ":9717").CombinedOutput()
-	var ee *exec.ExitError
-	if !errors.As(err, &ee) || ee.ExitCode() != 2 || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 ||
-		!strings.Contains(string(out), "no host; write 127.0.0.1:9717 for this node only, or 0.0.0.0:9717") {
-		t.Errorf("mpid --metrics-listen :9717: %v, output %q; want exit 2 and one line saying to write the host", err, out)
-	}
+	t.Run("a bare :PORT refused", func(t *testing.T) {
+		out, err := exec.Command(mpidBin, "--metrics-listen", ":9717").CombinedOutput()
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != 2 || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 ||
+			!strings.Contains(string(out), "no host; write 127.0.0.1:9717 for this node only, or 0.0.0.0:9717") {
+			t.Errorf("mpid --metrics-listen :9717: %v, output %q; want exit 2 and one line saying to write the host", err, out)
+		}
+	})
 
 	root, err := cgroupv2.Root()
 	if err != nil {

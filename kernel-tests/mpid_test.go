@@ -50,7 +50,7 @@ func TestMpidAdmitsJobRanks(t *testing.T) {
 
 	app := filepath.Join(bin, "apps", "xchg.mpich")
 	want := serial(t, app, 1, "-n", "3", "-s", "1K")
-	run := func(inJob bool, env ...string) string {
+	run := func(t *testing.T, inJob bool, env ...string) string {
 		t.Helper()
 		in := ""
 		if inJob {
@@ -61,31 +61,37 @@ func TestMpidAdmitsJobRanks(t *testing.T) {
 		return p.out.String()
 	}
 
-	out := run(true, "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=kt-job", jobKeyEnv(t, keyFile, "kt-job"))
-	if strings.Contains(out, "mpipause:") {
-		t.Errorf("a registered rank printed a warning:\n%s", out)
-	}
-	waitFor(t, "mpid to log the rank's registration and departure", 30*time.Second, nil, func() bool {
-		l := log.String()
-		return strings.Contains(l, `msg="rank registered" job=kt-job rank=0 size=1`) && strings.Contains(l, `msg="rank gone" job=kt-job`)
+	t.Run("a rank in the job's cgroup registers", func(t *testing.T) {
+		out := run(t, true, "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=kt-job", jobKeyEnv(t, keyFile, "kt-job"))
+		if strings.Contains(out, "mpipause:") {
+			t.Errorf("a registered rank printed a warning:\n%s", out)
+		}
+		waitFor(t, "mpid to log the rank's registration and departure", 30*time.Second, nil, func() bool {
+			l := log.String()
+			return strings.Contains(l, `msg="rank registered" job=kt-job rank=0 size=1`) && strings.Contains(l, `msg="rank gone" job=kt-job`)
+		})
 	})
-
-	run(false, "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=outsider", jobKeyEnv(t, keyFile, "outsider"))
-	waitFor(t, "mpid to refuse a process outside the job", 30*time.Second, nil, func() bool {
-		return strings.Contains(log.String(), `msg="rank refused"`) && strings.Contains(log.String(), "not in the job's cgroup")
+	t.Run("a process outside the cgroup is refused", func(t *testing.T) {
+		run(t, false, "MPIPAUSE_MPID_SOCKET="+sock, "MPIPAUSE_JOBID=outsider", jobKeyEnv(t, keyFile, "outsider"))
+		waitFor(t, "mpid to refuse a process outside the job", 30*time.Second, nil, func() bool {
+			return strings.Contains(log.String(), `msg="rank refused"`) && strings.Contains(log.String(), "not in the job's cgroup")
+		})
+		if strings.Contains(log.String(), "job=outsider") {
+			t.Errorf("mpid registered a process outside the job:\n%s", log.String())
+		}
 	})
-	if strings.Contains(log.String(), "job=outsider") {
-		t.Errorf("mpid registered a process outside the job:\n%s", log.String())
-	}
-
-	out = run(true, "MPIPAUSE_MPID_SOCKET=@mpipause-kt-nobody")
-	if n := strings.Count(out, "mpipause: no mpid at @mpipause-kt-nobody"); n != 1 {
-		t.Errorf("without mpid: %d warning lines, want 1:\n%s", n, out)
-	}
-	out = run(true, "MPIPAUSE_MPID_SOCKET=@mpipause-kt-nobody", "MPIPAUSE_QUIET=1")
-	if strings.Contains(out, "mpipause:") {
-		t.Errorf("MPIPAUSE_QUIET=1 did not silence the shim:\n%s", out)
-	}
+	t.Run("without mpid, one warning", func(t *testing.T) {
+		out := run(t, true, "MPIPAUSE_MPID_SOCKET=@mpipause-kt-nobody")
+		if n := strings.Count(out, "mpipause: no mpid at @mpipause-kt-nobody"); n != 1 {
+			t.Errorf("without mpid: %d warning lines, want 1:\n%s", n, out)
+		}
+	})
+	t.Run("without mpid, MPIPAUSE_QUIET=1 silences it", func(t *testing.T) {
+		out := run(t, true, "MPIPAUSE_MPID_SOCKET=@mpipause-kt-nobody", "MPIPAUSE_QUIET=1")
+		if strings.Contains(out, "mpipause:") {
+			t.Errorf("MPIPAUSE_QUIET=1 did not silence the shim:\n%s", out)
+		}
+	})
 }
 
 // TestShimSurvivesMpidLoss: mpid goes away while a rank's gate is closed;
@@ -105,54 +111,74 @@ func TestShimSurvivesMpidLoss(t *testing.T) {
 	go func() { served <- srv.Serve(srvCtx) }()
 
 	p, hold := shimmedRank(ctx, t, sock, "loss")
-	if err := srv.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
-		t.Fatal(err)
-	}
-	r := srv.Ranks(ranks.JobKey(0, "loss"))[0]
-	if g, err := r.Close(ctx); err != nil || g.State != "closed" {
-		t.Fatalf("close: %+v %v", g, err)
-	}
-	if g, err := r.State(ctx); err != nil || g.State != "closed" {
-		t.Fatalf("state: %+v %v", g, err)
-	}
-	stopSrv() // mpid dies
-	<-served
-	waitFor(t, "the shim to notice and reopen", 30*time.Second, p.done, func() bool {
-		return strings.Contains(p.out.String(), "mpipause: lost mpid while paused; the send gate is open again")
-	})
-	atHold(t, hold, 1, p)
-	// A new mpid on the same socket: the shim registers again, same pid,
-	// and its gate answers the new mpid.
-	srv2, err := ranks.Listen(sock)
-	if err != nil {
-		t.Fatal(err)
-	}
 	srv2Ctx, stopSrv2 := context.WithCancel(ctx)
 	defer stopSrv2()
-	go srv2.Serve(srv2Ctx)
-	if err := srv2.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
-		t.Fatalf("the shim did not register with the new mpid: %v", err)
-	}
-	r2 := srv2.Ranks(ranks.JobKey(0, "loss"))[0]
-	if r2.Pid != r.Pid {
-		t.Errorf("registered again as pid %d, was %d", r2.Pid, r.Pid)
-	}
-	if !r2.HasGatePage() {
-		t.Error("no gate page shared with the new mpid")
-	}
-	if err := r2.CloseGate(ctx); err != nil {
-		t.Fatalf("close under the new mpid: %v", err)
-	}
-	if g, err := r2.State(ctx); err != nil || g.State != "closed" {
-		t.Fatalf("state under the new mpid: %+v %v", g, err)
-	}
-	if err := r2.ReopenGate(ctx); err != nil {
-		t.Fatalf("reopen under the new mpid: %v", err)
-	}
-	release(t, hold)
-	p.finish(ctx, t, "the rank after losing mpid", serial(t, filepath.Join(bin, "apps", "xchg.mpich"), 1, "-n", "3", "-s", "1K"))
-	if n := strings.Count(p.out.String(), "mpipause:"); n != 1 {
-		t.Errorf("%d lines from the shim, want 1:\n%s", n, p.out.String())
+	var r *ranks.Rank
+	// Each stage goes on from where the one before left the rank: after a
+	// failed one, the rest would only report its consequences.
+	for _, stage := range []struct {
+		name string
+		run  func(t *testing.T)
+	}{
+		{"the gate closed under mpid", func(t *testing.T) {
+			if err := srv.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
+				t.Fatal(err)
+			}
+			r = srv.Ranks(ranks.JobKey(0, "loss"))[0]
+			if g, err := r.Close(ctx); err != nil || g.State != "closed" {
+				t.Fatalf("close: %+v %v", g, err)
+			}
+			if g, err := r.State(ctx); err != nil || g.State != "closed" {
+				t.Fatalf("state: %+v %v", g, err)
+			}
+		}},
+		{"mpid gone, the shim reopens its gate", func(t *testing.T) {
+			stopSrv() // mpid dies
+			<-served
+			waitFor(t, "the shim to notice and reopen", 30*time.Second, p.done, func() bool {
+				return strings.Contains(p.out.String(), "mpipause: lost mpid while paused; the send gate is open again")
+			})
+			atHold(t, hold, 1, p)
+		}},
+		// A new mpid on the same socket: the shim registers again, same pid,
+		// and its gate answers the new mpid.
+		{"the next mpid on the same socket", func(t *testing.T) {
+			srv2, err := ranks.Listen(sock)
+			if err != nil {
+				t.Fatal(err)
+			}
+			go srv2.Serve(srv2Ctx)
+			if err := srv2.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
+				t.Fatalf("the shim did not register with the new mpid: %v", err)
+			}
+			r2 := srv2.Ranks(ranks.JobKey(0, "loss"))[0]
+			if r2.Pid != r.Pid {
+				t.Errorf("registered again as pid %d, was %d", r2.Pid, r.Pid)
+			}
+			if !r2.HasGatePage() {
+				t.Error("no gate page shared with the new mpid")
+			}
+			if err := r2.CloseGate(ctx); err != nil {
+				t.Fatalf("close under the new mpid: %v", err)
+			}
+			if g, err := r2.State(ctx); err != nil || g.State != "closed" {
+				t.Fatalf("state under the new mpid: %+v %v", g, err)
+			}
+			if err := r2.ReopenGate(ctx); err != nil {
+				t.Fatalf("reopen under the new mpid: %v", err)
+			}
+		}},
+		{"the rank finishes, having said so once", func(t *testing.T) {
+			release(t, hold)
+			p.finish(ctx, t, "the rank after losing mpid", serial(t, filepath.Join(bin, "apps", "xchg.mpich"), 1, "-n", "3", "-s", "1K"))
+			if n := strings.Count(p.out.String(), "mpipause:"); n != 1 {
+				t.Errorf("%d lines from the shim, want 1:\n%s", n, p.out.String())
+			}
+		}},
+	} {
+		if !t.Run(stage.name, stage.run) {
+			return
+		}
 	}
 }
 
@@ -366,14 +392,16 @@ func TestMpidClusterKey(t *testing.T) {
 		"loose mode":        {[]string{"--cluster-key", loose}, "chmod 600"},
 		"keygen over a key": {[]string{"keygen", key}, "never overwritten"},
 	} {
-		out, err := exec.Command(mpidBin, c.args...).CombinedOutput()
-		var ee *exec.ExitError
-		if !errors.As(err, &ee) || ee.ExitCode() != 2 || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 || !strings.Contains(string(out), c.say) {
-			t.Errorf("%s: %v, output %q; want exit 2 and one line saying %q", name, err, out, c.say)
-		}
-		if strings.Contains(string(out), strings.TrimSpace(string(b))) {
-			t.Errorf("%s: the key appears in the output", name)
-		}
+		t.Run("refused: "+name, func(t *testing.T) {
+			out, err := exec.Command(mpidBin, c.args...).CombinedOutput()
+			var ee *exec.ExitError
+			if !errors.As(err, &ee) || ee.ExitCode() != 2 || strings.Count(strings.TrimSpace(string(out)), "\n") != 0 || !strings.Contains(string(out), c.say) {
+				t.Errorf("%s: %v, output %q; want exit 2 and one line saying %q", name, err, out, c.say)
+			}
+			if strings.Contains(string(out), strings.TrimSpace(string(b))) {
+				t.Errorf("%s: the key appears in the output", name)
+			}
+		})
 	}
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -412,19 +440,26 @@ func TestMpidClusterKey(t *testing.T) {
 	}
 	for name, tr := range map[string]*quiesce.TCPTransport{"no key": {Resolve: resolve},
 		"another key": {Resolve: resolve, Identity: identity(quiesce.NewKeyring(other))}} {
-		if _, err := tr.Call(ctx, host, req); err == nil {
-			t.Errorf("%s: the peer port answered", name)
-		}
+		t.Run("peer port, "+name, func(t *testing.T) {
+			if _, err := tr.Call(ctx, host, req); err == nil {
+				t.Errorf("%s: the peer port answered", name)
+			}
+		})
 	}
 	// The holder of the key is answered (about a job that does not exist).
-	rep, err := (&quiesce.TCPTransport{Resolve: resolve, Identity: identity(good)}).Call(ctx, host, req)
-	if code, cerr := mpid.ControlRefusal(rep); err != nil || cerr != nil || code != "unknown-job" {
-		t.Errorf("with the key: %+v, %v, %v; want the answer that there is no such job", rep, err, cerr)
-	}
-	waitFor(t, "mpid to log the refused peers", 10*time.Second, d.done, func() bool {
-		return strings.Contains(d.out.String(), "does not speak TLS") && strings.Contains(d.out.String(), "another cluster key")
+	withKey := &quiesce.TCPTransport{Resolve: resolve, Identity: identity(good)}
+	t.Run("peer port, the key", func(t *testing.T) {
+		rep, err := withKey.Call(ctx, host, req)
+		if code, cerr := mpid.ControlRefusal(rep); err != nil || cerr != nil || code != "unknown-job" {
+			t.Errorf("with the key: %+v, %v, %v; want the answer that there is no such job", rep, err, cerr)
+		}
 	})
-	if strings.Contains(d.out.String(), strings.TrimSpace(string(b))) {
-		t.Error("the key appears in mpid's log")
-	}
+	t.Run("refused peers logged, the key not", func(t *testing.T) {
+		waitFor(t, "mpid to log the refused peers", 10*time.Second, d.done, func() bool {
+			return strings.Contains(d.out.String(), "does not speak TLS") && strings.Contains(d.out.String(), "another cluster key")
+		})
+		if strings.Contains(d.out.String(), strings.TrimSpace(string(b))) {
+			t.Error("the key appears in mpid's log")
+		}
+	})
 }

@@ -103,121 +103,132 @@ func TestRigLifecycle(t *testing.T) {
 	before := traceHost(t, name)
 	t.Cleanup(func() { rigCommand(context.Background(), name, "down") })
 
-	mustRig(t, name, "up", "3")
+	mpids := map[string]int{}
 	// Every node has its mpid, running the one TestMain chose (the test
 	// build, bin/test/mpid) and ready, as soon as up returns.
-	mpids := map[string]int{}
-	for _, n := range statusOf(t, name).Nodes {
-		if n.MPIDPid == 0 || !n.MPIDAlive || !n.MPIDReady {
-			t.Errorf("after up, %s's mpid: pid %d alive %v ready %v", n.Name, n.MPIDPid, n.MPIDAlive, n.MPIDReady)
-			continue
+	if !t.Run("up starts a ready mpid in each node", func(t *testing.T) {
+		mustRig(t, name, "up", "3")
+		for _, n := range statusOf(t, name).Nodes {
+			if n.MPIDPid == 0 || !n.MPIDAlive || !n.MPIDReady {
+				t.Errorf("after up, %s's mpid: pid %d alive %v ready %v", n.Name, n.MPIDPid, n.MPIDAlive, n.MPIDReady)
+				continue
+			}
+			mpids[n.Name] = n.MPIDPid
+			if exe, err := os.Readlink("/proc/" + strconv.Itoa(n.MPIDPid) + "/exe"); err != nil || strings.TrimSuffix(exe, " (deleted)") != filepath.Join(bin, testMPID) {
+				t.Errorf("%s's mpid (pid %d) runs %q (%v), want %s", n.Name, n.MPIDPid, exe, err, filepath.Join(bin, testMPID))
+			}
+			if _, err := os.Stat(filepath.Join(rigDir(name), "mpid-"+n.Name+".ready")); err != nil {
+				t.Errorf("%s's mpid ready file: %v", n.Name, err)
+			}
+			// mpid runs every thread under SCHED_RR (its default
+			// --rt-priority 1), so that its steps are not queued behind
+			// busy-polling ranks.
+			if pol := threadPolicies(n.MPIDPid); len(pol) == 0 || slices.ContainsFunc(pol, func(p string) bool { return p != "2" }) {
+				t.Errorf("%s's mpid threads' scheduling policies %v; want all 2 (SCHED_RR)", n.Name, pol)
+			}
 		}
-		mpids[n.Name] = n.MPIDPid
-		if exe, err := os.Readlink("/proc/" + strconv.Itoa(n.MPIDPid) + "/exe"); err != nil || strings.TrimSuffix(exe, " (deleted)") != filepath.Join(bin, testMPID) {
-			t.Errorf("%s's mpid (pid %d) runs %q (%v), want %s", n.Name, n.MPIDPid, exe, err, filepath.Join(bin, testMPID))
+		if len(mpids) != 3 {
+			t.Fatalf("after up: mpids %v, want one in each of 3 nodes", mpids)
 		}
-		if _, err := os.Stat(filepath.Join(rigDir(name), "mpid-"+n.Name+".ready")); err != nil {
-			t.Errorf("%s's mpid ready file: %v", n.Name, err)
+	}) {
+		return
+	}
+	t.Run("status shows each mpid ready", func(t *testing.T) {
+		txt := mustRig(t, name, "status")
+		for node, pid := range mpids {
+			if !regexp.MustCompile(`(?m)^` + node + `\s.*\s` + strconv.Itoa(pid) + ` ready$`).MatchString(txt) {
+				t.Errorf("rig status does not show %s's mpid %d as ready:\n%s", node, pid, txt)
+			}
 		}
-		// mpid runs every thread under SCHED_RR (its default
-		// --rt-priority 1), so that its steps are not queued behind
-		// busy-polling ranks.
-		if pol := threadPolicies(n.MPIDPid); len(pol) == 0 || slices.ContainsFunc(pol, func(p string) bool { return p != "2" }) {
-			t.Errorf("%s's mpid threads' scheduling policies %v; want all 2 (SCHED_RR)", n.Name, pol)
+	})
+	t.Run("up again keeps the live mpids", func(t *testing.T) {
+		mustRig(t, name, "up", "3") // idempotent: the live daemons stay
+		for _, n := range statusOf(t, name).Nodes {
+			if n.MPIDPid != mpids[n.Name] || !n.MPIDAlive {
+				t.Errorf("second up: %s's mpid is %d (alive %v), was %d", n.Name, n.MPIDPid, n.MPIDAlive, mpids[n.Name])
+			}
 		}
-	}
-	if len(mpids) != 3 {
-		t.Fatalf("after up: mpids %v, want one in each of 3 nodes", mpids)
-	}
-	txt := mustRig(t, name, "status")
-	for node, pid := range mpids {
-		if !regexp.MustCompile(`(?m)^` + node + `\s.*\s` + strconv.Itoa(pid) + ` ready$`).MatchString(txt) {
-			t.Errorf("rig status does not show %s's mpid %d as ready:\n%s", node, pid, txt)
+	})
+	t.Run("exec runs in the node's own view", func(t *testing.T) {
+		for _, node := range []string{"node0", "node1", "node2"} {
+			if got := strings.TrimSpace(mustRig(t, name, "exec", node, "--", "hostname")); got != node {
+				t.Errorf("rig exec %s -- hostname: %q, want %q", node, got, node)
+			}
 		}
-	}
-
-	mustRig(t, name, "up", "3") // idempotent: the live daemons stay
-	for _, n := range statusOf(t, name).Nodes {
-		if n.MPIDPid != mpids[n.Name] || !n.MPIDAlive {
-			t.Errorf("second up: %s's mpid is %d (alive %v), was %d", n.Name, n.MPIDPid, n.MPIDAlive, mpids[n.Name])
+		// Names resolve through the node's own /etc/hosts.
+		if got := mustRig(t, name, "exec", "node0", "--", "getent", "hosts", "node2"); !strings.HasPrefix(got, "10.77.0.3 ") {
+			t.Errorf("node0 resolves node2 as %q, want 10.77.0.3", got)
 		}
-	}
-
-	for _, node := range []string{"node0", "node1", "node2"} {
-		if got := strings.TrimSpace(mustRig(t, name, "exec", node, "--", "hostname")); got != node {
-			t.Errorf("rig exec %s -- hostname: %q, want %q", node, got, node)
+		// A node sees cgroup v2 and a bpffs (what `ip netns exec` would hide),
+		// and bin/ first on PATH.
+		mi := mustRig(t, name, "exec", "node1", "--", "cat", "/proc/self/mountinfo")
+		for _, fs := range []string{" - cgroup2 ", " - bpf "} {
+			if !strings.Contains(mi, fs) {
+				t.Errorf("node1's mounts have no%s:\n%s", fs, mi)
+			}
 		}
-	}
-	// Names resolve through the node's own /etc/hosts.
-	if got := mustRig(t, name, "exec", "node0", "--", "getent", "hosts", "node2"); !strings.HasPrefix(got, "10.77.0.3 ") {
-		t.Errorf("node0 resolves node2 as %q, want 10.77.0.3", got)
-	}
-	// A node sees cgroup v2 and a bpffs (what `ip netns exec` would hide),
-	// and bin/ first on PATH.
-	mi := mustRig(t, name, "exec", "node1", "--", "cat", "/proc/self/mountinfo")
-	for _, fs := range []string{" - cgroup2 ", " - bpf "} {
-		if !strings.Contains(mi, fs) {
-			t.Errorf("node1's mounts have no%s:\n%s", fs, mi)
+		path := strings.TrimSpace(mustRig(t, name, "exec", "node1", "--", "sh", "-c", "echo $PATH"))
+		if !strings.HasPrefix(path, os.Getenv("MPIPAUSE_BIN")+":") {
+			t.Errorf("PATH in a node is %q, want %s first", path, os.Getenv("MPIPAUSE_BIN"))
 		}
-	}
-	path := strings.TrimSpace(mustRig(t, name, "exec", "node1", "--", "sh", "-c", "echo $PATH"))
-	if !strings.HasPrefix(path, os.Getenv("MPIPAUSE_BIN")+":") {
-		t.Errorf("PATH in a node is %q, want %s first", path, os.Getenv("MPIPAUSE_BIN"))
-	}
-	// Only the node's own interfaces: lo and eth0.
-	links := mustRig(t, name, "exec", "node2", "--", "ls", "/sys/class/net")
-	if f := strings.Fields(links); len(f) != 2 || !strings.Contains(links, "eth0") || !strings.Contains(links, "lo") {
-		t.Errorf("node2 interfaces: %q, want eth0 and lo", links)
-	}
-
-	st := statusOf(t, name)
-	if !st.Up || len(st.Nodes) != 3 {
-		t.Fatalf("status: up=%v with %d nodes, want up with 3", st.Up, len(st.Nodes))
-	}
-	for _, n := range st.Nodes {
-		if !n.Exists || !n.LinkUp {
-			t.Errorf("status: %s exists=%v link_up=%v", n.Name, n.Exists, n.LinkUp)
+		// Only the node's own interfaces: lo and eth0.
+		links := mustRig(t, name, "exec", "node2", "--", "ls", "/sys/class/net")
+		if f := strings.Fields(links); len(f) != 2 || !strings.Contains(links, "eth0") || !strings.Contains(links, "lo") {
+			t.Errorf("node2 interfaces: %q, want eth0 and lo", links)
 		}
-	}
-
-	// Bad input: one line, non-zero exit, nothing changed.
-	for _, args := range [][]string{{"up", "4"}, {"up", "x"}, {"up", "--bogus", "3"}, {"exec", "node7", "--", "true"}, {"exec", "node0"}} {
-		out, err := rigCommand(context.Background(), name, args...)
-		if err == nil {
-			t.Errorf("rig %v: succeeded, want an error", args)
+	})
+	t.Run("status shows the nodes up", func(t *testing.T) {
+		st := statusOf(t, name)
+		if !st.Up || len(st.Nodes) != 3 {
+			t.Fatalf("status: up=%v with %d nodes, want up with 3", st.Up, len(st.Nodes))
 		}
-		if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 1 || !strings.HasPrefix(lines[0], "rig:") {
-			t.Errorf("rig %v: want one line starting with rig:, got %q", args, out)
+		for _, n := range st.Nodes {
+			if !n.Exists || !n.LinkUp {
+				t.Errorf("status: %s exists=%v link_up=%v", n.Name, n.Exists, n.LinkUp)
+			}
 		}
-	}
-
-	mustRig(t, name, "down")
-	mustRig(t, name, "down") // idempotent
-	after := traceHost(t, name)
-	if strings.Join(after.links, " ") != strings.Join(before.links, " ") {
-		t.Errorf("host links changed: before %v, after %v", before.links, after.links)
-	}
-	for what, left := range map[string][]string{"netns": after.netns, "/etc/netns": after.etc, "mounts": after.mounts} {
-		if len(left) != 0 {
-			t.Errorf("left behind in %s: %v", what, left)
+	})
+	// One line, non-zero exit, nothing changed.
+	t.Run("bad input refused", func(t *testing.T) {
+		for _, args := range [][]string{{"up", "4"}, {"up", "x"}, {"up", "--bogus", "3"}, {"exec", "node7", "--", "true"}, {"exec", "node0"}} {
+			out, err := rigCommand(context.Background(), name, args...)
+			if err == nil {
+				t.Errorf("rig %v: succeeded, want an error", args)
+			}
+			if lines := strings.Split(strings.TrimSpace(out), "\n"); len(lines) != 1 || !strings.HasPrefix(lines[0], "rig:") {
+				t.Errorf("rig %v: want one line starting with rig:, got %q", args, out)
+			}
 		}
-	}
-	if _, err := os.Stat(rigDir(name)); !os.IsNotExist(err) {
-		t.Errorf("state directory left behind: %v", err)
-	}
-	for node, pid := range mpids {
-		if running(pid) {
-			t.Errorf("%s's mpid (pid %d) survives down", node, pid)
+	})
+	t.Run("down leaves nothing behind", func(t *testing.T) {
+		mustRig(t, name, "down")
+		mustRig(t, name, "down") // idempotent
+		after := traceHost(t, name)
+		if strings.Join(after.links, " ") != strings.Join(before.links, " ") {
+			t.Errorf("host links changed: before %v, after %v", before.links, after.links)
 		}
-	}
-	if cg, err := cgroupv2.Root(); err == nil {
-		if _, err := os.Stat(filepath.Join(cg, "mpipause-rig", name)); !os.IsNotExist(err) {
-			t.Errorf("cgroup mpipause-rig/%s left behind: %v", name, err)
+		for what, left := range map[string][]string{"netns": after.netns, "/etc/netns": after.etc, "mounts": after.mounts} {
+			if len(left) != 0 {
+				t.Errorf("left behind in %s: %v", what, left)
+			}
 		}
-	}
-	if out, err := rigCommand(context.Background(), name, "exec", "node1", "--", "hostname"); err == nil {
-		t.Errorf("exec after down succeeded: %q", out)
-	}
+		if _, err := os.Stat(rigDir(name)); !os.IsNotExist(err) {
+			t.Errorf("state directory left behind: %v", err)
+		}
+		for node, pid := range mpids {
+			if running(pid) {
+				t.Errorf("%s's mpid (pid %d) survives down", node, pid)
+			}
+		}
+		if cg, err := cgroupv2.Root(); err == nil {
+			if _, err := os.Stat(filepath.Join(cg, "mpipause-rig", name)); !os.IsNotExist(err) {
+				t.Errorf("cgroup mpipause-rig/%s left behind: %v", name, err)
+			}
+		}
+		if out, err := rigCommand(context.Background(), name, "exec", "node1", "--", "hostname"); err == nil {
+			t.Errorf("exec after down succeeded: %q", out)
+		}
+	})
 }
 
 // TestRigNoMPID: `up --no-mpid` brings the nodes up without daemons, and

@@ -317,85 +317,97 @@ func TestMPIDMinimalCaps(t *testing.T) {
 		t.Fatal(err)
 	}
 	journal := fmt.Sprintf("JOURNAL_STREAM=%d:%d", st.Dev, st.Ino)
-	pids, err := restartRigMPIDs(t, "MPIPAUSE_RIG_MPID_WRAP="+strings.Join(capWrap(t, caps), " "), "NOTIFY_SOCKET="+ns.path, journal)
-	if err != nil {
-		t.Fatalf("mpid with only %v: %v", caps, err)
-	}
-	for i, pid := range pids {
-		st := procStatus(t, pid)
-		for _, f := range []string{"CapEff", "CapPrm", "CapBnd"} {
-			got, err := strconv.ParseUint(st[f], 16, 64)
-			if err != nil || got != want {
-				t.Errorf("node%d's mpid (pid %d): %s %s, want %016x (%v)", i, pid, f, st[f], want, caps)
+	var pids []int
+	if !t.Run("mpids start with only the unit's capabilities", func(t *testing.T) {
+		var err error
+		pids, err = restartRigMPIDs(t, "MPIPAUSE_RIG_MPID_WRAP="+strings.Join(capWrap(t, caps), " "), "NOTIFY_SOCKET="+ns.path, journal)
+		if err != nil {
+			t.Fatalf("mpid with only %v: %v", caps, err)
+		}
+		for i, pid := range pids {
+			st := procStatus(t, pid)
+			for _, f := range []string{"CapEff", "CapPrm", "CapBnd"} {
+				got, err := strconv.ParseUint(st[f], 16, 64)
+				if err != nil || got != want {
+					t.Errorf("node%d's mpid (pid %d): %s %s, want %016x (%v)", i, pid, f, st[f], want, caps)
+				}
+			}
+			if st["CapInh"] != "0000000000000000" || st["CapAmb"] != "0000000000000000" {
+				t.Errorf("node%d's mpid: CapInh %s CapAmb %s, want none", i, st["CapInh"], st["CapAmb"])
+			}
+			if slices.Contains(unitValues(t, "NoNewPrivileges"), "yes") && st["NoNewPrivs"] != "1" {
+				t.Errorf("node%d's mpid: NoNewPrivs %s, want 1", i, st["NoNewPrivs"])
 			}
 		}
-		if st["CapInh"] != "0000000000000000" || st["CapAmb"] != "0000000000000000" {
-			t.Errorf("node%d's mpid: CapInh %s CapAmb %s, want none", i, st["CapInh"], st["CapAmb"])
+		// READY=1 comes before the ready file `rig up` waited for.
+		ready := ns.expectNotify(t, pids, "READY=1")
+		for i, pid := range pids {
+			if !strings.Contains(ready[pid], fmt.Sprintf("STATUS=serving node node%d:", i)) || !strings.Contains(ready[pid], fmt.Sprintf("MAINPID=%d\n", pid)) {
+				t.Errorf("node%d's mpid notified %q, want its STATUS and MAINPID", i, ready[pid])
+			}
 		}
-		if slices.Contains(unitValues(t, "NoNewPrivileges"), "yes") && st["NoNewPrivs"] != "1" {
-			t.Errorf("node%d's mpid: NoNewPrivs %s, want 1", i, st["NoNewPrivs"])
-		}
+	}) {
+		return
 	}
-	// READY=1 comes before the ready file `rig up` waited for.
-	ready := ns.expectNotify(t, pids, "READY=1")
-	for i, pid := range pids {
-		if !strings.Contains(ready[pid], fmt.Sprintf("STATUS=serving node node%d:", i)) || !strings.Contains(ready[pid], fmt.Sprintf("MAINPID=%d\n", pid)) {
-			t.Errorf("node%d's mpid notified %q, want its STATUS and MAINPID", i, ready[pid])
-		}
-	}
-
 	obs, check := rigReaders(ctx, t)
-	lib := mpiLibs[0]
-	id := fmt.Sprintf("caps-%d", os.Getpid())
-	app := filepath.Join(bin, "apps", "xchg."+lib.name)
-	args := []string{"-m", "a2a", "-n", "300", "-s", "256K"}
-	job := runJob(ctx, t, lib, id, app, args...)
-	cgs := nodeJobCgroups(t, id)
-	defer cli(context.Background(), t, "node0", nil, "resume", id)
-	waitProgress(ctx, t, obs, job.done, 0, 4<<20)
-	j, r := jobJSON(ctx, t, "pause", id)
-	if r.code != 0 {
-		t.Fatalf("pause with only %v: exit %d: %s\n%s", caps, r.code, r.stderr, job.out.String())
-	}
-	checkPaused(ctx, t, "the pause with the unit's capabilities", j, cgs, obs, check)
-	if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
-		t.Fatalf("resume: exit %d, state %q: %s", r.code, j.State, r.stderr)
-	}
-	job.finish(ctx, t, "the job paused by mpids with the unit's capabilities", serial(t, app, 6, args...))
-	otherUserJob(ctx, t, bin, obs, check)
-	for i := range pids {
-		// A kernel refusal mpid lives with (SCHED_RR refused: it runs on
-		// with --nice alone) shows only in its log.
-		l := lastRunLog(t, i)
-		// On the journal, each line starts with its priority and has no
-		// time (journald adds it); elsewhere, the time comes first.
-		// The line that says mpid serves, wherever it is (other lines,
-		// such as the metrics endpoint's, may come first).
-		serving := "level=INFO msg=serving node=node" + strconv.Itoa(i)
-		var line string
-		for _, ln := range strings.Split(strings.TrimSpace(l), "\n")[1:] { // after up's mark
-			if strings.Contains(ln, serving) {
-				line = ln
-				break
+	var j ctl.Job
+	t.Run("a job paused and resumed", func(t *testing.T) {
+		lib := mpiLibs[0]
+		id := fmt.Sprintf("caps-%d", os.Getpid())
+		app := filepath.Join(bin, "apps", "xchg."+lib.name)
+		args := []string{"-m", "a2a", "-n", "300", "-s", "256K"}
+		job := runJob(ctx, t, lib, id, app, args...)
+		cgs := nodeJobCgroups(t, id)
+		defer cli(context.Background(), t, "node0", nil, "resume", id)
+		waitProgress(ctx, t, obs, job.done, 0, 4<<20)
+		var r cliResult
+		j, r = jobJSON(ctx, t, "pause", id)
+		if r.code != 0 {
+			t.Fatalf("pause with only %v: exit %d: %s\n%s", caps, r.code, r.stderr, job.out.String())
+		}
+		checkPaused(ctx, t, "the pause with the unit's capabilities", j, cgs, obs, check)
+		if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
+			t.Fatalf("resume: exit %d, state %q: %s", r.code, j.State, r.stderr)
+		}
+		job.finish(ctx, t, "the job paused by mpids with the unit's capabilities", serial(t, app, 6, args...))
+	})
+	t.Run("another user's job", func(t *testing.T) { otherUserJob(ctx, t, bin, obs, check) })
+	t.Run("logs journald-style on the journal only, no refusals", func(t *testing.T) {
+		for i := range pids {
+			// A kernel refusal mpid lives with (SCHED_RR refused: it runs on
+			// with --nice alone) shows only in its log.
+			l := lastRunLog(t, i)
+			// On the journal, each line starts with its priority and has no
+			// time (journald adds it); elsewhere, the time comes first.
+			// The line that says mpid serves, wherever it is (other lines,
+			// such as the metrics endpoint's, may come first).
+			serving := "level=INFO msg=serving node=node" + strconv.Itoa(i)
+			var line string
+			for _, ln := range strings.Split(strings.TrimSpace(l), "\n")[1:] { // after up's mark
+				if strings.Contains(ln, serving) {
+					line = ln
+					break
+				}
+			}
+			if i == 0 && (!strings.HasPrefix(line, "<6>"+serving) || strings.Contains(l, "time=")) {
+				t.Errorf("node0's mpid, its stderr the journal's stream: want lines like \"<6>%s ...\" without time=, got:\n%s", serving, l)
+			}
+			if i != 0 && (!strings.HasPrefix(line, "time=") || strings.Contains(l, "<6>")) {
+				t.Errorf("node%d's mpid, its stderr not the journal's: want lines like \"time=... %s ...\", got:\n%s", i, serving, l)
+			}
+			for _, bad := range []string{"no real-time scheduling", "permission denied", "operation not permitted", "level=ERROR"} {
+				if strings.Contains(l, bad) {
+					t.Errorf("node%d's mpid logged %q with the unit's capabilities:\n%s", i, bad, l)
+				}
 			}
 		}
-		if i == 0 && (!strings.HasPrefix(line, "<6>"+serving) || strings.Contains(l, "time=")) {
-			t.Errorf("node0's mpid, its stderr the journal's stream: want lines like \"<6>%s ...\" without time=, got:\n%s", serving, l)
-		}
-		if i != 0 && (!strings.HasPrefix(line, "time=") || strings.Contains(l, "<6>")) {
-			t.Errorf("node%d's mpid, its stderr not the journal's: want lines like \"time=... %s ...\", got:\n%s", i, serving, l)
-		}
-		for _, bad := range []string{"no real-time scheduling", "permission denied", "operation not permitted", "level=ERROR"} {
-			if strings.Contains(l, bad) {
-				t.Errorf("node%d's mpid logged %q with the unit's capabilities:\n%s", i, bad, l)
-			}
-		}
-	}
-
-	stopRigMPIDs(t)
-	ns.expectNotify(t, pids, "STOPPING=1")
-	t.Logf("mpids with only %s (CapEff %016x, no_new_privs): READY=1 and STOPPING=1 received; node0 logged journald-style; %d connections empty at COMMIT; output unchanged",
-		strings.Join(caps, " "), want, j.Connections)
+	})
+	t.Run("STOPPING=1 on SIGTERM", func(t *testing.T) {
+		stopRigMPIDs(t)
+		ns.expectNotify(t, pids, "STOPPING=1")
+		t.Logf("mpids with only %s (CapEff %016x, no_new_privs): READY=1 and STOPPING=1 received; node0 logged journald-style; %d connections empty at COMMIT; output unchanged",
+			strings.Join(caps, " "), want, j.Connections)
+	})
 }
 
 // otherUserJob runs a job of uid 65534 on node0 under the mpids of the

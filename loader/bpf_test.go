@@ -146,69 +146,83 @@ func TestBPFTraffic(t *testing.T) {
 	cli, srv := connect(t, r, client, server)
 
 	const n, k, peekN, back = 100000, 30000, 20000, 5000
-	client.do("write %s %d", cli.id, n)
-	cs := waitFor(t, o, "all bytes delivered and acknowledged", func(cs []Conn) bool {
-		c, ok1 := byCookie(cs, cli.cookie)
-		s, ok2 := byCookie(cs, srv.cookie)
-		return ok1 && ok2 && c.SendQueue == 0 && s.Unread == n
-	})
-	c, s := mustConn(t, cs, cli.cookie), mustConn(t, cs, srv.cookie)
-	for _, x := range []struct {
-		name      string
-		got, want any
+	// Each stage starts where the one before left the connection: after a
+	// failed one, the rest would only report its consequences.
+	for _, stage := range []struct {
+		name string
+		run  func(t *testing.T, client, server *helper)
 	}{
-		{"client local", c.Local.String(), cli.local},
-		{"client remote", c.Remote.String(), cli.remote},
-		{"server local", s.Local.String(), srv.local},
-		{"server remote", s.Remote.String(), srv.remote},
-		{"client netns", c.Netns, r.nsA},
-		{"server netns", s.Netns, r.nsB},
-		{"client state", c.State, StateEstablished},
-		{"client cgroup", c.Cgroup, r.cgroupID},
-		{"server cgroup", s.Cgroup, r.cgroupID},
-		{"client counted", c.Counted, true},
-		{"server counted", s.Counted, true},
-		{"client sent", c.BytesSent, uint64(n)},
-		{"client recv", c.BytesRecv, uint64(0)},
-		{"server sent", s.BytesSent, uint64(0)},
-		{"server recv", s.BytesRecv, uint64(0)},
-		{"client acked all", c.SndUna, c.WriteSeq},
-		{"seq match", s.RcvNxt, c.SndNxt},
+		{"one way, delivered and acknowledged", func(t *testing.T, client, server *helper) {
+			client.do("write %s %d", cli.id, n)
+			cs := waitFor(t, o, "all bytes delivered and acknowledged", func(cs []Conn) bool {
+				c, ok1 := byCookie(cs, cli.cookie)
+				s, ok2 := byCookie(cs, srv.cookie)
+				return ok1 && ok2 && c.SendQueue == 0 && s.Unread == n
+			})
+			c, s := mustConn(t, cs, cli.cookie), mustConn(t, cs, srv.cookie)
+			for _, x := range []struct {
+				name      string
+				got, want any
+			}{
+				{"client local", c.Local.String(), cli.local},
+				{"client remote", c.Remote.String(), cli.remote},
+				{"server local", s.Local.String(), srv.local},
+				{"server remote", s.Remote.String(), srv.remote},
+				{"client netns", c.Netns, r.nsA},
+				{"server netns", s.Netns, r.nsB},
+				{"client state", c.State, StateEstablished},
+				{"client cgroup", c.Cgroup, r.cgroupID},
+				{"server cgroup", s.Cgroup, r.cgroupID},
+				{"client counted", c.Counted, true},
+				{"server counted", s.Counted, true},
+				{"client sent", c.BytesSent, uint64(n)},
+				{"client recv", c.BytesRecv, uint64(0)},
+				{"server sent", s.BytesSent, uint64(0)},
+				{"server recv", s.BytesRecv, uint64(0)},
+				{"client acked all", c.SndUna, c.WriteSeq},
+				{"seq match", s.RcvNxt, c.SndNxt},
+			} {
+				if x.got != x.want {
+					t.Errorf("%s = %v, want %v", x.name, x.got, x.want)
+				}
+			}
+			if c.Established.Before(start.Add(-time.Second)) || c.Established.After(time.Now()) {
+				t.Errorf("client established at %v, want between %v and now", c.Established, start)
+			}
+		}},
+		// Peeked bytes stay unread and uncounted.
+		{"read in part, then peeked", func(t *testing.T, client, server *helper) {
+			server.do("read %s %d", srv.id, k)
+			if got := server.do("peek %s %d", srv.id, peekN)[0]; got != fmt.Sprint(peekN) {
+				t.Fatalf("peeked %s bytes, want %d", got, peekN)
+			}
+			cs := waitFor(t, o, "partial read seen", has(srv.cookie, func(c Conn) bool { return c.BytesRecv == k }))
+			if s := mustConn(t, cs, srv.cookie); s.Unread != n-k {
+				t.Errorf("after reading %d of %d: Unread = %d, want %d", k, n, s.Unread, n-k)
+			}
+		}},
+		{"the other way, then the rest", func(t *testing.T, client, server *helper) {
+			server.do("write %s %d", srv.id, back)
+			client.do("read %s %d", cli.id, back)
+			server.do("read %s %d", srv.id, n-k)
+			cs := waitFor(t, o, "both directions drained", func(cs []Conn) bool {
+				c, ok1 := byCookie(cs, cli.cookie)
+				s, ok2 := byCookie(cs, srv.cookie)
+				return ok1 && ok2 && c.Empty() && s.Empty()
+			})
+			c, s := mustConn(t, cs, cli.cookie), mustConn(t, cs, srv.cookie)
+			if c.BytesSent != n || c.BytesRecv != back || s.BytesSent != back || s.BytesRecv != n {
+				t.Errorf("counters: client sent %d recv %d, server sent %d recv %d; want %d %d %d %d",
+					c.BytesSent, c.BytesRecv, s.BytesSent, s.BytesRecv, n, back, back, n)
+			}
+			if len(cs) != 2 {
+				t.Errorf("snapshot has %d connections, want 2:\n%s", len(cs), dump(cs))
+			}
+		}},
 	} {
-		if x.got != x.want {
-			t.Errorf("%s = %v, want %v", x.name, x.got, x.want)
+		if !t.Run(stage.name, func(t *testing.T) { stage.run(t, client.forTest(t), server.forTest(t)) }) {
+			return
 		}
-	}
-	if c.Established.Before(start.Add(-time.Second)) || c.Established.After(time.Now()) {
-		t.Errorf("client established at %v, want between %v and now", c.Established, start)
-	}
-
-	// A partial read, then a peek: peeked bytes stay unread and uncounted.
-	server.do("read %s %d", srv.id, k)
-	if got := server.do("peek %s %d", srv.id, peekN)[0]; got != fmt.Sprint(peekN) {
-		t.Fatalf("peeked %s bytes, want %d", got, peekN)
-	}
-	cs = waitFor(t, o, "partial read seen", has(srv.cookie, func(c Conn) bool { return c.BytesRecv == k }))
-	if s := mustConn(t, cs, srv.cookie); s.Unread != n-k {
-		t.Errorf("after reading %d of %d: Unread = %d, want %d", k, n, s.Unread, n-k)
-	}
-
-	// The other direction, then the rest.
-	server.do("write %s %d", srv.id, back)
-	client.do("read %s %d", cli.id, back)
-	server.do("read %s %d", srv.id, n-k)
-	cs = waitFor(t, o, "both directions drained", func(cs []Conn) bool {
-		c, ok1 := byCookie(cs, cli.cookie)
-		s, ok2 := byCookie(cs, srv.cookie)
-		return ok1 && ok2 && c.Empty() && s.Empty()
-	})
-	c, s = mustConn(t, cs, cli.cookie), mustConn(t, cs, srv.cookie)
-	if c.BytesSent != n || c.BytesRecv != back || s.BytesSent != back || s.BytesRecv != n {
-		t.Errorf("counters: client sent %d recv %d, server sent %d recv %d; want %d %d %d %d",
-			c.BytesSent, c.BytesRecv, s.BytesSent, s.BytesRecv, n, back, back, n)
-	}
-	if len(cs) != 2 {
-		t.Errorf("snapshot has %d connections, want 2:\n%s", len(cs), dump(cs))
 	}
 }
 
@@ -298,54 +312,69 @@ func TestBPFEstablishedBeforeAttach(t *testing.T) {
 	server.do("read %s 100", srv2.id)
 
 	o := openBPF(t, Config{Cgroup: r.cgroup, FollowJob: true})
-	cs := waitFor(t, o, "old connections", func(cs []Conn) bool {
-		c, ok1 := byCookie(cs, cli.cookie)
-		s, ok2 := byCookie(cs, srv2.cookie)
-		return ok1 && ok2 && c.Unread == 50 && s.State == StateCloseWait
-	})
-	for _, x := range []struct {
-		name       string
-		cookie     uint64
-		sent, recv uint64
-		state      TCPState
+	// Each stage starts where the one before left the connections: after a
+	// failed one, the rest would only report its consequences.
+	for _, stage := range []struct {
+		name string
+		run  func(t *testing.T, client, server *helper)
 	}{
-		{"client", cli.cookie, 700, 0, StateEstablished},
-		{"server", srv.cookie, 50, 200, StateEstablished},
-		{"half-closed client", cli2.cookie, 300, 0, StateFinWait2},
-		{"half-closed server", srv2.cookie, 0, 100, StateCloseWait},
+		{"found with their history", func(t *testing.T, client, server *helper) {
+			cs := waitFor(t, o, "old connections", func(cs []Conn) bool {
+				c, ok1 := byCookie(cs, cli.cookie)
+				s, ok2 := byCookie(cs, srv2.cookie)
+				return ok1 && ok2 && c.Unread == 50 && s.State == StateCloseWait
+			})
+			for _, x := range []struct {
+				name       string
+				cookie     uint64
+				sent, recv uint64
+				state      TCPState
+			}{
+				{"client", cli.cookie, 700, 0, StateEstablished},
+				{"server", srv.cookie, 50, 200, StateEstablished},
+				{"half-closed client", cli2.cookie, 300, 0, StateFinWait2},
+				{"half-closed server", srv2.cookie, 0, 100, StateCloseWait},
+			} {
+				c := mustConn(t, cs, x.cookie)
+				if !c.Counted || c.BytesSent != x.sent || c.BytesRecv != x.recv || c.State != x.state || !c.Established.IsZero() {
+					t.Errorf("%s from before attach: Counted %v, sent %d, recv %d, %v, Established %v; want true, %d, %d, %v, zero",
+						x.name, c.Counted, c.BytesSent, c.BytesRecv, c.State, c.Established, x.sent, x.recv, x.state)
+				}
+			}
+			if c := mustConn(t, cs, srv2.cookie); c.Unread != 201 {
+				t.Errorf("half-closed server: Unread %d, want 201 (200 bytes and the FIN)", c.Unread)
+			}
+		}},
+		{"adopted, half-closed one after its FINs", func(t *testing.T, client, server *helper) {
+			client.do("write %s 1234", cli.id)
+			server.do("read %s 1734", srv.id)
+			client.do("read %s 50", cli.id)
+			server.do("read %s 200", srv2.id)
+			server.do("eof %s", srv2.id)
+			cs := waitFor(t, o, "adopted and drained", has(srv.cookie, func(c Conn) bool { return c.Empty() && c.BytesRecv == 1934 }))
+			if c := mustConn(t, cs, cli.cookie); c.BytesSent != 1934 || c.BytesRecv != 50 {
+				t.Errorf("adopted client: sent %d, recv %d; want 1934, 50", c.BytesSent, c.BytesRecv)
+			}
+			if c := mustConn(t, cs, srv2.cookie); c.BytesRecv != 300 || c.Unread != 0 {
+				t.Errorf("half-closed server after reading to the end: recv %d, Unread %d; want 300, 0", c.BytesRecv, c.Unread)
+			}
+		}},
+		{"forgotten when closed", func(t *testing.T, client, server *helper) {
+			for _, x := range []struct {
+				h  *helper
+				id string
+			}{{client, cli.id}, {server, srv.id}, {client, cli2.id}, {server, srv2.id}} {
+				x.h.do("close %s", x.id)
+			}
+			waitFor(t, o, "closed", func(cs []Conn) bool { return len(cs) == 0 })
+			if stored := storedCookies(t, o); len(stored) != 0 {
+				t.Errorf("conns still holds %v after close", stored)
+			}
+		}},
 	} {
-		c := mustConn(t, cs, x.cookie)
-		if !c.Counted || c.BytesSent != x.sent || c.BytesRecv != x.recv || c.State != x.state || !c.Established.IsZero() {
-			t.Errorf("%s from before attach: Counted %v, sent %d, recv %d, %v, Established %v; want true, %d, %d, %v, zero",
-				x.name, c.Counted, c.BytesSent, c.BytesRecv, c.State, c.Established, x.sent, x.recv, x.state)
+		if !t.Run(stage.name, func(t *testing.T) { stage.run(t, client.forTest(t), server.forTest(t)) }) {
+			return
 		}
-	}
-	if c := mustConn(t, cs, srv2.cookie); c.Unread != 201 {
-		t.Errorf("half-closed server: Unread %d, want 201 (200 bytes and the FIN)", c.Unread)
-	}
-
-	client.do("write %s 1234", cli.id)
-	server.do("read %s 1734", srv.id)
-	client.do("read %s 50", cli.id)
-	server.do("read %s 200", srv2.id)
-	server.do("eof %s", srv2.id)
-	cs = waitFor(t, o, "adopted and drained", has(srv.cookie, func(c Conn) bool { return c.Empty() && c.BytesRecv == 1934 }))
-	if c := mustConn(t, cs, cli.cookie); c.BytesSent != 1934 || c.BytesRecv != 50 {
-		t.Errorf("adopted client: sent %d, recv %d; want 1934, 50", c.BytesSent, c.BytesRecv)
-	}
-	if c := mustConn(t, cs, srv2.cookie); c.BytesRecv != 300 || c.Unread != 0 {
-		t.Errorf("half-closed server after reading to the end: recv %d, Unread %d; want 300, 0", c.BytesRecv, c.Unread)
-	}
-
-	for _, x := range []struct {
-		h  *helper
-		id string
-	}{{client, cli.id}, {server, srv.id}, {client, cli2.id}, {server, srv2.id}} {
-		x.h.do("close %s", x.id)
-	}
-	waitFor(t, o, "closed", func(cs []Conn) bool { return len(cs) == 0 })
-	if stored := storedCookies(t, o); len(stored) != 0 {
-		t.Errorf("conns still holds %v after close", stored)
 	}
 }
 
@@ -582,66 +611,87 @@ func TestBPFPinReuse(t *testing.T) {
 	bpffs := mountBPFFS(t)
 	cfg := Config{Cgroup: r.cgroup, FollowJob: true, Pin: true, BPFFS: bpffs}
 
-	o1, err := OpenBPF(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if o1.Reused() {
-		t.Fatal("first Open reused state")
-	}
-	cli, srv := connect(t, r, client, server)
-	client.do("write %s 1000", cli.id)
-	waitFor(t, o1, "counted", has(cli.cookie, func(c Conn) bool { return c.BytesSent == 1000 }))
-	if err := o1.Close(); err != nil {
-		t.Fatal(err)
-	}
 	pinDir := filepath.Join(bpffs, "mpipause", fmt.Sprint(r.cgroupID))
-	ents, err := os.ReadDir(pinDir)
-	if want := pinCount(o1); err != nil || len(ents) != want {
-		t.Fatalf("after Close, %s holds %d pins (%v), want %d", pinDir, len(ents), err, want)
-	}
-	if n := sockopsAttached(t, r.cgroup); n != 1 {
-		t.Fatalf("after Close of a pinned observer, %d sockops programs attached, want 1", n)
-	}
+	var cli, srv, cli2 tcpConn
+	var o2 *BPFObserver
+	defer func() {
+		if o2 != nil {
+			o2.Close()
+		}
+	}()
+	// Each stage starts from the state the one before left: after a failed
+	// one, the rest would only report its consequences.
+	for _, stage := range []struct {
+		name string
+		run  func(t *testing.T, client, server *helper)
+	}{
+		{"Close leaves it pinned and attached", func(t *testing.T, client, server *helper) {
+			o1, err := OpenBPF(context.Background(), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if o1.Reused() {
+				t.Fatal("first Open reused state")
+			}
+			cli, srv = connect(t, r, client, server)
+			client.do("write %s 1000", cli.id)
+			waitFor(t, o1, "counted", has(cli.cookie, func(c Conn) bool { return c.BytesSent == 1000 }))
+			if err := o1.Close(); err != nil {
+				t.Fatal(err)
+			}
+			ents, err := os.ReadDir(pinDir)
+			if want := pinCount(o1); err != nil || len(ents) != want {
+				t.Fatalf("after Close, %s holds %d pins (%v), want %d", pinDir, len(ents), err, want)
+			}
+			if n := sockopsAttached(t, r.cgroup); n != 1 {
+				t.Fatalf("after Close of a pinned observer, %d sockops programs attached, want 1", n)
+			}
+		}},
+		// While no observer runs: more bytes, and a new connection.
+		{"the next Open finds what happened meanwhile", func(t *testing.T, client, server *helper) {
+			client.do("write %s 500", cli.id)
+			cli2, _ = connect(t, r, client, server)
+			server.do("read %s 1500", srv.id)
 
-	// While no observer runs: more bytes, and a new connection.
-	client.do("write %s 500", cli.id)
-	cli2, _ := connect(t, r, client, server)
-	server.do("read %s 1500", srv.id)
-
-	o2, err := OpenBPF(context.Background(), cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer o2.Close()
-	if !o2.Reused() {
-		t.Error("second Open did not reuse the pinned state")
-	}
-	cs := waitFor(t, o2, "drained", has(srv.cookie, func(c Conn) bool { return c.Empty() }))
-	if c := mustConn(t, cs, cli.cookie); c.BytesSent != 1500 {
-		t.Errorf("client BytesSent = %d after reuse, want 1500 (counted across the restart)", c.BytesSent)
-	}
-	if c := mustConn(t, cs, srv.cookie); c.BytesRecv != 1500 {
-		t.Errorf("server BytesRecv = %d after reuse, want 1500", c.BytesRecv)
-	}
-	if c := mustConn(t, cs, cli2.cookie); !c.Counted || c.Established.IsZero() {
-		t.Errorf("connection made between the two opens: Counted %v, Established %v; want registered by sockops", c.Counted, c.Established)
-	}
-
-	if err := o2.Detach(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := os.Stat(pinDir); !os.IsNotExist(err) {
-		t.Errorf("after Detach, %s: %v; want it gone", pinDir, err)
-	}
-	if _, err := os.Stat(filepath.Join(bpffs, "mpipause")); !os.IsNotExist(err) {
-		t.Errorf("after Detach, %s/mpipause: %v; want it gone", bpffs, err)
-	}
-	if n := sockopsAttached(t, r.cgroup); n != 0 {
-		t.Errorf("after Detach, %d sockops programs attached, want 0", n)
-	}
-	if _, err := o2.Snapshot(context.Background()); err != ErrClosed {
-		t.Errorf("Snapshot after Detach: %v, want ErrClosed", err)
+			var err error
+			if o2, err = OpenBPF(context.Background(), cfg); err != nil {
+				t.Fatal(err)
+			}
+			if !o2.Reused() {
+				t.Error("second Open did not reuse the pinned state")
+			}
+			cs := waitFor(t, o2, "drained", has(srv.cookie, func(c Conn) bool { return c.Empty() }))
+			if c := mustConn(t, cs, cli.cookie); c.BytesSent != 1500 {
+				t.Errorf("client BytesSent = %d after reuse, want 1500 (counted across the restart)", c.BytesSent)
+			}
+			if c := mustConn(t, cs, srv.cookie); c.BytesRecv != 1500 {
+				t.Errorf("server BytesRecv = %d after reuse, want 1500", c.BytesRecv)
+			}
+			if c := mustConn(t, cs, cli2.cookie); !c.Counted || c.Established.IsZero() {
+				t.Errorf("connection made between the two opens: Counted %v, Established %v; want registered by sockops", c.Counted, c.Established)
+			}
+		}},
+		{"Detach removes it", func(t *testing.T, client, server *helper) {
+			if err := o2.Detach(); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := os.Stat(pinDir); !os.IsNotExist(err) {
+				t.Errorf("after Detach, %s: %v; want it gone", pinDir, err)
+			}
+			if _, err := os.Stat(filepath.Join(bpffs, "mpipause")); !os.IsNotExist(err) {
+				t.Errorf("after Detach, %s/mpipause: %v; want it gone", bpffs, err)
+			}
+			if n := sockopsAttached(t, r.cgroup); n != 0 {
+				t.Errorf("after Detach, %d sockops programs attached, want 0", n)
+			}
+			if _, err := o2.Snapshot(context.Background()); err != ErrClosed {
+				t.Errorf("Snapshot after Detach: %v, want ErrClosed", err)
+			}
+		}},
+	} {
+		if !t.Run(stage.name, func(t *testing.T) { stage.run(t, client.forTest(t), server.forTest(t)) }) {
+			return
+		}
 	}
 }
 

@@ -75,34 +75,36 @@ func TestSocketDirRefused(t *testing.T) {
 // given the lstat of such a directory there; the privileged tier also
 // chowns a real one.
 func TestSocketDirOtherOwner(t *testing.T) {
-	st := unix.Stat_t{Mode: unix.S_IFDIR | 0o755, Uid: 1001}
-	want := "/run/x is owned by uid 1001, not root"
-	if err := checkSocketDir("/run/x", &st); err == nil || !strings.Contains(err.Error(), want) {
-		t.Errorf("uid 1001's directory: %v; want %q", err, want)
-	}
-	st.Uid = 0
-	if err := checkSocketDir("/run/x", &st); err != nil {
-		t.Errorf("root's directory, mode 0755: %v", err)
-	}
-	if len(testutil.MissingCaps()) > 0 && os.Getenv(testutil.PrivEnv) == "" {
-		return
-	}
-	needRoot(t)
-	dir := filepath.Join(t.TempDir(), "run")
-	if err := os.Mkdir(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Chown(dir, 1001, 1001); err != nil {
-		t.Fatal(err)
-	}
-	ln, err := listenSocket(filepath.Join(dir, "rank.sock"))
-	if err == nil {
-		ln.Close()
-		t.Fatal("listened in uid 1001's directory")
-	}
-	if !strings.Contains(err.Error(), dir+" is owned by uid 1001, not root") {
-		t.Errorf("uid 1001's directory: %v", err)
-	}
+	t.Run("lstat of uid 1001's directory", func(t *testing.T) {
+		st := unix.Stat_t{Mode: unix.S_IFDIR | 0o755, Uid: 1001}
+		want := "/run/x is owned by uid 1001, not root"
+		if err := checkSocketDir("/run/x", &st); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("uid 1001's directory: %v; want %q", err, want)
+		}
+		st.Uid = 0
+		if err := checkSocketDir("/run/x", &st); err != nil {
+			t.Errorf("root's directory, mode 0755: %v", err)
+		}
+	})
+	t.Run("chowned to uid 1001", func(t *testing.T) {
+		testutil.RequirePrivileged(t)
+		needRoot(t)
+		dir := filepath.Join(t.TempDir(), "run")
+		if err := os.Mkdir(dir, 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Chown(dir, 1001, 1001); err != nil {
+			t.Fatal(err)
+		}
+		ln, err := listenSocket(filepath.Join(dir, "rank.sock"))
+		if err == nil {
+			ln.Close()
+			t.Fatal("listened in uid 1001's directory")
+		}
+		if !strings.Contains(err.Error(), dir+" is owned by uid 1001, not root") {
+			t.Errorf("uid 1001's directory: %v", err)
+		}
+	})
 }
 
 // TestListenSocket: a missing directory is made (root's, 0755), the

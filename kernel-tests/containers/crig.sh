@@ -22,6 +22,7 @@
 #
 #   MPIPAUSE_CRIG        the rig's name (default crig): several rigs can be up at once
 #   MPIPAUSE_CRIG_CACHE  where base images are kept (default /var/tmp/mpipause-crig-cache)
+#   MPIPAUSE_CRIG_DEB    the .deb to install (default: bin/'s of this commit, make deb)
 #   DEBIAN_MIRROR        the mirror debootstrap takes Debian from (default: the host's)
 set -euo pipefail
 SECONDS=0
@@ -223,8 +224,12 @@ cmd_up() {
 	for t in systemd-nspawn unshare nsenter ip flock ssh-keygen; do
 		command -v "$t" >/dev/null || die "$t is missing: make deps"
 	done
-	deb=$repo/bin/mpipause_$("$repo/scripts/version.sh")_$(dpkg --print-architecture).deb
-	[ -f "$deb" ] || die "no $deb: make build deb"
+	deb=${MPIPAUSE_CRIG_DEB:-$repo/bin/mpipause_$("$repo/scripts/version.sh")_$(dpkg --print-architecture).deb}
+	[ -f "$deb" ] || die "no $deb: make build deb (or MPIPAUSE_CRIG_DEB=FILE)"
+	case $deb in
+	"$repo"/bin/*) ;;
+	*) die "MPIPAUSE_CRIG_DEB: $deb is not in $repo/bin/, which is all the nodes see" ;;
+	esac
 	[ -x "$repo/bin/apps/xchg.openmpi" ] || die "no $repo/bin/apps: make build"
 	[ -x "$repo/bin/mpid" ] || die "no $repo/bin/mpid: make build"
 	cmd_image

@@ -371,9 +371,16 @@ EOF
 			die "slurm: slurmd does not start in node$k (above)"
 		}
 	done
-	say "slurm: munge, slurmctld (node0), slurmd (node0..node$((n - 1))) started"
-	# slurmd's word on the cgroup/v2 plugin and the node's tree.
-	node_do 0 journalctl -u slurmd --no-pager -o cat -b | grep -iE 'cgroup|error|fatal' | tail -5 || true
+	# slurmd is Type=simple: a refusal of its cgroup plugin shows only as
+	# its exit, just after the start.
+	sleep 2
+	for ((k = 0; k < n; k++)); do
+		if ! node_do "$k" systemctl is-active -q slurmd; then
+			node_do "$k" journalctl -u slurmd --no-pager -o cat -n 15 >&2
+			die "slurm: slurmd exited in node$k (above)"
+		fi
+	done
+	say "slurm: munge, slurmctld (node0), slurmd (node0..node$((n - 1))) running"
 	local idle=0
 	for _ in $(seq 60); do
 		idle=$(node_do 0 sinfo -h -N -o '%T' 2>/dev/null | grep -c '^idle$' || true)

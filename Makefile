@@ -18,7 +18,7 @@ STAMP := -X github.com/mpipause/mpipause/internal/version.stamped=$(VERSION_STR)
 .DEFAULT_GOAL := help
 .PHONY: help deps build generate check-generate check-format check-vagrant test-cluster-script test test-unit test-fuzz test-priv test-multinode test-security test-faults bench bench-base demo clean
 .PHONY: man install uninstall deb check-install check-deb
-.PHONY: check-systemd
+.PHONY: check-systemd test-containers
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -106,7 +106,7 @@ test-faults: build ## the fault table: each fault injected FAULT_TRIALS (5) time
 
 check-vagrant: ## vagrant validate of vagrant/Vagrantfile, libvirt and virtualbox (offline, leaves nothing), and shellcheck of the cluster scripts
 	@bash vagrant/validate.sh
-	shellcheck scripts/cluster-e2e.sh vagrant/provision.sh vagrant/provision-kernel.sh vagrant/node-exec vagrant/e2e.sh vagrant/rig-ssh-check.sh vagrant/validate.sh
+	shellcheck scripts/cluster-e2e.sh vagrant/provision.sh vagrant/provision-kernel.sh vagrant/node-exec vagrant/e2e.sh vagrant/rig-ssh-check.sh vagrant/validate.sh kernel-tests/containers/crig.sh
 
 # The cluster e2e script (what vagrant/e2e.sh runs on the VMs) on a 3-node
 # netns rig of its own (not test-multinode's).
@@ -115,6 +115,15 @@ test-cluster-script: build ## the cluster e2e script of vagrant/ (docs/vagrant.m
 	@export MPIPAUSE_RIG=$(CLUSTER_RIG); kernel-tests/rig up 3 >/dev/null || { kernel-tests/rig down >/dev/null; exit 1; }; \
 		bash scripts/cluster-e2e.sh --cgroup-parent 'mpipause-rig/$(CLUSTER_RIG)/{}' -- kernel-tests/rig exec {} --; rc=$$?; \
 		kernel-tests/rig down >/dev/null || rc=1; exit $$rc
+
+# The cluster e2e script on the container rig (docs/containers.md): 3
+# systemd-nspawn nodes booting Debian 12, mpipause from the .deb, provisioned
+# by vagrant/provision.sh, mpid by its unit.
+CONTAINER_RIG ?= ctest
+test-containers: build deb ## the cluster e2e script of vagrant/ on 3 systemd-nspawn containers (Debian 12, the .deb, vagrant/provision.sh, mpid by its unit)
+	@export MPIPAUSE_CRIG=$(CONTAINER_RIG); kernel-tests/containers/crig.sh up 3 || { kernel-tests/containers/crig.sh down; exit 1; }; \
+		bash scripts/cluster-e2e.sh -- kernel-tests/containers/crig.sh exec {} --; rc=$$?; \
+		kernel-tests/containers/crig.sh down || rc=1; exit $$rc
 
 BENCH_DIR ?= bench-results
 # BASE_SHIM: another build's libmpipause.so, measured beside this one's by the

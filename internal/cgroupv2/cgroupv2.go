@@ -6,6 +6,7 @@ package cgroupv2
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
@@ -243,4 +244,42 @@ func setFrozen(ctx context.Context, dir string, freeze bool) error {
 		// Bounded waits so that ctx is seen even if no event comes.
 		unix.Poll([]unix.PollFd{{Fd: int32(ev), Events: unix.POLLPRI}}, 50)
 	}
+}
+
+// fileidKernfs is the file handle type of a kernfs node (include/linux/exportfs.h
+// FILEID_KERNFS): its 8 bytes are the node's id, the cgroup id.
+const fileidKernfs = 0xfe
+
+// PathOf returns the absolute path of the cgroup whose id is id, found by
+// its file handle (open_by_handle_at(2), which takes CAP_DAC_READ_SEARCH),
+// not by walking the hierarchy. A cgroup that no longer exists gives an
+// error that is os.ErrNotExist.
+func PathOf(id uint64) (string, error) {
+	root, err := Root()
+	if err != nil {
+		return "", err
+	}
+	mnt, err := unix.Open(root, unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return "", fmt.Errorf("open %s: %w", root, err)
+	}
+	defer unix.Close(mnt)
+	var b [8]byte
+	binary.NativeEndian.PutUint64(b[:], id)
+	fd, err := unix.OpenByHandleAt(mnt, unix.NewFileHandle(fileidKernfs, b[:]), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC)
+	if err != nil {
+		if errors.Is(err, unix.ESTALE) || errors.Is(err, unix.ENOENT) {
+			return "", fmt.Errorf("cgroup id %d: %w", id, os.ErrNotExist)
+		}
+		return "", fmt.Errorf("open cgroup id %d: %w", id, err)
+	}
+	defer unix.Close(fd)
+	p, err := os.Readlink("/proc/self/fd/" + strconv.Itoa(fd))
+	if err != nil {
+		return "", fmt.Errorf("cgroup id %d: %w", id, err)
+	}
+	if strings.HasSuffix(p, " (deleted)") {
+		return "", fmt.Errorf("cgroup id %d: %w", id, os.ErrNotExist)
+	}
+	return p, nil
 }

@@ -2,6 +2,7 @@ package cgroupv2_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -103,4 +104,27 @@ func TestFreezeThaw(t *testing.T) {
 			t.Error("Freeze of a missing cgroup succeeded")
 		}
 	})
+}
+
+// TestPathOf finds a cgroup's path by its id, and says a removed one does
+// not exist.
+func TestPathOf(t *testing.T) {
+	job := testutil.NewCgroup(t)
+	child := filepath.Join(job, "rank0")
+	if err := cgroupv2.Create(child); err != nil {
+		t.Fatal(err)
+	}
+	id, err := cgroupv2.ID(child)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cgroupv2.PathOf(id); err != nil || got != child {
+		t.Errorf("PathOf(%d) = %q, %v; want %q", id, got, err, child)
+	}
+	if err := cgroupv2.Remove(child); err != nil {
+		t.Fatal(err)
+	}
+	if got, err := cgroupv2.PathOf(id); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("PathOf(%d) of a removed cgroup = %q, %v; want os.ErrNotExist", id, got, err)
+	}
 }

@@ -5,9 +5,13 @@
  * struct tcp_record per connection of the watched jobs, adopting (giving a
  * conns entry to) those established before sockops was attached.
  *
- * A socket belongs to a job when sockops registered it (it has a conns
- * entry) or when its cgroup is a watched cgroup or a descendant of one. The
- * second rule finds what a job had established before mpipause attached.
+ * A socket belongs to a job when its cgroup is a watched cgroup or a
+ * descendant of one. A socket of a watched cgroup without a conns entry is
+ * one the job had established before mpipause attached (or before its
+ * cgroup was watched): the pass adopts it. A socket with a conns entry whose
+ * cgroup is not watched any more (Unwatch) loses its entry: the loader
+ * runs the pass again after an Unwatch, so that conniter, which reads the
+ * entries without a cgroup walk, stops seeing it.
  * Once a namespace has had its pass, conniter sees all of its job sockets;
  * the loader runs this pass once per namespace because it walks the whole
  * TCP established hash table, however few sockets the namespace has.
@@ -68,11 +72,14 @@ int mpipause_tcpiter(struct bpf_iter__tcp *ctx)
 	if (skc->skc_family != AF_INET && skc->skc_family != AF_INET6)
 		return 0;
 
+	cgrp = sk_cgroup(sk);
 	c = bpf_sk_storage_get(&conns, sk, NULL, 0);
+	if (!in_watched(cgrp)) {
+		if (c)
+			bpf_sk_storage_delete(&conns, sk);
+		return 0;
+	}
 	if (!c) {
-		cgrp = sk_cgroup(sk);
-		if (!in_watched(cgrp))
-			return 0;
 		init.cookie = bpf_get_socket_cookie(sk);
 		init.cgroup_id = cgroup_id(cgrp);
 		init.flags = CONN_F_ADOPTED;

@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +17,8 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpipause/mpipause/internal/caps"
+	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/jobid"
 )
 
 // Variables for tests: the kernel's own BTF, and the size of the records
@@ -30,15 +33,21 @@ const (
 	pinConns    = "conns"
 	pinWatched  = "watched"
 	pinRecords  = "records"
-	pinSockops  = "link_sockops"
 	pinState    = "link_state"
 	pinTCPIter  = "link_tcpiter"
 	pinConnIter = "link_conniter"
+	// pinSockops + a cgroup id: the sockops link of one watched cgroup.
+	pinSockops = "link_sockops_"
+	// pinSockopsOld is the one sockops link of a pin directory made before
+	// sets of cgroups (named by its cgroup's id); Open renames it.
+	pinSockopsOld = "link_sockops"
 )
 
 var mapPins = []string{pinConns, pinWatched, pinRecords}
 
-var linkPins = []string{pinSockops, pinState, pinTCPIter, pinConnIter}
+// linkPins are the links of the whole job, beside the sockops link of each
+// watched cgroup.
+var linkPins = []string{pinState, pinTCPIter, pinConnIter}
 
 // optionalLinkPins may be missing from a complete set: conniter, on a
 // kernel that refuses map iterators (scanTCP).
@@ -54,48 +63,65 @@ var forceScanTCP bool
 // attached, and those ran on every socket call of the machine.
 var retiredLinkPins = []string{"link_send", "link_recv", "link_retransmit"}
 
-// BPFObserver observes a job with mpipause's BPF programs: sockops on the
-// job's cgroup registers its connections in the conns map (socket local
-// storage), a tp_btf program on state changes forgets them at close and
-// notes their FINs, an iter/tcp pass per network namespace adopts the
-// connections established before attach, and an iterator over the conns map
-// reads every connection's sequence numbers, and the byte and
-// retransmission counters the kernel keeps in tcp_sock, in one pass.
+// BPFObserver observes a job with mpipause's BPF programs: sockops, attached
+// to each watched cgroup by a link of its own, registers the job's
+// connections in the conns map (socket local storage), a tp_btf program on
+// state changes forgets them at close and notes their FINs, an iter/tcp
+// pass per network namespace adopts the connections established before
+// attach, and an iterator over the conns map reads every connection's
+// sequence numbers, and the byte and retransmission counters the kernel
+// keeps in tcp_sock, in one pass, however many cgroups the job spans.
 type BPFObserver struct {
-	job    job
 	pinDir string // "" when not pinned
 	reused bool
 
 	conns    *ebpf.Map
-	watched  *ebpf.Map
+	watched  *ebpf.Map // ids of the watched cgroups, read by tcpiter
 	records  *ebpf.Map // conniter's output, mapped at recMem
 	recMem   []byte
-	links    map[string]link.Link
-	tcpIter  *link.Iter // adoption pass, per network namespace
-	connIter *link.Iter // Snapshot's pass, all namespaces at once; nil: scanTCP
-	scanTCP  bool       // the kernel refused conniter (ScansTCP)
+	links    map[string]link.Link // the job's links, by pin name (linkPins)
+	sockops  *ebpf.Program        // what Watch attaches
+	cgroups  map[uint64]*watch    // the watched cgroups, by id
+	tcpIter  *link.Iter           // adoption pass, per network namespace
+	connIter *link.Iter           // Snapshot's pass, all namespaces at once; nil: scanTCP
+	scanTCP  bool                 // the kernel refused conniter (ScansTCP)
 	ns       *netnsSet
-	adopted  map[uint64]bool // netns inodes tcpIter has run in
+	adopted  map[uint64]bool // netns inodes tcpIter has run in since the last Watch or Unwatch
 	skipped  []string        // what the last Snapshot could not see (SockDiagObserver.Skipped)
+	madePins []string        // pins made by OpenBPF, removed if it fails
+	madeDir  bool            // OpenBPF made the pin directory
 
-	mu     sync.Mutex // serializes Snapshot, Close and Detach
+	mu     sync.Mutex // serializes Snapshot, Watch, Unwatch, Close and Detach
 	closed bool
 	lock   *os.File // the pin directory, flocked around a conniter pass
 	buf    []record // records of the last pass, when not in recMem
 	tail   []byte   // the seq_file output of the last conniter pass
 }
 
+// watch is one watched cgroup.
+type watch struct {
+	dir   string
+	link  link.Link // sockops, attached to dir
+	fresh bool      // attached by OpenBPF, which detaches it if it fails
+}
+
 // record is one iterator record, struct tcp_record of bpf/include/mpipause.h.
 type record = conniterTcpRecord
 
-var _ Observer = (*BPFObserver)(nil)
+var (
+	_ Observer = (*BPFObserver)(nil)
+	_ Watcher  = (*BPFObserver)(nil)
+)
 
-// OpenBPF loads and attaches the BPF observer for cfg's job, or, with
-// cfg.Pin, reuses the state a previous OpenBPF pinned for the same cgroup.
-// On error nothing it attached stays attached and nothing it pinned stays
-// pinned. cfg.Require and cfg.OnFallback are ignored.
+// OpenBPF loads the BPF observer for cfg's job and attaches it to every
+// cgroup of the set, or, with cfg.Pin, reuses the state a previous OpenBPF
+// pinned for the same job (cfg.Job, else its one cgroup): every cgroup
+// watched then is watched still (those since removed from the hierarchy
+// are let go), and cfg's cgroups are added. On error nothing it attached
+// stays attached and nothing it pinned stays pinned. cfg.Require and
+// cfg.OnFallback are ignored.
 func OpenBPF(ctx context.Context, cfg Config) (*BPFObserver, error) {
-	j, err := resolveJob(cfg.Cgroup)
+	set, err := resolveSet(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -116,34 +142,42 @@ func OpenBPF(ctx context.Context, cfg Config) (*BPFObserver, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	ns, err := openNetnsSet(cfg.Netns, j.dir, cfg.FollowJob)
+	var name string
+	if cfg.Pin {
+		if name, err = pinName(cfg, set); err != nil {
+			return nil, err
+		}
+	}
+	ns, err := openNetnsSet(cfg.Netns, cfg.FollowJob)
 	if err != nil {
 		return nil, err
 	}
-	o := &BPFObserver{job: j, ns: ns, links: map[string]link.Link{}, adopted: map[uint64]bool{}}
+	o := &BPFObserver{ns: ns, links: map[string]link.Link{}, cgroups: map[uint64]*watch{}, adopted: map[uint64]bool{}}
 	if cfg.Pin {
 		bpffs, err := findBPFFS(cfg.BPFFS, true)
 		if err != nil {
 			ns.close()
 			return nil, err
 		}
-		o.pinDir = pinDirOf(bpffs, j.id)
+		o.pinDir = filepath.Join(bpffs, pinRoot, name)
 	}
-	if err := o.setUp(); err != nil {
+	if err := o.setUp(set); err != nil {
 		o.abort()
 		ns.close()
 		return nil, err
 	}
 	if o.pinDir != "" {
 		if o.lock, err = os.Open(o.pinDir); err != nil {
-			if !o.reused {
-				removePinDir(o.pinDir)
-			}
 			o.abort()
 			ns.close()
 			return nil, fmt.Errorf("open pin directory: %w", err)
 		}
 	}
+	o.madePins, o.madeDir = nil, false
+	for _, w := range o.cgroups {
+		w.fresh = false
+	}
+	o.ns.setDirs(o.dirs())
 	return o, nil
 }
 
@@ -151,35 +185,32 @@ func pinDirOf(bpffs string, id uint64) string {
 	return filepath.Join(bpffs, pinRoot, strconv.FormatUint(id, 10))
 }
 
-// setUp loads and attaches, reusing pinned state if there is some. On error
-// the caller releases what setUp left in o; setUp itself unpins what it
-// pinned.
-func (o *BPFObserver) setUp() error {
+// setUp loads and attaches, reusing pinned state if there is some, and
+// watches set. On error the caller undoes what setUp left in o (abort).
+func (o *BPFObserver) setUp(set []job) error {
 	specs, err := loadSpecs()
 	if err != nil {
 		return err
 	}
+	pinnedMaps := false
 	if o.pinDir != "" {
+		if _, err := os.Stat(o.pinDir); errors.Is(err, fs.ErrNotExist) {
+			o.madeDir = true
+		}
+		if err := os.MkdirAll(o.pinDir, 0o700); err != nil {
+			return fmt.Errorf("create pin directory: %w", err)
+		}
 		if err := o.loadPinnedMaps(specs); err != nil {
 			return err
 		}
-		if o.conns != nil && o.loadPinnedLinks() {
-			o.reused = true
-			if err := o.mapRecords(); err != nil {
+		pinnedMaps = o.conns != nil
+		if !pinnedMaps {
+			// Pins of a partial set (a crash between two pins) are
+			// debris: start the set afresh. Links over other maps
+			// must not stay attached.
+			if err := clearPinDir(o.pinDir); err != nil {
 				return err
 			}
-			return o.watch()
-		}
-	}
-	pinnedMaps := o.conns != nil
-	if o.pinDir != "" && !pinnedMaps {
-		// Pins of a partial set (a crash between two pins) are debris:
-		// start the set afresh.
-		for _, name := range mapPins {
-			os.Remove(filepath.Join(o.pinDir, name))
-		}
-		for _, name := range append(linkPins, retiredLinkPins...) {
-			unpinLink(filepath.Join(o.pinDir, name))
 		}
 	}
 	if !pinnedMaps {
@@ -196,16 +227,45 @@ func (o *BPFObserver) setUp() error {
 	if err := o.mapRecords(); err != nil {
 		return err
 	}
-	if err := o.watch(); err != nil {
+	if pinnedMaps && o.loadPinnedLinks() {
+		o.reused = true
+	} else if err := o.attach(specs); err != nil {
 		return err
 	}
-	if err := o.attach(specs); err != nil {
+	if err := o.loadSockops(specs); err != nil {
 		return err
 	}
-	if o.pinDir == "" {
-		return nil
+	if pinnedMaps {
+		// The first Snapshot's iter/tcp passes forget the connections
+		// of cgroups let go here.
+		if err := o.loadPinnedWatches(); err != nil {
+			return err
+		}
 	}
-	return o.pin(!pinnedMaps)
+	for _, j := range set {
+		if err := o.watch(j, true); err != nil {
+			return err
+		}
+	}
+	if o.pinDir != "" && !pinnedMaps {
+		// Last: a directory without its maps is debris to the next Open.
+		for name, m := range map[string]*ebpf.Map{pinConns: o.conns, pinWatched: o.watched, pinRecords: o.records} {
+			if err := o.pin(m, name); err != nil {
+				return fmt.Errorf("pin map %s: %w", name, err)
+			}
+		}
+	}
+	return nil
+}
+
+// pin pins obj as name in the pin directory, noting it for abort.
+func (o *BPFObserver) pin(obj interface{ Pin(string) error }, name string) error {
+	path := filepath.Join(o.pinDir, name)
+	if err := obj.Pin(path); err != nil {
+		return err
+	}
+	o.madePins = append(o.madePins, path)
+	return nil
 }
 
 type collectionSpecs struct {
@@ -231,14 +291,6 @@ func loadSpecs() (collectionSpecs, error) {
 		s.conniter.Maps[pinRecords].MaxEntries = recordsMaxEntries
 	}
 	return s, nil
-}
-
-// watch adds the job's cgroup to the watched set.
-func (o *BPFObserver) watch() error {
-	if err := o.watched.Put(o.job.id, uint8(1)); err != nil {
-		return fmt.Errorf("watch cgroup %s: %w", o.job.dir, err)
-	}
-	return nil
 }
 
 // loadPinnedMaps loads the pinned maps if all are there and fit this
@@ -287,9 +339,10 @@ func closeAll(maps []*ebpf.Map) {
 	}
 }
 
-// loadPinnedLinks loads every pinned link and reports whether all were
-// there. A partial set (a crash between two pins) is removed: its links
-// detach, and setUp attaches a complete new set.
+// loadPinnedLinks loads the job's pinned links and reports whether all were
+// there. A partial set (a crash between two pins, or a build without one of
+// them) is removed: its links detach, and setUp attaches a complete new
+// set over the pinned maps.
 func (o *BPFObserver) loadPinnedLinks() bool {
 	loaded := map[string]link.Link{}
 	for _, name := range linkPins {
@@ -319,19 +372,101 @@ func (o *BPFObserver) loadPinnedLinks() bool {
 		l.Close()
 		unpinLink(filepath.Join(o.pinDir, name))
 	}
+	for _, name := range retiredLinkPins {
+		unpinLink(filepath.Join(o.pinDir, name))
+	}
 	return false
 }
 
-// attach loads the four objects over o's maps and attaches every program.
+// loadPinnedWatches takes over the sockops links pinned for the job's
+// cgroups, with their cgroups' paths. The link of a cgroup removed since
+// (the kernel detached it then) goes, and so does an id in the watched map
+// without a link (a Watch cut short).
+func (o *BPFObserver) loadPinnedWatches() error {
+	ents, err := os.ReadDir(o.pinDir)
+	if err != nil {
+		return fmt.Errorf("read pin directory: %w", err)
+	}
+	for _, e := range ents {
+		name := e.Name()
+		var id uint64
+		switch {
+		case name == pinSockopsOld:
+		case strings.HasPrefix(name, pinSockops):
+			if id, err = strconv.ParseUint(strings.TrimPrefix(name, pinSockops), 10, 64); err != nil {
+				unpinLink(filepath.Join(o.pinDir, name))
+				continue
+			}
+		default:
+			continue
+		}
+		path := filepath.Join(o.pinDir, name)
+		l, err := link.LoadPinnedLink(path, nil)
+		if err != nil {
+			os.Remove(path) // not a link: debris
+			continue
+		}
+		var attached uint64 // the link's cgroup id; 0 once the kernel detached it
+		if info, err := l.Info(); err == nil && info.Cgroup() != nil {
+			attached = info.Cgroup().CgroupId
+		}
+		if name == pinSockopsOld {
+			id = attached
+		}
+		dir, perr := "", error(nil)
+		if attached != 0 {
+			dir, perr = cgroupv2.PathOf(attached)
+		}
+		if _, dup := o.cgroups[id]; attached == 0 || attached != id || perr != nil || dup {
+			l.Close()
+			if err := unpinLink(path); err != nil {
+				return err
+			}
+			if id != 0 {
+				o.watched.Delete(id)
+			}
+			continue
+		}
+		if name == pinSockopsOld {
+			// A pin directory of a build before sets: the link keeps
+			// its attachment under the new name.
+			if err := l.Pin(filepath.Join(o.pinDir, pinSockops+strconv.FormatUint(id, 10))); err != nil {
+				l.Close()
+				return fmt.Errorf("rename pin %s: %w", path, err)
+			}
+		}
+		if err := o.watched.Put(id, uint8(1)); err != nil {
+			l.Close()
+			return fmt.Errorf("watch cgroup %s: %w", dir, err)
+		}
+		o.cgroups[id] = &watch{dir: dir, link: l}
+	}
+	var (
+		id   uint64
+		v    uint8
+		gone []uint64
+		iter = o.watched.Iterate()
+	)
+	for iter.Next(&id, &v) {
+		if _, ok := o.cgroups[id]; !ok {
+			gone = append(gone, id)
+		}
+	}
+	if err := iter.Err(); err != nil {
+		return fmt.Errorf("read map watched: %w", err)
+	}
+	for _, id := range gone {
+		o.watched.Delete(id)
+	}
+	return nil
+}
+
+// attach loads the programs of the whole job over o's maps, attaches them
+// and, when pinning, pins their links.
 func (o *BPFObserver) attach(specs collectionSpecs) error {
 	opts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{pinConns: o.conns, pinWatched: o.watched}}
 	ciOpts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{pinConns: o.conns, pinWatched: o.watched, pinRecords: o.records}}
 
-	var so sockopsObjects
-	if err := specs.sockops.LoadAndAssign(&so, opts); err != nil {
-		return loadError("sockops", err)
-	}
-	defer so.Close()
 	var ti tcpiterObjects
 	if err := specs.tcpiter.LoadAndAssign(&ti, opts); err != nil {
 		return loadError("tcpiter", err)
@@ -353,33 +488,38 @@ func (o *BPFObserver) attach(specs collectionSpecs) error {
 	}
 	defer ci.Close()
 
-	// The state program first: a connection sockops registers must not
-	// reach FIN_WAIT1 or CLOSE_WAIT unseen, or its byte counts would
-	// include the FIN.
+	// The state program before any sockops: a connection sockops
+	// registers must not reach FIN_WAIT1 or CLOSE_WAIT unseen, or its
+	// byte counts would include the FIN.
 	l, err := link.AttachTracing(link.TracingOptions{Program: ss.MpipauseState})
 	if err != nil {
 		return fmt.Errorf("%w: attach %s: %w", ErrBPFUnavailable, ss.MpipauseState, err)
 	}
 	o.links[pinState] = l
-	l, err = link.AttachCgroup(link.CgroupOptions{Path: o.job.dir, Attach: ebpf.AttachCGroupSockOps, Program: so.MpipauseSockops})
-	if err != nil {
-		return fmt.Errorf("%w: attach sockops to %s: %w", ErrBPFUnavailable, o.job.dir, err)
-	}
-	o.links[pinSockops] = l
 	it, err := link.AttachIter(link.IterOptions{Program: ti.MpipauseTcpiter})
 	if err != nil {
 		return fmt.Errorf("%w: attach iter/tcp: %w", ErrBPFUnavailable, err)
 	}
 	o.links[pinTCPIter], o.tcpIter = it, it
-	if ci.MpipauseConniter == nil {
-		o.scanTCP = true
+	if ci.MpipauseConniter != nil {
+		it, err = link.AttachIter(link.IterOptions{Program: ci.MpipauseConniter, Map: o.conns})
+		if err != nil {
+			return fmt.Errorf("%w: attach iter/bpf_sk_storage_map: %w", ErrBPFUnavailable, err)
+		}
+		o.links[pinConnIter], o.connIter = it, it
+	}
+	o.scanTCP = o.connIter == nil
+	if o.pinDir == "" {
 		return nil
 	}
-	it, err = link.AttachIter(link.IterOptions{Program: ci.MpipauseConniter, Map: o.conns})
-	if err != nil {
-		return fmt.Errorf("%w: attach iter/bpf_sk_storage_map: %w", ErrBPFUnavailable, err)
+	for _, name := range linkPins {
+		if o.links[name] == nil && optionalLinkPins[name] {
+			continue // conniter, in scanTCP
+		}
+		if err := o.pin(o.links[name], name); err != nil {
+			return fmt.Errorf("pin %s: %w", name, err)
+		}
 	}
-	o.links[pinConnIter], o.connIter = it, it
 	return nil
 }
 
@@ -400,66 +540,204 @@ func (o *BPFObserver) loadConnIter(specs collectionSpecs, opts *ebpf.CollectionO
 	return nil
 }
 
+// loadSockops loads the sockops program over o's maps, for Watch to
+// attach. Every Open loads it, pins reused or not: the links of cgroups
+// watched before keep the program they were made with, which works on the
+// same maps.
+func (o *BPFObserver) loadSockops(specs collectionSpecs) error {
+	var so sockopsObjects
+	opts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{pinConns: o.conns, pinWatched: o.watched}}
+	if err := specs.sockops.LoadAndAssign(&so, opts); err != nil {
+		return loadError("sockops", err)
+	}
+	defer so.Close()
+	p, err := so.MpipauseSockops.Clone()
+	if err != nil {
+		return fmt.Errorf("%w: sockops: %w", ErrBPFUnavailable, err)
+	}
+	o.sockops = p
+	return nil
+}
+
+// watch attaches sockops to the cgroup j and adds it to the watched set
+// (a no-op if it is there already), pinning the link when o pins. On error
+// it undoes what it did.
+//
+// The link is a bpf_link (BPF_LINK_CREATE), never a BPF_PROG_ATTACH:
+// the kernel attaches a cgroup link as BPF_F_ALLOW_MULTI, beside whatever
+// else is attached there, so the programs a resource manager attached to
+// its cgroups (systemd's cgroup_skb and device programs, Slurm's device
+// program) stay in place and keep running; and where a program was
+// attached without ALLOW_MULTI, or an ancestor's forbids more, the attach
+// fails (EPERM) instead of replacing it. link.AttachCgroup would fall back
+// to a plain BPF_PROG_ATTACH with ALLOW_OVERRIDE on a kernel without
+// cgroup links, which replaces a program attached without flags; every
+// kernel that runs the other programs has cgroup links, so nothing is lost
+// by refusing that fallback.
+func (o *BPFObserver) watch(j job, fresh bool) error {
+	if _, ok := o.cgroups[j.id]; ok {
+		return nil
+	}
+	if max := int(o.watched.MaxEntries()); len(o.cgroups) >= max {
+		return fmt.Errorf("watch cgroup %s: the job watches %d cgroups already, the most one observer can", j.dir, max)
+	}
+	f, err := os.Open(j.dir)
+	if err != nil {
+		return fmt.Errorf("%w: %v", ErrNoCgroup, err)
+	}
+	l, err := link.AttachRawLink(link.RawLinkOptions{Target: int(f.Fd()), Program: o.sockops, Attach: ebpf.AttachCGroupSockOps})
+	f.Close()
+	if err != nil {
+		return fmt.Errorf("%w: attach sockops to %s: %w", ErrBPFUnavailable, j.dir, err)
+	}
+	if err := o.watched.Put(j.id, uint8(1)); err != nil {
+		l.Close()
+		return fmt.Errorf("watch cgroup %s: %w", j.dir, err)
+	}
+	if o.pinDir != "" {
+		if err := o.pin(l, pinSockops+strconv.FormatUint(j.id, 10)); err != nil {
+			o.watched.Delete(j.id)
+			l.Close()
+			return fmt.Errorf("pin sockops link of %s: %w", j.dir, err)
+		}
+	}
+	o.cgroups[j.id] = &watch{dir: j.dir, link: l, fresh: fresh}
+	// What the cgroup's processes established before the attach is
+	// adopted by the next Snapshot's iter/tcp pass, in every namespace.
+	clear(o.adopted)
+	return nil
+}
+
+// Watch adds the cgroup dir to the job (Watcher): sockops is attached to
+// it with a link of its own (pinned in the job's pin directory when
+// Config.Pin), its id goes into the watched map, and the next Snapshot runs
+// the adoption pass again in each namespace, which takes in the
+// connections the cgroup's processes had established. Snapshot's own pass
+// does not grow with the number of cgroups.
+func (o *BPFObserver) Watch(dir string) error {
+	j, err := resolveJob(dir)
+	if err != nil {
+		return err
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return ErrClosed
+	}
+	if err := o.watch(j, false); err != nil {
+		return err
+	}
+	o.ns.setDirs(o.dirs())
+	return nil
+}
+
+// Unwatch removes the cgroup dir from the job (Watcher): its id leaves the
+// watched map, its sockops link is detached and unpinned, and the next
+// Snapshot runs the iter/tcp pass again in each namespace, which forgets
+// the connections of sockets not in a watched cgroup any more (those of a
+// cgroup below another watched one stay).
+func (o *BPFObserver) Unwatch(dir string) error {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.closed {
+		return ErrClosed
+	}
+	id, ok := o.find(dir)
+	if !ok {
+		return nil
+	}
+	w := o.cgroups[id]
+	if err := o.watched.Delete(id); err != nil && !errors.Is(err, ebpf.ErrKeyNotExist) {
+		return fmt.Errorf("unwatch cgroup %s: %w", w.dir, err)
+	}
+	// The pin is what keeps a pinned link attached past Close; the
+	// detach makes it go now rather than after a grace period.
+	if o.pinDir != "" {
+		if err := os.Remove(filepath.Join(o.pinDir, pinSockops+strconv.FormatUint(id, 10))); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return fmt.Errorf("unpin sockops link of %s: %w", w.dir, err)
+		}
+	}
+	if err := w.link.Detach(); err != nil && !errors.Is(err, link.ErrNotSupported) && !errors.Is(err, unix.EOPNOTSUPP) {
+		return fmt.Errorf("detach sockops from %s: %w", w.dir, err)
+	}
+	w.link.Close()
+	delete(o.cgroups, id)
+	o.ns.setDirs(o.dirs())
+	clear(o.adopted)
+	return nil
+}
+
+// find returns the id of the watched cgroup dir: by the path it was
+// watched under (so that a cgroup already removed is found), else by its
+// id.
+func (o *BPFObserver) find(dir string) (uint64, bool) {
+	return findWatched(dir, func(yield func(uint64, string) bool) {
+		for id, w := range o.cgroups {
+			if !yield(id, w.dir) {
+				return
+			}
+		}
+	})
+}
+
+// Watched returns the paths of the watched cgroups, sorted (Watcher).
+func (o *BPFObserver) Watched() []string {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.dirs()
+}
+
+// WatchedIDs returns the ids of the watched cgroups, sorted.
+func (o *BPFObserver) WatchedIDs() []uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	ids := make([]uint64, 0, len(o.cgroups))
+	for id := range o.cgroups {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func (o *BPFObserver) dirs() []string {
+	dirs := make([]string, 0, len(o.cgroups))
+	for _, w := range o.cgroups {
+		dirs = append(dirs, w.dir)
+	}
+	slices.Sort(dirs)
+	return dirs
+}
+
 // loadError wraps a load failure. A verifier error prints as one line (its
 // last: the reason); %+v on it, via errors.As, gives the whole log.
 func loadError(obj string, err error) error {
 	return fmt.Errorf("%w: load %s: %w", ErrBPFUnavailable, obj, err)
 }
 
-// pin pins every link, and the maps when newMaps. On error it removes what
-// it pinned.
-func (o *BPFObserver) pin(newMaps bool) (err error) {
-	created := false
-	if _, serr := os.Stat(o.pinDir); errors.Is(serr, fs.ErrNotExist) {
-		created = true
-	}
-	if err := os.MkdirAll(o.pinDir, 0o700); err != nil {
-		return fmt.Errorf("create pin directory: %w", err)
-	}
-	type pinner interface{ Unpin() error }
-	var done []pinner
-	defer func() {
-		if err == nil {
-			return
-		}
-		for _, p := range done {
-			p.Unpin()
-		}
-		if created {
-			os.Remove(o.pinDir)
-			os.Remove(filepath.Dir(o.pinDir)) // fails unless empty, as it should
-		}
-	}()
-	if newMaps {
-		for name, m := range map[string]*ebpf.Map{pinConns: o.conns, pinWatched: o.watched, pinRecords: o.records} {
-			if err := m.Pin(filepath.Join(o.pinDir, name)); err != nil {
-				return fmt.Errorf("pin map %s: %w", name, err)
-			}
-			done = append(done, m)
-		}
-	}
-	for _, name := range linkPins {
-		if o.links[name] == nil && optionalLinkPins[name] {
-			continue
-		}
-		if err := o.links[name].Pin(filepath.Join(o.pinDir, name)); err != nil {
-			return fmt.Errorf("pin %s: %w", name, err)
-		}
-		done = append(done, o.links[name])
-	}
-	return nil
-}
-
 // abort undoes a failed OpenBPF: links it attached are detached at once (a
 // pin it removed may otherwise hold one for a grace period), links it
-// reused from pins are left alone, and every handle is closed.
+// reused from pins are left alone, the pins it made are removed, and every
+// handle is closed.
 func (o *BPFObserver) abort() {
 	if !o.reused {
 		for _, l := range o.links {
 			l.Detach()
 		}
 	}
+	for id, w := range o.cgroups {
+		if w.fresh {
+			w.link.Detach()
+			o.watched.Delete(id)
+		}
+	}
+	for _, p := range o.madePins {
+		os.Remove(p)
+	}
 	o.release()
+	if o.madeDir {
+		os.Remove(o.pinDir)
+		os.Remove(filepath.Dir(o.pinDir)) // fails unless empty, as it should
+	}
 }
 
 // release closes every handle o holds; links that are not pinned detach.
@@ -468,7 +746,15 @@ func (o *BPFObserver) release() {
 		l.Close()
 		delete(o.links, name)
 	}
+	for id, w := range o.cgroups {
+		w.link.Close()
+		delete(o.cgroups, id)
+	}
 	o.tcpIter, o.connIter = nil, nil
+	if o.sockops != nil {
+		o.sockops.Close()
+		o.sockops = nil
+	}
 	if o.recMem != nil {
 		unix.Munmap(o.recMem)
 		o.recMem = nil
@@ -483,9 +769,6 @@ func (o *BPFObserver) release() {
 
 // Kind returns KindBPF.
 func (o *BPFObserver) Kind() string { return KindBPF }
-
-// CgroupID returns the cgroup id of the observed job.
-func (o *BPFObserver) CgroupID() uint64 { return o.job.id }
 
 // PinDir returns the directory holding the observer's pins, or "" if it
 // pins nothing.
@@ -531,18 +814,34 @@ func (o *BPFObserver) Detach() error {
 	return removePinDir(dir)
 }
 
-// Unpin removes the state pinned for cfg.Cgroup under cfg.BPFFS (or the
-// bpffs found in mountinfo), which detaches its programs once no process
-// holds them open. Nothing pinned is not an error.
+// Unpin removes the state pinned for cfg's job (cfg.Job, else its one
+// cgroup cfg.Cgroup) under cfg.BPFFS (or the bpffs found in mountinfo):
+// the whole pin directory, the sockops link of every cgroup watched
+// included, which detaches the programs once no process holds them open.
+// Nothing pinned is not an error.
 func Unpin(cfg Config) error {
-	j, err := resolveJob(cfg.Cgroup)
-	if err != nil {
+	var name string
+	if cfg.Job != "" {
+		if !jobid.Valid(cfg.Job) {
+			return fmt.Errorf("%w: Config.Job %q: %s", ErrBadJob, cfg.Job, jobid.Rule)
+		}
+		name = jobPinName(cfg.Job)
+	} else {
+		j, err := resolveJob(cfg.Cgroup)
+		if err != nil {
+			return err
+		}
+		name = strconv.FormatUint(j.id, 10)
+	}
+	bpffs, err := findBPFFS(cfg.BPFFS, false)
+	if err != nil || bpffs == "" {
 		return err
 	}
-	return UnpinID(cfg, j.id)
+	return removePinDir(filepath.Join(bpffs, pinRoot, name))
 }
 
-// UnpinID is Unpin for a cgroup given by id, for a cgroup already removed.
+// UnpinID is Unpin for a job pinned by its one cgroup, given by id, for a
+// cgroup already removed.
 func UnpinID(cfg Config, cgroupID uint64) error {
 	bpffs, err := findBPFFS(cfg.BPFFS, false)
 	if err != nil || bpffs == "" {
@@ -554,19 +853,40 @@ func UnpinID(cfg Config, cgroupID uint64) error {
 // removePinDir detaches the pinned links in dir and removes the pins. The
 // explicit detach matters: a link whose last reference was a pin is
 // released only after an RCU grace period and a workqueue run, so without
-// it the sockops program would linger for a while after Unpin returns.
+// it the sockops programs would linger for a while after Unpin returns.
 // Tracing and iterator links cannot be detached (EOPNOTSUPP); they go away
 // on that deferred path, and nothing reads their maps any more.
 func removePinDir(dir string) error {
-	for _, name := range linkPins {
-		if err := unpinLink(filepath.Join(dir, name)); err != nil {
-			return err
-		}
+	if err := clearPinDir(dir); err != nil {
+		return err
 	}
 	if err := os.RemoveAll(dir); err != nil {
 		return fmt.Errorf("unpin %s: %w", dir, err)
 	}
 	os.Remove(filepath.Dir(dir)) // the mpipause directory, if now empty
+	return nil
+}
+
+// clearPinDir detaches and unpins every link pinned in dir and removes
+// the maps' pins, leaving dir.
+func clearPinDir(dir string) error {
+	ents, err := os.ReadDir(dir)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("unpin %s: %w", dir, err)
+	}
+	for _, e := range ents {
+		if strings.HasPrefix(e.Name(), "link_") {
+			if err := unpinLink(filepath.Join(dir, e.Name())); err != nil {
+				return err
+			}
+		}
+	}
+	for _, name := range mapPins {
+		os.Remove(filepath.Join(dir, name))
+	}
 	return nil
 }
 

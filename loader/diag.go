@@ -4,7 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
+	"maps"
 	"net/netip"
+	"os"
+	"slices"
 	"sync"
 
 	"golang.org/x/sys/unix"
@@ -16,28 +20,33 @@ import (
 
 // SockDiagObserver observes a job through sock_diag netlink (INET_DIAG):
 // the kernel's rqueue/wqueue for every connected TCP socket of the job's
-// cgroup tree, filtered by cgroup id in the kernel. It needs no BPF and no
+// cgroup trees (every watched cgroup and its descendants), filtered by
+// cgroup id in the kernel. It needs no BPF and no
 // privilege for the observer's own network namespace; entering others takes
 // CAP_SYS_ADMIN. Without it, explicit Config.Netns are refused at open, and
 // namespaces found by FollowJob that it cannot enter are left out of
 // Snapshot (Skipped names them). It reads no sequence numbers and keeps no
 // counters: those Conn fields are zero and Counted is false.
 type SockDiagObserver struct {
-	job job
-	ns  *netnsSet
+	ns *netnsSet
 
-	mu      sync.Mutex
+	mu      sync.Mutex        // serializes Snapshot, Watch, Unwatch and Close
+	cgroups map[uint64]string // the watched cgroups' paths, by id
 	closed  bool
 	diag    map[uint64]*sockdiag.DiagConn // by netns inode
 	skipped []string                      // namespaces the last Snapshot could not enter
 }
 
-var _ Observer = (*SockDiagObserver)(nil)
+var (
+	_ Observer = (*SockDiagObserver)(nil)
+	_ Watcher  = (*SockDiagObserver)(nil)
+)
 
-// OpenSockDiag returns the sock_diag observer of cfg's job. cfg.Pin,
-// cfg.BPFFS, cfg.Require and cfg.OnFallback are ignored.
+// OpenSockDiag returns the sock_diag observer of cfg's job, watching its
+// cgroups (Cgroup and Cgroups). cfg.Job, cfg.Pin, cfg.BPFFS, cfg.Require
+// and cfg.OnFallback are ignored.
 func OpenSockDiag(ctx context.Context, cfg Config) (*SockDiagObserver, error) {
-	j, err := resolveJob(cfg.Cgroup)
+	set, err := resolveSet(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -53,11 +62,89 @@ func OpenSockDiag(ctx context.Context, cfg Config) (*SockDiagObserver, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	ns, err := openNetnsSet(cfg.Netns, j.dir, cfg.FollowJob)
+	ns, err := openNetnsSet(cfg.Netns, cfg.FollowJob)
 	if err != nil {
 		return nil, err
 	}
-	return &SockDiagObserver{job: j, ns: ns, diag: map[uint64]*sockdiag.DiagConn{}}, nil
+	d := &SockDiagObserver{ns: ns, cgroups: map[uint64]string{}, diag: map[uint64]*sockdiag.DiagConn{}}
+	for _, j := range set {
+		d.cgroups[j.id] = j.dir
+	}
+	d.ns.setDirs(d.dirs())
+	return d, nil
+}
+
+// Watch adds the cgroup dir to the job (Watcher): the next Snapshot
+// filters by its tree's cgroup ids too.
+func (d *SockDiagObserver) Watch(dir string) error {
+	j, err := resolveJob(dir)
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return ErrClosed
+	}
+	if _, ok := d.cgroups[j.id]; !ok {
+		d.cgroups[j.id] = j.dir
+		d.ns.setDirs(d.dirs())
+	}
+	return nil
+}
+
+// Unwatch removes the cgroup dir from the job (Watcher).
+func (d *SockDiagObserver) Unwatch(dir string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return ErrClosed
+	}
+	if id, ok := findWatched(dir, maps.All(d.cgroups)); ok {
+		delete(d.cgroups, id)
+		d.ns.setDirs(d.dirs())
+	}
+	return nil
+}
+
+// Watched returns the paths of the watched cgroups, sorted (Watcher).
+func (d *SockDiagObserver) Watched() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.dirs()
+}
+
+func (d *SockDiagObserver) dirs() []string {
+	return slices.Sorted(maps.Values(d.cgroups))
+}
+
+// treeIDs returns the cgroup ids of the watched trees, never nil (an
+// empty set matches no socket). A watched cgroup already removed from the
+// hierarchy (its rank ended before it was unwatched) counts by its own id:
+// sockets its processes made may outlive it.
+func (d *SockDiagObserver) treeIDs() ([]uint64, error) {
+	ids := []uint64{}
+	seen := map[uint64]bool{}
+	outer := outermost(d.dirs())
+	for id, dir := range d.cgroups {
+		if !slices.Contains(outer, dir) {
+			continue // in a watched tree walked below
+		}
+		tree, err := cgroupv2.TreeIDs(dir)
+		if err != nil {
+			if _, serr := os.Stat(dir); !errors.Is(serr, fs.ErrNotExist) {
+				return nil, err
+			}
+			tree = []uint64{id}
+		}
+		for _, t := range tree {
+			if !seen[t] {
+				seen[t] = true
+				ids = append(ids, t)
+			}
+		}
+	}
+	return ids, nil
 }
 
 // Snapshot returns the job's connected TCP sockets (LISTEN, SYN_RECV,
@@ -69,8 +156,8 @@ func (d *SockDiagObserver) Snapshot(ctx context.Context) ([]Conn, error) {
 	if d.closed {
 		return nil, ErrClosed
 	}
-	// A job may create child cgroups at any time: walk its tree each time.
-	ids, err := cgroupv2.TreeIDs(d.job.dir)
+	// A job may create child cgroups at any time: walk its trees each time.
+	ids, err := d.treeIDs()
 	if err != nil {
 		return nil, err
 	}

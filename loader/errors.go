@@ -19,9 +19,12 @@ var (
 	// ErrBPFUnavailable: the kernel refused to load or attach a program
 	// (verifier, missing tracepoint or helper, lockdown).
 	ErrBPFUnavailable = errors.New("BPF programs refused by the kernel")
-	// ErrNoCgroup: the cgroup given in Config.Cgroup does not exist in the
-	// cgroup v2 hierarchy.
+	// ErrNoCgroup: a cgroup given in Config.Cgroup, Config.Cgroups or to
+	// Watch does not exist in the cgroup v2 hierarchy.
 	ErrNoCgroup = errors.New("no such cgroup v2 directory")
+	// ErrBadJob: Config.Job is not a job id, or pinning a set of several
+	// cgroups was asked for without one.
+	ErrBadJob = errors.New("bad job name")
 	// ErrNoCgroupV2: no cgroup v2 hierarchy is mounted.
 	ErrNoCgroupV2 = cgroupv2.ErrNotMounted
 	// ErrNoBPFFS: pinning was asked for but no bpffs is mounted and none

@@ -30,7 +30,8 @@ type netns struct {
 type netnsSet struct {
 	own      netns
 	explicit []netns
-	jobDir   string // cgroup tree to follow; "" when not following
+	follow   bool
+	jobDirs  []string // the watched cgroup trees, followed when follow
 	followed map[uint64]netns
 	// denied lists, as of the last list, the job's processes whose network
 	// namespace this process may not even name (EACCES: another user's
@@ -41,15 +42,13 @@ type netnsSet struct {
 
 // openNetnsSet opens the observer's own namespace (that of the calling
 // thread) and the explicit ones. Namespaces are deduplicated by inode.
-func openNetnsSet(paths []string, jobDir string, follow bool) (*netnsSet, error) {
+// The observer sets the cgroups to follow (setDirs).
+func openNetnsSet(paths []string, follow bool) (*netnsSet, error) {
 	own, err := openNetns("/proc/thread-self/ns/net", "")
 	if err != nil {
 		return nil, fmt.Errorf("open own network namespace: %w", err)
 	}
-	s := &netnsSet{own: own, followed: map[uint64]netns{}}
-	if follow {
-		s.jobDir = jobDir
-	}
+	s := &netnsSet{own: own, follow: follow, followed: map[uint64]netns{}}
 	seen := map[uint64]bool{own.ino: true}
 	for _, p := range paths {
 		path, label := netnsPath(p)
@@ -66,6 +65,31 @@ func openNetnsSet(paths []string, jobDir string, follow bool) (*netnsSet, error)
 		s.explicit = append(s.explicit, ns)
 	}
 	return s, nil
+}
+
+// setDirs sets the watched cgroups whose processes' namespaces list
+// follows. A cgroup below another of dirs is left out: the walk of its
+// ancestor covers it.
+func (s *netnsSet) setDirs(dirs []string) {
+	s.jobDirs = outermost(dirs)
+}
+
+// outermost returns the dirs that are not below another of dirs.
+func outermost(dirs []string) []string {
+	var out []string
+	for _, d := range dirs {
+		inner := false
+		for _, a := range dirs {
+			if a != d && strings.HasPrefix(d, a+"/") {
+				inner = true
+				break
+			}
+		}
+		if !inner {
+			out = append(out, d)
+		}
+	}
+	return out
 }
 
 // netnsPath turns a Config.Netns entry into a path and a label: a bare name
@@ -102,10 +126,10 @@ func openNetns(path, label string) (netns, error) {
 // list returns the namespaces to look in now, refreshing the followed ones.
 func (s *netnsSet) list() ([]netns, error) {
 	out := append([]netns{s.own}, s.explicit...)
-	if s.jobDir == "" {
+	if !s.follow {
 		return out, nil
 	}
-	inos, denied, err := jobNetns(s.jobDir)
+	inos, denied, err := jobNetns(s.jobDirs)
 	if err != nil {
 		return nil, err
 	}
@@ -168,14 +192,24 @@ func (s *netnsSet) close() {
 }
 
 // jobNetns maps the network namespace inode of every process in the cgroup
-// tree at dir to one pid living in it.
-func jobNetns(dir string) (map[uint64]int, []int, error) {
+// trees at dirs to one pid living in it. A watched cgroup removed (its rank
+// ended before it was unwatched) has no processes.
+func jobNetns(dirs []string) (map[uint64]int, []int, error) {
 	out := map[uint64]int{}
 	var denied []int
+	for _, dir := range dirs {
+		if err := walkJobNetns(dir, out, &denied); err != nil {
+			return nil, nil, err
+		}
+	}
+	return out, denied, nil
+}
+
+func walkJobNetns(dir string, out map[uint64]int, denied *[]int) error {
 	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
-			if path != dir && errors.Is(err, fs.ErrNotExist) {
-				return nil // a child cgroup removed during the walk
+			if errors.Is(err, fs.ErrNotExist) {
+				return nil // a cgroup removed before or during the walk
 			}
 			return err
 		}
@@ -184,7 +218,7 @@ func jobNetns(dir string) (map[uint64]int, []int, error) {
 		}
 		pids, err := cgroupv2.Procs(path)
 		if err != nil {
-			if path != dir && errors.Is(err, fs.ErrNotExist) {
+			if errors.Is(err, fs.ErrNotExist) {
 				return nil
 			}
 			return err
@@ -197,16 +231,16 @@ func jobNetns(dir string) (map[uint64]int, []int, error) {
 					out[ino] = pid
 				}
 			case isDenied(err):
-				denied = append(denied, pid)
+				*denied = append(*denied, pid)
 			}
 			// Any other error: the process exited during the walk.
 		}
 		return nil
 	})
 	if err != nil {
-		return nil, nil, fmt.Errorf("follow job %s: %w", dir, err)
+		return fmt.Errorf("follow job %s: %w", dir, err)
 	}
-	return out, denied, nil
+	return nil
 }
 
 func isDenied(err error) bool {

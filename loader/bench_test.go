@@ -4,10 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strconv"
 	"testing"
 	"time"
 
+	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/testutil"
 	"github.com/mpipause/mpipause/internal/testutil/benchrec"
 )
@@ -197,4 +199,116 @@ func writeSnapshotResults(dir string, results []snapshotSamples, iterMs []float6
 		return err
 	}
 	return benchrec.Record(dir, rows...)
+}
+
+// BenchmarkWatchSet measures what spreading a job over several cgroups
+// costs the BPF observer, each time against a baseline taken in the same
+// run, alternately: a Snapshot of 2,000 sockets held by 8 cgroups, watched
+// as their one parent (1 cgroup) and as the 8 (8 cgroups); and the time of
+// a connection made, accepted and closed (what sockops runs for) by a
+// process of the job, with the observer watching 1 cgroup and with the job
+// spread over 4 watched cgroups.
+func BenchmarkWatchSet(b *testing.B) {
+	testutil.RequirePrivileged(b)
+	ctx := context.Background()
+	ns := "mpt-" + randomID(b) + "-bws"
+	parent := testutil.NewCgroup(b)
+	testutil.NewNamedNetns(b, ns)
+	var kids []string
+	var hs []*helper
+	for i := range 8 {
+		dir := filepath.Join(parent, "rank"+strconv.Itoa(i))
+		if err := cgroupv2.Create(dir); err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { cgroupv2.Remove(dir) })
+		kids = append(kids, dir)
+		hs = append(hs, startHelper(b, ns, dir))
+	}
+	one, err := OpenBPF(ctx, Config{Cgroup: parent, Netns: []string{ns}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer one.Close()
+	eight, err := OpenBPF(ctx, Config{Cgroups: kids, Netns: []string{ns}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer eight.Close()
+	const sockets = 2000
+	for _, h := range hs {
+		h.do("mass 127.0.0.1:0 %d", sockets/8/2)
+	}
+	snap := func(b *testing.B, o Observer) float64 {
+		t0 := time.Now()
+		cs, err := o.Snapshot(ctx)
+		ms := float64(time.Since(t0).Nanoseconds()) / 1e6
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(cs) != sockets {
+			b.Fatalf("snapshot has %d connections, want %d", len(cs), sockets)
+		}
+		return ms
+	}
+	b.Run("snapshot", func(b *testing.B) {
+		snap(b, one)
+		snap(b, eight)
+		var s1, s8 []float64
+		for i := 0; b.Loop(); i++ {
+			for k := range snapshotPairs {
+				if (i+k)%2 == 0 {
+					s1 = append(s1, snap(b, one))
+					s8 = append(s8, snap(b, eight))
+				} else {
+					s8 = append(s8, snap(b, eight))
+					s1 = append(s1, snap(b, one))
+				}
+			}
+		}
+		p1, p8 := benchrec.Percentile(s1, 0.5), benchrec.Percentile(s8, 0.5)
+		b.ReportMetric(p1, "1-cgroup-p50-ms")
+		b.ReportMetric(p8, "8-cgroups-p50-ms")
+		b.ReportMetric(p8/p1, "8/1")
+		mode := "conniter"
+		if one.ScansTCP() {
+			mode = "scanTCP: an iter/tcp pass per namespace"
+		}
+		fmt.Fprintf(os.Stderr, "bench: watchset snapshot of %d sockets (%s): 1 cgroup p50 %.3f ms, 8 cgroups p50 %.3f ms, ratio %.3f\n", sockets, mode, p1, p8, p8/p1)
+	})
+	one.Close()
+	eight.Close()
+
+	// The churning process is in kids[0] throughout; the observer watches
+	// kids[0] alone, or kids[0..3].
+	const conns = 200
+	churnOnce := func(b *testing.B, cgroups []string) float64 {
+		o, err := OpenBPF(ctx, Config{Cgroups: cgroups, Netns: []string{ns}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer o.Close()
+		f := hs[0].do("churn 127.0.0.1:0 %d", conns)
+		n, _ := strconv.ParseFloat(f[0], 64)
+		return n / conns / 1e3 // µs per connection
+	}
+	b.Run("sockops", func(b *testing.B) {
+		var c1, c4 []float64
+		for i := 0; b.Loop(); i++ {
+			for k := range snapshotPairs {
+				if (i+k)%2 == 0 {
+					c1 = append(c1, churnOnce(b, kids[:1]))
+					c4 = append(c4, churnOnce(b, kids[:4]))
+				} else {
+					c4 = append(c4, churnOnce(b, kids[:4]))
+					c1 = append(c1, churnOnce(b, kids[:1]))
+				}
+			}
+		}
+		p1, p4 := benchrec.Percentile(c1, 0.5), benchrec.Percentile(c4, 0.5)
+		b.ReportMetric(p1, "1-cgroup-us/conn")
+		b.ReportMetric(p4, "4-cgroups-us/conn")
+		b.ReportMetric(p4/p1, "4/1")
+		fmt.Fprintf(os.Stderr, "bench: watchset connect+accept+close: 1 cgroup p50 %.2f µs, 4 cgroups p50 %.2f µs, ratio %.3f\n", p1, p4, p4/p1)
+	})
 }

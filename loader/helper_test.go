@@ -49,6 +49,8 @@ func TestMain(m *testing.M) {
 //	close ID           -> ok
 //	mass ADDR N        -> ok TOTAL      (N more loopback connections to itself;
 //	                                     TOTAL sockets of all mass calls held)
+//	churn ADDR N       -> ok NS         (N loopback connections to itself, each
+//	                                     connected, accepted and closed; NS their time)
 func helperMain(in io.Reader, out io.Writer) int {
 	var (
 		ln    net.Listener
@@ -148,6 +150,11 @@ func helperMain(in io.Reader, out io.Writer) int {
 			more, err = mass(f[1], n, len(keep))
 			keep = append(keep, more...)
 			reply = strconv.Itoa(len(keep))
+		case "churn":
+			n, _ := strconv.Atoi(f[2])
+			var d time.Duration
+			d, err = churn(f[1], n)
+			reply = strconv.FormatInt(d.Nanoseconds(), 10)
 		default:
 			err = fmt.Errorf("unknown command %q", f[0])
 		}
@@ -192,6 +199,31 @@ func peek(c *net.TCPConn, n int) (int, error) {
 		return got, err
 	}
 	return got, rerr
+}
+
+// churn connects to a listener of its own, accepts and closes both ends, n
+// times, and returns the time it took.
+func churn(addr string, n int) (time.Duration, error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return 0, err
+	}
+	defer ln.Close()
+	t0 := time.Now()
+	for range n {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err != nil {
+			return 0, err
+		}
+		a, err := ln.Accept()
+		if err != nil {
+			c.Close()
+			return 0, err
+		}
+		a.Close()
+		c.Close()
+	}
+	return time.Since(t0), nil
 }
 
 // mass makes n loopback connections to a listener of its own and returns

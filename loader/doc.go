@@ -1,6 +1,26 @@
 // Package loader loads mpipause's BPF programs, attaches them to a job's
-// cgroup v2, pins them under a bpffs so that a daemon restart keeps their
+// cgroups v2, pins them under a bpffs so that a daemon restart keeps their
 // state, and reads the job's TCP connections back from the kernel.
+//
+// A job is a set of cgroups: the ranks stay in the cgroups their resource
+// manager made (one per rank under Slurm, a systemd scope), which appear as
+// ranks start and go as they end. [Config].Cgroup and Cgroups give the set
+// at [Open]; both observers are a [Watcher] too, whose Watch and Unwatch
+// change it while Snapshot runs, and Watched lists it. Sockets of a
+// watched cgroup or of a descendant of one are the job's; those of any
+// other cgroup, a sibling's too, are not. The BPF observer attaches sockops
+// to each watched cgroup with a bpf_link of its own (the kernel's
+// BPF_F_ALLOW_MULTI: a manager's own programs stay), keeps the ids in its
+// watched map, and with Pin keeps everything under
+// <bpffs>/mpipause/job-<Config.Job>/ (one link_sockops_<cgroup-id> per
+// cgroup), so that Open with the same Job after a restart watches every
+// cgroup again; [Unpin] removes the whole directory. Without Job a job is
+// its one cgroup, pinned under <bpffs>/mpipause/<cgroup-id>/ as before.
+// Snapshot still costs one conns-map pass, and after a Watch or Unwatch
+// one iter/tcp pass per network namespace, whatever the number of
+// cgroups. Where the kernel refuses map iterators (ScansTCP), every
+// Snapshot runs the iter/tcp pass in each namespace anyway, which reports
+// only the sockets of watched cgroups.
 //
 // Two observers stand behind one interface: the BPF observer (sockops, a
 // tp_btf program on state changes, iterators) and a sock_diag netlink fallback that is

@@ -170,6 +170,49 @@ func Remove(dir string) error {
 	}
 }
 
+// RemoveEmpty deletes the cgroup dir if no process is left in it (or
+// below), and moves nobody: a process is only ever where its launcher or
+// mpid put it. Removing a cgroup that does not exist is not an error.
+func RemoveEmpty(dir string) error {
+	// rmdir fails with EBUSY for a moment after the last process leaves.
+	for i := 0; ; i++ {
+		err := unix.Rmdir(dir)
+		if err == nil || errors.Is(err, unix.ENOENT) {
+			return nil
+		}
+		if !errors.Is(err, unix.EBUSY) || i == 100 {
+			return fmt.Errorf("remove cgroup %s: %w", dir, err)
+		}
+		if pids, perr := Members(dir); perr == nil && len(pids) > 0 {
+			return fmt.Errorf("remove cgroup %s: %d processes are still in it", dir, len(pids))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Members lists the pids in the cgroup dir and in every cgroup below it.
+func Members(dir string) ([]int, error) {
+	var pids []int
+	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if path != dir && errors.Is(err, fs.ErrNotExist) {
+				return nil // a child removed during the walk
+			}
+			return err
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		ps, err := Procs(path)
+		if err != nil && !(path != dir && errors.Is(err, fs.ErrNotExist)) {
+			return err
+		}
+		pids = append(pids, ps...)
+		return nil
+	})
+	return pids, err
+}
+
 // Freeze freezes every process of the cgroup dir and its descendants
 // (cgroup.freeze) and returns once the kernel reports the whole tree frozen
 // ("frozen 1" in cgroup.events), or ctx ends. Freezing is not instant: a

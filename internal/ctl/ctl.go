@@ -150,6 +150,19 @@ type Job struct {
 	Since         time.Time `json:"since,omitzero"`
 	// Unpausable, when set, says why the job cannot be paused cleanly.
 	Unpausable string `json:"unpausable,omitempty"`
+	// Cgroups are where the job's ranks on the answering node are watched
+	// and frozen.
+	Cgroups []Cgroup `json:"cgroups,omitempty"`
+}
+
+// Cgroup is a cgroup holding ranks of a job on a node, and why mpid
+// watches and freezes it: "own" (the rank's cgroup from its resource
+// manager, holding nothing else), "inner" (one mpid made inside the rank's
+// cgroup, shared with other processes), "created" (mpid's own, for ranks
+// nobody placed) or "fixed" (mpid's --cgroup).
+type Cgroup struct {
+	Dir    string `json:"dir"`
+	Placed string `json:"placed"`
 }
 
 // Progress is one step of a running pause or resume.

@@ -265,7 +265,7 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 	d.reg = &registry{node: d.cfg.Node, key: d.cfg.ClusterKey, parent: d.cgroupParent(), fixed: d.cfg.FixedCgroup,
 		cgroups: d.cfg.Cgroups, observers: d.cfg.Observers, ranks: rs, tr: tr, log: d.log,
 		refusals: newLogLimiter(refusalQuiet), jobs: map[string]*job{}}
-	local := node.NewSteps(&node.Role{Name: d.cfg.Node, Ranks: rs, Observer: d.reg.observer, Cgroup: d.reg.cgroupOf, Freezer: d.cfg.Cgroups,
+	local := node.NewSteps(&node.Role{Name: d.cfg.Node, Ranks: rs, Observer: d.reg.observer, Cgroups: d.reg.cgroupsOf, Freezer: d.cfg.Cgroups,
 		CtlNice: d.cfg.Nice, CtlRT: d.cfg.RTPriority, Metrics: d.metrics, Unready: d.reg.unready, Log: d.log}, d.log)
 	local.Committed, local.Thawing, local.Job = d.reg.noteCommitted, d.reg.noteResumed, d.reg.withJob
 	local.Records = commitRecords{d.store}
@@ -326,7 +326,7 @@ func (d *Daemon) cgroupParent() string {
 	if d.cfg.FixedCgroup != "" {
 		return d.cfg.FixedCgroup
 	}
-	root, _ := cgroupv2.Root()
+	root, _ := d.cfg.Cgroups.Root()
 	return filepath.Join(root, d.cfg.CgroupParent)
 }
 

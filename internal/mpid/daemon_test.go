@@ -37,6 +37,42 @@ func newMemCgroups() *memCgroups {
 	return &memCgroups{dirs: map[string]bool{}, procs: map[int]string{}, frozen: map[string]bool{}}
 }
 
+// memRoot is memCgroups' hierarchy: a process it was told nothing of lives
+// in its root, where nobody placed it.
+const memRoot = "/cg"
+
+func (c *memCgroups) Root() (string, error) { return memRoot, nil }
+
+func (c *memCgroups) Of(pid int) (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if d, ok := c.procs[pid]; ok {
+		return d, nil
+	}
+	return memRoot, nil
+}
+
+// put places pid in dir, as a resource manager would have before mpid
+// heard of it.
+func (c *memCgroups) put(pid int, dir string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.dirs[dir] = true
+	c.procs[pid] = dir
+}
+
+func (c *memCgroups) Members(dir string) ([]int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []int
+	for pid, d := range c.procs {
+		if d == dir || strings.HasPrefix(d, dir+"/") {
+			out = append(out, pid)
+		}
+	}
+	return out, nil
+}
+
 func (c *memCgroups) Create(dir string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -47,8 +83,26 @@ func (c *memCgroups) Create(dir string) error {
 func (c *memCgroups) Remove(dir string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	for pid, d := range c.procs {
+		if d == dir || strings.HasPrefix(d, dir+"/") {
+			return fmt.Errorf("remove %s: pid %d is in it", dir, pid)
+		}
+	}
 	delete(c.dirs, dir)
 	return nil
+}
+
+// exit is pid's end: it leaves its cgroup.
+func (c *memCgroups) exit(pid int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.procs, pid)
+}
+
+func (c *memCgroups) exists(dir string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.dirs[dir]
 }
 
 func (c *memCgroups) Procs(dir string) ([]int, error) {
@@ -116,8 +170,8 @@ func (c *memCgroups) Frozen(dir string) (bool, error) {
 // clean at once, every kernel check empty.
 type memObservers struct{}
 
-func (memObservers) Open(string) (loader.Observer, error) { return emptyObserver{}, nil }
-func (memObservers) Unpin(string) error                   { return nil }
+func (memObservers) Open(string, []string) (loader.Observer, error) { return emptyObserver{}, nil }
+func (memObservers) Unpin(string) error                             { return nil }
 
 type emptyObserver struct{}
 
@@ -131,6 +185,8 @@ type testNode struct {
 	cgroups           *memCgroups
 	rankAddr, ctlAddr string
 	log               *syncBuffer
+	// stop ends this mpid and waits for it.
+	stop func()
 }
 
 // syncBuffer is a log destination that tests read while mpid writes.
@@ -156,10 +212,17 @@ func (s *syncBuffer) String() string {
 // cluster key k, until the test ends.
 func startNode(t *testing.T, node string, net *quiesce.MemNetwork, k *quiesce.Keyring) *testNode {
 	t.Helper()
-	n := &testNode{cgroups: newMemCgroups(), log: &syncBuffer{},
+	return restartNode(t, node, net, k, newMemCgroups(), t.TempDir())
+}
+
+// restartNode is startNode for an mpid that finds the cgroups and the state
+// directory a previous one left.
+func restartNode(t *testing.T, node string, net *quiesce.MemNetwork, k *quiesce.Keyring, cgroups *memCgroups, state string) *testNode {
+	t.Helper()
+	n := &testNode{cgroups: cgroups, log: &syncBuffer{},
 		rankAddr: fmt.Sprintf("@mpipause-test-%d-%s-%s-rank", os.Getpid(), t.Name(), node),
 		ctlAddr:  fmt.Sprintf("@mpipause-test-%d-%s-%s-ctl", os.Getpid(), t.Name(), node)}
-	d, err := New(Config{Node: node, ClusterKey: k, RankSocket: n.rankAddr, CtlSocket: n.ctlAddr, StateDir: t.TempDir(),
+	d, err := New(Config{Node: node, ClusterKey: k, RankSocket: n.rankAddr, CtlSocket: n.ctlAddr, StateDir: state,
 		Cgroups: n.cgroups, Observers: memObservers{}, Network: net, Drain: 5 * time.Second,
 		Log: slog.New(slog.NewTextHandler(n.log, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
@@ -174,12 +237,16 @@ func startNode(t *testing.T, node string, net *quiesce.MemNetwork, k *quiesce.Ke
 	case err := <-done:
 		t.Fatalf("mpid %s: %v", node, err)
 	}
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("mpid %s: %v", node, err)
-		}
-	})
+	var once sync.Once
+	n.stop = func() {
+		once.Do(func() {
+			cancel()
+			if err := <-done; err != nil {
+				t.Errorf("mpid %s: %v", node, err)
+			}
+		})
+	}
+	t.Cleanup(n.stop)
 	return n
 }
 
@@ -287,16 +354,7 @@ func TestPauseInProcess(t *testing.T) {
 	}
 	key := ranks.JobKey(uint32(os.Getuid()), "j1")
 	dir := func(n *testNode) string { return n.reg.jobDir(key) }
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		st := nodes[0].ask(t, ctl.OpStatus, "j1")
-		if st.Job != nil && strings.Join(st.Job.Nodes, ",") == "node0,node1,node2" {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("the coordinator never listed every node: %+v", st.Job)
-		}
-		mem.Drain()
-	}
+	waitNodes(t, mem, nodes[0], "j1", "node0,node1,node2")
 
 	start := time.Now()
 	rep := nodes[2].ask(t, ctl.OpPause, "j1")
@@ -331,6 +389,33 @@ func TestPauseInProcess(t *testing.T) {
 			t.Errorf("node%d: gate %s after the resume", i, shims[i].gate)
 		}
 		shims[i].mu.Unlock()
+	}
+}
+
+// waitNodes waits for coord to list nodes (comma-separated) as job's.
+func waitNodes(t *testing.T, mem *quiesce.MemNetwork, coord *testNode, job, nodes string) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		st := coord.ask(t, ctl.OpStatus, job)
+		if st.Job != nil && strings.Join(st.Job.Nodes, ",") == nodes {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the coordinator never listed every node: %+v", st.Job)
+		}
+		mem.Drain()
+	}
+}
+
+// waitFor waits, delivering the in-process network's messages, for cond.
+func waitFor(t *testing.T, mem *quiesce.MemNetwork, cond func() bool, format string, args ...any) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf(format, args...)
+		}
+		mem.Drain()
+		time.Sleep(time.Millisecond)
 	}
 }
 

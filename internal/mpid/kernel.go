@@ -16,10 +16,17 @@ import (
 // (KernelCgroups); in-process tests give a daemon one of their own, so that
 // it creates jobs, registers ranks and runs pauses without privilege.
 type Cgroups interface {
+	// Root is the cgroup v2 hierarchy's root directory as mpid sees it.
+	Root() (string, error)
+	// Of is the cgroup of process pid.
+	Of(pid int) (string, error)
 	Create(dir string) error
-	// Remove removes dir if no process is left in it.
+	// Remove removes dir if no process is left in it, and never moves one
+	// out: a process is only ever where its launcher or mpid put it.
 	Remove(dir string) error
 	Procs(dir string) ([]int, error)
+	// Members are the processes of dir and of every cgroup below it.
+	Members(dir string) ([]int, error)
 	// Holds says (nil) whether pid lives in dir or below.
 	Holds(dir string, pid int) error
 	// Move moves p into dir, through its pidfd (ranks.Proc.MoveTo).
@@ -29,19 +36,23 @@ type Cgroups interface {
 	Frozen(dir string) (bool, error)
 }
 
-// Observers opens the kernel observer of a job's cgroup, and unpins what
-// an observer left pinned for the next mpid once the job ends.
+// Observers opens the kernel observer of a job's cgroups (more may be
+// watched later, through loader.Watcher), and unpins what an observer left
+// pinned for the next mpid once the job ends.
 type Observers interface {
-	Open(dir string) (loader.Observer, error)
-	Unpin(dir string) error
+	Open(job string, dirs []string) (loader.Observer, error)
+	Unpin(job string) error
 }
 
 // KernelCgroups is Cgroups on cgroup v2.
 type KernelCgroups struct{}
 
+func (KernelCgroups) Root() (string, error)                        { return cgroupv2.Root() }
+func (KernelCgroups) Of(pid int) (string, error)                   { return cgroupv2.Of(pid) }
 func (KernelCgroups) Create(dir string) error                      { return cgroupv2.Create(dir) }
-func (KernelCgroups) Remove(dir string) error                      { return cgroupv2.Remove(dir) }
+func (KernelCgroups) Remove(dir string) error                      { return cgroupv2.RemoveEmpty(dir) }
 func (KernelCgroups) Procs(dir string) ([]int, error)              { return cgroupv2.Procs(dir) }
+func (KernelCgroups) Members(dir string) ([]int, error)            { return cgroupv2.Members(dir) }
 func (KernelCgroups) Move(p *ranks.Proc, dir string) error         { return p.MoveTo(dir) }
 func (KernelCgroups) Freeze(ctx context.Context, dir string) error { return cgroupv2.Freeze(ctx, dir) }
 func (KernelCgroups) Thaw(ctx context.Context, dir string) error   { return cgroupv2.Thaw(ctx, dir) }
@@ -66,8 +77,8 @@ type BPFObservers struct {
 	Warn func(msg string, args ...any)
 }
 
-func (o BPFObservers) Open(dir string) (loader.Observer, error) {
-	cfg := loader.Config{Cgroup: dir, FollowJob: true, Pin: true, Require: loader.KindBPF}
+func (o BPFObservers) Open(job string, dirs []string) (loader.Observer, error) {
+	cfg := loader.Config{Job: job, Cgroups: dirs, FollowJob: true, Pin: true, Require: loader.KindBPF}
 	obs, err := loader.Open(context.Background(), cfg)
 	if errors.Is(err, loader.ErrStalePin) {
 		// Pinned by an mpid of another build: the job ran, or is paused,
@@ -75,17 +86,17 @@ func (o BPFObservers) Open(dir string) (loader.Observer, error) {
 		// fresh ones adopt the job's open connections, history included
 		// (loader's TestBPFPinStale), so the old state goes.
 		if o.Warn != nil {
-			o.Warn("replacing the job's BPF state pinned by another mpid build", "cgroup", dir, "err", err)
+			o.Warn("replacing the job's BPF state pinned by another mpid build", "job", job, "err", err)
 		}
-		if uerr := loader.Unpin(loader.Config{Cgroup: dir}); uerr != nil {
+		if uerr := loader.Unpin(loader.Config{Job: job}); uerr != nil {
 			return nil, fmt.Errorf("%w (and unpinning it failed: %v)", err, uerr)
 		}
 		obs, err = loader.Open(context.Background(), cfg)
 	}
 	if b, ok := obs.(*loader.BPFObserver); ok && b.ScansTCP() && o.Warn != nil {
-		o.Warn("this kernel refuses BPF map iterators: the job's kernel reads walk the whole TCP table of each of its network namespaces (slower, same figures)", "cgroup", dir)
+		o.Warn("this kernel refuses BPF map iterators: the job's kernel reads walk the whole TCP table of each of its network namespaces (slower, same figures)", "job", job)
 	}
 	return obs, err
 }
 
-func (BPFObservers) Unpin(dir string) error { return loader.Unpin(loader.Config{Cgroup: dir}) }
+func (BPFObservers) Unpin(job string) error { return loader.Unpin(loader.Config{Job: job}) }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -26,13 +27,23 @@ type job struct {
 	// id is the job's key (ranks.JobKey: "<owner uid>:<name>"), the name
 	// of its cgroup, its records and its protocol messages; name is the id
 	// its owner chose, what the CLI shows.
-	id     string
-	name   string
-	dir    string // cgroup v2 directory of the job's ranks on this node
+	id   string
+	name string
+	// dir is the cgroup mpid makes for the job's ranks that nobody else
+	// placed (PlaceCreated), or the one it was given (PlaceFixed).
+	dir string
+	// places are the cgroups the job's ranks here are watched and frozen
+	// in (placement.go), each with its Place* mode; own holds the ranks
+	// (pid → cgroup) watched in a cgroup of their manager's as it is.
+	// Under mu.
+	places map[string]string
+	own    map[int]string
 	owner  uint32
 	joined int             // ranks moved in by JOIN
 	obs    loader.Observer // under mu; opened under obsMu (openObserver)
 	obsMu  sync.Mutex
+	// watched are the places obs watches; under obsMu.
+	watched map[string]bool
 	// unwatched, if set, says why the kernel cannot vouch for the job.
 	unwatched string
 	// Coordinator side (coordinator.go).
@@ -239,12 +250,12 @@ func (r *registry) openObserver(j *job) error {
 	j.obsMu.Lock()
 	defer j.obsMu.Unlock()
 	r.mu.Lock()
-	have := j.obs != nil
+	obs, dirs := j.obs, placesLocked(j)
 	r.mu.Unlock()
-	if have {
-		return nil
+	if obs != nil {
+		return r.watchLocked(j, obs, dirs)
 	}
-	obs, err := r.observers.Open(j.dir)
+	obs, err := r.observers.Open(j.id, dirs)
 	if err != nil {
 		return fmt.Errorf("observe job %s: %w", j.id, err)
 	}
@@ -257,6 +268,29 @@ func (r *registry) openObserver(j *job) error {
 		return fmt.Errorf("job %s ended", j.id)
 	}
 	j.obs = obs
+	j.watched = map[string]bool{}
+	for _, dir := range dirs {
+		j.watched[dir] = true
+	}
+	return nil
+}
+
+// watchLocked adds to obs the places of j it does not watch yet (a rank
+// that joined into a cgroup of its own). Called with j.obsMu held.
+func (r *registry) watchLocked(j *job, obs loader.Observer, dirs []string) error {
+	w, ok := obs.(loader.Watcher)
+	for _, dir := range dirs {
+		if j.watched[dir] {
+			continue
+		}
+		if !ok {
+			return fmt.Errorf("observe job %s: its %s observer watches one cgroup, and the job's ranks here are in several", j.id, obs.Kind())
+		}
+		if err := w.Watch(dir); err != nil {
+			return fmt.Errorf("observe job %s: %w", j.id, err)
+		}
+		j.watched[dir] = true
+	}
 	return nil
 }
 
@@ -276,14 +310,20 @@ func (r *registry) observer(id string) (loader.Observer, error) {
 	return j.obs, nil
 }
 
-// cgroupOf is the node role's access to a job's cgroup.
-func (r *registry) cgroupOf(id string) (string, error) {
+// cgroupsOf is the node role's access to a job's cgroups: the ones to
+// freeze.
+func (r *registry) cgroupsOf(id string) ([]string, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if j := r.jobs[id]; j != nil {
-		return j.dir, nil
+		if len(j.places) == 0 {
+			// No rank placed yet (an adopted job's ranks register only
+			// once thawed): the cgroup it was found in.
+			return []string{j.dir}, nil
+		}
+		return placesLocked(j), nil
 	}
-	return "", fmt.Errorf("job %s is not known on %s", id, r.node)
+	return nil, fmt.Errorf("job %s is not known on %s", id, r.node)
 }
 
 // The coordinator's and the node steps' access to a job: each method holds
@@ -339,6 +379,10 @@ func (r *registry) view(id string) (jobView, bool) {
 	v.ID, v.Owner, v.Since, v.Unpausable = j.name, j.owner, j.since, j.unwatched
 	if v.Unpausable == "" {
 		v.Unpausable = r.missingLocked(j)
+	}
+	v.Cgroups = nil
+	for _, dir := range placesLocked(j) {
+		v.Cgroups = append(v.Cgroups, ctl.Cgroup{Dir: dir, Placed: j.places[dir]})
 	}
 	jv := jobView{state: j.state, coordinator: j.coordinator, coordinated: j.coordinator == r.node,
 		adopted: j.adopted, nodes: j.nodes, size: j.size, localRanks: j.localRanks}
@@ -425,7 +469,7 @@ func (r *registry) save(j *job, v ctl.Job, st *store) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rec := record{Version: recordVersion, Job: j.id, Owner: j.owner, State: j.state, Since: j.since,
-		Nodes: v.Nodes, Coordinator: v.Coordinator, Ranks: v.Ranks, LocalRanks: v.LocalRanks, Last: j.last}
+		Nodes: v.Nodes, Coordinator: v.Coordinator, Ranks: v.Ranks, LocalRanks: v.LocalRanks, Last: j.last, Cgroups: placesLocked(j)}
 	return st.write(rec)
 }
 
@@ -441,39 +485,45 @@ func (r *registry) withJob(id string, fn func(owner uint32, coordinator string) 
 	return fn(0, "")
 }
 
-// join moves a rank into its job's cgroup before it opens any socket: the
-// kernel files a socket under its creator's cgroup at creation, for good.
+// join places a rank of a job (placement.go) before it opens any socket:
+// the kernel files a socket under its creator's cgroup at creation, for
+// good, and the job's observer watches the rank's place from then on.
 func (r *registry) join(req ranks.JoinRequest) error {
-	j, err := r.joinLocked(req)
+	j, pl, err := r.joinLocked(req)
 	if err != nil || j == nil {
 		return err
 	}
 	if err := r.openObserver(j); err != nil {
 		return err
 	}
-	r.log.Info("rank joined", "job", j.id, "pid", req.Proc.Pid, "uid", req.Proc.UID, "cgroup", j.dir)
+	r.log.Info("rank joined", "job", j.id, "pid", req.Proc.Pid, "uid", req.Proc.UID, "cgroup", pl.Dir, "placed", pl.Mode)
 	return nil
 }
 
-func (r *registry) joinLocked(req ranks.JoinRequest) (*job, error) {
+func (r *registry) joinLocked(req ranks.JoinRequest) (*job, placement, error) {
 	p := req.Proc
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	j, err := r.authorizeLocked(p.UID, req.Job, req.Key)
 	if err != nil {
-		return nil, err
+		return nil, placement{}, err
 	}
 	if r.fixed != "" {
 		if err := r.cgroups.Holds(r.fixed, p.Pid); err != nil {
-			return nil, err
+			return nil, placement{}, err
 		}
-		return nil, p.Alive() // alive after the read: what it read was the process's
+		// Alive after the read: what it read was the process's.
+		return nil, placement{}, r.settleLocked(j, p, placement{Dir: r.fixed, Mode: PlaceFixed})
 	}
-	if err := r.cgroups.Move(p, j.dir); err != nil {
-		return nil, err
+	pl, err := r.placeLocked(j, p.Pid)
+	if err != nil {
+		return nil, placement{}, err
+	}
+	if err := r.settleLocked(j, p, pl); err != nil {
+		return nil, placement{}, err
 	}
 	j.joined++
-	return j, nil
+	return j, pl, nil
 }
 
 // admit accepts a rank's HELLO. A rank that did not JOIN first may have
@@ -498,14 +548,24 @@ func (r *registry) admitLocked(rk *ranks.Rank) (*job, error) {
 	if rk.Size > j.size {
 		j.size = rk.Size
 	}
-	if err := r.cgroups.Holds(j.dir, rk.Pid); err != nil {
-		if r.fixed != "" {
+	if r.fixed != "" {
+		if err := r.cgroups.Holds(r.fixed, rk.Pid); err != nil {
 			return nil, err
 		}
-		if err := r.cgroups.Move(rk.Proc(), j.dir); err != nil {
+		if err := r.settleLocked(j, rk.Proc(), placement{Dir: r.fixed, Mode: PlaceFixed}); err != nil {
 			return nil, err
 		}
-		if j.unwatched == "" {
+	} else if !r.inPlaceLocked(j, rk.Pid) {
+		pl, err := r.placeLocked(j, rk.Pid)
+		if err != nil {
+			return nil, err
+		}
+		if err := r.settleLocked(j, rk.Proc(), pl); err != nil {
+			return nil, err
+		}
+		// Where it is, every socket it made is its cgroup's, which is
+		// watched now; a move leaves those it made before behind.
+		if pl.Move && j.unwatched == "" {
 			j.unwatched = fmt.Sprintf("rank %d (pid %d on %s) registered without joining its job cgroup at start, so the kernel cannot check its connections; launch the job with `mpipause run`", rk.Rank, rk.Pid, r.node)
 		}
 	}
@@ -579,6 +639,7 @@ func (r *registry) rankChanged(rk *ranks.Rank, gone bool, err error) {
 		}
 		r.mu.Lock()
 		if j := r.jobs[rk.JobKey()]; j != nil {
+			r.pruneLocked(j)
 			r.maybeEndLocked(j)
 		}
 		r.mu.Unlock()
@@ -605,7 +666,7 @@ func (r *registry) maybeEndLocked(j *job) {
 		j.creator.Release()
 		j.creator = nil
 	}
-	if procs, err := r.cgroups.Procs(j.dir); (err != nil && !errors.Is(err, os.ErrNotExist)) || len(procs) > 0 {
+	if !r.emptyLocked(j) {
 		return
 	}
 	if j.coordinator != "" && j.coordinator != r.node && j.token != "" {
@@ -622,15 +683,20 @@ func (r *registry) closeJobLocked(j *job, unpin bool) {
 		j.obs.Close()
 		j.obs = nil
 		if unpin {
-			if err := r.observers.Unpin(j.dir); err != nil {
+			if err := r.observers.Unpin(j.id); err != nil {
 				r.log.Warn("unpin", "job", j.id, "error", err)
 			}
 		}
 	}
 	if unpin && r.fixed == "" {
-		if procs, err := r.cgroups.Procs(j.dir); err == nil && len(procs) == 0 {
-			if err := r.cgroups.Remove(j.dir); err != nil {
-				r.log.Warn("remove job cgroup", "job", j.id, "error", err)
+		for _, dir := range append(placesLocked(j), j.dir) {
+			if mode := j.places[dir]; mode == PlaceOwn || mode == PlaceFixed {
+				continue // its manager's
+			}
+			if procs, err := r.cgroups.Members(dir); err == nil && len(procs) == 0 {
+				if err := r.cgroups.Remove(dir); err != nil {
+					r.log.Warn("remove job cgroup", "job", j.id, "cgroup", dir, "error", err)
+				}
 			}
 		}
 	}
@@ -659,6 +725,7 @@ func (r *registry) sweep(ctx context.Context) error {
 		}
 		r.mu.Lock()
 		for _, j := range r.jobs {
+			r.pruneLocked(j)
 			r.maybeEndLocked(j)
 			if r.jobs[j.id] == j && j.coordinator != "" && j.coordinator != r.node && j.token != "" {
 				// Again and again: a restarted coordinator learns its
@@ -793,12 +860,35 @@ func (r *registry) adopt(st *store) (interrupted []record) {
 		return nil
 	}
 	recs := st.load()
+	// Where each job's ranks may be: mpid's own cgroups under its parent
+	// (found by name), and the cgroups a record of a pause names (found
+	// wherever the ranks' launcher had put them).
+	found := map[string]map[string]string{}
+	add := func(id, dir, mode string) {
+		if found[id] == nil {
+			found[id] = map[string]string{}
+		}
+		found[id][dir] = mode
+	}
 	entries, _ := os.ReadDir(r.parent)
+	for _, e := range entries {
+		if e.IsDir() {
+			add(e.Name(), filepath.Join(r.parent, e.Name()), PlaceCreated)
+		}
+	}
+	for id, rec := range recs {
+		for _, dir := range rec.Cgroups {
+			if filepath.Base(dir) == innerName(id) {
+				add(id, dir, PlaceInner)
+			} else if dir != filepath.Join(r.parent, id) {
+				add(id, dir, PlaceOwn)
+			}
+		}
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, e := range entries {
-		id := e.Name()
-		if !e.IsDir() || r.jobs[id] != nil {
+	for id, dirs := range found {
+		if r.jobs[id] != nil {
 			continue
 		}
 		owner, name, ok := ranks.SplitJobKey(id)
@@ -806,25 +896,41 @@ func (r *registry) adopt(st *store) (interrupted []record) {
 			// Not a job of this release's layout (<uid>:<id>): left alone.
 			continue
 		}
-		cg := filepath.Join(r.parent, id)
-		procs, err := r.cgroups.Procs(cg)
-		if err != nil || len(procs) == 0 {
+		var procs []int
+		frozen := false
+		for dir := range dirs {
+			ps, err := r.cgroups.Members(dir)
+			if err != nil || len(ps) == 0 {
+				delete(dirs, dir)
+				continue
+			}
+			procs = append(procs, ps...)
+			if f, _ := r.cgroups.Frozen(dir); f {
+				frozen = true
+			}
+		}
+		if len(procs) == 0 {
 			continue
 		}
-		frozen, _ := r.cgroups.Frozen(cg)
+		cg := strings.Join(slices.Sorted(maps.Keys(dirs)), ",")
 		if _, committed := recs[id]; frozen && !committed {
 			// Frozen, but no pause committed here: the previous mpid died
 			// inside a pause (after FREEZE, before COMMIT), which the
 			// coordinator has rolled back, or will, on the other nodes.
 			// The ranks' gates reopen as their shims lose the old mpid.
-			if err := r.cgroups.Thaw(context.Background(), cg); err != nil {
+			var errs []error
+			for dir := range dirs {
+				errs = append(errs, r.cgroups.Thaw(context.Background(), dir))
+			}
+			if err := errors.Join(errs...); err != nil {
 				r.log.Error("job frozen by a pause that never committed here; thaw failed", "job", id, "error", err)
 			} else {
 				frozen = false
 				r.log.Warn("job frozen by a pause that never committed here (mpid died inside it): thawed", "job", id)
 			}
 		}
-		j := &job{id: id, name: name, owner: owner, dir: cg, state: ctl.StateRunning, since: time.Now(), adopted: true, missing: map[int]bool{}}
+		j := &job{id: id, name: name, owner: owner, dir: filepath.Join(r.parent, id), places: dirs, own: map[int]string{},
+			state: ctl.StateRunning, since: time.Now(), adopted: true, missing: map[int]bool{}}
 		for _, pid := range procs {
 			// A registered rank runs the shim's control thread; the
 			// launcher's daemons and the ranks' own children do not.

@@ -41,6 +41,9 @@ type record struct {
 	Ranks       int       `json:"ranks"`
 	LocalRanks  []int     `json:"local_ranks,omitempty"`
 	Last        ctl.Job   `json:"last"`
+	// Cgroups are where the job's ranks here are frozen: a restarted mpid
+	// finds the job there (registry.adopt), wherever its launcher put them.
+	Cgroups []string `json:"cgroups,omitempty"`
 }
 
 type recordFile struct {
@@ -77,7 +80,7 @@ func (c commitRecords) Pausing(id string) bool {
 
 func (c commitRecords) WriteCommit(m node.Commit) error {
 	return c.st.write(record{Version: recordVersion, Job: m.Job, Owner: m.Owner, State: ctl.StatePaused, Since: m.Since,
-		Nodes: []string{m.Node}, Coordinator: m.Coordinator, Ranks: m.Ranks, LocalRanks: m.LocalRanks})
+		Nodes: []string{m.Node}, Coordinator: m.Coordinator, Ranks: m.Ranks, LocalRanks: m.LocalRanks, Cgroups: m.Cgroups})
 }
 
 func (c commitRecords) Drop(id string) { c.st.drop(id) }

@@ -8,7 +8,7 @@
 // the record of every pause committed here, which a restarted mpid reads.
 //
 // What the steps need of the rest of mpid comes in as funcs and small
-// interfaces (Role's Observer, Cgroup, Unready; Steps' Committed, Thawing,
+// interfaces (Role's Observer, Cgroups, Unready; Steps' Committed, Thawing,
 // Job and Records), so this package does not import mpid, and mpid's
 // coordinator reads what a failed step blamed on a rank through
 // quiesce.Fault and the codes below (FaultRankGone, FaultStashFull).
@@ -50,9 +50,10 @@ type Role struct {
 	Observer func(job string) (loader.Observer, error)
 	// Netns, if set, is the Conn.Netns label of this node's namespace.
 	Netns string
-	// Cgroup returns the cgroup v2 directory that holds the job's ranks on
-	// this node (the one Freeze freezes), and Freezer freezes and thaws it.
-	Cgroup  func(job string) (string, error)
+	// Cgroups returns the cgroup v2 directories that hold the job's ranks
+	// on this node, where their resource manager put them or inside those
+	// (docs/ARCHITECTURE.md, "Cgroups"): the ones Freeze freezes, together.
+	Cgroups func(job string) ([]string, error)
 	Freezer interface {
 		Freeze(ctx context.Context, dir string) error
 		Thaw(ctx context.Context, dir string) error
@@ -707,22 +708,31 @@ func violations(sent map[uint64]uint32, conns []loader.Conn) (map[uint64]uint32,
 	return next, out
 }
 
-// Freeze freezes the job's cgroup and waits for the kernel to say so.
+// Freeze freezes the job's cgroups and waits for the kernel to say each
+// is frozen. They are frozen at once, not one after the other: a pause's
+// freeze then takes as long as the slowest, however many ranks have a
+// cgroup of their own (Slurm's tasks).
 func (l *Role) Freeze(ctx context.Context, job string) error {
-	cg, err := l.Cgroup(job)
-	if err != nil {
-		return err
-	}
-	return l.Freezer.Freeze(ctx, cg)
+	return l.eachCgroup(ctx, job, l.Freezer.Freeze)
 }
 
-// Thaw thaws the job's cgroup.
+// Thaw thaws the job's cgroups.
 func (l *Role) Thaw(ctx context.Context, job string) error {
-	cg, err := l.Cgroup(job)
+	return l.eachCgroup(ctx, job, l.Freezer.Thaw)
+}
+
+func (l *Role) eachCgroup(ctx context.Context, job string, fn func(context.Context, string) error) error {
+	dirs, err := l.Cgroups(job)
 	if err != nil {
 		return err
 	}
-	return l.Freezer.Thaw(ctx, cg)
+	errs := make([]error, len(dirs))
+	var wg sync.WaitGroup
+	for i, dir := range dirs {
+		wg.Go(func() { errs[i] = fn(ctx, dir) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
 }
 
 // Open reopens every rank's gate; the shims flush what they held. Ranks

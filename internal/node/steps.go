@@ -65,6 +65,9 @@ type Commit struct {
 	// Ranks is the job's size; LocalRanks the ranks registered here.
 	Ranks      int
 	LocalRanks []int
+	// Cgroups are the frozen cgroups, for an mpid restarted before the
+	// resume to find and thaw: they need not be mpid's own.
+	Cgroups []string
 }
 
 // NewSteps makes the Steps around role with its failpoints (none outside
@@ -136,6 +139,10 @@ func (n *Steps) Open(ctx context.Context, job string) error {
 
 // recordCommit records that a pause of job committed on this node.
 func (n *Steps) recordCommit(id string) error {
+	cgs, err := n.Cgroups(id)
+	if err != nil {
+		return err
+	}
 	return n.Job(id, func(owner uint32, coordinator string) error {
 		if n.Records.Pausing(id) {
 			// This is the coordinator, whose pause is still under way: the
@@ -143,7 +150,7 @@ func (n *Steps) recordCommit(id string) error {
 			// in its record; if it dies before, its successor rolls back.
 			return nil
 		}
-		c := Commit{Job: id, Owner: owner, Coordinator: coordinator, Node: n.Name, Since: time.Now()}
+		c := Commit{Job: id, Owner: owner, Coordinator: coordinator, Node: n.Name, Since: time.Now(), Cgroups: cgs}
 		for _, rk := range n.Ranks.Ranks(id) {
 			c.LocalRanks = append(c.LocalRanks, rk.Rank)
 			c.Ranks = rk.Size

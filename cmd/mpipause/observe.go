@@ -13,7 +13,8 @@ import (
 
 func observe(ctx context.Context, e *env, args []string) error {
 	fs := newFlags(e, "observe", "[--cgroup PATH] [--netns PATH]... [--follow=false] [--observer KIND] [--json] [--watch INTERVAL [--count N]]")
-	cgroup := fs.String("cgroup", "/", "job cgroup v2 `path`, absolute or relative to the v2 mount (/ is the whole hierarchy)")
+	var cgroups stringList
+	fs.Var(&cgroups, "cgroup", "job cgroup v2 `path`, absolute or relative to the v2 mount (default /, the whole hierarchy); repeatable: a job's ranks may live in several (mpipause status --json lists them)")
 	var netns stringList
 	fs.Var(&netns, "netns", "also look in this network namespace (`name` under /run/netns, or a path); repeatable")
 	follow := fs.Bool("follow", true, "also look in every network namespace where a process of the cgroup lives")
@@ -35,7 +36,10 @@ func observe(ctx context.Context, e *env, args []string) error {
 	if *watch < 0 {
 		return usageError{"--watch takes a positive interval such as 1s"}
 	}
-	cfg := loader.Config{Cgroup: *cgroup, Netns: netns, FollowJob: *follow}
+	if len(cgroups) == 0 {
+		cgroups = stringList{"/"}
+	}
+	cfg := loader.Config{Cgroups: cgroups, Netns: netns, FollowJob: *follow}
 	switch *kind {
 	case "auto":
 		cfg.OnFallback = func(reason error) {
@@ -60,7 +64,7 @@ func observe(ctx context.Context, e *env, args []string) error {
 		if err != nil {
 			return err
 		}
-		rep := newReport(obs.Kind(), *cgroup, time.Now(), conns)
+		rep := newReport(obs.Kind(), cgroups, time.Now(), conns)
 		if s, ok := obs.(interface{ Skipped() []string }); ok {
 			rep.Skipped = append(rep.Skipped, s.Skipped()...)
 		}
@@ -90,7 +94,8 @@ func observe(ctx context.Context, e *env, args []string) error {
 // report is what observe prints; its JSON field names are a contract for scripts.
 type report struct {
 	Observer    string     `json:"observer"`
-	Cgroup      string     `json:"cgroup"`
+	Cgroup      string     `json:"cgroup"` // the first of Cgroups, for scripts of one
+	Cgroups     []string   `json:"cgroups"`
 	Time        time.Time  `json:"time"`
 	Connections []connJSON `json:"connections"`
 	Summary     summary    `json:"summary"`
@@ -140,7 +145,7 @@ type connJSON struct {
 	Cgroup      uint64 `json:"cgroup_id"`
 }
 
-func newReport(kind, cgroup string, now time.Time, conns []loader.Conn) report {
+func newReport(kind string, cgroups []string, now time.Time, conns []loader.Conn) report {
 	sort.Slice(conns, func(i, j int) bool {
 		a, b := conns[i], conns[j]
 		if a.Netns != b.Netns {
@@ -151,7 +156,7 @@ func newReport(kind, cgroup string, now time.Time, conns []loader.Conn) report {
 		}
 		return a.Remote.String() < b.Remote.String()
 	})
-	r := report{Observer: kind, Cgroup: cgroup, Time: now, Connections: make([]connJSON, 0, len(conns)), Skipped: []string{}}
+	r := report{Observer: kind, Cgroup: cgroups[0], Cgroups: cgroups, Time: now, Connections: make([]connJSON, 0, len(conns)), Skipped: []string{}}
 	ns := map[string]bool{}
 	for _, c := range conns {
 		ns[c.Netns] = true

@@ -113,7 +113,7 @@ check-vagrant: ## vagrant validate of vagrant/Vagrantfile, libvirt and virtualbo
 CLUSTER_RIG ?= kvag
 test-cluster-script: build ## the cluster e2e script of vagrant/ (docs/vagrant.md) on a 3-node netns rig: Open MPI and MPICH jobs paused, checked on every node
 	@export MPIPAUSE_RIG=$(CLUSTER_RIG); kernel-tests/rig up 3 >/dev/null || { kernel-tests/rig down >/dev/null; exit 1; }; \
-		bash scripts/cluster-e2e.sh --cgroup-parent 'mpipause-rig/$(CLUSTER_RIG)/{}' -- kernel-tests/rig exec {} --; rc=$$?; \
+		bash scripts/cluster-e2e.sh -- kernel-tests/rig exec {} --; rc=$$?; \
 		kernel-tests/rig down >/dev/null || rc=1; exit $$rc
 
 # The cluster e2e script on the container rig (docs/containers.md): 3

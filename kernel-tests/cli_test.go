@@ -74,8 +74,14 @@ func jobJSON(ctx context.Context, t testing.TB, op, id string, extra ...string) 
 // would, and waits for it to print its job id.
 func runJob(ctx context.Context, t testing.TB, lib mpiLib, id, app string, args ...string) *proc {
 	t.Helper()
+	return runJobEnv(ctx, t, lib, id, nil, app, args...)
+}
+
+// runJobEnv is runJob with env added to the launch's environment.
+func runJobEnv(ctx context.Context, t testing.TB, lib mpiLib, id string, env []string, app string, args ...string) *proc {
+	t.Helper()
 	argv := append([]string{filepath.Join(binDir(t), "rig"), "exec", "node0", "--", "mpipause", "run", "--jobid", id, "--"}, lib.launch(app, args...)...)
-	p := start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig}, argv...)
+	p := start(ctx, t, "", append([]string{"MPIPAUSE_RIG=" + jobRig}, env...), argv...)
 	killJobOnCleanup(t, id)
 	waitFor(t, "mpipause run to print the job id", time.Minute, p.done, func() bool {
 		return strings.HasPrefix(p.out.String(), "job "+id+"\n")

@@ -25,8 +25,6 @@ options:
   --ranks-per-node N  ranks on each node (default 2)
   --bin DIR           the build directory as the nodes see it: DIR/apps/xchg.openmpi,
                       DIR/apps/xchg.mpich, DIR/libucxfinalize.so (default: this repository's bin)
-  --cgroup-parent P   mpid's --cgroup-parent on the nodes, relative to the cgroup v2
-                      mount; {} stands for the node (default: mpipause, mpid's default)
   --libs LIST         MPI libraries, comma-separated: openmpi, mpich (default openmpi,mpich)
   --pauses N          pauses of each job (default 3)
   --size BYTES        xchg message size (default 256K)
@@ -44,17 +42,16 @@ die_usage() {
 }
 
 repo=$(cd "$(dirname "$0")/.." && pwd)
-nodes=3 per_node=2 bin=$repo/bin cg_parent=mpipause libs=openmpi,mpich pauses=3 size=256K
+nodes=3 per_node=2 bin=$repo/bin libs=openmpi,mpich pauses=3 size=256K
 sudo=() step_timeout=60
 while [ $# -gt 0 ]; do
 	case $1 in
-	--nodes | --ranks-per-node | --bin | --cgroup-parent | --libs | --pauses | --size | --step-timeout)
+	--nodes | --ranks-per-node | --bin | --libs | --pauses | --size | --step-timeout)
 		[ $# -ge 2 ] || die_usage "$1 needs a value"
 		case $1 in
 		--nodes) nodes=$2 ;;
 		--ranks-per-node) per_node=$2 ;;
 		--bin) bin=$2 ;;
-		--cgroup-parent) cg_parent=$2 ;;
 		--libs) libs=$2 ;;
 		--pauses) pauses=$2 ;;
 		--size) size=$2 ;;
@@ -113,16 +110,31 @@ for ((k = 0; k < nodes; k++)); do
 	hosts+=${hosts:+,}node$k:$per_node
 done
 ranks=$((nodes * per_node))
-# The job's cgroup on NODE, relative to the cgroup v2 mount (what observe
-# takes): mpid names it <owner uid>:<id>, and the jobs run as the node-exec
-# command's user.
-job_cgroup() { echo "${cg_parent//\{\}/$1}/$job_uid:$2"; }
+# The job's cgroups on each node, as its mpid reports them (mpipause status
+# --json: .cgroups): where the node's ranks are watched and frozen, inside
+# the cgroups their launcher gave them. made_cgs are the ones mpid made
+# (placed inner or created), which must go with the job; the others are
+# the resource manager's.
+declare -A job_cgs made_cgs
+# cgroups_of NODE ID: fills job_cgs[NODE] and made_cgs[NODE].
+cgroups_of() {
+	local j
+	j=$(on "$1" mpipause status --json "$2") || return 1
+	job_cgs[$1]=$(echo "$j" | jq -r '[.cgroups[]?.dir] | join(" ")')
+	made_cgs[$1]=$(echo "$j" | jq -r '[.cgroups[]? | select(.placed == "inner" or .placed == "created") | .dir] | join(" ")')
+	placed_line+=" $1:$(echo "$j" | jq -r '[.cgroups[]?.placed] | unique | join("+")')"
+	[ -n "${job_cgs[$1]}" ]
+}
 
 # observe NODE ID: the kernel's view of the job's connections on NODE (JSON).
 # By the absolute path found by the preflight: sudo's secure_path may not
 # have the directory of mpipause.
 declare -A mpipause_at
-observe() { onroot "$1" "${mpipause_at[$1]}" observe --cgroup "$(job_cgroup "$1" "$2")" --json; }
+observe() {
+	local args=() cg
+	for cg in ${job_cgs[$1]}; do args+=(--cgroup "$cg"); done
+	onroot "$1" "${mpipause_at[$1]}" observe "${args[@]}" --json
+}
 # sent NODE ID: bytes the job's connections on NODE have sent and received
 # (BPF counters); on failure, what went wrong (and status 1).
 sent() {
@@ -150,7 +162,6 @@ until_ok() {
 }
 
 # Preflight: every node answers, has an mpid, and the cgroup v2 mount.
-cgroot=
 for n in "${node_list[@]}"; do
 	if ! out=$(on "$n" sh -c 'command -v mpipause && mpipause list >/dev/null' 2>&1); then
 		fail "$n: mpipause list (mpipause and an mpid on the node): $out"
@@ -163,10 +174,8 @@ for n in "${node_list[@]}"; do
 		fail "$n: no cgroup v2 mount"
 		continue
 	fi
-	cgroot=$root
 	pass "$n: mpid answers, cgroup v2 at $root"
 done
-job_uid=$(on node0 id -u) || fail "node0: id -u"
 if [ "$failed" -gt 0 ]; then
 	echo "$passed passed, $failed failed"
 	exit 1
@@ -177,9 +186,12 @@ cleanup_job() {
 	[ -n "$job" ] || return 0
 	on node0 mpipause resume "$job" >/dev/null 2>&1
 	local n
+	local cg
 	for n in "${node_list[@]}"; do
-		# shellcheck disable=SC2016 # sh's $1, expanded on the node
-		onroot "$n" sh -c 'test ! -e "$1" || echo 1 >"$1"' sh "$cgroot/$(job_cgroup "$n" "$job")/cgroup.kill" >/dev/null 2>&1
+		for cg in ${job_cgs[$n]:-}; do
+			# shellcheck disable=SC2016 # sh's $1, expanded on the node
+			onroot "$n" sh -c 'test ! -e "$1" || echo 1 >"$1"' sh "$cg/cgroup.kill" >/dev/null 2>&1
+		done
 	done
 	[ -z "$job_pid" ] || { kill "$job_pid" 2>/dev/null; wait "$job_pid" 2>/dev/null; }
 	job='' job_pid=''
@@ -226,14 +238,14 @@ run_lib() {
 		return
 	fi
 	pass "$lib: launch: job $id, $ranks ranks registered on ${node_list[*]}"
+	placed_line=
 	for n in "${node_list[@]}"; do
-		cg=$cgroot/$(job_cgroup "$n" "$id")
-		if ! until_ok on "$n" test -d "$cg"; then
-			fail "$lib: $n: no job cgroup $cg (is mpid's --cgroup-parent '${cg_parent//\{\}/$n}'? see --cgroup-parent)"
+		if ! until_ok cgroups_of "$n" "$id"; then
+			fail "$lib: $n: mpid names no cgroup of the job (mpipause status --json $id: .cgroups)"
 			return
 		fi
 	done
-	pass "$lib: the job's cgroup on every node: $cgroot/$(job_cgroup nodeK "$id")"
+	pass "$lib: the job's cgroups on every node:$placed_line (e.g. node0: ${job_cgs[node0]})"
 	local base
 	exchanging() { base=$(sent node0 "$id") && [ "$base" -gt 0 ]; }
 	if ! until_ok exchanging; then
@@ -268,11 +280,13 @@ run_lib() {
 				fail "$lib: pause $i: $n: the kernel sees $(echo "$j" | jq -c '[.connections[] | select(.send_queue_bytes > 0 or .unread_bytes > 0) | {local, remote, send_queue_bytes, unread_bytes}] | if length == 0 then "no connection" else . end')"
 				return
 			fi
-			if ! on "$n" grep -qx 'frozen 1' "$cgroot/$(job_cgroup "$n" "$id")/cgroup.events"; then
-				fail "$lib: pause $i: $n: the job's cgroup $cgroot/$(job_cgroup "$n" "$id") is not frozen"
-				return
-			fi
-			pass "$lib: pause $i: $n: $res; cgroup frozen"
+			for cg in ${job_cgs[$n]}; do
+				if ! on "$n" grep -qx 'frozen 1' "$cg/cgroup.events"; then
+					fail "$lib: pause $i: $n: the job's cgroup $cg is not frozen"
+					return
+				fi
+			done
+			pass "$lib: pause $i: $n: $res; cgroups frozen"
 		done
 		if ! base=$(sent node0 "$id"); then
 			fail "$lib: pause $i: node0: mpipause observe: $base"
@@ -322,8 +336,11 @@ run_lib() {
 	pass "$lib: result: the same as an unpaused run ($iters iterations)"
 	gone() {
 		local n
+		local cg
 		for n in "${node_list[@]}"; do
-			on "$n" test ! -e "$cgroot/$(job_cgroup "$n" "$id")" || return 1
+			for cg in ${made_cgs[$n]}; do
+				on "$n" test ! -e "$cg" || return 1
+			done
 		done
 	}
 	if ! until_ok gone; then
@@ -331,7 +348,7 @@ run_lib() {
 		return
 	fi
 	job=
-	pass "$lib: after the end: no cgroup of the job left on any node"
+	pass "$lib: after the end: no cgroup mpid made for the job left on any node"
 }
 
 for l in "${lib_list[@]}"; do

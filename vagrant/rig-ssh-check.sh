@@ -147,4 +147,4 @@ got=$("$rig" exec node0 -- vagrant/node-exec -F "$w/config" node1 sh -c 'echo "$
 echo "PASS: node-exec reaches every node by ssh and passes an argv unchanged"
 
 step "4. scripts/cluster-e2e.sh on node0, over ssh, as vagrant/e2e.sh runs it"
-"$rig" exec node0 -- bash scripts/cluster-e2e.sh --sudo --cgroup-parent "mpipause-rig/$MPIPAUSE_RIG/{}" -- vagrant/node-exec -F "$w/config" {}
+"$rig" exec node0 -- bash scripts/cluster-e2e.sh --sudo -- vagrant/node-exec -F "$w/config" {}

@@ -194,6 +194,9 @@ func runSSH(ctx context.Context, r *rig.Rig, args []string, e env, _ io.Writer) 
 }
 
 func execIn(r *rig.Rig, node string, cmd []string, e env) error {
+	if err := rig.EnterScope(e, node); err != nil {
+		return fmt.Errorf("exec: %w", err)
+	}
 	cwd, err := os.Getwd()
 	if err != nil {
 		cwd = "/"

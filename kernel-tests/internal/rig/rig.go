@@ -17,6 +17,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/mountinfo"
 	"github.com/mpipause/mpipause/kernel-tests/internal/links"
 )
@@ -31,6 +32,13 @@ const (
 	NameEnv = "MPIPAUSE_RIG"
 	// NodeEnv is set to the node's name in every node command.
 	NodeEnv = "MPIPAUSE_RIG_NODE"
+	// ScopeEnv, if set, is a cgroup (relative to the v2 hierarchy's root;
+	// {} stands for the node's name) that `rig exec` and the launcher agent
+	// put their command in, made if missing: on a real cluster a node's
+	// resource manager places what arrives (systemd puts an ssh session in
+	// a scope of its own), and the launcher's daemons and the ranks they
+	// fork share it. The launcher's environment carries it to every node.
+	ScopeEnv = "MPIPAUSE_RIG_SCOPE"
 	// MaxNodes bounds N: the nodes' addresses are .1 to .N of a /24.
 	MaxNodes = 250
 
@@ -77,6 +85,32 @@ type Config struct {
 	// to start mpid with what its systemd unit leaves it): the process,
 	// its pid and its ready file stay mpid's.
 	MPIDWrap []string
+}
+
+// EnterScope moves the calling process into the cgroup ScopeEnv names
+// for node, if env sets it.
+func EnterScope(env []string, node string) error {
+	var tmpl string
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, ScopeEnv+"="); ok {
+			tmpl = v
+		}
+	}
+	if tmpl == "" {
+		return nil
+	}
+	root, err := cgroupv2.Root()
+	if err != nil {
+		return err
+	}
+	dir := filepath.Join(root, strings.ReplaceAll(tmpl, "{}", node))
+	if !strings.HasPrefix(dir, root+"/") {
+		return fmt.Errorf("%s=%s: not a cgroup below %s", ScopeEnv, tmpl, root)
+	}
+	if err := cgroupv2.Create(dir); err != nil {
+		return err
+	}
+	return cgroupv2.AddProc(dir, os.Getpid())
 }
 
 // Rig is one named rig on this machine.

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"strconv"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -60,8 +60,10 @@ func testPauseInLaunchersCgroups(t *testing.T, lib mpiLib) {
 	progress := jobObserver(ctx, t, filepath.Join(root, scopes))
 	id := fmt.Sprintf("scoped-%s-%d", lib.name, os.Getpid())
 	app := filepath.Join(binDir(t), "apps", "xchg."+lib.name)
-	args := []string{"-m", "a2a", "-n", strconv.Itoa(envCount("MPIPAUSE_SCOPED_ITERS", 400)), "-s", "256K"}
-	job := runJobEnv(ctx, t, lib, id, []string{rig.ScopeEnv + "=" + scopes + "/{}"}, app, args...)
+	// The job runs until told to stop, after the pauses: a fixed count
+	// ends too soon on a quiet machine, or too late on a busy one.
+	args, stop := []string{"-m", "a2a", "-s", "256K"}, t.TempDir()
+	job := runJobEnv(ctx, t, lib, id, []string{rig.ScopeEnv + "=" + scopes + "/{}"}, app, append(slices.Clone(args), "-n", "100000000", "-E", stop)...)
 	defer cli(context.Background(), t, "node0", nil, "resume", id)
 	t.Cleanup(func() {
 		for k := range jobNodes {
@@ -130,7 +132,19 @@ func testPauseInLaunchersCgroups(t *testing.T, lib mpiLib) {
 		}
 	})
 	t.Run("the output is an unpaused run's", func(t *testing.T) {
-		job.finish(ctx, t, "the job in its launcher's scopes", serial(t, app, 6, args...))
+		if err := os.WriteFile(filepath.Join(stop, "stop"), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case <-job.done:
+		case <-ctx.Done():
+			t.Fatalf("the job did not stop: %v", ctx.Err())
+		}
+		m := itersRE.FindStringSubmatch(job.out.String())
+		if m == nil {
+			t.Fatalf("the job printed no result: %v\n%s", job.err, job.out.String())
+		}
+		job.finish(ctx, t, "the job in its launcher's scopes", serial(t, app, 6, append(args, "-n", m[1])...))
 	})
 	t.Run("mpid's cgroups go with the job, the scopes stay", func(t *testing.T) {
 		for k := range jobNodes {

@@ -1,11 +1,13 @@
 package mpid
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/mpipause/mpipause/internal/ranks"
@@ -135,7 +137,51 @@ func (r *registry) placeLocked(j *job, pid int) (placement, error) {
 			own[p] = true
 		}
 	}
+	// The rank's own children are the job's too: Slurm's SPANK plugin
+	// leaves a watcher, a child of the task, in the task's cgroup.
+	parent := r.parentOf
+	if parent == nil {
+		parent = ppid
+	}
+	for _, m := range members {
+		if m != pid && descends(m, pid, parent) {
+			own[m] = true
+		}
+	}
 	return place(placeInput{Job: j.id, Pid: pid, Cg: cg, Root: root, Members: members, Own: own, Parent: r.parent, Fixed: r.fixed})
+}
+
+// descends says whether process m is a descendant of pid, following at
+// most 8 parents.
+func descends(m, pid int, parent func(int) int) bool {
+	for range 8 {
+		if m = parent(m); m == pid {
+			return true
+		} else if m <= 1 {
+			return false
+		}
+	}
+	return false
+}
+
+// ppid is process pid's parent, from /proc/PID/stat (0 if it is gone).
+func ppid(pid int) int {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return 0
+	}
+	// The command name, in parentheses, may hold anything: fields count
+	// from the last ')'.
+	i := bytes.LastIndexByte(b, ')')
+	if i < 0 {
+		return 0
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 2 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[1])
+	return n
 }
 
 // settleLocked makes and enters pl for rank p (when pl.Move) and records

@@ -87,6 +87,9 @@ const (
 	placedTask     = memRoot + "/system.slice/slurmstepd.scope/job_7/step_0/user/task_0"
 	placedScope    = memRoot + "/user.slice/run-r42.scope"
 	placedLauncher = 1 << 30 // a pid no test process has
+	// placedWatcher is a child of node0's rank in its task cgroup, as
+	// Slurm's SPANK plugin leaves one: the job's, not another process.
+	placedWatcher = 1<<30 + 1
 )
 
 // placed is job j1 on three in-process mpids, its rank on node0 alone in a
@@ -109,6 +112,13 @@ func startPlaced(t *testing.T) *placed {
 		p.nodes = append(p.nodes, startNode(t, name, p.mem, p.k))
 	}
 	p.nodes[0].cgroups.put(p.pid, placedTask)
+	p.nodes[0].cgroups.put(placedWatcher, placedTask)
+	p.nodes[0].reg.parentOf = func(pid int) int {
+		if pid == placedWatcher {
+			return p.pid
+		}
+		return 1
+	}
 	p.nodes[1].cgroups.put(p.pid, placedScope)
 	p.nodes[1].cgroups.put(placedLauncher, placedScope)
 	created := p.nodes[0].ask(t, ctl.OpCreate, "j1")

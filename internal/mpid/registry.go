@@ -111,6 +111,9 @@ type registry struct {
 	// tstpPending, if set, stands for the look at a rank's pending
 	// signals (tests: their ranks are not frozen processes).
 	tstpPending func(pid int) bool
+	// parentOf, if set, stands for the look at a process's parent
+	// (tests: their processes are made up).
+	parentOf func(pid int) int
 
 	// mu guards jobs and every job's fields but obs's opening (obsMu);
 	// only this file's methods take it.

@@ -204,15 +204,33 @@ func TestJobUsage(t *testing.T) {
 }
 
 func TestInject(t *testing.T) {
-	got := inject("openmpi", []string{"mpirun", "-np", "4", "./a"}, "j1", "/x/libmpipause.so")
+	environ := []string{"HOME=/root", "MPIPAUSE_JOBKEY=old", "PATH=/bin", "MPIPAUSE_JOBID=old"}
+	got, env := inject("openmpi", []string{"mpirun", "-np", "4", "./a"}, environ, "j1", "n0:k", "/x/libmpipause.so")
 	want := "mpirun -x MPIPAUSE_JOBID=j1 -x LD_PRELOAD=/x/libmpipause.so -x MPIPAUSE_JOBKEY -np 4 ./a"
 	if strings.Join(got, " ") != want {
 		t.Errorf("openmpi: %q, want %q", got, want)
 	}
-	got = inject("hydra", []string{"mpiexec", "-n", "4", "./a"}, "j1", "/x/libmpipause.so")
+	got, env2 := inject("hydra", []string{"mpiexec", "-n", "4", "./a"}, environ, "j1", "n0:k", "/x/libmpipause.so")
 	want = "mpiexec -genv MPIPAUSE_JOBID j1 -genv LD_PRELOAD /x/libmpipause.so -genvlist MPIPAUSE_JOBKEY -n 4 ./a"
 	if strings.Join(got, " ") != want {
 		t.Errorf("hydra: %q, want %q", got, want)
+	}
+	// The key first, never last: Hydra's -genvlist does not find the
+	// last variable of mpiexec's environment (inject's comment); the
+	// caller's own id and key are replaced, not shadowed.
+	wantEnv := "MPIPAUSE_JOBKEY=n0:k HOME=/root PATH=/bin MPIPAUSE_JOBID=j1"
+	for _, e := range [][]string{env, env2} {
+		if strings.Join(e, " ") != wantEnv {
+			t.Errorf("launcher environment %q, want %q", e, wantEnv)
+		}
+	}
+	if _, env := inject("hydra", []string{"mpiexec"}, nil, "j1", "n0:k", "/s.so"); len(env) != 2 || env[len(env)-1] == "MPIPAUSE_JOBKEY=n0:k" {
+		t.Errorf("empty caller environment: launcher environment %q, want the key first and not last", env)
+	}
+	for _, arg := range got {
+		if strings.Contains(arg, "n0:k") {
+			t.Errorf("the job key is on the launcher's command line: %q", got)
+		}
 	}
 	for _, tt := range []struct{ have, want string }{
 		{"", "/s.so"},

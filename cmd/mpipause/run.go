@@ -89,9 +89,9 @@ func runCmd(ctx context.Context, e *env, args []string) error {
 	if rep.Token == "" {
 		return ctl.Errorf(ctl.CodeUnavailable, "mpid at %s made job %s but sent no job key: is it of another release?", ctl.Addr(), id)
 	}
-	argv = inject(kind, argv, id, preload(os.Getenv("LD_PRELOAD"), shim))
+	argv, environ := inject(kind, argv, os.Environ(), id, rep.Token, preload(os.Getenv("LD_PRELOAD"), shim))
 	fmt.Fprintf(e.stdout, "job %s\n", term.Safe(id))
-	return launch(ctx, e, id, rep.Token, argv)
+	return launch(ctx, e, id, argv, environ)
 }
 
 func newJobID() string {
@@ -151,11 +151,22 @@ func preload(have, shim string) string {
 
 // inject gives every rank the shim and the job id through the launcher's own
 // option for it, so that ranks on other nodes get them too and the launcher
-// itself runs without the shim.
+// itself runs without the shim. It returns the launcher's command line and
+// its environment: the caller's (environ) with the job's id and key.
 // The job key is a secret: it goes to the launcher in its environment and
 // is passed on by name, never on a command line, which every user of the
 // node can read in /proc.
-func inject(kind string, argv []string, id, preload string) []string {
+//
+// The key is the first variable of that environment, not the last, where
+// appending would put it. Hydra (MPICH 4.0.2, Debian 12's, and upstream's
+// hydra as of this writing) finds a -genvlist name in mpiexec's environment
+// with a loop that never looks at the environment's last variable
+// (HYDU_env_lookup: `while (run->next)`), and it is that copy of the
+// environment, sent over its control connection, that a proxy started by
+// ssh on another node has: a key in the last place reached the ranks of
+// mpiexec's own node (whose proxy inherits mpiexec's environment) and none
+// elsewhere. The job id, passed with -genv, goes last.
+func inject(kind string, argv, environ []string, id, token, preload string) ([]string, []string) {
 	out := []string{argv[0]}
 	switch kind {
 	case "openmpi":
@@ -163,15 +174,22 @@ func inject(kind string, argv []string, id, preload string) []string {
 	case "hydra":
 		out = append(out, "-genv", "MPIPAUSE_JOBID", id, "-genv", "LD_PRELOAD", preload, "-genvlist", ctl.TokenEnv)
 	}
-	return append(out, argv[1:]...)
+	env := []string{ctl.TokenEnv + "=" + token}
+	for _, kv := range environ {
+		if name, _, _ := strings.Cut(kv, "="); name != ctl.TokenEnv && name != "MPIPAUSE_JOBID" {
+			env = append(env, kv)
+		}
+	}
+	env = append(env, "MPIPAUSE_JOBID="+id)
+	return append(out, argv[1:]...), env
 }
 
 // launch runs the launcher and handles the terminal's job-control signals
 // for the whole job.
-func launch(ctx context.Context, e *env, id, token string, argv []string) error {
+func launch(ctx context.Context, e *env, id string, argv, environ []string) error {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Stdout, cmd.Stderr = e.stdout, e.stderr
-	cmd.Env = append(os.Environ(), "MPIPAUSE_JOBID="+id, ctl.TokenEnv+"="+token)
+	cmd.Env = environ
 	tty := isTerminal(os.Stdin)
 	if tty {
 		// Ctrl-Z and Ctrl-C go to the terminal's foreground process group:

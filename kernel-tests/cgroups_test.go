@@ -14,6 +14,7 @@ import (
 	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/kernel-tests/internal/rig"
+	"github.com/mpipause/mpipause/kernel-tests/tools/bench"
 	"github.com/mpipause/mpipause/loader"
 )
 
@@ -118,11 +119,14 @@ func testPauseInLaunchersCgroups(t *testing.T, lib mpiLib) {
 		}
 	})
 	t.Run("paused and resumed where they are", func(t *testing.T) {
-		for c := 1; c <= envCount("MPIPAUSE_SCOPED_CYCLES", 10); c++ {
+		var pauseMs []float64
+		cycles := envCount("MPIPAUSE_SCOPED_CYCLES", 10)
+		for c := 1; c <= cycles; c++ {
 			j, r := jobJSON(ctx, t, "pause", id)
 			if r.code != 0 {
 				t.Fatalf("pause %d: exit %d: %s\n%s", c, r.code, r.stderr, r.stdout)
 			}
+			pauseMs = append(pauseMs, j.TotalMs)
 			checkPaused(ctx, t, fmt.Sprintf("pause %d", c), j, inner, obs, check)
 			placed(t, fmt.Sprintf("pause %d", c))
 			if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
@@ -130,6 +134,7 @@ func testPauseInLaunchersCgroups(t *testing.T, lib mpiLib) {
 			}
 			placed(t, fmt.Sprintf("resume %d", c))
 		}
+		t.Logf("%d pauses inside the launcher's scopes: p50 %.1f ms, max %.1f ms", cycles, bench.Percentile(pauseMs, 0.5), bench.Percentile(pauseMs, 1))
 	})
 	t.Run("the output is an unpaused run's", func(t *testing.T) {
 		if err := os.WriteFile(filepath.Join(stop, "stop"), nil, 0o644); err != nil {

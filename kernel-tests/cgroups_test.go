@@ -137,19 +137,7 @@ func testPauseInLaunchersCgroups(t *testing.T, lib mpiLib) {
 		t.Logf("%d pauses inside the launcher's scopes: p50 %.1f ms, max %.1f ms", cycles, bench.Percentile(pauseMs, 0.5), bench.Percentile(pauseMs, 1))
 	})
 	t.Run("the output is an unpaused run's", func(t *testing.T) {
-		if err := os.WriteFile(filepath.Join(stop, "stop"), nil, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		select {
-		case <-job.done:
-		case <-ctx.Done():
-			t.Fatalf("the job did not stop: %v", ctx.Err())
-		}
-		m := itersRE.FindStringSubmatch(job.out.String())
-		if m == nil {
-			t.Fatalf("the job printed no result: %v\n%s", job.err, job.out.String())
-		}
-		job.finish(ctx, t, "the job in its launcher's scopes", serial(t, app, 6, append(args, "-n", m[1])...))
+		job.stopAndCheck(ctx, t, "the job in its launcher's scopes", stop, app, 6, args...)
 	})
 	t.Run("mpid's cgroups go with the job, the scopes stay", func(t *testing.T) {
 		for k := range jobNodes {

@@ -225,8 +225,10 @@ func testPauseResume(t *testing.T, lib mpiLib) {
 
 	id := fmt.Sprintf("e2e-%s-%d", lib.name, os.Getpid())
 	app := filepath.Join(bin, "apps", "xchg."+lib.name)
-	args := []string{"-m", "a2a", "-n", strconv.Itoa(envCount("MPIPAUSE_E2E_ITERS", 1800)), "-s", "1M"}
-	job := runJob(ctx, t, lib, id, app, args...)
+	// Until told to stop: a fixed count of iterations ended the job in the
+	// middle of the pauses on a quiet machine (pause 44 of 100, MPICH).
+	args, stop := []string{"-m", "a2a", "-s", "1M"}, t.TempDir()
+	job := runJob(ctx, t, lib, id, app, append(slices.Clone(args), "-n", "100000000", "-E", stop)...)
 	cgs := nodeJobCgroups(t, id)
 	// Whatever happens, the job must not stay frozen past the test.
 	defer cli(context.Background(), t, "node0", nil, "resume", id)
@@ -340,7 +342,7 @@ func testPauseResume(t *testing.T, lib mpiLib) {
 		t.Fatalf("SIGTSTP to frozen ranks paused the job again after the resume: %s", j.State)
 	}
 
-	job.finish(ctx, t, fmt.Sprintf("the job paused %d times", cycles+3), serial(t, app, 6, args...))
+	job.stopAndCheck(ctx, t, fmt.Sprintf("the job paused %d times", cycles+3), stop, app, 6, args...)
 	// Nothing of the job is left on the nodes: mpid forgets an ended job.
 	waitFor(t, "the job's cgroups to go", time.Minute, nil, func() bool {
 		for _, cg := range cgs {

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -256,6 +257,26 @@ func (p *proc) finish(ctx context.Context, t testing.TB, what, want string) {
 	if got, w := checksum(p.out.String()), checksum(want); got == "" || got != w {
 		t.Fatalf("%s printed %q, the serial computation %q:\n%s", what, got, w, p.out.String())
 	}
+}
+
+// stopAndCheck tells a job started with `-n <many> -E stop` to stop, and
+// checks that it printed what an unpaused run of as many iterations (with
+// args and ranks ranks) prints.
+func (p *proc) stopAndCheck(ctx context.Context, t testing.TB, what, stop, app string, ranks int, args ...string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(stop, "stop"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		t.Fatalf("%s did not stop: %v\n%s", what, ctx.Err(), p.out.String())
+	}
+	m := itersRE.FindStringSubmatch(p.out.String())
+	if m == nil {
+		t.Fatalf("%s printed no result: %v\n%s", what, p.err, p.out.String())
+	}
+	p.finish(ctx, t, what, serial(t, app, ranks, append(slices.Clone(args), "-n", m[1])...))
 }
 
 // serial is what a correct run of app with args prints: its -x computation

@@ -222,6 +222,13 @@ func Freeze(ctx context.Context, dir string) error { return setFrozen(ctx, dir, 
 // Thaw undoes Freeze and returns once the kernel reports the tree thawed.
 func Thaw(ctx context.Context, dir string) error { return setFrozen(ctx, dir, false) }
 
+// Freezer is Freeze and Thaw as methods, for a caller that takes a
+// freezer (internal/node's Role.Freezer) to call this package directly.
+type Freezer struct{}
+
+func (Freezer) Freeze(ctx context.Context, dir string) error { return Freeze(ctx, dir) }
+func (Freezer) Thaw(ctx context.Context, dir string) error   { return Thaw(ctx, dir) }
+
 // Of is process pid's cgroup v2 directory, from /proc/PID/cgroup ("0::/path").
 func Of(pid int) (string, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/cgroup", pid))

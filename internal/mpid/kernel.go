@@ -45,18 +45,19 @@ type Observers interface {
 }
 
 // KernelCgroups is Cgroups on cgroup v2.
-type KernelCgroups struct{}
+type KernelCgroups struct {
+	// The node's steps freeze through cgroupv2 itself.
+	cgroupv2.Freezer
+}
 
-func (KernelCgroups) Root() (string, error)                        { return cgroupv2.Root() }
-func (KernelCgroups) Of(pid int) (string, error)                   { return cgroupv2.Of(pid) }
-func (KernelCgroups) Create(dir string) error                      { return cgroupv2.Create(dir) }
-func (KernelCgroups) Remove(dir string) error                      { return cgroupv2.RemoveEmpty(dir) }
-func (KernelCgroups) Procs(dir string) ([]int, error)              { return cgroupv2.Procs(dir) }
-func (KernelCgroups) Members(dir string) ([]int, error)            { return cgroupv2.Members(dir) }
-func (KernelCgroups) Move(p *ranks.Proc, dir string) error         { return p.MoveTo(dir) }
-func (KernelCgroups) Freeze(ctx context.Context, dir string) error { return cgroupv2.Freeze(ctx, dir) }
-func (KernelCgroups) Thaw(ctx context.Context, dir string) error   { return cgroupv2.Thaw(ctx, dir) }
-func (KernelCgroups) Frozen(dir string) (bool, error)              { return cgroupv2.Frozen(dir) }
+func (KernelCgroups) Root() (string, error)                { return cgroupv2.Root() }
+func (KernelCgroups) Of(pid int) (string, error)           { return cgroupv2.Of(pid) }
+func (KernelCgroups) Create(dir string) error              { return cgroupv2.Create(dir) }
+func (KernelCgroups) Remove(dir string) error              { return cgroupv2.RemoveEmpty(dir) }
+func (KernelCgroups) Procs(dir string) ([]int, error)      { return cgroupv2.Procs(dir) }
+func (KernelCgroups) Members(dir string) ([]int, error)    { return cgroupv2.Members(dir) }
+func (KernelCgroups) Move(p *ranks.Proc, dir string) error { return p.MoveTo(dir) }
+func (KernelCgroups) Frozen(dir string) (bool, error)      { return cgroupv2.Frozen(dir) }
 
 // Holds reads /proc/PID/cgroup.
 func (KernelCgroups) Holds(dir string, pid int) error {

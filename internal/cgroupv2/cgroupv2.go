@@ -157,17 +157,7 @@ func Remove(dir string) error {
 	for _, pid := range pids {
 		_ = AddProc(root, pid) // the process may have exited meanwhile
 	}
-	// rmdir fails with EBUSY for a moment after the last process leaves.
-	for i := 0; ; i++ {
-		err := unix.Rmdir(dir)
-		if err == nil || errors.Is(err, unix.ENOENT) {
-			return nil
-		}
-		if !errors.Is(err, unix.EBUSY) || i == 100 {
-			return fmt.Errorf("remove cgroup %s: %w", dir, err)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	return RemoveEmpty(dir)
 }
 
 // RemoveEmpty deletes the cgroup dir if no process is left in it (or

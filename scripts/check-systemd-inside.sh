@@ -127,14 +127,19 @@ jobpid=$!
 joined() { mpipause status --json "$job" 2>/dev/null | jq -e '(.local_ranks // []) | length == 2' > /dev/null; }
 wait_for "2 joined ranks of job $job" 60 joined
 mpipause status "$job"
-cg=$(find /sys/fs/cgroup -name "*:$job" -type d | head -1)
-[ -n "$cg" ] || fail "no cgroup of job $job under /sys/fs/cgroup"
-echo "job cgroup: $cg ($(wc -l < "$cg/cgroup.procs") processes)"
+# This check runs as a unit of systemd's, and so does the job it launches:
+# mpid places the ranks inside the unit's cgroup, which holds this script
+# too ("inner", docs/ARCHITECTURE.md "Cgroups"), never out of it.
+unit_cg=/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)
+placed=$(mpipause status --json "$job" | jq -r '.cgroups[0] | "\(.placed) \(.dir)"')
+read -r how cg <<< "$placed"
+echo "job cgroup: $cg, placed $how ($(wc -l < "$cg/cgroup.procs") processes), inside this unit's $unit_cg"
+[ "$how" = inner ] && [ "$cg" = "$unit_cg/mpipause-0:$job" ] || fail "job $job's ranks placed '$placed', want inner, in $unit_cg/mpipause-0:$job"
 [ "$(wc -l < "$cg/cgroup.procs")" -ge 2 ] || fail "the ranks are not in $cg"
-# The job's BPF state, pinned by the job cgroup's id (its inode number).
-pins=/sys/fs/bpf/mpipause/$(stat -c %i "$cg")
+# The job's BPF state, pinned by the job's key, a sockops link per cgroup.
+pins=/sys/fs/bpf/mpipause/job-0:$job
 echo "pins of job $job: $pins: $(ls "$pins" 2>/dev/null | paste -sd ' ')"
-[ -e "$pins/link_sockops" ] || fail "no sockops link of job $job pinned at $pins: $(find /sys/fs/bpf | paste -sd ' ')"
+compgen -G "$pins/link_sockops_*" > /dev/null || fail "no sockops link of job $job pinned at $pins: $(find /sys/fs/bpf | paste -sd ' ')"
 
 step "mpipause pause"
 out=$(mpipause pause --json "$job") || fail "mpipause pause: $out"

@@ -89,7 +89,7 @@ test-priv: ## tier 2: privileged kernel tests (BPF, sock_diag, cgroups, netns, t
 	$(PRIV) $(GO) test -count=1 -timeout 15m ./loader/... ./internal/... ./cmd/... ./kernel-tests/internal/... ./kernel-tests/cmd/...
 
 test-multinode: build ## tier 3: real Open MPI and MPICH jobs on the netns rig
-	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -count=1 -timeout 35m -v -skip '^TestSecurity$$' ./kernel-tests/ 2>&1 | tee /tmp/mpipause-multinode.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:'; exit $${PIPESTATUS[0]}
+	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -count=1 -timeout 50m -v -skip '^TestSecurity$$' ./kernel-tests/ 2>&1 | tee /tmp/mpipause-multinode.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:'; exit $${PIPESTATUS[0]}
 
 test-security: build ## tier 4: each attack of docs/security.md's table as uid 1001 against uid 1002's job on the rig, judged on the victim; prints attack x outcome
 	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -count=1 -timeout 20m -v -run '^TestSecurity$$' ./kernel-tests/ 2>&1 \

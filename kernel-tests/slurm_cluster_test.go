@@ -10,22 +10,32 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/testutil"
+	"github.com/mpipause/mpipause/loader"
 )
 
 // slurmCluster is a real Slurm (Debian's slurm-wlm 22.05) on the shared
 // rig: munged on the host (its socket is a path, which every node sees),
 // slurmctld on node0 and a slurmd on every node, all with a configuration
 // and state of the test's own in a temporary directory, and all in one
-// cgroup of the test's, outside the rig's job cgroups (the test's kernel
-// readers then see only the ranks' connections, not Slurm's), killed whole
-// when the test ends.
+// cgroup of the test's (each slurmd in one of its own inside it), killed
+// whole when the test ends.
 type slurmCluster struct {
 	dir, conf string
 	env       []string // SLURM_CONF for the clients
+	// cgroup holds every daemon of the cluster; nodes[k] is node k's
+	// slurmd's, as a real node's slurmd has a cgroup of its own. Slurm's
+	// tasks start in it and mpid places them inside it.
+	cgroup string
+	nodes  []string
+	// progress reads the bytes sent by everything in cgroup, attached
+	// before any job starts: the ranks' and Slurm's own.
+	progress loader.Observer
 }
 
 // slurmTools are what the cluster runs; scripts/deps.sh installs them.
@@ -80,6 +90,7 @@ func startSlurm(ctx context.Context, t *testing.T, plugstack string) *slurmClust
 	}
 
 	cg := testutil.NewCgroup(t)
+	c.cgroup = cg
 	sock := filepath.Join(dir, "munge", "munge.socket")
 	start(context.Background(), t, cg, nil, "munged", "-F", "-f", "--socket="+sock,
 		"--key-file="+filepath.Join(dir, "munge", "munge.key"), "--pid-file="+filepath.Join(dir, "munge", "munged.pid"),
@@ -91,7 +102,13 @@ func startSlurm(ctx context.Context, t *testing.T, plugstack string) *slurmClust
 	start(context.Background(), t, cg, c.env, rig, "exec", "node0", "--", "slurmctld", "-D", "-f", c.conf)
 	for k := 0; k < jobNodes; k++ {
 		n := fmt.Sprintf("node%d", k)
-		start(context.Background(), t, cg, c.env, rig, "exec", n, "--", "slurmd", "-D", "-N", n, "-f", filepath.Join(dir, n, "slurm.conf"))
+		ncg := filepath.Join(cg, n)
+		if err := cgroupv2.Create(ncg); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { removeCgroupTree(t, ncg) })
+		c.nodes = append(c.nodes, ncg)
+		start(context.Background(), t, ncg, c.env, rig, "exec", n, "--", "slurmd", "-D", "-N", n, "-f", filepath.Join(dir, n, "slurm.conf"))
 	}
 	waitForWhy(t, "every slurmd to be idle in sinfo", time.Minute, nil, func() (bool, string) {
 		out, err := c.run(ctx, "sinfo", "-h", "-N", "-o", "%N %t")
@@ -101,6 +118,7 @@ func startSlurm(ctx context.Context, t *testing.T, plugstack string) *slurmClust
 		idle := strings.Count(out, " idle\n")
 		return idle == jobNodes, strings.TrimSpace(out)
 	})
+	c.progress = jobObserver(ctx, t, cg)
 	return c
 }
 
@@ -111,8 +129,8 @@ const cgroupConf = "CgroupPlugin=cgroup/v1\nCgroupAutomount=yes\n"
 
 // config is slurm.conf: the rig's nodes with what slurmd -C finds on this
 // machine (a node described bigger than its hardware would be drained),
-// process tracking by process tree (mpid moves every rank into a cgroup of
-// its own; see docs/slurm.md), no accounting, debug logs (the test reads
+// process tracking by process tree (mpid places the step's ranks in a
+// cgroup inside the one slurmd started them in; see docs/slurm.md), no accounting, debug logs (the test reads
 // when slurmstepd suspended each step).
 func (c *slurmCluster) config(t *testing.T) string {
 	out, err := exec.Command("slurmd", "-C").Output()
@@ -218,3 +236,28 @@ func (c *slurmCluster) stepLogTimes(t *testing.T, step, what string) []time.Time
 
 // slurmLogRE is a slurmstepd line of a slurmd log: time, step, text.
 var slurmLogRE = regexp.MustCompile(`^\[([0-9T:.-]+)\] \[([0-9.]+)\] (.*)$`)
+
+// removeCgroupTree kills whatever is left in dir or below it (a step's
+// ranks that outlived slurmd) and removes dir with the cgroups mpid placed
+// them in.
+func removeCgroupTree(t *testing.T, dir string) {
+	for range 50 {
+		pids, _ := cgroupv2.Members(dir)
+		if len(pids) == 0 {
+			break
+		}
+		for _, p := range pids {
+			syscall.Kill(p, syscall.SIGKILL)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	subs, _ := filepath.Glob(filepath.Join(dir, "*", "cgroup.procs"))
+	for _, s := range subs {
+		if err := cgroupv2.RemoveEmpty(filepath.Dir(s)); err != nil {
+			t.Error(err)
+		}
+	}
+	if err := cgroupv2.RemoveEmpty(dir); err != nil {
+		t.Error(err)
+	}
+}

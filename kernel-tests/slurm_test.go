@@ -2,6 +2,7 @@ package kerneltests
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -41,24 +42,24 @@ func TestSlurmSuspendResume(t *testing.T) {
 	sharedRig(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	obs, check := rigReaders(ctx, t)
 	shim := filepath.Join(bin, "libmpipause.so")
 	plugstack := fmt.Sprintf("required %s shim=%s\n", plugin, shim)
 	slurm := startSlurm(ctx, t, plugstack)
 	t.Run("plugin", func(t *testing.T) { testSlurmPlugin(ctx, t, slurm, plugin, shim, plugstack) })
 	t.Run("rootpeer", func(t *testing.T) { testSlurmPluginRootPeer(ctx, t, slurm, plugin, shim, plugstack) })
 	for _, lib := range []struct{ name, mpi string }{{"mpich", "pmi2"}, {"openmpi", "pmix"}} {
-		t.Run(lib.name, func(t *testing.T) { testSlurmSuspendResume(ctx, t, slurm, obs, check, lib.name, lib.mpi) })
+		t.Run(lib.name, func(t *testing.T) { testSlurmSuspendResume(ctx, t, slurm, lib.name, lib.mpi) })
 	}
-	t.Run("cancel", func(t *testing.T) { testSlurmCancel(ctx, t, slurm, obs) })
+	t.Run("cancel", func(t *testing.T) { testSlurmCancel(ctx, t, slurm) })
 }
 
-func testSlurmSuspendResume(ctx context.Context, t *testing.T, slurm *slurmCluster, obs, check loader.Observer, lib, mpi string) {
+func testSlurmSuspendResume(ctx context.Context, t *testing.T, slurm *slurmCluster, lib, mpi string) {
 	bin := binDir(t)
 	app := filepath.Join(bin, "apps", "xchg."+lib)
 	stop := t.TempDir()
 	args := []string{"-m", "a2a", "-s", "256K"}
-	job, jobID, step, cgs := slurmJob(ctx, t, slurm, obs, lib, mpi, append(args, "-n", "1000000", "-E", stop)...)
+	s := slurmJob(ctx, t, slurm, lib, mpi, append(args, "-n", "1000000", "-E", stop)...)
+	job, jobID, step, cgs, readers := s.job, s.jobID, s.step, s.cgs, s.readers
 	// Whatever happens, the job must not stay frozen past the test.
 	defer cli(context.Background(), t, "node0", nil, "resume", step)
 
@@ -69,7 +70,7 @@ func testSlurmSuspendResume(ctx context.Context, t *testing.T, slurm *slurmClust
 		j, _ = jobJSON(ctx, t, "status", step)
 		return j.State == ctl.StatePaused, j.State
 	})
-	checkPaused(ctx, t, "scontrol suspend", j, cgs, obs, check)
+	checkPaused(ctx, t, "scontrol suspend", j, cgs, readers...)
 	var tstp, stop2 []time.Time
 	waitFor(t, "every slurmstepd to log its SIGSTOP", time.Minute, job.done, func() bool {
 		tstp = slurm.stepLogTimes(t, step, "_handle_suspend")
@@ -87,26 +88,26 @@ func testSlurmSuspendResume(ctx context.Context, t *testing.T, slurm *slurmClust
 		float64(j.Since.Sub(tstp0).Microseconds())/1000, float64(stop0.Sub(j.Since).Microseconds())/1000, j.TotalMs, j.Connections)
 	// Slurm's SIGSTOP reached the frozen ranks: still paused, still empty.
 	j, _ = jobJSON(ctx, t, "status", step)
-	checkPaused(ctx, t, "after Slurm's SIGSTOP", j, cgs, obs, check)
+	checkPaused(ctx, t, "after Slurm's SIGSTOP", j, cgs, readers...)
 	if out := slurm.must(ctx, t, "squeue", "-h", "-j", jobID, "-o", "%T"); strings.TrimSpace(out) != "SUSPENDED" {
 		t.Fatalf("squeue says the job is %q, not SUSPENDED", strings.TrimSpace(out))
 	}
 
 	// scontrol resume: the watchers see the SIGCONT and resume the job.
-	before := sentBytes(ctx, obs)
+	before := sentBytes(ctx, slurm.progress)
 	slurm.must(ctx, t, "scontrol", "resume", jobID)
 	waitForWhy(t, "scontrol resume to resume the job", time.Minute, job.done, func() (bool, string) {
 		j, _ = jobJSON(ctx, t, "status", step)
 		return j.State == ctl.StateRunning, j.State
 	})
-	waitProgress(ctx, t, obs, job.done, before, 4<<20)
+	waitProgress(ctx, t, slurm.progress, job.done, before, 4<<20)
 
 	// The bare Slurm job id names the step's job.
 	j, r := jobJSON(ctx, t, "pause", jobID)
 	if r.code != 0 || j.ID != step {
 		t.Fatalf("mpipause pause %s: exit %d, job %q: %s", jobID, r.code, j.ID, r.stderr)
 	}
-	checkPaused(ctx, t, "mpipause pause "+jobID, j, cgs, obs, check)
+	checkPaused(ctx, t, "mpipause pause "+jobID, j, cgs, readers...)
 	if j, r := jobJSON(ctx, t, "resume", jobID); r.code != 0 || j.State != ctl.StateRunning {
 		t.Fatalf("mpipause resume %s: exit %d, state %q: %s", jobID, r.code, j.State, r.stderr)
 	}
@@ -135,35 +136,70 @@ func testSlurmSuspendResume(ctx context.Context, t *testing.T, slurm *slurmClust
 // and returns once every rank has registered with mpid and the job has sent
 // 8 MiB: the srun process, the Slurm job id, the step's mpipause job id and
 // its job cgroups on the nodes.
-func slurmJob(ctx context.Context, t *testing.T, slurm *slurmCluster, obs loader.Observer, lib, mpi string, args ...string) (job *proc, jobID, step string, cgs []string) {
+func slurmJob(ctx context.Context, t *testing.T, slurm *slurmCluster, lib, mpi string, args ...string) *slurmStep {
 	t.Helper()
 	app := filepath.Join(binDir(t), "apps", "xchg."+lib)
-	sent0 := sentBytes(ctx, obs)
+	sent0 := sentBytes(ctx, slurm.progress)
 	name := fmt.Sprintf("mpipause-e2e-%s-%d", lib, os.Getpid())
-	job = slurm.srun(ctx, t, append([]string{"--mpi=" + mpi, "-J", name, "-N", fmt.Sprint(jobNodes), "-n", fmt.Sprint(2 * jobNodes),
+	s := &slurmStep{}
+	s.job = slurm.srun(ctx, t, append([]string{"--mpi=" + mpi, "-J", name, "-N", fmt.Sprint(jobNodes), "-n", fmt.Sprint(2 * jobNodes),
 		"--ntasks-per-node=2", "-O", app}, args...)...)
-	waitForWhy(t, "squeue to show the job", time.Minute, job.done, func() (bool, string) {
+	waitForWhy(t, "squeue to show the job", time.Minute, s.job.done, func() (bool, string) {
 		out, _ := slurm.run(ctx, "squeue", "-h", "-n", name, "-o", "%i")
-		jobID = strings.TrimSpace(out)
-		return jobID != "", job.out.String()
+		s.jobID = strings.TrimSpace(out)
+		return s.jobID != "", s.job.out.String()
 	})
-	step = jobID + ".0"
-	killJobOnCleanup(t, step)
-	cgs = nodeJobCgroups(t, step)
-	waitForWhy(t, "every rank of step "+step+" to register with mpid", time.Minute, job.done, func() (bool, string) {
-		j, r := jobJSON(ctx, t, "status", step)
+	s.step = s.jobID + ".0"
+	killJobOnCleanup(t, s.step)
+	waitForWhy(t, "every rank of step "+s.step+" to register with mpid", time.Minute, s.job.done, func() (bool, string) {
+		j, r := jobJSON(ctx, t, "status", s.step)
 		return j.State == ctl.StateRunning && j.Ranks == 2*jobNodes && len(j.Nodes) == jobNodes && j.Unpausable == "",
 			fmt.Sprintf("%+v %s", j, r.stderr)
 	})
-	waitProgress(ctx, t, obs, job.done, sent0, 8<<20)
-	return job, jobID, step, cgs
+	// Each node's mpid says where it placed the step's ranks: inside the
+	// cgroup their slurmd started them in, never out of it.
+	for k := range jobNodes {
+		node := fmt.Sprintf("node%d", k)
+		r := cli(ctx, t, node, nil, "status", "--json", s.step)
+		var j ctl.Job
+		if err := json.Unmarshal([]byte(r.stdout), &j); err != nil || r.code != 0 {
+			t.Fatalf("mpipause status --json %s on %s: exit %d, %v: %s", s.step, node, r.code, err, r.stderr)
+		}
+		if len(j.Cgroups) != 1 || j.Cgroups[0].Placed != "inner" || filepath.Dir(j.Cgroups[0].Dir) != slurm.nodes[k] {
+			t.Fatalf("%s's mpid placed step %s in %+v; want one cgroup, inner, inside slurmd's %s", node, s.step, j.Cgroups, slurm.nodes[k])
+		}
+		s.cgs = append(s.cgs, j.Cgroups[0].Dir)
+	}
+	// The kernel checks read the ranks' cgroups alone: Slurm's daemons talk
+	// on while the job is paused.
+	for _, kind := range []string{loader.KindBPF, loader.KindSockDiag} {
+		o, err := loader.Open(ctx, loader.Config{Cgroups: s.cgs, FollowJob: true, Require: kind})
+		if err != nil {
+			t.Fatalf("the test's %s reader of %v: %v", kind, s.cgs, err)
+		}
+		t.Cleanup(func() { o.Close() })
+		s.readers = append(s.readers, o)
+	}
+	waitProgress(ctx, t, slurm.progress, s.job.done, sent0, 8<<20)
+	return s
+}
+
+// slurmStep is a running step of slurmJob's: srun, the Slurm job id, the
+// step's mpipause job id, its ranks' cgroups on the nodes and the test's
+// kernel readers of them (BPF, sock_diag).
+type slurmStep struct {
+	job         *proc
+	jobID, step string
+	cgs         []string
+	readers     []loader.Observer
 }
 
 // testSlurmCancel: scancel of a job that scontrol suspend paused ends it
 // (slurmstepd terminates a suspended step with SIGKILL at once, which kills
 // frozen processes too), and mpid forgets it.
-func testSlurmCancel(ctx context.Context, t *testing.T, slurm *slurmCluster, obs loader.Observer) {
-	job, jobID, step, cgs := slurmJob(ctx, t, slurm, obs, "mpich", "pmi2", "-m", "a2a", "-s", "256K", "-n", "1000000")
+func testSlurmCancel(ctx context.Context, t *testing.T, slurm *slurmCluster) {
+	s := slurmJob(ctx, t, slurm, "mpich", "pmi2", "-m", "a2a", "-s", "256K", "-n", "1000000")
+	job, jobID, step, cgs := s.job, s.jobID, s.step, s.cgs
 	defer cli(context.Background(), t, "node0", nil, "resume", step)
 	slurm.must(ctx, t, "scontrol", "suspend", jobID)
 	waitForWhy(t, "scontrol suspend to pause the job", time.Minute, job.done, func() (bool, string) {

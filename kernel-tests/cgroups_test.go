@@ -113,9 +113,17 @@ func testPauseInLaunchersCgroups(t *testing.T, lib mpiLib) {
 	}
 	t.Run("placed inside the launcher's scopes", func(t *testing.T) {
 		placed(t, "running")
-		j, r := jobJSON(ctx, t, "status", id)
-		if r.code != 0 || len(j.Cgroups) != 1 || j.Cgroups[0].Placed != "inner" || !strings.HasSuffix(j.Cgroups[0].Dir, "/node0/mpipause-"+key) {
-			t.Errorf("status on node0: exit %d, cgroups %+v; want one, inner, in node0's scope", r.code, j.Cgroups)
+		// node0 coordinates: its status lists every node's cgroups, as
+		// each node registered them.
+		var j ctl.Job
+		waitForWhy(t, "node0's status to list every node's cgroup", 30*time.Second, job.done, func() (bool, string) {
+			j, _ = jobJSON(ctx, t, "status", id)
+			return len(j.Cgroups) == jobNodes, fmt.Sprintf("%+v", j.Cgroups)
+		})
+		for k, c := range j.Cgroups {
+			if c.Node != fmt.Sprintf("node%d", k) || c.Placed != "inner" || c.Dir != inner[k] {
+				t.Errorf("status on node0: cgroup %+v; want node%d's, inner, %s", c, k, inner[k])
+			}
 		}
 	})
 	t.Run("paused and resumed where they are", func(t *testing.T) {

@@ -165,10 +165,16 @@ func slurmJob(ctx context.Context, t *testing.T, slurm *slurmCluster, lib, mpi s
 		if err := json.Unmarshal([]byte(r.stdout), &j); err != nil || r.code != 0 {
 			t.Fatalf("mpipause status --json %s on %s: exit %d, %v: %s", s.step, node, r.code, err, r.stderr)
 		}
-		if len(j.Cgroups) != 1 || j.Cgroups[0].Placed != "inner" || filepath.Dir(j.Cgroups[0].Dir) != slurm.nodes[k] {
+		var here []ctl.Cgroup // the coordinator (node0) lists every node's
+		for _, c := range j.Cgroups {
+			if c.Node == node {
+				here = append(here, c)
+			}
+		}
+		if len(here) != 1 || here[0].Placed != "inner" || filepath.Dir(here[0].Dir) != slurm.nodes[k] {
 			t.Fatalf("%s's mpid placed step %s in %+v; want one cgroup, inner, inside slurmd's %s", node, s.step, j.Cgroups, slurm.nodes[k])
 		}
-		s.cgs = append(s.cgs, j.Cgroups[0].Dir)
+		s.cgs = append(s.cgs, here[0].Dir)
 	}
 	// The kernel checks read the ranks' cgroups alone: Slurm's daemons talk
 	// on while the job is paused.

@@ -132,6 +132,7 @@ mpipause status "$job"
 # too ("inner", docs/ARCHITECTURE.md "Cgroups"), never out of it.
 unit_cg=/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)
 placed=$(mpipause status --json "$job" | jq -r '.cgroups[0] | "\(.placed) \(.dir)"')
+[ "$(mpipause status --json "$job" | jq '.cgroups | length')" = 1 ] || fail "job $job has ranks on this node alone, and status lists cgroups $(mpipause status --json "$job" | jq -c .cgroups)"
 read -r how cg <<< "$placed"
 echo "job cgroup: $cg, placed $how ($(wc -l < "$cg/cgroup.procs") processes), inside this unit's $unit_cg"
 [ "$how" = inner ] && [ "$cg" = "$unit_cg/mpipause-0:$job" ] || fail "job $job's ranks placed '$placed', want inner, in $unit_cg/mpipause-0:$job"
@@ -173,6 +174,59 @@ state=$(jq -r .state <<< "$out")
 wait "$jobpid" || { cat /tmp/job.out; fail "the job failed after its pause and resume"; }
 grep -qxF "$sum" /tmp/job.out || { cat /tmp/job.out; fail "the job's result is not the serial one ($sum)"; }
 echo "the job's result is the serial one: $sum"
+
+step "a job launched in a transient scope (systemd-run --scope -p MemoryMax= -p TasksMax=): it keeps its scope, limits and accounting, and pauses"
+# The scope is systemd's: the ranks must stay inside it at every step, its
+# limits stay what systemd set, and its accounting counts the ranks.
+sjob=scoped-check sunit=mpipause-scoped-check
+systemd-run --scope --unit "$sunit" -p MemoryMax=512M -p TasksMax=200 -p MemoryAccounting=yes -p CPUAccounting=yes \
+	mpipause run --jobid "$sjob" -- mpirun.openmpi -np 2 "$xchg" "${args[@]}" > /tmp/scoped.out 2>&1 &
+sjobpid=$!
+sjoined() { mpipause status --json "$sjob" 2>/dev/null | jq -e '(.local_ranks // []) | length == 2' > /dev/null; }
+wait_for "2 joined ranks of job $sjob" 60 sjoined
+scope_cg=/sys/fs/cgroup$(systemctl show -P ControlGroup "$sunit.scope")
+[ "$scope_cg" != /sys/fs/cgroup ] || fail "systemd has no cgroup for $sunit.scope"
+read -r how cg <<< "$(mpipause status --json "$sjob" | jq -r '.cgroups[0] | "\(.placed) \(.dir)"')"
+[ "$how" = inner ] && [ "$cg" = "$scope_cg/mpipause-0:$sjob" ] || fail "job $sjob placed '$how' in '$cg', want inner, in $scope_cg/mpipause-0:$sjob"
+mapfile -t sranks < "$cg/cgroup.procs"
+[ "${#sranks[@]}" -ge 2 ] || fail "the ranks of $sjob are not in $cg: ${sranks[*]}"
+# in_scope WHEN: every rank's /proc/PID/cgroup is inside the scope's.
+in_scope() {
+	local p c
+	for p in "${sranks[@]}"; do
+		c=/sys/fs/cgroup$(sed -n 's/^0:://p' "/proc/$p/cgroup")
+		case $c in "$scope_cg"/*) ;; *) fail "$1: rank pid $p is in $c, outside its scope $scope_cg" ;; esac
+	done
+}
+# limits WHEN: systemd still holds the scope's limits (and the kernel, where
+# the controllers are in cgroup v2: not on a hybrid host).
+limits() {
+	[ "$(systemctl show -P MemoryMax "$sunit.scope")" = 536870912 ] || fail "$1: the scope's MemoryMax is $(systemctl show -P MemoryMax "$sunit.scope")"
+	[ "$(systemctl show -P TasksMax "$sunit.scope")" = 200 ] || fail "$1: the scope's TasksMax is $(systemctl show -P TasksMax "$sunit.scope")"
+	[ ! -f "$scope_cg/memory.max" ] || [ "$(cat "$scope_cg/memory.max")" = 536870912 ] || fail "$1: $scope_cg/memory.max is $(cat "$scope_cg/memory.max")"
+	[ ! -f "$scope_cg/pids.max" ] || [ "$(cat "$scope_cg/pids.max")" = 200 ] || fail "$1: $scope_cg/pids.max is $(cat "$scope_cg/pids.max")"
+}
+usage() { awk '$1 == "usage_usec" { print $2 }' "$1/cpu.stat"; }
+in_scope running
+limits running
+echo "job $sjob: ranks ${sranks[*]} in $cg (inner) inside $scope_cg; memory.max $(cat "$scope_cg/memory.max" 2>/dev/null || echo 'not in v2 here'), pids.max $(cat "$scope_cg/pids.max" 2>/dev/null || echo 'not in v2 here')"
+out=$(mpipause pause --json "$sjob") || fail "mpipause pause $sjob: $out"
+[ "$(jq -r .state <<< "$out")" = paused ] || fail "after pause, job $sjob is $(jq -r .state <<< "$out"): $out"
+[ "$(cat "$cg/cgroup.freeze")" = 1 ] || fail "job $sjob is paused but $cg is not frozen"
+[ "$(cat "$scope_cg/cgroup.freeze")" = 0 ] || fail "mpid froze the whole scope $scope_cg, launcher and all"
+in_scope paused
+limits paused
+out=$(mpipause resume --json "$sjob") || fail "mpipause resume $sjob: $out"
+[ "$(jq -r .state <<< "$out")" = running ] || fail "after resume, job $sjob is $(jq -r .state <<< "$out"): $out"
+in_scope resumed
+limits resumed
+# The scope's CPU time counts its ranks' (cgroup v2 keeps cpu.stat without
+# any controller): the scope used at least what the ranks' cgroup used.
+ranks_us=$(usage "$cg") scope_us=$(usage "$scope_cg")
+[ "$ranks_us" -gt 0 ] && [ "$scope_us" -ge "$ranks_us" ] || fail "the scope's CPU time ($scope_us us) does not count its ranks' ($ranks_us us)"
+wait "$sjobpid" || { cat /tmp/scoped.out; fail "job $sjob failed after its pause and resume"; }
+grep -qxF "$sum" /tmp/scoped.out || { cat /tmp/scoped.out; fail "job $sjob's result is not the serial one ($sum)"; }
+echo "job $sjob: ranks stayed in the scope at every step, its limits held, its CPU time counts the ranks' ($ranks_us of $scope_us us); the result is the serial one"
 
 step "systemctl stop mpid: a clean stop"
 systemctl stop mpid

@@ -111,7 +111,8 @@ for ((k = 0; k < nodes; k++)); do
 done
 ranks=$((nodes * per_node))
 # The job's cgroups on each node, as its mpid reports them (mpipause status
-# --json: .cgroups): where the node's ranks are watched and frozen, inside
+# --json: the .cgroups of the answering .node; the coordinator lists every
+# node's): where the node's ranks are watched and frozen, inside
 # the cgroups their launcher gave them. made_cgs are the ones mpid made
 # (placed inner or created), which must go with the job; the others are
 # the resource manager's.
@@ -120,9 +121,10 @@ declare -A job_cgs made_cgs
 cgroups_of() {
 	local j
 	j=$(on "$1" mpipause status --json "$2") || return 1
-	job_cgs[$1]=$(echo "$j" | jq -r '[.cgroups[]?.dir] | join(" ")')
-	made_cgs[$1]=$(echo "$j" | jq -r '[.cgroups[]? | select(.placed == "inner" or .placed == "created") | .dir] | join(" ")')
-	placed_line+=" $1:$(echo "$j" | jq -r '[.cgroups[]?.placed] | unique | join("+")')"
+	j=$(echo "$j" | jq -c '.node as $n | [.cgroups[]? | select(.node == $n)]')
+	job_cgs[$1]=$(echo "$j" | jq -r '[.[].dir] | join(" ")')
+	made_cgs[$1]=$(echo "$j" | jq -r '[.[] | select(.placed == "inner" or .placed == "created") | .dir] | join(" ")')
+	placed_line+=" $1:$(echo "$j" | jq -r '[.[].placed] | unique | join("+")')"
 	[ -n "${job_cgs[$1]}" ]
 }
 

@@ -246,6 +246,9 @@ func printJob(w io.Writer, j ctl.Job) {
 	if j.Unpausable != "" {
 		fmt.Fprintf(w, "  cannot be paused cleanly: %s\n", q(j.Unpausable))
 	}
+	for _, c := range j.Cgroups {
+		fmt.Fprintf(w, "  cgroup on %s (%s): %s\n", q(c.Node), q(c.Placed), q(c.Dir))
+	}
 	if len(j.Phases) > 0 {
 		var ph []string
 		for _, p := range j.Phases {

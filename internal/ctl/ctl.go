@@ -150,8 +150,9 @@ type Job struct {
 	Since         time.Time `json:"since,omitzero"`
 	// Unpausable, when set, says why the job cannot be paused cleanly.
 	Unpausable string `json:"unpausable,omitempty"`
-	// Cgroups are where the job's ranks on the answering node are watched
-	// and frozen.
+	// Cgroups are where the job's ranks are watched and frozen: on the
+	// answering node, and on the coordinator every node's, as each node's
+	// mpid last registered them (within sweep's 10 s).
 	Cgroups []Cgroup `json:"cgroups,omitempty"`
 }
 
@@ -161,6 +162,7 @@ type Job struct {
 // cgroup, shared with other processes), "created" (mpid's own, for ranks
 // nobody placed) or "fixed" (mpid's --cgroup).
 type Cgroup struct {
+	Node   string `json:"node"`
 	Dir    string `json:"dir"`
 	Placed string `json:"placed"`
 }

@@ -101,7 +101,7 @@ func (p *peer) registered(job string, c *peerControl) *peerControl {
 	if coord != p.node {
 		return refuse("job %s is coordinated by %s, not %s", job, coord, p.node)
 	}
-	if err := p.reg.remote(job, uid, name, c.Node, c.Size, c.Op == opRegister); err != nil {
+	if err := p.reg.remote(job, uid, name, c.Node, c.Size, c.Cgroups, c.Op == opRegister); err != nil {
 		return refuse("%v", err)
 	}
 	return out

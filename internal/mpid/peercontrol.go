@@ -3,7 +3,11 @@ package mpid
 import (
 	"encoding/json"
 	"errors"
+	"path/filepath"
+	"strings"
 	"time"
+
+	"github.com/mpipause/mpipause/internal/ctl"
 
 	"github.com/mpipause/mpipause/quiesce"
 )
@@ -26,6 +30,10 @@ type peerControl struct {
 	Token string
 	Node  string
 	Size  int
+	// Cgroups are where the registering node placed the job's ranks, for
+	// the coordinator's status (shown, never acted on); at most
+	// maxRemoteCgroups.
+	Cgroups []ctl.Cgroup
 	// Answer: Result is the coordinator's view of the job (a ctl.Job in
 	// JSON); Code and Message a refusal.
 	Result  json.RawMessage
@@ -45,7 +53,12 @@ const (
 	tagCtlToken   = 7
 	tagCtlNode    = 8
 	tagCtlSize    = 9
+	tagCtlCgroup  = 10 // repeated: "placed dir"
 )
+
+// maxRemoteCgroups bounds what a node's registration makes the coordinator
+// keep: as many as one observer watches (loader's MAX_WATCHED).
+const maxRemoteCgroups = 64
 
 // message is a kindControl message of job to node to, carrying c.
 func (c *peerControl) message(job, to string) quiesce.Message {
@@ -63,6 +76,9 @@ func (c *peerControl) encode() []byte {
 	b = quiesce.AppendStringField(b, tagCtlToken, c.Token)
 	b = quiesce.AppendStringField(b, tagCtlNode, c.Node)
 	b = quiesce.AppendIntField(b, tagCtlSize, int64(c.Size))
+	for _, cg := range c.Cgroups {
+		b = quiesce.AppendStringField(b, tagCtlCgroup, cg.Placed+" "+cg.Dir)
+	}
 	return quiesce.AppendStringField(b, tagCtlMessage, c.Message)
 }
 
@@ -110,12 +126,21 @@ func decodeControl(m quiesce.Message) (*peerControl, error) {
 				r.Fail("size out of range")
 			}
 			c.Size = int(v)
+		case tagCtlCgroup:
+			placed, dir, ok := strings.Cut(r.ReadString(), " ")
+			if !ok || !validPlace(placed) || !filepath.IsAbs(dir) || len(dir) > 4096 || len(c.Cgroups) == maxRemoteCgroups {
+				r.Fail("bad cgroup")
+			}
+			c.Cgroups = append(c.Cgroups, ctl.Cgroup{Node: c.Node, Dir: dir, Placed: placed})
 		default:
 			r.Skip()
 		}
 	}
 	if err := r.Err(); err != nil {
 		return nil, err
+	}
+	for i := range c.Cgroups {
+		c.Cgroups[i].Node = c.Node // the node field may come after them
 	}
 	return c, nil
 }

@@ -4,10 +4,13 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"reflect"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/quiesce"
 )
 
@@ -22,7 +25,10 @@ func TestPeerControlWire(t *testing.T) {
 	if got := hex.EncodeToString(full.encode()); got != fullHex {
 		t.Errorf("encoded\n got %s\nwant %s", got, fullHex)
 	}
-	for _, in := range []*peerControl{full, {}} {
+	placed := &peerControl{Op: "register", Node: "node1", Cgroups: []ctl.Cgroup{
+		{Node: "node1", Dir: "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_7/step_0/user/task_0", Placed: "own"},
+		{Node: "node1", Dir: "/sys/fs/cgroup/user.slice/run-r1.scope/mpipause-0:j", Placed: "inner"}}}
+	for _, in := range []*peerControl{full, {}, placed} {
 		m := in.message("j", "n0")
 		if m.Kind != kindControl || m.Payload == nil {
 			t.Fatalf("message %+v", m)
@@ -38,11 +44,22 @@ func TestPeerControlWire(t *testing.T) {
 		t.Errorf("the largest uid: %+v, %v", c, err)
 	}
 	for name, p := range map[string][]byte{
-		"uid past 32 bits":  quiesce.AppendUintField(nil, tagCtlUID, 1<<32),
-		"negative size":     quiesce.AppendIntField(nil, tagCtlSize, -1),
-		"size past 31 bits": quiesce.AppendIntField(nil, tagCtlSize, 1<<31),
-		"op as varint":      quiesce.AppendUintField(nil, tagCtlOp, 1),
-		"cut short":         full.encode()[:10],
+		"uid past 32 bits":     quiesce.AppendUintField(nil, tagCtlUID, 1<<32),
+		"negative size":        quiesce.AppendIntField(nil, tagCtlSize, -1),
+		"size past 31 bits":    quiesce.AppendIntField(nil, tagCtlSize, 1<<31),
+		"op as varint":         quiesce.AppendUintField(nil, tagCtlOp, 1),
+		"cut short":            full.encode()[:10],
+		"cgroup not absolute":  quiesce.AppendStringField(nil, tagCtlCgroup, "inner sys/fs/cgroup/x"),
+		"cgroup of no mode":    quiesce.AppendStringField(nil, tagCtlCgroup, "moved /sys/fs/cgroup/x"),
+		"cgroup without mode":  quiesce.AppendStringField(nil, tagCtlCgroup, "/sys/fs/cgroup/x"),
+		"cgroup path too long": quiesce.AppendStringField(nil, tagCtlCgroup, "inner /"+strings.Repeat("x", 4096)),
+		"more cgroups than an observer watches": func() []byte {
+			var b []byte
+			for i := range maxRemoteCgroups + 1 {
+				b = quiesce.AppendStringField(b, tagCtlCgroup, fmt.Sprintf("own /sys/fs/cgroup/t%d", i))
+			}
+			return b
+		}(),
 	} {
 		if c, err := decodeControl(quiesce.Message{Payload: p}); err == nil {
 			t.Errorf("%s: decoded %+v", name, c)

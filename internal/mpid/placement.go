@@ -40,6 +40,15 @@ const (
 	// PlaceFixed: mpid was told the one cgroup every rank is in (--cgroup).
 	PlaceFixed = "fixed"
 )
+// validPlace says whether mode is one of the Place* modes.
+func validPlace(mode string) bool {
+	switch mode {
+	case PlaceOwn, PlaceInner, PlaceCreated, PlaceFixed:
+		return true
+	}
+	return false
+}
+
 
 // placement is where one rank is watched and frozen.
 type placement struct {
@@ -199,6 +208,11 @@ func (r *registry) settleLocked(j *job, p *ranks.Proc, pl placement) error {
 	}
 	if j.places == nil {
 		j.places, j.own = map[string]string{}, map[int]string{}
+	}
+	if _, known := j.places[pl.Dir]; !known && j.coordinator != "" && j.coordinator != r.node && j.token != "" {
+		// The coordinator's status shows every node's places: tell it now,
+		// not at the next sweep.
+		go r.register(j.id, j.coordinator, j.token, j.owner)
 	}
 	j.places[pl.Dir] = pl.Mode
 	if pl.Mode == PlaceOwn {

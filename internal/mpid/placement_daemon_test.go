@@ -1,7 +1,9 @@
 package mpid
 
 import (
+	"fmt"
 	"os"
+	"slices"
 	"testing"
 
 	"github.com/mpipause/mpipause/internal/ctl"
@@ -35,13 +37,28 @@ func TestPlacesInProcess(t *testing.T) {
 			t.Errorf("node1: the launcher was moved to %s", got)
 		}
 	})
-	t.Run("status says where and why", func(t *testing.T) {
+	t.Run("status says where and why: each node its own, the coordinator every node's", func(t *testing.T) {
+		var all []ctl.Cgroup
 		for i, n := range nodes {
+			cg := ctl.Cgroup{Node: fmt.Sprintf("node%d", i), Dir: want[i].dir, Placed: want[i].placed}
+			all = append(all, cg)
+			if i == 0 {
+				continue
+			}
 			st := n.ask(t, ctl.OpStatus, "j1")
-			if st.Job == nil || len(st.Job.Cgroups) != 1 || st.Job.Cgroups[0] != (ctl.Cgroup{Dir: want[i].dir, Placed: want[i].placed}) {
-				t.Errorf("node%d: status cgroups %+v, want %+v", i, st.Job, want[i])
+			if st.Job == nil || len(st.Job.Cgroups) != 1 || st.Job.Cgroups[0] != cg {
+				t.Errorf("node%d: status cgroups %+v, want %+v", i, st.Job, cg)
 			}
 		}
+		var got []ctl.Cgroup
+		waitFor(t, mem, func() bool {
+			st := nodes[0].ask(t, ctl.OpStatus, "j1")
+			got = nil
+			if st.Job != nil {
+				got = st.Job.Cgroups
+			}
+			return slices.Equal(got, all)
+		}, "the coordinator's status lists cgroups %+v, want every node's: %+v", &got, all)
 	})
 	waitNodes(t, mem, nodes[0], "j1", "node0,node1,node2")
 	t.Run("the pause freezes each rank where it is, and nothing else", func(t *testing.T) {

@@ -67,7 +67,10 @@ type job struct {
 	// ranks of the job here; creator is the `mpipause run` that created it
 	// (the job is kept while it lives, ranks or not).
 	remotes map[string]bool
-	creator *os.Process
+	// remotePlaces are where each remote node placed the job's ranks, as
+	// its last registration said (for status only).
+	remotePlaces map[string][]ctl.Cgroup
+	creator      *os.Process
 	// Other nodes: registered says the coordinator has confirmed this
 	// node (registration is retried by sweep until it has, and repeated
 	// so that a restarted coordinator learns its nodes again).
@@ -383,10 +386,7 @@ func (r *registry) view(id string) (jobView, bool) {
 	if v.Unpausable == "" {
 		v.Unpausable = r.missingLocked(j)
 	}
-	v.Cgroups = nil
-	for _, dir := range placesLocked(j) {
-		v.Cgroups = append(v.Cgroups, ctl.Cgroup{Dir: dir, Placed: j.places[dir]})
-	}
+	v.Cgroups = r.placedLocked(j)
 	jv := jobView{state: j.state, coordinator: j.coordinator, coordinated: j.coordinator == r.node,
 		adopted: j.adopted, nodes: j.nodes, size: j.size, localRanks: j.localRanks}
 	v.Nodes = []string{r.node}
@@ -397,6 +397,9 @@ func (r *registry) view(id string) (jobView, bool) {
 		}
 		slices.Sort(remotes)
 		v.Nodes = append(v.Nodes, remotes...)
+		for _, n := range remotes {
+			v.Cgroups = append(v.Cgroups, j.remotePlaces[n]...)
+		}
 	}
 	jv.v = v
 	return jv, true
@@ -752,13 +755,23 @@ const (
 // registerTimeout bounds one registration call; sweep repeats it.
 const registerTimeout = 5 * time.Second
 
-// register tells job key's coordinator that this node has ranks of it.
+// register tells job key's coordinator that this node has ranks of it, and
+// where it placed them.
 func (r *registry) register(key, coord, token string, uid uint32) {
 	size := 0
 	for _, rk := range r.ranks.Ranks(key) {
 		size = max(size, rk.Size)
 	}
-	err := r.registration(key, coord, &peerControl{Op: opRegister, UID: uid, Token: token, Node: r.node, Size: size})
+	var places []ctl.Cgroup
+	r.mu.Lock()
+	if j := r.jobs[key]; j != nil {
+		places = r.placedLocked(j)
+	}
+	r.mu.Unlock()
+	if len(places) > maxRemoteCgroups {
+		places = places[:maxRemoteCgroups]
+	}
+	err := r.registration(key, coord, &peerControl{Op: opRegister, UID: uid, Token: token, Node: r.node, Size: size, Cgroups: places})
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	j := r.jobs[key]
@@ -808,13 +821,14 @@ func (r *registry) registration(key, coord string, c *peerControl) error {
 // coordinator, making the job here if it is new (a node may register
 // before the coordinator's own ranks, or `mpipause run`, made it). The
 // key was checked by the caller (peer.registered).
-func (r *registry) remote(key string, uid uint32, name, node string, size int, add bool) error {
+func (r *registry) remote(key string, uid uint32, name, node string, size int, places []ctl.Cgroup, add bool) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	j := r.jobs[key]
 	if !add {
 		if j != nil && j.remotes[node] {
 			delete(j.remotes, node)
+			delete(j.remotePlaces, node)
 			r.log.Info("job ended on a node", "job", key, "node", node)
 			r.maybeEndLocked(j)
 		}
@@ -833,6 +847,10 @@ func (r *registry) remote(key string, uid uint32, name, node string, size int, a
 		r.log.Info("node registered ranks of the job", "job", key, "node", node)
 	}
 	j.remotes[node] = true
+	if j.remotePlaces == nil {
+		j.remotePlaces = map[string][]ctl.Cgroup{}
+	}
+	j.remotePlaces[node] = places
 	if size > j.size {
 		j.size = size
 	}
@@ -1076,4 +1094,13 @@ func statusPending(s string, sig syscall.Signal) bool {
 		}
 	}
 	return false
+}
+
+// placedLocked is where j's ranks here are watched and frozen, and why.
+func (r *registry) placedLocked(j *job) []ctl.Cgroup {
+	var out []ctl.Cgroup
+	for _, dir := range placesLocked(j) {
+		out = append(out, ctl.Cgroup{Node: r.node, Dir: dir, Placed: j.places[dir]})
+	}
+	return out
 }

@@ -194,6 +194,12 @@ func Members(dir string) ([]int, error) {
 			return nil
 		}
 		ps, err := Procs(path)
+		if path != dir && errors.Is(err, unix.EOPNOTSUPP) {
+			// A threaded cgroup (libvirt's emulator and vcpu ones): its
+			// processes are listed by its threaded domain, above it, and
+			// so is everything below it.
+			return fs.SkipDir
+		}
 		if err != nil && !(path != dir && errors.Is(err, fs.ErrNotExist)) {
 			return err
 		}

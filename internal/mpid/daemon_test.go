@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -62,6 +63,11 @@ func (c *memCgroups) put(pid int, dir string) {
 }
 
 func (c *memCgroups) Members(dir string) ([]int, error) {
+	if dir == memRoot {
+		// On a node, that walk crosses every cgroup there is (libvirt's
+		// threaded ones refuse cgroup.procs): mpid must never need it.
+		return nil, errors.New("memCgroups: Members of the hierarchy's root")
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []int

@@ -40,6 +40,7 @@ const (
 	// PlaceFixed: mpid was told the one cgroup every rank is in (--cgroup).
 	PlaceFixed = "fixed"
 )
+
 // validPlace says whether mode is one of the Place* modes.
 func validPlace(mode string) bool {
 	switch mode {
@@ -48,7 +49,6 @@ func validPlace(mode string) bool {
 	}
 	return false
 }
-
 
 // placement is where one rank is watched and frozen.
 type placement struct {
@@ -84,27 +84,39 @@ func innerName(job string) string { return innerPrefix + job }
 
 // place decides where a rank is watched and frozen.
 func place(in placeInput) (placement, error) {
+	if pl, ok, err := placeByPath(in); ok || err != nil {
+		return pl, err
+	}
+	if onlyJob(in) {
+		return placement{Dir: filepath.Clean(in.Cg), Mode: PlaceOwn}, nil
+	}
+	return placement{Dir: filepath.Join(filepath.Clean(in.Cg), innerName(in.Job)), Mode: PlaceInner, Move: true}, nil
+}
+
+// placeByPath decides what the rank's cgroup's path decides alone (ok);
+// otherwise what lives in that cgroup decides (in.Members). The hierarchy's
+// root is never read for members: its walk would cross every cgroup of the
+// node, threaded ones (libvirt's) that refuse cgroup.procs among them.
+func placeByPath(in placeInput) (pl placement, ok bool, err error) {
 	if in.Fixed != "" {
-		return placement{Dir: in.Fixed, Mode: PlaceFixed}, nil
+		return placement{Dir: in.Fixed, Mode: PlaceFixed}, true, nil
 	}
 	cg := filepath.Clean(in.Cg)
 	root := filepath.Clean(in.Root)
 	if cg != root && !strings.HasPrefix(cg, root+"/") {
-		return placement{}, fmt.Errorf("pid %d is in cgroup %s, outside the cgroup v2 hierarchy at %s", in.Pid, cg, root)
+		return placement{}, false, fmt.Errorf("pid %d is in cgroup %s, outside the cgroup v2 hierarchy at %s", in.Pid, cg, root)
 	}
 	switch {
 	case filepath.Base(cg) == innerName(in.Job):
 		// Moved in by this mpid (or its predecessor, before a restart),
 		// or a child of a rank that was.
-		return placement{Dir: cg, Mode: PlaceInner}, nil
+		return placement{Dir: cg, Mode: PlaceInner}, true, nil
 	case cg == filepath.Clean(filepath.Join(in.Parent, in.Job)):
-		return placement{Dir: cg, Mode: PlaceCreated}, nil
+		return placement{Dir: cg, Mode: PlaceCreated}, true, nil
 	case cg == root:
-		return placement{Dir: filepath.Join(in.Parent, in.Job), Mode: PlaceCreated, Move: true}, nil
-	case onlyJob(in):
-		return placement{Dir: cg, Mode: PlaceOwn}, nil
+		return placement{Dir: filepath.Join(in.Parent, in.Job), Mode: PlaceCreated, Move: true}, true, nil
 	}
-	return placement{Dir: filepath.Join(cg, innerName(in.Job)), Mode: PlaceInner, Move: true}, nil
+	return placement{}, false, nil
 }
 
 // onlyJob says whether the rank's cgroup holds nothing but the rank and
@@ -136,6 +148,10 @@ func (r *registry) placeLocked(j *job, pid int) (placement, error) {
 	if err != nil {
 		return placement{}, fmt.Errorf("pid %d: %w", pid, err)
 	}
+	in := placeInput{Job: j.id, Pid: pid, Cg: cg, Root: root, Parent: r.parent, Fixed: r.fixed}
+	if pl, ok, err := placeByPath(in); ok || err != nil {
+		return pl, err
+	}
 	members, err := r.cgroups.Members(cg)
 	if err != nil {
 		return placement{}, fmt.Errorf("pid %d: %w", pid, err)
@@ -157,7 +173,8 @@ func (r *registry) placeLocked(j *job, pid int) (placement, error) {
 			own[m] = true
 		}
 	}
-	return place(placeInput{Job: j.id, Pid: pid, Cg: cg, Root: root, Members: members, Own: own, Parent: r.parent, Fixed: r.fixed})
+	in.Members, in.Own = members, own
+	return place(in)
 }
 
 // descends says whether process m is a descendant of pid, following at

@@ -133,7 +133,7 @@ BENCH_ENV = $(PRIV) MPIPAUSE_BIN=$(BIN) MPIPAUSE_BENCH_DIR=$(abspath $(BENCH_DIR
 	$(if $(BASE_SHIM),MPIPAUSE_BENCH_BASE_SHIM=$(abspath $(BASE_SHIM)))
 bench: deps build ## the benchmark suite (not in make test, ~20 min when last timed): prints one table; CSV and SVG plots in BENCH_DIR (bench-results); BASE_SHIM=<.so> adds that shim to the per-call costs
 	@rm -rf $(BENCH_DIR) && mkdir -p $(BENCH_DIR); rc=0; \
-	step() { echo "bench: $$1" >&2; shift; "$$@" 2>&1 | tee -a $(BENCH_DIR)/bench.log | { grep -E '^(Benchmark|--- FAIL|FAIL|panic|bench: |pause |overhead |snapshot |scale )|_test.go:' || true; }; \
+	step() { echo "bench: $$1" >&2; shift; "$$@" 2>&1 | tee -a $(BENCH_DIR)/bench.log | { grep -E '^(Benchmark|--- FAIL|FAIL|panic|bench: |pause |overhead |snapshot |scale |placement )|_test.go:' || true; }; \
 		[ $${PIPESTATUS[0]} -eq 0 ] || { echo "bench: that step FAILED (see $(BENCH_DIR)/bench.log)" >&2; rc=1; }; }; \
 	step "coordination at scale (quiesce, 16 to 4096 simulated nodes)" \
 		env $(BENCH_ENV) $(GO) test -run '^$$' -bench '^BenchmarkScale$$' -benchtime 1x -timeout 20m ./quiesce/; \
@@ -143,6 +143,8 @@ bench: deps build ## the benchmark suite (not in make test, ~20 min when last ti
 		$(GO) run ./kernel-tests/tools/bench/benchplot $(BENCH_DIR); \
 	step "steady-state overhead of shim and BPF (ping-pong on the rig)" \
 		env $(BENCH_ENV) $(GO) test -run '^$$' -bench '^BenchmarkOverhead$$' -benchtime 1x -timeout 30m ./kernel-tests/; \
+	step "pause with ranks placed inside their launcher's scopes (inner) beside mpid's own cgroups (created), alternated" \
+		env $(BENCH_ENV) $(GO) test -run '^$$' -bench '^BenchmarkPlacement$$' -benchtime 1x -timeout 30m ./kernel-tests/; \
 	step "pause and resume beside SIGSTOP and cgroup freeze (rig, 12 jobs)" \
 		env $(BENCH_ENV) MPIPAUSE_RIG_NODES=4 $(GO) test -run '^$$' -bench '^BenchmarkPause$$' -benchtime 1x -timeout 60m ./kernel-tests/; \
 	$(GO) run ./kernel-tests/tools/bench/benchtable $(BENCH_DIR) || rc=1; \

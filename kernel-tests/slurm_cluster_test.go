@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -241,16 +240,7 @@ var slurmLogRE = regexp.MustCompile(`^\[([0-9T:.-]+)\] \[([0-9.]+)\] (.*)$`)
 // ranks that outlived slurmd) and removes dir with the cgroups mpid placed
 // them in.
 func removeCgroupTree(t *testing.T, dir string) {
-	for range 50 {
-		pids, _ := cgroupv2.Members(dir)
-		if len(pids) == 0 {
-			break
-		}
-		for _, p := range pids {
-			syscall.Kill(p, syscall.SIGKILL)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	testutil.KillTree(dir)
 	subs, _ := filepath.Glob(filepath.Join(dir, "*", "cgroup.procs"))
 	for _, s := range subs {
 		if err := cgroupv2.RemoveEmpty(filepath.Dir(s)); err != nil {

@@ -37,7 +37,7 @@ func NewCgroup(tb testing.TB) string {
 		tb.Fatal(err)
 	}
 	tb.Cleanup(func() {
-		killProcs(dir)
+		KillTree(dir)
 		if err := cgroupv2.Remove(dir); err != nil {
 			tb.Error(err)
 		}
@@ -46,12 +46,12 @@ func NewCgroup(tb testing.TB) string {
 	return dir
 }
 
-// killProcs kills the processes of the cgroup dir until none is left (a
-// launcher may fork while it dies) or a second has passed; Remove moves
-// any still there out of the way.
-func killProcs(dir string) {
+// KillTree kills the processes of the cgroup dir and of every cgroup below
+// it until none is left (a launcher may fork while it dies) or a second
+// has passed; Remove moves any still there out of the way.
+func KillTree(dir string) {
 	for range 50 {
-		procs, _ := cgroupv2.Procs(dir)
+		procs, _ := cgroupv2.Members(dir)
 		if len(procs) == 0 {
 			return
 		}

@@ -18,7 +18,7 @@ STAMP := -X github.com/mpipause/mpipause/internal/version.stamped=$(VERSION_STR)
 .DEFAULT_GOAL := help
 .PHONY: help deps build generate check-generate check-format check-vagrant test-cluster-script test test-unit test-fuzz test-priv test-multinode test-security test-faults bench bench-base demo clean
 .PHONY: man install uninstall deb check-install check-deb
-.PHONY: check-systemd test-containers
+.PHONY: check-systemd test-containers vagrant-prebuilt
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -106,7 +106,16 @@ test-faults: build ## the fault table: each fault injected FAULT_TRIALS (5) time
 
 check-vagrant: ## vagrant validate of vagrant/Vagrantfile, libvirt and virtualbox (offline, leaves nothing), and shellcheck of the cluster scripts
 	@bash vagrant/validate.sh
-	shellcheck scripts/cluster-e2e.sh vagrant/provision.sh vagrant/provision-kernel.sh vagrant/node-exec vagrant/e2e.sh vagrant/rig-ssh-check.sh vagrant/validate.sh kernel-tests/containers/crig.sh
+	shellcheck scripts/cluster-e2e.sh vagrant/provision.sh vagrant/provision-kernel.sh vagrant/node-exec vagrant/e2e.sh vagrant/rig-ssh-check.sh vagrant/validate.sh kernel-tests/containers/crig.sh \
+		vagrant/build-box.sh vagrant/libvirt-host.sh
+
+# What the VMs install instead of building (vagrant/provision.sh's tools and
+# install steps): the .deb of this tree, and the test apps the cluster e2e
+# runs (bin/ is not synced to the VMs; vagrant/.prebuilt/ is, gitignored).
+vagrant-prebuilt: build deb ## copy the .deb, bin/apps and bin/libucxfinalize.so to vagrant/.prebuilt/: Vagrant provisioning installs them, building nothing in the VMs
+	@rm -rf vagrant/.prebuilt && mkdir vagrant/.prebuilt
+	cp $(BIN)/mpipause_$(VERSION_STR)_$$(dpkg --print-architecture).deb $(BIN)/libucxfinalize.so vagrant/.prebuilt/
+	cp -r $(BIN)/apps vagrant/.prebuilt/apps
 
 # The cluster e2e script (what vagrant/e2e.sh runs on the VMs) on a 3-node
 # netns rig of its own (not test-multinode's).

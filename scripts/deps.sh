@@ -18,6 +18,8 @@ pkgs=(
 	dpkg-dev binutils debootstrap lintian # make deb (dpkg-shlibdeps, strip); check-deb (a fresh Debian 12 root)
 	man-db groff-base mandoc       # man pages: render and lint them
 	systemd-container            # make check-systemd: systemd-nspawn boots a Debian 12 with mpid's unit
+	mmdebstrap fdisk qemu-utils  # vagrant/build-box.sh: the box's root tree, partition table, qcow2
+	qemu-system-x86 libvirt-daemon-system dnsmasq-base # make check-vagrant-boot: the VM, libvirt, its networks' DHCP
 )
 
 missing=()

@@ -11,6 +11,9 @@
 #   hosts    /etc/hosts names every node by its private address
 #   tools    Go (the version go.mod names, from go.dev) and make
 #   install  make deps, make build, make install in the synced tree
+# When the host left the .deb and the test apps in vagrant/.prebuilt (make
+# vagrant-prebuilt), tools does nothing and install installs those: the VM
+# builds nothing and fetches nothing (docs/vagrant.md, "The box").
 #   key      the cluster key shared by every node -> /etc/mpipause/cluster.key
 #   mpi      Open MPI and MPICH use TCP on the private network only
 #   ssh      the MPI user reaches every node by ssh without a password
@@ -39,6 +42,7 @@ k=$1 n=$2 net=$3
 root=${MPIPAUSE_PROVISION_ROOT:-}
 src=${MPIPAUSE_PROVISION_SRC:-/vagrant} # the synced repository
 secrets=$src/vagrant/.secrets           # made on the host by the Vagrantfile's trigger
+prebuilt=$src/vagrant/.prebuilt         # made on the host by make vagrant-prebuilt, if at all
 mpi_user=${MPIPAUSE_MPI_USER:-vagrant}  # who runs MPI jobs (the user of `vagrant ssh`)
 node=node$k
 begin="# mpipause-vagrant begin (vagrant/provision.sh)"
@@ -95,7 +99,23 @@ step_hosts() {
 	say "/etc/hosts names node0..node$((n - 1)) ($net.10..$net.$((9 + n)))"
 }
 
+# prebuilt_deb: deb is the .deb in vagrant/.prebuilt, if the host put one
+# there, else empty.
+prebuilt_deb() {
+	local debs=("$prebuilt"/mpipause_*.deb)
+	deb=
+	[ -f "${debs[0]}" ] || return 0
+	[ ${#debs[@]} = 1 ] || die "more than one .deb in $prebuilt: ${debs[*]##*/} (make vagrant-prebuilt leaves one)"
+	deb=${debs[0]}
+}
+
 step_tools() {
+	local deb
+	prebuilt_deb
+	if [ -n "$deb" ]; then
+		say "no tools needed: mpipause comes built ($(basename "$deb"))"
+		return
+	fi
 	apt-get update -q >/dev/null
 	apt-get install -y -q --no-install-recommends make curl ca-certificates rsync >/dev/null
 	local want have
@@ -119,6 +139,23 @@ step_tools() {
 }
 
 step_install() {
+	local deb
+	prebuilt_deb
+	if [ -n "$deb" ]; then
+		# Its dependencies are in the box already: apt fetches nothing.
+		apt-get install -y -q --no-install-recommends "$deb" >/dev/null
+		# Where make build would have put them (bin/ is the VM's own:
+		# the rsync leaves it alone).
+		install -d "$src/bin"
+		rm -rf "$src/bin/apps"
+		cp -r "$prebuilt/apps" "$src/bin/apps"
+		install -m 0755 "$prebuilt/libucxfinalize.so" "$src/bin/"
+		if ! command -v mpid >/dev/null || ! command -v mpipause >/dev/null; then
+			die "$(basename "$deb") left no mpid or mpipause on PATH"
+		fi
+		say "$(basename "$deb") installed; the test apps in $src/bin/apps"
+		return
+	fi
 	cd "$src"
 	make deps
 	make build

@@ -204,11 +204,13 @@ func TestSignalsAskMpid(t *testing.T) {
 		s    syscall.Signal
 		want string
 	}{{syscall.SIGTSTP, "pause"}, {syscall.SIGCONT, "resume"}} {
+		// The clock is read before the signal goes: the rank's handler
+		// may well run before this goroutine runs again.
+		var ts unix.Timespec
+		unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 		if err := p.cmd.Process.Signal(sig.s); err != nil {
 			t.Fatal(err)
 		}
-		var ts unix.Timespec
-		unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
 		select {
 		case ev := <-events:
 			// Stamped with the moment the rank's handler ran, on the

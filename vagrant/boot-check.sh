@@ -62,7 +62,7 @@ pool_vols() { { virsh -c "$uri" vol-list default 2>/dev/null || true; } | awk 'N
 # bars, each line with the check's seconds (where a slow boot spends them).
 vagrant_run() {
 	echo "+ vagrant $*" >>"$log"
-	vagrant "$@" --no-tty 2>&1 | tr '\r' '\n' | while IFS= read -r line; do
+	vagrant "$@" --no-tty 2>&1 | stdbuf -oL tr '\r' '\n' | while IFS= read -r line; do
 		case $line in *'Progress: '*) ;; *) printf '[%ss] %s\n' "$SECONDS" "$line" ;; esac
 	done >>"$log"
 }
@@ -137,8 +137,9 @@ vagrant_run up node0 --provider=libvirt "${flags[@]}" || {
 	tail -30 "$log" >&2
 	fail "vagrant up (above)"
 }
-up_s=$((SECONDS - t))
-say "vagrant up took $up_s s"
+say "vagrant up took $((SECONDS - t)) s; its steps began at:"
+grep -E 'Uploading base box|Starting domain|Waiting for domain to get an IP|Waiting for machine to boot|Machine booted and ready|Setting hostname|Rsyncing folder|Configuring and enabling|Running provisioner|provision node0: mpid' "$log" |
+	sed 's/^/    /'
 
 t=$SECONDS
 out=$(vagrant ssh node0 --no-tty -c 'uname -r; cat /sys/kernel/btf/vmlinux | wc -c; stat -fc %T /sys/fs/cgroup; ip -4 -o addr show to 192.168.56.0/24' 2>>"$log" | tr -d '\r') ||

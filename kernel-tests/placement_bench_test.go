@@ -11,6 +11,7 @@ import (
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/testutil"
 	"github.com/mpipause/mpipause/kernel-tests/internal/rig"
 	"github.com/mpipause/mpipause/kernel-tests/tools/bench"
 )
@@ -54,10 +55,19 @@ func benchPlacement(b *testing.B, dir, root string, lib mpiLib) {
 	b.Cleanup(func() {
 		for k := range jobNodes {
 			d := filepath.Join(root, scopes, fmt.Sprintf("node%d", k))
-			os.WriteFile(filepath.Join(d, "cgroup.kill"), []byte("1"), 0)
-			cgroupv2.RemoveEmpty(d)
+			testutil.KillTree(d) // waits until they are gone: rmdir fails before
+			// mpid removes the cgroup it made inside once its ranks are gone.
+			waitFor(b, "mpid to remove its cgroup inside "+d, time.Minute, nil, func() bool {
+				inner, _ := filepath.Glob(filepath.Join(d, "mpipause-*"))
+				return len(inner) == 0
+			})
+			if err := cgroupv2.RemoveEmpty(d); err != nil {
+				b.Error(err)
+			}
 		}
-		cgroupv2.RemoveEmpty(filepath.Join(root, scopes))
+		if err := cgroupv2.RemoveEmpty(filepath.Join(root, scopes)); err != nil {
+			b.Error(err)
+		}
 	})
 	app := filepath.Join(binDir(b), "apps", "xchg."+lib.name)
 	args := []string{"-m", "a2a", "-s", "256K"}

@@ -250,22 +250,7 @@ func benchPauseCase(b *testing.B, c *pauseCase, link linkProbe) {
 	}
 	b.StopTimer()
 
-	if err := os.WriteFile(filepath.Join(stop, "stop"), nil, 0o644); err != nil {
-		b.Fatal(err)
-	}
-	select {
-	case <-job.done:
-	case <-ctx.Done():
-		b.Fatalf("job %s did not stop: %v", id, ctx.Err())
-	}
-	m := itersRE.FindStringSubmatch(job.out.String())
-	if job.err != nil || m == nil {
-		b.Fatalf("job %s failed: %v\n%s", id, job.err, job.out.String())
-	}
-	want := serial(b, app, c.layout.ranks(), append(slices.Clone(c.work.args), "-n", m[1])...)
-	if got, w := checksum(job.out.String()), checksum(want); got == "" || got != w {
-		b.Fatalf("job %s printed %q after %s iterations; an unpaused run %q", id, got, m[1], w)
-	}
+	job.stopAndCheck(ctx, b, "job "+id, stop, app, c.layout.ranks(), c.work.args...)
 	b.ReportMetric(bench.Percentile(c.pauseMs, 0.5), "pause-p50-ms")
 	b.ReportMetric(bench.Percentile(c.resumeMs, 0.5), "resume-p50-ms")
 	b.ReportMetric(bench.Percentile(c.stopMs, 0.5), "sigstop-p50-ms")

@@ -32,6 +32,9 @@ type memCgroups struct {
 	procs  map[int]string
 	frozen map[string]bool
 	hold   chan struct{}
+	// deny refuses Create at and below it, as systemd's 0555 hierarchy
+	// root does to a root daemon without CAP_DAC_OVERRIDE (mpid's unit).
+	deny string
 }
 
 func newMemCgroups() *memCgroups {
@@ -82,6 +85,9 @@ func (c *memCgroups) Members(dir string) ([]int, error) {
 func (c *memCgroups) Create(dir string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if c.deny != "" && (dir == c.deny || strings.HasPrefix(dir, c.deny+"/")) {
+		return fmt.Errorf("create cgroup %s: %w", dir, os.ErrPermission)
+	}
 	c.dirs[dir] = true
 	return nil
 }
@@ -114,6 +120,9 @@ func (c *memCgroups) exists(dir string) bool {
 func (c *memCgroups) Procs(dir string) ([]int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if !c.dirs[dir] {
+		return nil, fmt.Errorf("read procs of %s: %w", dir, os.ErrNotExist)
+	}
 	var out []int
 	for pid, d := range c.procs {
 		if d == dir {

@@ -37,6 +37,14 @@ func TestPlacesInProcess(t *testing.T) {
 			t.Errorf("node1: the launcher was moved to %s", got)
 		}
 	})
+	t.Run("no cgroup of mpid's own where a manager placed every rank", func(t *testing.T) {
+		key := ranks.JobKey(uint32(os.Getuid()), "j1")
+		for i, n := range nodes[:2] {
+			if n.cgroups.exists(n.reg.jobDir(key)) {
+				t.Errorf("node%d made %s, where none of the job's ranks is", i, n.reg.jobDir(key))
+			}
+		}
+	})
 	t.Run("status says where and why: each node its own, the coordinator every node's", func(t *testing.T) {
 		var all []ctl.Cgroup
 		for i, n := range nodes {
@@ -138,6 +146,11 @@ func startPlaced(t *testing.T) *placed {
 	}
 	p.nodes[1].cgroups.put(p.pid, placedScope)
 	p.nodes[1].cgroups.put(placedLauncher, placedScope)
+	// Where a manager placed every rank, mpid's own parent is never needed:
+	// under systemd it cannot even be made (the root is 0555).
+	for _, n := range p.nodes[:2] {
+		n.cgroups.deny = n.reg.parent
+	}
 	created := p.nodes[0].ask(t, ctl.OpCreate, "j1")
 	if created.Err != nil {
 		t.Fatalf("create: %+v", created.Err)

@@ -183,12 +183,10 @@ func (r *registry) newJobLocked(uid uint32, name, coord string) (*job, error) {
 		}
 	}
 	key := ranks.JobKey(uid, name)
+	// j.dir is made only for a rank placed in it (PlaceCreated): where a
+	// manager placed the ranks it is never needed, and under systemd, whose
+	// hierarchy root is read-only to mpid's unit, it could not be made.
 	j := &job{id: key, name: name, dir: r.jobDir(key), owner: uid, coordinator: coord, state: ctl.StateRunning, since: time.Now()}
-	if r.fixed == "" {
-		if err := r.cgroups.Create(j.dir); err != nil {
-			return nil, err
-		}
-	}
 	if coord == r.node {
 		j.remotes = map[string]bool{}
 	}
@@ -324,7 +322,10 @@ func (r *registry) cgroupsOf(id string) ([]string, error) {
 	if j := r.jobs[id]; j != nil {
 		if len(j.places) == 0 {
 			// No rank placed yet (an adopted job's ranks register only
-			// once thawed): the cgroup it was found in.
+			// once thawed): the cgroup it was found in, if any.
+			if _, err := r.cgroups.Procs(j.dir); errors.Is(err, os.ErrNotExist) {
+				return nil, nil
+			}
 			return []string{j.dir}, nil
 		}
 		return placesLocked(j), nil

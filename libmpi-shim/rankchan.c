@@ -699,7 +699,31 @@ static int ms_left(const struct timespec *end)
 	struct timespec now;
 	clock_gettime(CLOCK_MONOTONIC, &now);
 	long ms = (end->tv_sec - now.tv_sec) * 1000 + (end->tv_nsec - now.tv_nsec) / 1000000;
-	return ms < 0 ? 0 : ms > JOIN_TIMEOUT_MS ? JOIN_TIMEOUT_MS : (int)ms;
+	return ms < 0 ? 0 : ms > JOIN_TIMEOUT_MAX_S * 1000 ? JOIN_TIMEOUT_MAX_S * 1000 : (int)ms;
+}
+
+// join_timeout_s is how long the JOIN waits for mpid's answer, in seconds.
+// The first JOIN of a job on a node has mpid load the job's BPF programs
+// before it answers, so that no socket of the rank is made unseen: tens of
+// ms on a node, over 2 s on a VM under software emulation (docs/vagrant.md).
+static int join_timeout_s(void)
+{
+	const char *v = getenv("MPIPAUSE_JOIN_TIMEOUT");
+	char *end;
+	long s;
+
+	if (!v || !*v)
+		return JOIN_TIMEOUT_S;
+	errno = 0;
+	s = strtol(v, &end, 10);
+	if (errno || *end || s < 1 || s > JOIN_TIMEOUT_MAX_S) {
+		char msg[160];
+		snprintf(msg, sizeof(msg), "MPIPAUSE_JOIN_TIMEOUT=%.32s is not a number of seconds from 1 to %d; waiting %d s",
+			 v, JOIN_TIMEOUT_MAX_S, JOIN_TIMEOUT_S);
+		warn("mpipause: %s\n", msg);
+		return JOIN_TIMEOUT_S;
+	}
+	return (int)s;
 }
 
 // wait_fd polls fd for ev until the deadline: 1 ready, 0 timed out, -1 error.
@@ -725,10 +749,10 @@ static int join(const char *line, const struct sockaddr_un *a, socklen_t al, con
 	socklen_t cl = sizeof(cr);
 	char reply[256];
 	size_t have = 0, len = strlen(line), sent = 0;
-	int fd, rc = -1;
+	int fd, rc = -1, timeout = join_timeout_s();
 
 	clock_gettime(CLOCK_MONOTONIC, &end);
-	end.tv_sec += JOIN_TIMEOUT_MS / 1000;
+	end.tv_sec += timeout;
 	// Non-blocking throughout: connect to a listener whose backlog is full
 	// would otherwise block without bound.
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
@@ -779,7 +803,7 @@ static int join(const char *line, const struct sockaddr_un *a, socklen_t al, con
 			if (w > 0)
 				continue;
 			if (w == 0) {
-				snprintf(why, wn, "no answer from mpid at %s within %d s", name, JOIN_TIMEOUT_MS / 1000);
+				snprintf(why, wn, "no answer from mpid at %s within %d s", name, timeout);
 				goto out;
 			}
 		}
@@ -803,7 +827,7 @@ out:
 
 // mpp_ctl_join runs from the library's constructor: a rank of a job named
 // by MPIPAUSE_JOBID asks the node's mpid to move it into the job's cgroup
-// before it creates any socket. No mpid, no answer within 2 s, or a
+// before it creates any socket. No mpid, no answer in time, or a
 // refusal: one warning line, and the process goes on as it would have.
 void mpp_ctl_join(void)
 {

@@ -137,13 +137,15 @@ void mpp_ctl_stop(void);
 // The early JOIN (rankchan.c), from the library's constructor: a rank of a job
 // named by MPIPAUSE_JOBID asks mpid to move it into the job's cgroup before
 // it creates any socket (the kernel charges a socket to its creator's
-// cgroup for good). At most JOIN_TIMEOUT_MS; never fails the process.
+// cgroup for good). At most JOIN_TIMEOUT_S seconds, or MPIPAUSE_JOIN_TIMEOUT
+// (1 to JOIN_TIMEOUT_MAX_S); never fails the process.
 // The shim's control thread's name (at most 15 characters): mpid looks for
 // it in /proc/PID/task/*/comm (internal/ranks.CtlThreadName).
 #define MPP_CTL_THREAD_NAME "mpipause-ctl"
 
 #define MPP_JOBID_MAX 128
-#define JOIN_TIMEOUT_MS 2000
+#define JOIN_TIMEOUT_S 10
+#define JOIN_TIMEOUT_MAX_S 600
 void mpp_ctl_join(void);
 int mpp_valid_jobid(const char *id);
 int mpp_join_line(char *b, size_t n, const char *id, long pid, const char *key);

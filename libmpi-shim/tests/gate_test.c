@@ -727,6 +727,7 @@ static void test_join_refused(void)
 	int ln = join_listen(name, sizeof(name)), errfd;
 	snprintf(sockv, sizeof(sockv), "MPIPAUSE_MPID_SOCKET=%s", name);
 	const char *env[] = {sockv, "MPIPAUSE_JOBID=j", "PMI_RANK=0", "MPIPAUSE_JOBKEY=n:1", NULL};
+	const char *env2[] = {sockv, "MPIPAUSE_JOBID=j", "PMI_RANK=0", "MPIPAUSE_JOBKEY=n:1", "MPIPAUSE_JOIN_TIMEOUT=2", NULL};
 
 	pid_t pid = spawn(env, &errfd);
 	int c = take(ln, got, sizeof(got));
@@ -740,9 +741,9 @@ static void test_join_refused(void)
 	CHECK(lines(err) == 1 && strstr(err, "not a process of this job") && strstr(err, "not be pausable cleanly"),
 	      "want one warning with mpid's reason, got: %s", err);
 
-	// No answer: the rank waits 2 s, no more.
+	// No answer: the rank waits MPIPAUSE_JOIN_TIMEOUT (here 2 s), no more.
 	double secs;
-	pid = spawn(env, &errfd);
+	pid = spawn(env2, &errfd);
 	c = take(ln, got, sizeof(got));
 	st = reap(pid, errfd, err, sizeof(err), &secs);
 	if (c >= 0)
@@ -751,6 +752,20 @@ static void test_join_refused(void)
 	CHECK(st == 0 && secs > 1.5 && secs < 4, "unanswered: exit %d after %.2f s, want 0 after about 2 s: %s", st,
 	      secs, err);
 	CHECK(lines(err) == 1 && strstr(err, "within 2 s") && strstr(err, "not be pausable cleanly"), "unanswered: %s",
+	      err);
+
+	// A timeout that is not a number of seconds: one line naming it, and
+	// the JOIN goes on with the default.
+	const char *env3[] = {sockv, "MPIPAUSE_JOBID=j", "PMI_RANK=0", "MPIPAUSE_JOBKEY=n:1", "MPIPAUSE_JOIN_TIMEOUT=2m", NULL};
+	pid = spawn(env3, &errfd);
+	c = take(ln, got, sizeof(got));
+	if (c >= 0) {
+		write(c, "OK\n", 3);
+		close(c);
+	}
+	st = reap(pid, errfd, err, sizeof(err), NULL);
+	CHECK(c >= 0 && st == 0, "with a bad timeout: JOIN %d, exit %d: %s", c >= 0, st, err);
+	CHECK(lines(err) == 1 && strstr(err, "MPIPAUSE_JOIN_TIMEOUT=2m is not a number of seconds"), "bad timeout: %s",
 	      err);
 	close(ln);
 

@@ -205,40 +205,29 @@ func jobNetns(dirs []string) (map[uint64]int, []int, error) {
 	return out, denied, nil
 }
 
+// walkJobNetns adds the network namespaces of the processes in dir's tree.
+// cgroupv2.Members walks it as mpid's placement does: past cgroups removed
+// meanwhile and past threaded ones (libvirt's), whose processes their
+// threaded domain lists.
 func walkJobNetns(dir string, out map[uint64]int, denied *[]int) error {
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil // a cgroup removed before or during the walk
-			}
-			return err
-		}
-		if !d.IsDir() {
-			return nil
-		}
-		pids, err := cgroupv2.Procs(path)
-		if err != nil {
-			if errors.Is(err, fs.ErrNotExist) {
-				return nil
-			}
-			return err
-		}
-		for _, pid := range pids {
-			ino, err := netnsInode("/proc/" + strconv.Itoa(pid) + "/ns/net")
-			switch {
-			case err == nil:
-				if _, ok := out[ino]; !ok {
-					out[ino] = pid
-				}
-			case isDenied(err):
-				*denied = append(*denied, pid)
-			}
-			// Any other error: the process exited during the walk.
-		}
+	pids, err := cgroupv2.Members(dir)
+	if errors.Is(err, fs.ErrNotExist) {
 		return nil
-	})
+	}
 	if err != nil {
 		return fmt.Errorf("follow job %s: %w", dir, err)
+	}
+	for _, pid := range pids {
+		ino, err := netnsInode("/proc/" + strconv.Itoa(pid) + "/ns/net")
+		switch {
+		case err == nil:
+			if _, ok := out[ino]; !ok {
+				out[ino] = pid
+			}
+		case isDenied(err):
+			*denied = append(*denied, pid)
+		}
+		// Any other error: the process exited during the walk.
 	}
 	return nil
 }

@@ -286,6 +286,7 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 	d.reg.ended = func(id string) {
 		d.store.drop(id)
 		agent.Forget(id)
+		rs.Forget(id)
 	}
 	d.coord = &coordinator{node: d.cfg.Node, reg: d.reg, ranks: rs, agent: agent, tr: tr, store: d.store,
 		metrics: d.metrics, drain: d.cfg.Drain, log: d.log, done: done}

@@ -217,7 +217,7 @@ func faultRows(bin string) []faultRow {
 		// coordinator back only once the other nodes have settled: they
 		// must agree without it (before the decider, node1 stayed paused
 		// until the coordinator came back, node2 rolled back).
-		{name: "coordinator SIGKILL in COMMIT, back late", node: 1, where: "after", allowed: []string{outRolledBack}, noReport: true,
+		{name: "coordinator dies in COMMIT", node: 1, where: "after", allowed: []string{outRolledBack}, noReport: true,
 			phases: []string{"COMMIT"}, inject: killCoordinatorLate},
 	}
 }

@@ -35,9 +35,11 @@ type Agent struct {
 	work busy // flights still running
 
 	// LeaseGrace overrides DefaultLeaseGrace (set before serving); OnExpire,
-	// if set, hears every rollback a lease made, with its outcome.
+	// if set, hears every rollback a lease made, with its outcome, and
+	// OnHeld every pause a lease after COMMIT found held (resolve).
 	LeaseGrace time.Duration
 	OnExpire   func(job string, err error)
+	OnHeld     func(job string)
 	// Self, if set, is this node's name: a request addressed to another
 	// node (its Nodes[0]) is refused, whatever its transport delivered it
 	// (a name that resolves to the wrong member).
@@ -63,6 +65,12 @@ type jobState struct {
 	// gates it never closed, and a message could be cut in half (G1,
 	// docs/guarantees.md).
 	prepared uint64
+	// self, coordinator and decider come with the last COMMIT: the node
+	// a lease after COMMIT asks what became of the pause (resolve), and
+	// what it says it is. decided, on the decider, is the epoch of the
+	// last pause whose DECIDE it ran, until an ABORT or RESUME.
+	self, coordinator, decider string
+	decided                    uint64
 }
 
 // DefaultLeaseGrace is how long after a pause step's deadline a node waits
@@ -138,6 +146,11 @@ func (a *Agent) Handle(ctx context.Context, req Message) (Message, error) {
 	if a.Self != "" && req.Nodes[0] != a.Self {
 		return refusal(&req, fmt.Sprintf("%v: a %s addressed to %s reached %s", ErrWrongNode, req.Kind, req.Nodes[0], a.Self)), nil
 	}
+	if req.Kind == KindOutcome {
+		// Not a step of the coordinator's: a peer's question, outside the
+		// order of the pause's steps.
+		return a.answerOutcome(req), nil
+	}
 	js, f, dup, why := a.admit(&req)
 	if why != "" {
 		return refusal(&req, why), nil
@@ -179,7 +192,7 @@ func (a *Agent) admit(req *Message) (js *jobState, f *flight, dup bool, why stri
 		return js, f, true, ""
 	}
 	if req.Epoch <= js.expired && req.Kind != KindAbort && req.Kind != KindResume {
-		return nil, nil, false, fmt.Sprintf("%v: %s of epoch %d: this node rolled that pause back when its lease expired (no step came in time)",
+		return nil, nil, false, fmt.Sprintf("%v: %s of epoch %d: this node rolled that pause back on its own (its lease expired: no step came in time, or its decider said it did not hold)",
 			ErrStale, req.Kind, req.Epoch)
 	}
 	if newest := js.newest; k.less(newest) {
@@ -339,9 +352,12 @@ func (a *Agent) local(ctx context.Context, js *jobState, req Message) NodeReport
 		js.prepared = req.Epoch
 		a.mu.Unlock()
 		rep, err = a.run(ctx, req)
-	case KindDrain, KindFreeze, KindVerify, KindThaw, KindCommit:
+	case KindDrain, KindFreeze, KindVerify, KindThaw, KindCommit, KindDecide, KindCommitted:
 		a.mu.Lock()
 		prepared := js.prepared == req.Epoch
+		if req.Kind == KindCommit {
+			js.self, js.coordinator, js.decider = self, req.Coordinator, req.Decider
+		}
 		a.mu.Unlock()
 		if !prepared {
 			err = fmt.Errorf("%w: this node never ran the PREPARE of this pause (its mpid restarted since?)", ErrNotPrepared)
@@ -350,6 +366,18 @@ func (a *Agent) local(ctx context.Context, js *jobState, req Message) NodeReport
 		rep, err = a.run(ctx, req)
 	default:
 		rep, err = a.run(ctx, req)
+	}
+	switch {
+	case req.Kind == KindDecide && err == nil:
+		a.mu.Lock()
+		js.decided = req.Epoch
+		a.mu.Unlock()
+	case req.Kind == KindAbort || req.Kind == KindResume:
+		// Whatever was decided is undone: a node that asks from now on
+		// rolls back too.
+		a.mu.Lock()
+		js.decided = 0
+		a.mu.Unlock()
 	}
 	a.renew(js, req, ctx)
 	var drained uint64
@@ -400,9 +428,10 @@ func (a *Agent) local(ctx context.Context, js *jobState, req Message) NodeReport
 	return rep
 }
 
-// renew arms the job's lease after a pause step (PREPARE to VERIFY, THAW): it
-// expires LeaseGrace after the step's deadline unless another step comes.
-// Any other step (COMMIT, ABORT, RESUME) ends the lease.
+// renew arms the job's lease after a pause step (PREPARE to VERIFY, THAW,
+// and COMMIT on a job of several nodes): it expires LeaseGrace after the
+// step's deadline unless another step comes. Any other step (DECIDE,
+// COMMITTED, ABORT, RESUME) ends the lease.
 func (a *Agent) renew(js *jobState, req Message, ctx context.Context) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -410,8 +439,14 @@ func (a *Agent) renew(js *jobState, req Message, ctx context.Context) {
 		js.lease.Stop()
 		js.lease = nil
 	}
+	after := a.expire
 	switch req.Kind {
 	case KindPrepare, KindDrain, KindFreeze, KindVerify, KindThaw:
+	case KindCommit:
+		if js.decider == "" {
+			return // one node, or a coordinator that names no decider: COMMIT is the end
+		}
+		after = a.resolve
 	default:
 		return
 	}
@@ -419,12 +454,15 @@ func (a *Agent) renew(js *jobState, req Message, ctx context.Context) {
 	if !ok {
 		dl = time.Now().Add(DefaultRoundDeadline)
 	}
-	grace := a.LeaseGrace
-	if grace <= 0 {
-		grace = DefaultLeaseGrace
-	}
 	k := key{req.Epoch, req.Seq}
-	js.lease = time.AfterFunc(time.Until(dl)+grace, func() { a.expire(req.Job, js, k) })
+	js.lease = time.AfterFunc(time.Until(dl)+a.grace(), func() { after(req.Job, js, k) })
+}
+
+func (a *Agent) grace() time.Duration {
+	if a.LeaseGrace > 0 {
+		return a.LeaseGrace
+	}
+	return DefaultLeaseGrace
 }
 
 // expire rolls the job back on this node (thaw, then reopen the gates) when
@@ -439,12 +477,19 @@ func (a *Agent) expire(job string, js *jobState, k key) {
 		return // a newer step came, or ended the lease
 	}
 	js.lease = nil
-	js.expired = k.epoch
+	js.expired = max(js.expired, k.epoch)
 	a.mu.Unlock()
+	a.rollback(job, js, k, "lease expired: no step came from the coordinator")
+}
+
+// rollback thaws and reopens the job here on the node's own, its lease
+// ended and the pause of k refused from now on (js.expired); the caller
+// holds js.step.
+func (a *Agent) rollback(job string, js *jobState, k key, why string) {
 	ctx, cancel := context.WithTimeout(context.Background(), DefaultRoundDeadline)
 	defer cancel()
 	err := errors.Join(a.node.Thaw(ctx, job), a.node.Open(ctx, job))
-	st := NodeState{Kind: KindAbort, Epoch: k.epoch, Seq: k.seq, Err: "lease expired: no step came from the coordinator"}
+	st := NodeState{Kind: KindAbort, Epoch: k.epoch, Seq: k.seq, Err: why}
 	if err != nil {
 		st.Err += "; rollback: " + err.Error()
 	}
@@ -454,6 +499,115 @@ func (a *Agent) expire(job string, js *jobState, k key) {
 	if a.OnExpire != nil {
 		a.OnExpire(job, err)
 	}
+}
+
+// resolve is the lease of a node that ran COMMIT k and heard neither
+// COMMITTED nor ABORT since: its coordinator may have died with the COMMIT
+// on the way to other nodes, some of which may have rolled back on their
+// own leases by now, so the node asks the pause's decider. DECIDE ran
+// there: every node committed, and the pause holds here. It did not: the
+// decider has refused it from now on, so the pause cannot hold anywhere,
+// and it rolls back here too. No answer: the node asks again a grace
+// later, frozen meanwhile, since either outcome may be the others'.
+func (a *Agent) resolve(job string, js *jobState, k key) {
+	a.mu.Lock()
+	if js.newest != k || js.lease == nil {
+		a.mu.Unlock()
+		return
+	}
+	req := Message{Version: ProtocolVersion, Job: job, Epoch: k.epoch, Kind: KindOutcome, Nodes: []string{js.decider}, Coordinator: js.coordinator}
+	here := js.decider == js.self
+	a.mu.Unlock()
+	var held bool
+	var err error
+	if here {
+		held, err = outcome(a.answerOutcome(req))
+	} else {
+		ctx, cancel := context.WithTimeout(context.Background(), a.grace())
+		var rep *Message
+		if rep, err = call(ctx, a.tr, a.retry, req.Nodes[0], &req); err == nil {
+			held, err = outcome(*rep)
+		}
+		cancel()
+	}
+	js.step.Lock()
+	defer js.step.Unlock()
+	a.mu.Lock()
+	if js.newest != k || js.lease == nil {
+		a.mu.Unlock()
+		return // a step came meanwhile, or the decider was this node and rolled back
+	}
+	if err != nil {
+		js.lease = time.AfterFunc(a.grace(), func() { a.resolve(job, js, k) })
+		a.mu.Unlock()
+		return
+	}
+	js.lease = nil
+	if held {
+		js.state = NodeState{Kind: KindCommitted, Epoch: k.epoch, Seq: k.seq}
+		a.mu.Unlock()
+		if a.OnHeld != nil {
+			a.OnHeld(job)
+		}
+		return
+	}
+	js.expired = max(js.expired, k.epoch)
+	decider := js.decider
+	a.mu.Unlock()
+	a.rollback(job, js, k, "no step came from the coordinator after COMMIT, and the pause's decider "+decider+" never heard that every node committed")
+}
+
+// outcome reads the decider's answer to OUTCOME: held when its report is
+// clean.
+func outcome(m Message) (bool, error) {
+	if m.Report == nil || !m.Report.Complete(1) {
+		return false, fmt.Errorf("%s: %w: reply accounts for %d of 1 nodes", KindOutcome, ErrIncomplete, reportNodes(m.Report))
+	}
+	return m.Report.Empty(), nil
+}
+
+// answerOutcome is the decider's answer to a node that asks what became of
+// the pause of req.Epoch (OUTCOME): held if it ran that pause's DECIDE.
+// If not, that pause can no longer hold: from now on the decider refuses
+// its DECIDE (and every step of it but ABORT and RESUME), and rolls it back
+// here if it is under way, so that every node that asks hears the same and
+// a coordinator still alive fails its DECIDE and rolls back everywhere.
+func (a *Agent) answerOutcome(req Message) Message {
+	self := req.Nodes[0]
+	a.mu.Lock()
+	js := a.jobs[req.Job]
+	if js == nil {
+		js = &jobState{flights: make(map[key]*flight)}
+		a.jobs[req.Job] = js
+	}
+	a.mu.Unlock()
+	js.step.Lock()
+	defer js.step.Unlock()
+	a.mu.Lock()
+	held := req.Epoch != 0 && js.decided == req.Epoch
+	var undo *key
+	if !held {
+		js.expired = max(js.expired, req.Epoch)
+		if js.lease != nil && js.newest.epoch == req.Epoch {
+			js.lease.Stop()
+			js.lease = nil
+			k := js.newest
+			undo = &k
+		}
+	}
+	a.mu.Unlock()
+	if undo != nil {
+		a.rollback(req.Job, js, *undo, "rolled back: a node asked what became of this pause, whose DECIDE never came here")
+	}
+	reply := replyTo(&req)
+	var rep Report
+	if held {
+		rep.Add(NodeReport{Node: self, Empty: true})
+	} else {
+		rep.Add(NodeReport{Node: self, Err: fmt.Sprintf("%s: the pause of epoch %d did not hold: %s never ran its DECIDE", KindOutcome, req.Epoch, self)})
+	}
+	reply.Report = &rep
+	return reply
 }
 
 // settle waits, at most req.Wait, until this node's queues are empty again
@@ -510,6 +664,8 @@ func (a *Agent) run(ctx context.Context, req Message) (NodeReport, error) {
 			return ack, c.Commit(ctx, job)
 		}
 		return ack, nil
+	case KindDecide, KindCommitted:
+		return ack, nil // the agent's own: what it records is in local
 	case KindAbort, KindResume:
 		// Both are attempted even if the thaw fails: open gates on a frozen
 		// rank do no harm, and the user is told about the thaw either way.

@@ -228,6 +228,9 @@ func (r *run) round(ctx context.Context, kind Kind) (Report, error) {
 	if kind == KindDrain || kind == KindFreeze || kind == KindVerify {
 		req.Ports = r.ports
 	}
+	if kind == KindCommit {
+		req.Decider = r.decider()
+	}
 	if (kind == KindDrain || kind == KindFreeze) && r.c.opt.DrainWait > 0 {
 		req.Wait = r.c.opt.DrainWait
 		if dl, ok := ctx.Deadline(); ok {
@@ -260,6 +263,58 @@ func (r *run) verify(last *Report) func(ctx context.Context, st *PhaseStat) erro
 		}
 		if p, ok := r.ports.Meets(last.Own); ok {
 			return fmt.Errorf("%w: a connection to port %d, holding bytes, was left out as a program's own, but port %d is a port of the job's", ErrNotEmpty, p, p)
+		}
+		return nil
+	}
+}
+
+// decider is the node that holds the pause's outcome once every node has
+// committed (DECIDE): the job's second node, or none for a job of one,
+// whose coordinator cannot die without its only node's mpid.
+func (r *run) decider() string {
+	if len(r.nodes) < 2 {
+		return ""
+	}
+	return r.nodes[1]
+}
+
+// commit is COMMIT's phase. A COMMIT that reaches some nodes and not
+// others (the coordinator dies with it on the way) must not leave the
+// first paused and the others rolled back by their leases: so COMMIT
+// leaves each node's lease armed, and only once every node has
+// acknowledged it does DECIDE tell the decider, alone, that the pause
+// holds. COMMITTED then ends the nodes' leases. A node whose lease runs
+// out after COMMIT asks the decider (Agent.resolve), which answers held
+// after DECIDE and, before it, refuses the DECIDE from then on and says
+// rolled back: every node that asks hears the same. A COMMITTED that
+// misses a node changes nothing: it asks, and holds.
+func (r *run) commit(last *Report) func(ctx context.Context, st *PhaseStat) error {
+	once := r.once(KindCommit, last)
+	return func(ctx context.Context, st *PhaseStat) error {
+		if err := once(ctx, st); err != nil {
+			return err
+		}
+		d := r.decider()
+		if d == "" {
+			return nil
+		}
+		// One call, not a round: Rounds counts the tree's.
+		r.seq++
+		req := Message{Version: ProtocolVersion, Job: r.job, Epoch: r.epoch, Seq: r.seq, Kind: KindDecide, Nodes: []string{d}, Coordinator: r.nodes[0]}
+		rep, err := call(ctx, r.c.tr, r.c.opt.Retry, d, &req)
+		if err != nil {
+			return fmt.Errorf("%s: %w", KindDecide, err)
+		}
+		if rep.Report == nil || !rep.Report.Complete(1) {
+			return fmt.Errorf("%s: %w: reply accounts for %d of 1 nodes", KindDecide, ErrIncomplete, reportNodes(rep.Report))
+		}
+		if f := rep.Report.Failed(); len(f) > 0 {
+			return &NodeError{Failed: 1, First: f[0]}
+		}
+		// The pause holds from here, whatever COMMITTED finds.
+		st.Rounds++
+		if rep, err := r.round(ctx, KindCommitted); err == nil {
+			r.progress(ctx, Progress{Phase: KindCommit, Round: st.Rounds, Report: rep})
 		}
 		return nil
 	}
@@ -415,7 +470,7 @@ func (c *Coordinator) Pause(ctx context.Context, job string, nodes []string) (Re
 	verified := last
 	// A node that never hears COMMIT would not know the pause holds, so a
 	// COMMIT that does not reach everyone is rolled back like any failure.
-	if err := r.phase(ctx, KindCommit, c.opt.Commit, r.once(KindCommit, &last)); err != nil {
+	if err := r.phase(ctx, KindCommit, c.opt.Commit, r.commit(&last)); err != nil {
 		return fail(KindCommit, err)
 	}
 	r.res.State = StatePaused

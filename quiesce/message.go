@@ -23,10 +23,17 @@ const (
 	KindDrain   Kind = "DRAIN"   // report what still holds bytes
 	KindFreeze  Kind = "FREEZE"  // freeze the job's ranks
 	KindVerify  Kind = "VERIFY"  // kernel check after the freeze
-	KindCommit  Kind = "COMMIT"  // the pause holds; nodes record it
-	KindThaw    Kind = "THAW"    // VERIFY found bytes: thaw, gates stay closed, drain again
-	KindAbort   Kind = "ABORT"   // roll back: thaw, then reopen gates
-	KindResume  Kind = "RESUME"  // thaw, then reopen gates
+	KindCommit  Kind = "COMMIT"  // every node verified: nodes record the pause, and wait for the decision
+	// DECIDE goes to the pause's decider alone once every node has
+	// acknowledged COMMIT: from then on the pause holds, whatever becomes
+	// of the coordinator. COMMITTED then tells every node so (their leases
+	// end); a node that hears neither asks the decider (OUTCOME).
+	KindDecide    Kind = "DECIDE"
+	KindCommitted Kind = "COMMITTED"
+	KindOutcome   Kind = "OUTCOME" // a node asks the decider what became of a pause it committed
+	KindThaw      Kind = "THAW"    // VERIFY found bytes: thaw, gates stay closed, drain again
+	KindAbort     Kind = "ABORT"   // roll back: thaw, then reopen gates
+	KindResume    Kind = "RESUME"  // thaw, then reopen gates
 )
 
 // Valid reports whether k is one of the protocol's kinds. A daemon may
@@ -35,7 +42,7 @@ const (
 // before its agent sees them.
 func (k Kind) Valid() bool {
 	switch k {
-	case KindPrepare, KindDrain, KindFreeze, KindVerify, KindThaw, KindCommit, KindAbort, KindResume:
+	case KindPrepare, KindDrain, KindFreeze, KindVerify, KindThaw, KindCommit, KindDecide, KindCommitted, KindOutcome, KindAbort, KindResume:
 		return true
 	}
 	return false
@@ -84,6 +91,10 @@ type Message struct {
 	// sockets on every node, as the pause's rounds so far reported them
 	// (Peered).
 	Ports Ports `json:"ports,omitempty"`
+	// Decider, on COMMIT, names the node that holds the pause's outcome
+	// (the job's second node): the one a node asks (OUTCOME) when its
+	// coordinator goes silent after COMMIT. Empty for a job of one node.
+	Decider string `json:"decider,omitempty"`
 }
 
 // DrainPoll is how often a node waiting on a DRAIN (Message.Wait) checks

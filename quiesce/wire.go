@@ -53,6 +53,7 @@ const (
 	tagMsgFanout  = 12
 	tagMsgCoord   = 13
 	tagMsgPorts   = 14
+	tagMsgDecider = 15
 
 	// Report
 	tagRepNodes   = 1
@@ -192,6 +193,7 @@ func (m *Message) appendWire(b []byte) []byte {
 	b = appendInt(b, tagMsgWait, int64(m.Wait))
 	b = appendString(b, tagMsgFanout, string(m.Fanout))
 	b = appendString(b, tagMsgCoord, m.Coordinator)
+	b = appendString(b, tagMsgDecider, m.Decider)
 	return appendPorts(b, tagMsgPorts, m.Ports)
 }
 
@@ -469,6 +471,8 @@ func (r *wireReader) message(m *Message) {
 			m.Fanout = Fanout(r.str(wt))
 		case tagMsgCoord:
 			m.Coordinator = r.str(wt)
+		case tagMsgDecider:
+			m.Decider = r.str(wt)
 		case tagMsgPorts:
 			m.Ports = r.ports(wt)
 		default:

@@ -27,6 +27,7 @@ func wireSample() frame {
 		Err:     "refused",
 		Payload: AppendStringField(AppendUintField(nil, 1, 1<<32-1), 2, "later"),
 		Wait:    20 * time.Millisecond, Fanout: FanoutStar, Ports: Ports{0, 1, 300, 65535},
+		Coordinator: "n0", Decider: "n2:4711",
 	}}
 }
 

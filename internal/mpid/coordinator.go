@@ -459,7 +459,7 @@ func agentState(a *quiesce.Agent, id string) string {
 		return ctl.StateFailed
 	}
 	switch st.Kind {
-	case quiesce.KindCommit:
+	case quiesce.KindCommit, quiesce.KindDecide, quiesce.KindCommitted:
 		return ctl.StatePaused
 	case quiesce.KindAbort, quiesce.KindResume:
 		return ctl.StateRunning

@@ -282,10 +282,16 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 		}
 		d.log.Warn("pause abandoned by its coordinator (no step in time); rolled back here", "job", job)
 	}
+	agent.OnHeld = func(job string) {
+		// COMMIT came, then nothing; the pause's decider says every node
+		// committed, so it holds here too.
+		d.log.Warn("pause committed, its coordinator silent since; its decider says it holds: paused here", "job", job)
+	}
 	d.reg.pausing = agent.Pausing
 	d.reg.ended = func(id string) {
 		d.store.drop(id)
 		agent.Forget(id)
+		rs.Forget(id)
 	}
 	d.coord = &coordinator{node: d.cfg.Node, reg: d.reg, ranks: rs, agent: agent, tr: tr, store: d.store,
 		metrics: d.metrics, drain: d.cfg.Drain, log: d.log, done: done}

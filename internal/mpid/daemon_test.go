@@ -407,6 +407,50 @@ func TestPauseInProcess(t *testing.T) {
 	}
 }
 
+// TestPauseRankLeftBeforePrepare: a rank whose channel closed (killed)
+// while the pause was on its way to its node fails the pause at that
+// node's PREPARE, with the rank named and the rank-gone code, not at the
+// drain deadline (or as "only 5 of the job's 6 ranks") as when the node
+// knew only the ranks still registered.
+func TestPauseRankLeftBeforePrepare(t *testing.T) {
+	k := testKeys(t)
+	mem := quiesce.NewMemNetwork(1, quiesce.Faults{})
+	defer mem.Close()
+	var nodes []*testNode
+	for _, name := range []string{"node0", "node1", "node2"} {
+		nodes = append(nodes, startNode(t, name, mem, k))
+	}
+	created := nodes[0].ask(t, ctl.OpCreate, "j1")
+	if created.Err != nil || created.Token == "" {
+		t.Fatalf("create: %+v", created)
+	}
+	var shims []*testShim
+	for i, n := range nodes {
+		for r := 2 * i; r < 2*i+2; r++ {
+			shims = append(shims, n.rank(t, "j1", created.Token, r, 6))
+		}
+	}
+	waitNodes(t, mem, nodes[0], "j1", "node0,node1,node2")
+	shims[5].conn.Close()
+	if err := nodes[2].reg.ranks.Wait(context.Background(), func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
+		t.Fatal(err)
+	}
+
+	rep := nodes[0].ask(t, ctl.OpPause, "j1")
+	if rep.Err == nil || rep.Job == nil || rep.Job.Failure == nil {
+		t.Fatalf("pause with rank 5 gone: %+v %+v; want it to fail", rep.Err, rep.Job)
+	}
+	f := rep.Job.Failure
+	if rep.Err.Code != ctl.CodeRankGone || f.Rank != 5 || f.Phase != "PREPARE" || f.Node != "node2" || !strings.Contains(f.Reason, "rank 5 ") {
+		t.Errorf("pause with rank 5 gone: code %s, failure %+v; want %s in PREPARE on node2, naming rank 5", rep.Err.Code, f, ctl.CodeRankGone)
+	}
+	for i, n := range nodes {
+		if fr, _ := n.cgroups.Frozen(n.reg.jobDir(ranks.JobKey(uint32(os.Getuid()), "j1"))); fr {
+			t.Errorf("node%d: frozen after the rollback", i)
+		}
+	}
+}
+
 // waitNodes waits for coord to list nodes (comma-separated) as job's.
 func waitNodes(t *testing.T, mem *quiesce.MemNetwork, coord *testNode, job, nodes string) {
 	t.Helper()

@@ -52,6 +52,12 @@ func TestFailureReportViolations(t *testing.T) {
 	if !strings.HasPrefix(f.Reason, want) {
 		t.Errorf("reason %q; want it to start %q", f.Reason, want)
 	}
+	// A report without its node's name still names a place.
+	rep.Pending[0].Node = ""
+	f = failure(err, quiesce.Result{Report: rep}, nil)
+	if f.Node == "" || strings.Contains(f.Reason, "gates on  ") || strings.Contains(f.Reason, "on in") {
+		t.Errorf("a violation of an unnamed node: node %q, reason %q; want a name in both", f.Node, f.Reason)
+	}
 }
 
 // TestFailureBlamesRank: the rank a failed node blamed (quiesce.Fault)
@@ -80,6 +86,11 @@ func TestFailureBlamesRank(t *testing.T) {
 		{"stash full", abort(failed(full, false)), nil, 2, false, "its shim's stash is full"},
 		{"caller gone", abort(fmt.Errorf("%w (caller: %v)", failed(gone, false), context.Canceled)), context.Canceled, 4, true, "exited during the pause"},
 		{"coordinator's own reason", abort(failed(gone, false)), errors.New("only 5 of the job's 6 ranks"), -1, false, "only 5 of"},
+		// It cut the drain short: no drain timed out, and what the report
+		// holds is not why.
+		{"coordinator's own reason, drain cut short", &quiesce.AbortError{Job: "j", Phase: quiesce.KindDrain,
+			Cause: fmt.Errorf("%w after 2 drain rounds", quiesce.ErrNotEmpty), Report: quiesce.Report{Nodes: 3, Pending: []quiesce.NodeReport{{Node: "n2", Violations: 3}}}},
+			errors.New("only 5 of the job's 6 ranks"), -1, false, "only 5 of"},
 		{"resume not confirmed", fmt.Errorf("resume of job j: %w", failed(gone, true)), nil, 4, true, "not confirmed on 2 nodes, first n2"},
 		// The field decides, not the words: another release may say it
 		// otherwise.

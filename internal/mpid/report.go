@@ -1,6 +1,7 @@
 package mpid
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -63,6 +64,10 @@ func stateAfter(protocol string) string {
 // connections still held bytes.
 func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
 	f := &ctl.Failure{Rank: -1, Reason: why(err, cause).Error()}
+	// The coordinator's own reason for cutting the pause short (a rank
+	// missing from the first drain's count) is what the user is told: the
+	// drain it cut short did not time out, and its report is no cause.
+	own := cause != nil && !errors.Is(cause, context.Canceled)
 	var ae *quiesce.AbortError
 	if errors.As(err, &ae) {
 		f.Phase = string(ae.Phase)
@@ -90,7 +95,7 @@ func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
 		}
 		f.Violations += n.Violations
 		if n.Violations > 0 && violNode == "" {
-			violNode = n.Node
+			violNode = cmp.Or(n.Node, "a node that did not give its name")
 		}
 		for _, c := range n.Conns {
 			peer, ok := byEnds[[2]string{c.Remote, c.Local}]
@@ -111,7 +116,7 @@ func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
 	if len(f.NotReading) == 1 {
 		f.Rank = f.NotReading[0]
 	}
-	if errors.Is(err, quiesce.ErrNotEmpty) && f.Phase == string(quiesce.KindDrain) {
+	if !own && errors.Is(err, quiesce.ErrNotEmpty) && f.Phase == string(quiesce.KindDrain) {
 		// The user's question is who does not read, not the protocol's
 		// round count.
 		f.Reason = "the drain timed out"
@@ -122,7 +127,7 @@ func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
 			f.Reason += fmt.Sprintf("; ranks not reading what was sent to them: %s (busy outside MPI?)", ctl.RankList(f.NotReading))
 		}
 	}
-	if f.Violations > 0 {
+	if !own && f.Violations > 0 {
 		// Bytes that keep moving while every gate is closed are not the
 		// library's: something sends past the shim (raw system calls,
 		// io_uring, a helper process), and no pause can be consistent.

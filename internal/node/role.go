@@ -20,6 +20,7 @@ import (
 	"fmt"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -86,10 +87,15 @@ type Role struct {
 	// round made a node's drain step slower than the rounds near the drain
 	// deadline allow.
 	held map[string]map[[2]netip.AddrPort]heldConn
-	// sentAt is, per job, each connection's write_seq (by socket cookie)
-	// at the last kernel report taken while every gate of the node was
-	// closed: what the next such report compares with (violations).
-	sentAt map[string]map[uint64]uint32
+	// sentAt is, per job, what each connection had been given to send (by
+	// socket cookie; sentOf) at the last kernel report taken while every
+	// gate of the node was closed: what the next such report compares with
+	// (violations).
+	sentAt map[string]map[uint64]uint64
+	// seen is, per job with a pause under way, each connection's state and
+	// counters at the last kernel read (by socket cookie): what tells a
+	// socket that began to close since (closing).
+	seen map[string]map[uint64]seenConn
 	// drains is, per job with a pause under way, the job's connections its
 	// ranks were told to drain (by socket cookie) and this node's addresses.
 	drains map[string]*drainSet
@@ -335,13 +341,18 @@ const stuckAfter = 250 * time.Millisecond
 var ErrRankGone = errors.New("exited during the pause")
 
 // RankGoneError is ErrRankGone of one rank, seen at step At (empty: found
-// missing, or dying, rather than by a step of its own).
+// missing, or dying, rather than by a step of its own). Before: its
+// channel to mpid had closed before this node's PREPARE.
 type RankGoneError struct {
 	Rank, Pid int
 	At        string
+	Before    bool
 }
 
 func (e *RankGoneError) Error() string {
+	if e.Before {
+		return fmt.Sprintf("rank %d (pid %d) left the job before the pause reached its node (it exited, was killed, or called MPI_Finalize)", e.Rank, e.Pid)
+	}
 	if e.At == "" {
 		return fmt.Sprintf("rank %d (pid %d) %v", e.Rank, e.Pid, ErrRankGone)
 	}
@@ -369,12 +380,71 @@ func (l *Role) gone(job string, kernel bool) error {
 		now[r.Rank] = true
 	}
 	var errs []error
-	for rank, pid := range was {
-		if !now[rank] || (kernel && dying(pid)) {
+	for _, rank := range slices.Sorted(maps.Keys(was)) {
+		if pid := was[rank]; !now[rank] || (kernel && dying(pid)) {
 			errs = append(errs, &RankGoneError{Rank: rank, Pid: pid})
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// left names the ranks of the job that registered here and whose channel
+// has closed since (ranks.Server.Left): a rank killed while the pause was
+// on its way to this node is no longer registered when PREPARE comes,
+// and the ranks that are would pass for the node's whole part of the job.
+func (l *Role) left(job string) error {
+	var errs []error
+	for _, d := range l.Ranks.Left(job) {
+		errs = append(errs, &RankGoneError{Rank: d.Rank, Pid: d.Pid, Before: true})
+	}
+	return errors.Join(errs...)
+}
+
+// seenConn is a connection as a kernel read found it (Role.seen).
+type seenConn struct {
+	state loader.TCPState
+	seq   uint32
+	sent  uint64
+}
+
+// closing records conns as the job's last kernel read on this node and
+// says whether, since the previous one, a connection that was established
+// left that state or went away, or one queued a FIN (its write_seq moved
+// past what its process gave it to send). A rank killed shows there
+// first, often before mpid has read the end of its channel: its sockets
+// close as it exits, and its peers close theirs when they see it. It
+// costs the read that follows a look at /proc for each rank gated here,
+// which every drain poll cannot afford (tens of µs each on a loaded
+// node). first starts afresh (PREPARE).
+func (l *Role) closing(job string, conns []loader.Conn, first bool) bool {
+	now := make(map[uint64]seenConn, len(conns))
+	for _, c := range conns {
+		if c.State != loader.StateListen {
+			now[c.Cookie] = seenConn{state: c.State, seq: c.WriteSeq, sent: c.BytesSent}
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.seen == nil {
+		l.seen = map[string]map[uint64]seenConn{}
+	}
+	was := l.seen[job]
+	l.seen[job] = now
+	if first {
+		return false
+	}
+	for _, c := range conns {
+		p, ok := was[c.Cookie]
+		if ok && c.Counted && c.WriteSeq-p.seq > uint32(c.BytesSent-p.sent) {
+			return true // a FIN: write_seq counts it, what was sent does not
+		}
+	}
+	for cookie, p := range was {
+		if c, ok := now[cookie]; p.state == loader.StateEstablished && (!ok || c.state != loader.StateEstablished) {
+			return true
+		}
+	}
+	return false
 }
 
 // dying says whether process pid is gone, a zombie, or has a SIGKILL
@@ -469,6 +539,9 @@ func (l *Role) Prepare(ctx context.Context, job string) error {
 			return fmt.Errorf("node %s, job %s: %w", l.Name, job, &NotReadyError{why})
 		}
 	}
+	if err := l.left(job); err != nil {
+		return err
+	}
 	rs, err := l.ranksOf(job)
 	if err != nil {
 		return err
@@ -497,10 +570,16 @@ func (l *Role) Prepare(ctx context.Context, job string) error {
 	if err != nil {
 		return err
 	}
+	// A rank killed just before its gate closed has SIGKILL pending at
+	// once; its channel's end and its sockets' may reach mpid much later.
+	if err := l.gone(job, true); err != nil {
+		return err
+	}
 	conns, err := l.conns(ctx, job)
 	if err != nil {
 		return err
 	}
+	l.closing(job, conns, true)
 	d, sd := l.sidesOf(job, conns, true)
 	return l.startDrains(job, d, sd.jobConns(conns), true)
 }
@@ -600,6 +679,14 @@ func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeRep
 	rep.Own = own
 	rs := l.Ranks.Ranks(job)
 	rep.Ranks = len(rs)
+	// After the read and the count of ranks, before anything is made of
+	// them: a rank that left meanwhile fails the step, naming it, instead
+	// of the report counting fewer ranks (which the coordinator can only
+	// call missing) or its sockets' ends counting as bytes sent past the
+	// gates.
+	if err := l.gone(job, l.closing(job, all, false)); err != nil {
+		return quiesce.NodeReport{Node: l.Name}, kernelRead{}, err
+	}
 	var held []loader.Conn
 	for _, c := range mine {
 		if c.State != loader.StateEstablished {
@@ -612,9 +699,9 @@ func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeRep
 	}
 	l.mu.Lock()
 	if l.sentAt == nil {
-		l.sentAt = map[string]map[uint64]uint32{}
+		l.sentAt = map[string]map[uint64]uint64{}
 	}
-	var sent map[uint64]uint32
+	var sent map[uint64]uint64
 	var through []violation
 	if gated {
 		sent, through = violations(l.sentAt[job], mine)
@@ -624,8 +711,8 @@ func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeRep
 	}
 	l.mu.Unlock()
 	for _, v := range through {
-		rep.Violations += uint64(v.bytes)
-		l.Metrics.Violations(uint64(v.bytes))
+		rep.Violations += v.bytes
+		l.Metrics.Violations(v.bytes)
 		l.Log.Warn("bytes sent through a closed gate", "job", job, "node", l.Name,
 			"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes)
 	}
@@ -675,15 +762,26 @@ func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeRep
 // gate was closed.
 type violation struct {
 	c     loader.Conn
-	bytes uint32
+	bytes uint64
 }
 
-// violations compares each connection's write_seq (the end of what its
-// process has handed to the kernel: the kernel's count, not the shim's)
-// with sent, the values of the previous report taken with every gate
-// closed, and returns the values to compare the next report with. A
-// connection not in sent (new, or the first gated report) only gets its
-// value recorded.
+// sentOf is what c's process has handed the kernel to send: the kernel's
+// count, not the shim's. BytesSent where the observer counts it, which
+// leaves out the FIN a close queues (a socket closed under a closed gate,
+// or by a rank's death, sent nothing); else write_seq, which counts the
+// FIN as a byte.
+func sentOf(c loader.Conn) uint64 {
+	if c.Counted {
+		return c.BytesSent
+	}
+	return uint64(c.WriteSeq)
+}
+
+// violations compares what each connection's process has handed to the
+// kernel (sentOf) with sent, the values of the previous report taken with
+// every gate closed, and returns the values to compare the next report
+// with. A connection not in sent (new, or the first gated report) only
+// gets its value recorded.
 //
 // The count is per check, never cumulative. A send call that read the
 // gate open just before it closed can reach the kernel much later (a
@@ -696,13 +794,19 @@ type violation struct {
 // that keeps sending past the shim (a call it does not wrap) is caught
 // whenever it runs between two checks, and the report names the node and
 // the bytes.
-func violations(sent map[uint64]uint32, conns []loader.Conn) (map[uint64]uint32, []violation) {
-	next := make(map[uint64]uint32, len(conns))
+func violations(sent map[uint64]uint64, conns []loader.Conn) (map[uint64]uint64, []violation) {
+	next := make(map[uint64]uint64, len(conns))
 	var out []violation
 	for _, c := range conns {
-		next[c.Cookie] = c.WriteSeq
-		if was, ok := sent[c.Cookie]; ok && c.WriteSeq != was {
-			out = append(out, violation{c, c.WriteSeq - was}) // wraps like the kernel's
+		n := sentOf(c)
+		next[c.Cookie] = n
+		was, ok := sent[c.Cookie]
+		switch {
+		case !ok || n == was:
+		case c.Counted:
+			out = append(out, violation{c, n - was})
+		default:
+			out = append(out, violation{c, uint64(uint32(n) - uint32(was))}) // wraps like the kernel's
 		}
 	}
 	return next, out
@@ -755,6 +859,7 @@ func (l *Role) Open(ctx context.Context, job string) error {
 		delete(l.gated, job)
 		delete(l.held, job) // a job's next pause starts its clocks afresh
 		delete(l.sentAt, job)
+		delete(l.seen, job)
 		delete(l.drains, job)
 		l.mu.Unlock()
 	}

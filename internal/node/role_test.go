@@ -74,4 +74,17 @@ func TestViolations(t *testing.T) {
 	if len(v) != 0 || len(sent) != 1 {
 		t.Fatalf("third report: violations %v, recorded %v; want none, one connection", v, sent)
 	}
+	// Where the observer counts what was sent, that is the count: a FIN
+	// (a close under the closed gate, or a rank's death) moves write_seq
+	// and sends no byte.
+	counted := func(seq uint32, sent uint64) loader.Conn {
+		return loader.Conn{Cookie: 4, WriteSeq: seq, Counted: true, BytesSent: sent}
+	}
+	sent, _ = violations(nil, []loader.Conn{counted(0xffffffff, 1<<33)})
+	if sent, v = violations(sent, []loader.Conn{counted(0, 1<<33)}); len(v) != 0 {
+		t.Fatalf("a FIN: violations %+v; want none", v)
+	}
+	if _, v = violations(sent, []loader.Conn{counted(10, 1<<33+10)}); len(v) != 1 || v[0].bytes != 10 {
+		t.Fatalf("10 bytes sent: violations %+v; want 10 bytes", v)
+	}
 }

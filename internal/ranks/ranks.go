@@ -121,7 +121,14 @@ type Server struct {
 	mu      sync.Mutex
 	ranks   []*Rank
 	changed chan struct{} // closed and replaced at every change of ranks
+	// left is, per job key, the ranks whose channel closed and that have
+	// not registered again (Left), until Forget.
+	left map[string]map[int]Departed
 }
+
+// Departed is a rank whose channel to mpid closed: Rank of its job, Pid
+// its process.
+type Departed struct{ Rank, Pid int }
 
 // JoinRequest is a JOIN as the kernel and the line vouch for it: Proc is
 // the process that connected (its pid, from SO_PEERCRED, equal to the
@@ -236,11 +243,21 @@ func (s *Server) handshake(c *net.UnixConn) {
 	}
 	s.mu.Lock()
 	s.ranks = append(s.ranks, r)
+	delete(s.left[r.JobKey()], r.Rank)
 	s.notifyLocked()
 	s.mu.Unlock()
 	cut := r.read(bufio.NewReaderSize(c, MaxRankLine), s.OnEvent)
 	s.mu.Lock()
 	s.ranks = slices.DeleteFunc(s.ranks, func(x *Rank) bool { return x == r })
+	if !slices.ContainsFunc(s.ranks, func(x *Rank) bool { return x.JobKey() == r.JobKey() && x.Rank == r.Rank }) {
+		if s.left == nil {
+			s.left = map[string]map[int]Departed{}
+		}
+		if s.left[r.JobKey()] == nil {
+			s.left[r.JobKey()] = map[int]Departed{}
+		}
+		s.left[r.JobKey()][r.Rank] = Departed{Rank: r.Rank, Pid: r.Pid}
+	}
 	s.notifyLocked()
 	s.mu.Unlock()
 	s.release(r.UID)
@@ -696,6 +713,30 @@ func (s *Server) Ranks(key string) []*Rank {
 	}
 	slices.SortFunc(out, func(a, b *Rank) int { return a.Rank - b.Rank })
 	return out
+}
+
+// Left returns the ranks of the job with that key whose channel closed
+// (the process exited, was killed, or called MPI_Finalize) and that have
+// not registered again since, by rank. A pause must know them: by the time
+// it reaches this node such a rank is no longer among Ranks, and the
+// node's part of the job would look whole without it.
+func (s *Server) Left(key string) []Departed {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Departed
+	for _, d := range s.left[key] {
+		out = append(out, d)
+	}
+	slices.SortFunc(out, func(a, b Departed) int { return a.Rank - b.Rank })
+	return out
+}
+
+// Forget drops what Left remembers of the job with that key: it has ended
+// on this node.
+func (s *Server) Forget(key string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	delete(s.left, key)
 }
 
 // Wait returns once cond holds for the registered ranks, or ctx ends.

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -590,4 +591,45 @@ func TestRankCap(t *testing.T) {
 	again := hello(3)
 	defer again.Close()
 	count(2)
+}
+
+// TestLeft: a rank whose channel closes is Left until it registers again
+// (a shim whose mpid cut it off comes back with the same HELLO) or its
+// job is forgotten; another job's ranks are not its job's.
+func TestLeft(t *testing.T) {
+	s, addr, ctx := serving(t)
+	hello := func(job string, rank int) string {
+		return fmt.Sprintf("HELLO 2 job=%s rank=%d size=2 pid=%d host=h key=k\n", job, rank, os.Getpid())
+	}
+	key := JobKey(uint32(os.Getuid()), "j")
+	r0 := fakeShim(t, addr, hello("j", 0))
+	r1 := fakeShim(t, addr, hello("j", 1))
+	other := fakeShim(t, addr, hello("k", 1))
+	defer other.Close()
+	count := func(n int) {
+		t.Helper()
+		if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == n }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	count(3)
+	if l := s.Left(key); len(l) != 0 {
+		t.Fatalf("Left %v with every rank registered", l)
+	}
+	r1.Close()
+	r0.Close()
+	count(1)
+	if l := s.Left(key); !slices.Equal(l, []Departed{{0, os.Getpid()}, {1, os.Getpid()}}) {
+		t.Fatalf("Left %v; want ranks 0 and 1", l)
+	}
+	again := fakeShim(t, addr, hello("j", 1))
+	defer again.Close()
+	count(2)
+	if l := s.Left(key); !slices.Equal(l, []Departed{{0, os.Getpid()}}) {
+		t.Errorf("Left %v after rank 1 came back; want rank 0", l)
+	}
+	s.Forget(key)
+	if l := s.Left(key); len(l) != 0 {
+		t.Errorf("Left %v after Forget", l)
+	}
 }

@@ -58,7 +58,7 @@ check-format: ## fail if a Go file is not gofmt-formatted, go vet reports a prob
 	@p=$$($(GO) list -deps ./cmd/... | grep -E '/kernel-tests(/|$$)|vishvananda'); \
 		[ -z "$$p" ] || { echo "the commands link test or tooling packages: $$p" >&2; exit 1; }
 
-test: deps build check-generate check-format check-vagrant check-deb check-systemd test-unit test-fuzz test-priv test-multinode test-security test-cluster-script ## install what is missing and run every test tier
+test: deps build check-generate check-format check-vagrant check-deb check-systemd test-unit test-fuzz test-priv test-multinode test-security test-cluster-script check-vagrant-boot ## install what is missing and run every test tier
 	@echo "make test: all tiers passed"
 
 test-unit: ## tier 1: unit tests with every capability dropped (must pass unprivileged), and the shim's C tests
@@ -118,7 +118,7 @@ vagrant-prebuilt: build deb ## copy the .deb, bin/apps and bin/libucxfinalize.so
 	cp -r $(BIN)/apps vagrant/.prebuilt/apps
 
 # Not in make test: it boots a VM (minutes under software emulation).
-check-vagrant-boot: vagrant-prebuilt ## one Vagrant VM (node0) booted under vagrant-libvirt from the box vagrant/build-box.sh builds, provisioned, checked over vagrant ssh, destroyed; nothing left (root)
+check-vagrant-boot: vagrant-prebuilt ## the 3-VM Vagrant cluster booted under vagrant-libvirt from the box vagrant/build-box.sh builds, provisioned, checked over vagrant ssh, the cluster e2e on it (vagrant/e2e.sh), destroyed; nothing left (root)
 	@bash vagrant/boot-check.sh
 
 # The cluster e2e script (what vagrant/e2e.sh runs on the VMs) on a 3-node

@@ -11,7 +11,7 @@
 # which {} stands for the node's name; it must run its remaining arguments as
 # a command (argv, no shell) on that node. The same script runs against
 #   the netns rig:    scripts/cluster-e2e.sh -- kernel-tests/rig exec {} --
-#   the Vagrant VMs:  vagrant/e2e.sh (on node0: ... --sudo -- /vagrant/vagrant/node-exec {})
+#   the Vagrant VMs:  vagrant/e2e.sh (on node0: ... --sudo -- /vagrant/vagrant/node-exec -M {})
 # Needs bash, jq and timeout where it runs; mpipause, mpid (running) and the
 # MPI libraries on every node; the test apps (make build: bin/apps) on node0.
 set -uo pipefail
@@ -31,8 +31,9 @@ options:
   --sudo              run the privileged node commands (observe, cgroup files) with sudo -n
   --step-timeout S    seconds each step may take (default 60)
 
-Prints one line per step (PASS or FAIL), then "N passed, N failed"; exits 1 if a
-step failed, 2 on bad usage.
+Prints one line per step (PASS or FAIL), a line per node of what may differ
+between nodes (INFO: kernel, interfaces and drivers, clock), then "N passed,
+N failed"; exits 1 if a step failed, 2 on bad usage.
 EOF
 }
 
@@ -163,6 +164,53 @@ until_ok() {
 	done
 }
 
+# describe NODE: what may differ between nodes and between rigs (the netns
+# rig's nodes share one kernel and clock; VMs have their own, and real
+# NICs), on one line: the kernel, each interface's address and driver, and
+# the node's clock against this script's.
+describe() {
+	local out lines clk
+	# shellcheck disable=SC2016 # sh's own $ words, expanded on the node
+	out=$(on "$1" sh -c 'uname -r
+		ip -o -4 addr show scope global | while read -r _ i _ a _; do
+			d=$(readlink "/sys/class/net/$i/device/driver" 2>/dev/null) && d=${d##*/} ||
+				d=$(ip -d -o link show dev "$i" | grep -owE "veth|bridge|macvlan|ipvlan|vxlan|dummy" | head -1)
+			printf "%s %s %s, " "$i" "${a%/*}" "${d:-virtual}"
+		done; echo' 2>&1)
+	mapfile -t lines <<<"$out"
+	if [ ${#lines[@]} -ne 2 ]; then
+		echo "INFO $1: (not described: $out)"
+		return
+	fi
+	clk=$(clock_of "$1") || clk="not read"
+	echo "INFO $1: kernel ${lines[0]}; ${lines[1]%, }; clock $clk from where this runs"
+}
+
+# clock_of NODE: NODE's clock against this script's, as "+X ms (within Y
+# ms)". One session to the node answers each line it reads with its time:
+# a reading is bracketed by the round trip on an open session, not by the
+# node-exec command's own start (seconds, for ssh to a VM under software
+# emulation); the least of a few round trips bounds it best.
+clock_of() {
+	local best='' t0 t1 r i
+	coproc CLK { on "$1" sh -c 'while read -r _; do date +%s%6N; done' 2>/dev/null; }
+	# The first answer waits for the session itself: not a reading.
+	for ((i = 0; i < 6; i++)); do
+		t0=${EPOCHREALTIME/./}
+		# A node-exec that ended unsets CLK.
+		{ [ -n "${CLK[1]:-}" ] && { echo >&"${CLK[1]}"; } 2>/dev/null && IFS= read -r -t "$step_timeout" r <&"${CLK[0]}"; } || break
+		t1=${EPOCHREALTIME/./}
+		[[ $r =~ ^[0-9]+$ ]] || break
+		if [ "$i" -gt 0 ] && { [ -z "$best" ] || [ $((t1 - t0)) -lt "${best% *}" ]; }; then
+			best="$((t1 - t0)) $((r - (t0 + t1) / 2))"
+		fi
+	done
+	[ -z "${CLK[1]:-}" ] || eval "exec ${CLK[1]}>&-"
+	[ -z "${CLK_PID:-}" ] || wait "$CLK_PID" 2>/dev/null
+	[ -n "$best" ] || return 1
+	awk -v rtt="${best% *}" -v d="${best#* }" 'BEGIN { printf "%+.1f ms (within %.1f ms)", d / 1e3, rtt / 2e3 }'
+}
+
 # Preflight: every node answers, has an mpid, and the cgroup v2 mount.
 for n in "${node_list[@]}"; do
 	if ! out=$(on "$n" sh -c 'command -v mpipause && mpipause list >/dev/null' 2>&1); then
@@ -177,6 +225,7 @@ for n in "${node_list[@]}"; do
 		continue
 	fi
 	pass "$n: mpid answers, cgroup v2 at $root"
+	describe "$n"
 done
 if [ "$failed" -gt 0 ]; then
 	echo "$passed passed, $failed failed"

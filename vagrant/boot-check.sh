@@ -1,17 +1,23 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# make check-vagrant-boot: one node of the Vagrant cluster (node0), a real
-# VM under vagrant-libvirt, from the box vagrant/build-box.sh makes here:
-# `vagrant up` (provisioned from vagrant/.prebuilt unless --no-provision),
-# the kernel, BTF and cgroup v2 seen over `vagrant ssh`, the private
-# network's address, then `vagrant destroy -f`, and nothing of it left:
+# make check-vagrant-boot: the Vagrant cluster, real VMs under
+# vagrant-libvirt from the box vagrant/build-box.sh makes here: `vagrant up`
+# of node0..node{N-1} (provisioned from vagrant/.prebuilt unless
+# --no-provision), each node's kernel, BTF, cgroup v2, private address and
+# mpid seen over `vagrant ssh`, then the cluster e2e on them (vagrant/e2e.sh:
+# Open MPI and MPICH jobs paused, every VM's connections read from its own
+# kernel at each pause), then `vagrant destroy -f`, and nothing of it left:
 # no domain, network, volume, storage pool or QEMU process it made, and
 # libvirt's daemons stopped if this started them (vagrant/libvirt-host.sh).
-# Prints how long each step took and the QEMU process's peak RSS.
+# Prints how long each step took and the QEMU processes' peak RSS.
 #
-#   boot-check.sh [--no-provision]
+#   boot-check.sh [--nodes N] [--no-e2e] [--no-provision] [-- E2E-OPTIONS]
 #
-# Its VMs are named mpipause-check-node0 (MPIPAUSE_VM_PREFIX) and its
+# --nodes N (default 3): the cluster's size; 1 boots node0 alone (no e2e).
+# --no-provision boots the box as it is (no mpid, so no e2e).
+# E2E-OPTIONS go to scripts/cluster-e2e.sh (default --pauses 2).
+#
+# Its VMs are named mpipause-check-nodeK (MPIPAUSE_VM_PREFIX) and its
 # Vagrant state is a temporary directory, so a cluster of vagrant/ that is
 # up is not touched, but the private network's range (192.168.56.0/24) is
 # one for both. Fails, never skips. docs/vagrant.md, "The box".
@@ -20,15 +26,25 @@ SECONDS=0
 cd "$(dirname "$0")"
 here=$PWD
 
-provision=1
-case ${1:-} in
---no-provision) provision=0 ;;
-"") ;;
-*)
-	echo "usage: boot-check.sh [--no-provision]" >&2
+usage() {
+	echo "usage: boot-check.sh [--nodes N] [--no-e2e] [--no-provision] [-- E2E-OPTIONS]" >&2
 	exit 2
-	;;
-esac
+}
+provision=1 e2e=1 nodes=3 e2e_args=(--pauses 2)
+while [ $# -gt 0 ]; do
+	case $1 in
+	--no-provision) provision=0 e2e=0 && shift ;;
+	--no-e2e) e2e=0 && shift ;;
+	--nodes)
+		{ [ $# -ge 2 ] && [[ $2 =~ ^[1-9]$ ]]; } || usage
+		nodes=$2
+		shift 2
+		;;
+	--) shift && e2e_args=("$@") && break ;;
+	*) usage ;;
+	esac
+done
+[ "$nodes" -ge 2 ] || e2e=0
 
 say() { echo "check-vagrant-boot: [${SECONDS}s] $*"; }
 fail() {
@@ -48,7 +64,7 @@ prefix=mpipause-check-
 uri=qemu:///system
 box_vol=mpipause-VAGRANTSLASH-bookworm64-6.12_vagrant_box_image_
 work=$(mktemp -d /var/tmp/mpipause-vagrant-boot.XXXXXX)
-export VAGRANT_DOTFILE_PATH=$work/dot VAGRANT_CHECKPOINT_DISABLE=1 MPIPAUSE_VM_NODES=1 MPIPAUSE_VM_PREFIX=$prefix
+export VAGRANT_DOTFILE_PATH=$work/dot VAGRANT_CHECKPOINT_DISABLE=1 MPIPAUSE_VM_NODES=$nodes MPIPAUSE_VM_PREFIX=$prefix
 log=$work/vagrant.log
 ours_libvirtd=0
 up=0        # vagrant up was started
@@ -128,43 +144,73 @@ if grep -q "^$prefix" "$work/domains.before"; then
 	fail "a domain named $prefix* exists already (an earlier check's?): $(grep "^$prefix" "$work/domains.before" | tr '\n' ' ')"
 fi
 
-say "vagrant up node0 (driver $driver$([ $provision = 1 ] || echo ', no provisioning'))"
+all=()
+for ((k = 0; k < nodes; k++)); do all+=("node$k"); done
+say "vagrant up ${all[*]} (driver $driver$([ $provision = 1 ] || echo ', no provisioning'))"
 up=1
 t=$SECONDS
 flags=()
 [ $provision = 1 ] || flags=(--no-provision)
-vagrant_run up node0 --provider=libvirt "${flags[@]}" || {
+vagrant_run up "${all[@]}" --provider=libvirt "${flags[@]}" || {
 	tail -30 "$log" >&2
 	fail "vagrant up (above)"
 }
 say "vagrant up took $((SECONDS - t)) s; its steps began at:"
-grep -E 'Uploading base box|Starting domain|Waiting for domain to get an IP|Waiting for machine to boot|Machine booted and ready|Setting hostname|Rsyncing folder|Configuring and enabling|Running provisioner|provision node0: mpid' "$log" |
+grep -E 'Uploading base box|Starting domain|Waiting for domain to get an IP|Waiting for machine to boot|Machine booted and ready|Setting hostname|Rsyncing folder|Configuring and enabling|Running provisioner|provision node[0-9]: mpid' "$log" |
 	sed 's/^/    /'
 
-t=$SECONDS
-out=$(vagrant ssh node0 --no-tty -c 'uname -r; cat /sys/kernel/btf/vmlinux | wc -c; stat -fc %T /sys/fs/cgroup; ip -4 -o addr show to 192.168.56.0/24' 2>>"$log" | tr -d '\r') ||
-	fail "vagrant ssh node0: $out"
-mapfile -t lines <<<"$out"
-say "vagrant ssh node0 took $((SECONDS - t)) s:"
-printf '    %s\n' "${lines[@]}"
-release=${lines[0]:-}
-major=${release%%.*} minor=${release#*.} && minor=${minor%%.*}
-[[ $major =~ ^[0-9]+$ && $minor =~ ^[0-9]+$ ]] || fail "no kernel release from uname -r: '$release'"
-if [ "$major" -lt 6 ] || { [ "$major" -eq 6 ] && [ "$minor" -lt 3 ]; }; then
-	fail "node0 runs $release; mpipause needs 6.3 or later"
-fi
-[[ ${lines[1]:-} =~ ^[0-9]+$ && ${lines[1]} -gt 0 ]] || fail "node0 has no BTF (/sys/kernel/btf/vmlinux: '${lines[1]:-}')"
-[ "${lines[2]:-}" = cgroup2fs ] || fail "node0's /sys/fs/cgroup is '${lines[2]:-}', want cgroup2fs"
-[[ ${lines[3]:-} == *" 192.168.56.10/24 "* ]] || fail "node0 has no 192.168.56.10/24 on the private network: '${lines[3]:-}'"
-if [ $provision = 1 ]; then
-	out=$(vagrant ssh node0 --no-tty -c 'systemctl is-active mpid; sudo mpipause list >/dev/null && echo answers' 2>>"$log" | tr -d '\r') || true
-	[ "$out" = $'active\nanswers' ] || fail "mpid on node0: '$out' (want active, and mpipause list answering)"
-	say "mpid active on node0, mpipause list answers"
+# check_node K: what node K shows over `vagrant ssh`: a kernel of 6.3 or
+# later with BTF, cgroup v2, its private address, and (provisioned) mpid.
+check_node() {
+	local k=$1 n=node$1 out lines release major minor
+	t=$SECONDS
+	out=$(vagrant ssh "$n" --no-tty -c 'uname -r; cat /sys/kernel/btf/vmlinux | wc -c; stat -fc %T /sys/fs/cgroup; ip -4 -o addr show to 192.168.56.0/24; hostname' 2>>"$log" | tr -d '\r') ||
+		fail "vagrant ssh $n: $out"
+	mapfile -t lines <<<"$out"
+	say "vagrant ssh $n took $((SECONDS - t)) s:"
+	printf '    %s\n' "${lines[@]}"
+	release=${lines[0]:-}
+	major=${release%%.*} minor=${release#*.} && minor=${minor%%.*}
+	[[ $major =~ ^[0-9]+$ && $minor =~ ^[0-9]+$ ]] || fail "no kernel release from uname -r on $n: '$release'"
+	if [ "$major" -lt 6 ] || { [ "$major" -eq 6 ] && [ "$minor" -lt 3 ]; }; then
+		fail "$n runs $release; mpipause needs 6.3 or later"
+	fi
+	[[ ${lines[1]:-} =~ ^[0-9]+$ && ${lines[1]} -gt 0 ]] || fail "$n has no BTF (/sys/kernel/btf/vmlinux: '${lines[1]:-}')"
+	[ "${lines[2]:-}" = cgroup2fs ] || fail "$n's /sys/fs/cgroup is '${lines[2]:-}', want cgroup2fs"
+	[[ ${lines[3]:-} == *" 192.168.56.$((10 + k))/24 "* ]] || fail "$n has no 192.168.56.$((10 + k))/24 on the private network: '${lines[3]:-}'"
+	if [ $provision = 1 ]; then
+		[ "${lines[4]:-}" = "$n" ] || fail "$n is named '${lines[4]:-}' (provision.sh's hosts step names it)"
+		out=$(vagrant ssh "$n" --no-tty -c 'systemctl is-active mpid; sudo mpipause list >/dev/null && echo answers' 2>>"$log" | tr -d '\r') || true
+		[ "$out" = $'active\nanswers' ] || fail "mpid on $n: '$out' (want active, and mpipause list answering)"
+		say "mpid active on $n, mpipause list answers"
+	fi
+}
+for ((k = 0; k < nodes; k++)); do check_node "$k"; done
+
+if [ $e2e = 1 ]; then
+	say "the cluster e2e on ${all[*]}: vagrant/e2e.sh ${e2e_args[*]}"
+	t=$SECONDS
+	# Its lines as they come, with this check's seconds: a slow step shows.
+	# With pipefail, the pipeline's status is e2e.sh's.
+	if "$here/e2e.sh" --nodes "$nodes" "${e2e_args[@]}" 2>&1 | tr -d '\r' | while IFS= read -r line; do
+		printf '    [%ss] %s\n' "$SECONDS" "$line"
+	done; then
+		rc=0
+	else
+		rc=$?
+	fi
+	[ "$rc" = 0 ] || fail "the cluster e2e on the VMs (exit $rc, above)"
+	say "the cluster e2e took $((SECONDS - t)) s"
 fi
 
-qemu=$(pgrep -f "qemu-system.*guest=${prefix}node0" | head -1) || fail "no QEMU process of ${prefix}node0"
-hwm=$(awk '$1 == "VmHWM:" { print int($2 / 1024) }' "/proc/$qemu/status")
-say "QEMU (pid $qemu): peak RSS $hwm MiB, memory $(virsh -c "$uri" dominfo "${prefix}node0" | awk '$1 == "Max" { print int($3 / 1024) }') MiB, driver $driver"
+total=0
+for ((k = 0; k < nodes; k++)); do
+	qemu=$(pgrep -f "qemu-system.*guest=${prefix}node$k" | head -1) || fail "no QEMU process of ${prefix}node$k"
+	hwm=$(awk '$1 == "VmHWM:" { print int($2 / 1024) }' "/proc/$qemu/status")
+	total=$((total + hwm))
+	say "QEMU of node$k (pid $qemu): peak RSS $hwm MiB, memory $(virsh -c "$uri" dominfo "${prefix}node$k" | awk '$1 == "Max" { print int($3 / 1024) }') MiB, driver $driver"
+done
+say "QEMU peak RSS, the $nodes summed: $total MiB"
 
 t=$SECONDS
 destroyed=1

@@ -8,4 +8,4 @@ set -euo pipefail
 cd "$(dirname "$0")"
 args=''
 for a in "$@"; do args+=" $(printf '%q' "$a")"; done
-exec vagrant ssh node0 -c "bash /vagrant/scripts/cluster-e2e.sh --sudo --bin /vagrant/bin$args -- /vagrant/vagrant/node-exec {}"
+exec vagrant ssh node0 -c "bash /vagrant/scripts/cluster-e2e.sh --sudo --bin /vagrant/bin$args -- /vagrant/vagrant/node-exec -M {}"

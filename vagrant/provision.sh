@@ -8,7 +8,8 @@
 #
 # Steps, in order (all by default):
 #   check    the running kernel has BTF and is 6.3 or later
-#   hosts    /etc/hosts names every node by its private address
+#   hosts    the node's name is nodeK, and /etc/hosts names every node by
+#            its private address
 #   tools    Go (the version go.mod names, from go.dev) and make
 #   install  make deps, make build, make install in the synced tree
 # When the host left the .deb and the test apps in vagrant/.prebuilt (make
@@ -96,7 +97,16 @@ step_hosts() {
 	chmod 644 "$tmp"
 	mv "$tmp" "$hosts"
 	put_block "$hosts" "${lines%$'\n'}"
-	say "/etc/hosts names node0..node$((n - 1)) ($net.10..$net.$((9 + n)))"
+	# Here and not by Vagrant's config.vm.hostname: Vagrant's Debian guest
+	# then restarts every interface, 42 s of each VM's boot under software
+	# emulation (docs/vagrant.md, "The box").
+	if [ -n "$root" ]; then
+		echo "$node" >"$root/etc/hostname"
+	elif [ "$(hostname)" != "$node" ]; then
+		echo "$node" >/etc/hostname
+		hostname "$node"
+	fi
+	say "named $node; /etc/hosts names node0..node$((n - 1)) ($net.10..$net.$((9 + n)))"
 }
 
 # prebuilt_deb: deb is the .deb in vagrant/.prebuilt, if the host put one
@@ -143,7 +153,10 @@ step_install() {
 	prebuilt_deb
 	if [ -n "$deb" ]; then
 		# Its dependencies are in the box already: apt fetches nothing.
-		apt-get install -y -q --no-install-recommends "$deb" >/dev/null
+		# Whatever the host built last is what runs, even if its version
+		# sorts lower (two builds of one day order by commit hash) or is
+		# the same (a build of uncommitted changes).
+		apt-get install -y -q --no-install-recommends --reinstall --allow-downgrades "$deb" >/dev/null
 		# Where make build would have put them (bin/ is the VM's own:
 		# the rsync leaves it alone).
 		install -d "$src/bin"

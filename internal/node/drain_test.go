@@ -227,7 +227,9 @@ func TestNodeRoleDrainSet(t *testing.T) {
 // connection to a server on the node (which the drain leaves alone) do not
 // keep a pause from being empty; the same bytes on a job connection do.
 func TestVerifyIgnoresProgramsOwn(t *testing.T) {
-	s, err := ranks.Listen(fmt.Sprintf("@mpipause-mpid-verify-%d", os.Getpid()))
+	// A name of its own per run: the server is never served, so nothing
+	// closes its listener before -count's next run binds.
+	s, err := ranks.Listen(fmt.Sprintf("@mpipause-mpid-verify-%d-%d", os.Getpid(), time.Now().UnixNano()))
 	if err != nil {
 		t.Fatal(err)
 	}

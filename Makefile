@@ -18,7 +18,7 @@ STAMP := -X github.com/mpipause/mpipause/internal/version.stamped=$(VERSION_STR)
 .DEFAULT_GOAL := help
 .PHONY: help deps build generate check-generate check-format check-vagrant test-cluster-script test test-unit test-fuzz test-priv test-multinode test-security test-faults bench bench-base demo clean
 .PHONY: man install uninstall deb check-install check-deb
-.PHONY: check-systemd test-containers vagrant-prebuilt check-vagrant-boot
+.PHONY: check-systemd test-containers vagrant-prebuilt check-vagrant-boot check-vagrant-slurm
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -107,7 +107,7 @@ test-faults: build ## the fault table: each fault injected FAULT_TRIALS (5) time
 check-vagrant: ## vagrant validate of vagrant/Vagrantfile, libvirt and virtualbox (offline, leaves nothing), and shellcheck of the cluster scripts
 	@bash vagrant/validate.sh
 	shellcheck scripts/cluster-e2e.sh vagrant/provision.sh vagrant/provision-kernel.sh vagrant/node-exec vagrant/e2e.sh vagrant/rig-ssh-check.sh vagrant/validate.sh kernel-tests/containers/crig.sh \
-		vagrant/build-box.sh vagrant/libvirt-host.sh vagrant/boot-check.sh vagrant/qemu-tcg
+		vagrant/build-box.sh vagrant/libvirt-host.sh vagrant/boot-check.sh vagrant/qemu-tcg vagrant/provision-slurm.sh vagrant/slurm-e2e.sh
 
 # What the VMs install instead of building (vagrant/provision.sh's tools and
 # install steps): the .deb of this tree, and the test apps the cluster e2e
@@ -118,6 +118,9 @@ vagrant-prebuilt: build deb ## copy the .deb, bin/apps and bin/libucxfinalize.so
 	cp -r $(BIN)/apps vagrant/.prebuilt/apps
 
 # Not in make test: it boots a VM (minutes under software emulation).
+check-vagrant-slurm: vagrant-prebuilt ## Slurm with cgroup confinement (proctrack/cgroup, task/cgroup, cgroup/v2) on the 3 Vagrant VMs: scontrol suspend/resume, scancel, time limit, memory limit, sstat, --cpu-bind with mpipause as without (root; not in make test)
+	@bash vagrant/boot-check.sh --slurm --no-e2e
+
 check-vagrant-boot: vagrant-prebuilt ## the 3-VM Vagrant cluster booted under vagrant-libvirt from the box vagrant/build-box.sh builds, provisioned, checked over vagrant ssh, the cluster e2e on it (vagrant/e2e.sh), destroyed; nothing left (root)
 	@bash vagrant/boot-check.sh
 

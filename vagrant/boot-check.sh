@@ -11,9 +11,11 @@
 # libvirt's daemons stopped if this started them (vagrant/libvirt-host.sh).
 # Prints how long each step took and the QEMU processes' peak RSS.
 #
-#   boot-check.sh [--nodes N] [--no-e2e] [--no-provision] [-- E2E-OPTIONS]
+#   boot-check.sh [--nodes N] [--no-e2e] [--slurm] [--no-provision] [-- E2E-OPTIONS]
 #
 # --nodes N (default 3): the cluster's size; 1 boots node0 alone (no e2e).
+# --slurm: then Slurm on the VMs (vagrant provision --provision-with slurm:
+# cgroup confinement, the SPANK plugin) and vagrant/slurm-e2e.sh on node0.
 # --no-provision boots the box as it is (no mpid, so no e2e).
 # E2E-OPTIONS go to scripts/cluster-e2e.sh (default --pauses 2).
 #
@@ -27,12 +29,13 @@ cd "$(dirname "$0")"
 here=$PWD
 
 usage() {
-	echo "usage: boot-check.sh [--nodes N] [--no-e2e] [--no-provision] [-- E2E-OPTIONS]" >&2
+	echo "usage: boot-check.sh [--nodes N] [--no-e2e] [--slurm] [--no-provision] [-- E2E-OPTIONS]" >&2
 	exit 2
 }
-provision=1 e2e=1 nodes=3 e2e_args=(--pauses 2)
+provision=1 e2e=1 slurm=0 nodes=3 e2e_args=(--pauses 2)
 while [ $# -gt 0 ]; do
 	case $1 in
+	--slurm) slurm=1 && shift ;;
 	--no-provision) provision=0 e2e=0 && shift ;;
 	--no-e2e) e2e=0 && shift ;;
 	--nodes)
@@ -45,6 +48,7 @@ while [ $# -gt 0 ]; do
 	esac
 done
 [ "$nodes" -ge 2 ] || e2e=0
+[ $provision = 1 ] || [ $slurm = 0 ] || usage
 
 say() { echo "check-vagrant-boot: [${SECONDS}s] $*"; }
 fail() {
@@ -201,6 +205,26 @@ if [ $e2e = 1 ]; then
 	fi
 	[ "$rc" = 0 ] || fail "the cluster e2e on the VMs (exit $rc, above)"
 	say "the cluster e2e took $((SECONDS - t)) s"
+fi
+
+if [ $slurm = 1 ]; then
+	t=$SECONDS
+	vagrant_run provision --provision-with slurm || {
+		tail -30 "$log" >&2
+		fail "vagrant provision --provision-with slurm (above)"
+	}
+	say "Slurm provisioned in $((SECONDS - t)) s:"
+	grep 'provision-slurm node' "$log" | sed 's/^/    /'
+	t=$SECONDS
+	if vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/slurm-e2e.sh --nodes $nodes" 2>&1 | tr -d '\r' | while IFS= read -r line; do
+		printf '    [%ss] %s\n' "$SECONDS" "$line"
+	done; then
+		rc=0
+	else
+		rc=$?
+	fi
+	[ "$rc" = 0 ] || fail "the Slurm e2e on the VMs (exit $rc, above)"
+	say "the Slurm e2e took $((SECONDS - t)) s"
 fi
 
 total=0

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# Vagrant provisioning for Slurm (as root, in node K of an N-node cluster
+# whose node J has the address NET.(10+J)), after provision.sh: Debian 12's
+# Slurm 22.05 set up as SchedMD recommends, with cgroup confinement on the
+# VM's pure cgroup v2 hierarchy, and mpipause's SPANK plugin on:
+#   ProctrackType=proctrack/cgroup, TaskPlugin=task/cgroup,task/affinity,
+#   CgroupPlugin=cgroup/v2 with ConstrainCores and ConstrainRAMSpace,
+#   JobAcctGatherType=jobacct_gather/cgroup;
+# munge with the cluster's one key (made on the host by the Vagrantfile's
+# trigger), slurmctld on node0, slurmd on every node. Not run by `vagrant
+# up`: `vagrant provision --provision-with slurm` (vagrant/slurm-check.sh
+# does). Idempotent. docs/vagrant.md, "Slurm on the VMs".
+#
+#   provision-slurm.sh K N NET
+set -euo pipefail
+[ $# -eq 3 ] || { echo "usage: provision-slurm.sh K N NET" >&2 && exit 2; }
+k=$1 n=$2 net=$3
+[[ $k =~ ^[0-9]+$ && $n =~ ^[1-9][0-9]*$ && $k -lt $n ]] || { echo "provision-slurm: want node index K < N, got K=$k N=$n" >&2 && exit 2; }
+[[ $net =~ ^[0-9]+\.[0-9]+\.[0-9]+$ ]] || { echo "provision-slurm: NET is the first three octets (192.168.56), got '$net'" >&2 && exit 2; }
+src=/vagrant
+node=node$k
+export DEBIAN_FRONTEND=noninteractive
+
+say() { echo "provision-slurm $node: $*"; }
+die() {
+	echo "provision-slurm $node: $*" >&2
+	exit 1
+}
+
+[ -f /usr/lib/mpipause/mpipause_spank.so ] || die "no /usr/lib/mpipause/mpipause_spank.so: provision.sh's install step first"
+[ -s "$src/vagrant/.secrets/munge.key" ] || die "no vagrant/.secrets/munge.key: the Vagrantfile's trigger makes it on the host; run: vagrant provision"
+
+if ! command -v slurmd >/dev/null || ! command -v slurmctld >/dev/null || ! command -v munged >/dev/null; then
+	# Not in the box (its recipe, and so every other check's box, stays
+	# as it is): from the Debian mirror, through libvirt's NAT.
+	apt-get update -q >/dev/null
+	apt-get install -y -q --no-install-recommends slurmd slurmctld slurm-client munge >/dev/null
+	say "Slurm $(slurmd -V | awk '{ print $2 }') and munge installed"
+fi
+# The units are enabled by the packages; they start below, configured.
+systemctl stop slurmctld slurmd 2>/dev/null || true
+
+install -m 0400 -o munge -g munge "$src/vagrant/.secrets/munge.key" /etc/munge/munge.key
+systemctl enable -q munge
+systemctl restart munge
+
+hw=$(slurmd -C | sed -n 's/^NodeName=[^ ]* //p' | sed 's/ *UpTime=.*//')
+[ -n "$hw" ] || die "slurmd -C printed no node line"
+# Every node must say the same of every node: the VMs are alike, so each
+# writes its own hardware for all (slurmd -C rounds RealMemory the same).
+install -d /etc/slurm
+cat >/etc/slurm/slurm.conf <<EOF
+# vagrant/provision-slurm.sh: node0..node$((n - 1)), slurmctld on node0
+ClusterName=vagrant
+SlurmctldHost=node0
+AuthType=auth/munge
+CryptoType=crypto/munge
+SlurmUser=slurm
+SlurmdUser=root
+StateSaveLocation=/var/lib/slurm/slurmctld
+SlurmdSpoolDir=/var/lib/slurm/slurmd
+SlurmctldPidFile=/run/slurmctld.pid
+SlurmdPidFile=/run/slurmd.pid
+ProctrackType=proctrack/cgroup
+TaskPlugin=task/cgroup,task/affinity
+JobAcctGatherType=jobacct_gather/cgroup
+JobAcctGatherFrequency=task=5
+AccountingStorageType=accounting_storage/none
+MpiDefault=none
+ReturnToService=2
+SchedulerType=sched/backfill
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core_Memory
+PlugStackConfig=/etc/slurm/plugstack.conf
+NodeName=node[0-$((n - 1))] $hw State=UNKNOWN
+PartitionName=vagrant Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
+EOF
+cat >/etc/slurm/cgroup.conf <<EOF
+CgroupPlugin=cgroup/v2
+ConstrainCores=yes
+ConstrainRAMSpace=yes
+EOF
+echo "required /usr/lib/mpipause/mpipause_spank.so" >/etc/slurm/plugstack.conf
+install -d -o slurm -g slurm /var/lib/slurm/slurmctld
+install -d /var/lib/slurm/slurmd
+if [ "$k" = 0 ]; then
+	systemctl enable -q slurmctld
+	systemctl restart slurmctld
+else
+	systemctl disable -q slurmctld 2>/dev/null || true
+fi
+systemctl enable -q slurmd
+systemctl restart slurmd
+# slurmd is Type=simple: a refusal of its cgroup plugin shows only as its
+# exit, soon after the start; sinfo on node0 (slurm-check.sh) says the rest.
+t0=$SECONDS
+while [ $((SECONDS - t0)) -lt 5 ]; do
+	systemctl is-active -q slurmd || {
+		journalctl -u slurmd --no-pager -o cat -n 15 >&2
+		die "slurmd exited (above)"
+	}
+	sleep 1
+done
+say "munge, slurmd$([ "$k" = 0 ] && echo ", slurmctld") running: proctrack/cgroup, task/cgroup,task/affinity, cgroup/v2 ($hw)"

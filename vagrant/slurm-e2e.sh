@@ -1,0 +1,324 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# slurm-e2e.sh: mpipause under Slurm's own cgroup confinement, on the
+# Vagrant VMs after vagrant/provision-slurm.sh (proctrack/cgroup,
+# task/cgroup,task/affinity, cgroup/v2, ConstrainCores, ConstrainRAMSpace;
+# the SPANK plugin on). Runs on node0 as the MPI user (sudo for scontrol
+# and the kernel reads); vagrant/boot-check.sh --slurm runs it.
+#
+# For Open MPI (srun --mpi=pmix) and MPICH (srun --mpi=pmi2), a 3 x 2 job:
+# `scontrol suspend` pauses it (mpipause's state paused, every node's
+# connections empty in its own kernel), `scontrol resume` resumes it, twice;
+# every rank stays inside its Slurm job's cgroup at every step; the result
+# is the serial one. Then what Slurm does to a step, each compared with the
+# same step run with --mpipause=no: scancel, the time limit, a task over
+# its memory limit (Slurm's cgroup OOM-kills it), sstat's CPU count, and
+# --cpu-bind. One line per check, PASS or FAIL, then "N passed, N failed".
+#
+#   slurm-e2e.sh [--nodes N] [--pauses N] [--bin DIR] [--libs LIST]
+set -uo pipefail
+
+nodes=3 pauses=2 bin=/vagrant/bin libs=openmpi,mpich step_timeout=120
+usage() {
+	echo "usage: slurm-e2e.sh [--nodes N] [--pauses N] [--bin DIR] [--libs openmpi,mpich]" >&2
+	exit 2
+}
+while [ $# -gt 0 ]; do
+	case $1 in
+	--nodes | --pauses | --bin | --libs)
+		[ $# -ge 2 ] || usage
+		case $1 in
+		--nodes) nodes=$2 ;;
+		--pauses) pauses=$2 ;;
+		--bin) bin=$2 ;;
+		--libs) libs=$2 ;;
+		esac
+		shift 2
+		;;
+	*) usage ;;
+	esac
+done
+[[ $nodes =~ ^[1-9]$ && $pauses =~ ^[0-9]+$ ]] || usage
+here=$(cd "$(dirname "$0")" && pwd)
+ranks=$((nodes * 2))
+
+passed=0 failed=0
+pass() {
+	echo "PASS $*"
+	passed=$((passed + 1))
+}
+fail() {
+	echo "FAIL $*"
+	failed=$((failed + 1))
+}
+# on NODE CMD...: CMD on NODE (one kept ssh connection per node).
+on() {
+	local node=$1
+	shift
+	timeout -k 5 "$step_timeout" "$here/node-exec" -M "$node" "$@"
+}
+# until_ok CMD...: CMD every 0.5 s until it succeeds, at most the step
+# timeout; 2 from CMD ends the wait at once.
+until_ok() {
+	local t0=$SECONDS rc
+	while true; do
+		"$@" && return 0
+		rc=$?
+		if [ "$rc" -eq 2 ] || [ $((SECONDS - t0)) -ge "$step_timeout" ]; then
+			return 1
+		fi
+		sleep 0.5
+	done
+}
+
+idle() { [ "$(sinfo -h -N -o '%T' 2>/dev/null | grep -c '^idle$')" -ge "$nodes" ]; }
+if ! until_ok idle; then
+	fail "slurm: $(sinfo -h -N -o '%N %T' | tr '\n' ' ') (want $nodes nodes idle)"
+	echo "$passed passed, $failed failed"
+	exit 1
+fi
+pass "slurm: $nodes nodes idle; $(scontrol show config | awk '$1 ~ /^(ProctrackType|TaskPlugin)$/ { printf "%s=%s ", $1, $3 }')$(grep -h '^CgroupPlugin' /etc/slurm/cgroup.conf)"
+
+# state ID: mpipause's state of job ID, as its owner asks.
+state() { mpipause status --json "$1" 2>/dev/null | jq -r .state; }
+# job_state SLURMID: Slurm's state of the job.
+job_state() { scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
+# pids_on NODE: the test app's processes on NODE (one job's at a time),
+# found by name, not by Slurm, whose proctrack/cgroup would not list a rank
+# that left the job's cgroup.
+pids_on() { on "$1" pgrep -u "$(id -u)" -f "/apps/xchg[.]" 2>/dev/null | tr '\n' ' '; }
+# in_job_cgroups SLURMID: every rank on every node is inside Slurm's cgroup
+# of the job (/.../job_ID/): none taken out of it.
+in_job_cgroups() {
+	local id=$1 n p cg bad=''
+	for ((k = 0; k < nodes; k++)); do
+		n=node$k
+		for p in $(pids_on "$n"); do
+			cg=$(on "$n" cat "/proc/$p/cgroup" 2>/dev/null) || continue
+			case $cg in *"/job_$id/"*) ;; *) bad+=" $n:$p:${cg#0::}" ;; esac
+		done
+	done
+	[ -z "$bad" ] || {
+		echo "$bad"
+		return 1
+	}
+}
+# places ID: every node's cgroups of the job as mpid placed them.
+places() { mpipause status --json "$1" | jq -r '[.cgroups[]? | "\(.node):\(.placed)"] | unique | join(" ")'; }
+# empty_everywhere ID: each node's kernel sees the job's connections, all
+# empty (its own mpipause observe, by the cgroups its mpid names).
+empty_everywhere() {
+	local id=$1 n j args cg res out=''
+	for ((k = 0; k < nodes; k++)); do
+		n=node$k
+		args=()
+		for cg in $(on "$n" mpipause status --json "$id" | jq -r '.node as $n | .cgroups[]? | select(.node == $n) | .dir'); do
+			args+=(--cgroup "$cg")
+		done
+		[ ${#args[@]} -gt 0 ] || {
+			echo "$n names no cgroup of $id"
+			return 1
+		}
+		j=$(on "$n" sudo -n mpipause observe "${args[@]}" --json) || {
+			echo "$n: observe failed"
+			return 1
+		}
+		res=$(echo "$j" | jq -er 'select(.summary.connections > 0 and all(.connections[]; .send_queue_bytes == 0 and .unread_bytes == 0)) | .summary.connections') || {
+			echo "$n: $(echo "$j" | jq -c '[.connections[] | select(.send_queue_bytes > 0 or .unread_bytes > 0)] | length') connections hold bytes (or none seen)"
+			return 1
+		}
+		out+=" $n:$res"
+	done
+	echo "$out"
+}
+# sent0 ID: bytes the job's connections on node0 have sent (BPF counters).
+sent0() {
+	local args=() cg
+	for cg in $(mpipause status --json "$1" | jq -r '.node as $n | .cgroups[]? | select(.node == $n) | .dir'); do
+		args+=(--cgroup "$cg")
+	done
+	[ ${#args[@]} -gt 0 ] && sudo -n mpipause observe "${args[@]}" --json | jq '[.connections[] | .bytes_sent] | add // 0'
+}
+
+# srun_bg OUT ARGS...: srun in the background, its output to OUT; sets
+# srun_pid and, once Slurm has it, sid.
+srun_bg() {
+	local out=$1 name
+	shift
+	name=slurm-e2e-$$-$RANDOM
+	srun --job-name="$name" "$@" >"$out" 2>&1 &
+	srun_pid=$!
+	sid=''
+	got_id() { kill -0 "$srun_pid" 2>/dev/null || return 2; sid=$(squeue -h -n "$name" -o %i | head -1) && [ -n "$sid" ]; }
+	until_ok got_id
+}
+
+stop=$(mktemp -d /tmp/slurm-e2e.XXXXXX)
+# The job apps' stop directory must be on every node (xchg -E reads it on
+# rank 0's node, node0; the others only take it as an argument).
+for ((k = 1; k < nodes; k++)); do on "node$k" mkdir -p "$stop"; done
+trap 'scancel -u "$(id -u)" 2>/dev/null; rm -rf "$stop"' EXIT
+
+lib_run() {
+	local lib=$1 mpi pre=() out id i j t
+	case $lib in
+	openmpi) mpi=pmix ;;
+	mpich)
+		mpi=pmi2
+		pre=(--export="ALL,LD_PRELOAD=$bin/libucxfinalize.so")
+		;;
+	esac
+	out=$(mktemp)
+	rm -f "$stop/stop"
+	srun_bg "$out" -N"$nodes" -n"$ranks" -O --mpi="$mpi" "${pre[@]}" "$bin/apps/xchg.$lib" -m a2a -s 256K -n 100000000 -E "$stop" || {
+		fail "$lib: srun: $(tail -3 "$out" | tr '\n' ' ')"
+		return
+	}
+	id=$sid.0
+	registered() { kill -0 "$srun_pid" 2>/dev/null || return 2; mpipause status --json "$id" 2>/dev/null | jq -e --argjson r "$ranks" '.ranks == $r' >/dev/null; }
+	if ! until_ok registered; then
+		fail "$lib: job $sid: $ranks ranks never registered: $(tail -3 "$out" | tr '\n' ' ')"
+		return
+	fi
+	pass "$lib: job $sid (mpipause $id): $ranks ranks registered, placed $(places "$id")"
+	if ! j=$(in_job_cgroups "$sid"); then
+		fail "$lib: running: ranks outside Slurm's job cgroup:$j"
+		return
+	fi
+	local base now
+	exchanging() { base=$(sent0 "$id") && [ "$base" -gt 0 ]; }
+	until_ok exchanging || {
+		fail "$lib: no bytes exchanged"
+		return
+	}
+	for ((i = 1; i <= pauses; i++)); do
+		t=$SECONDS
+		sudo -n scontrol suspend "$sid" || {
+			fail "$lib: scontrol suspend $sid"
+			return
+		}
+		paused() { [ "$(state "$id")" = paused ]; }
+		if ! until_ok paused; then
+			fail "$lib: suspend $i: mpipause says $(state "$id"), Slurm $(job_state "$sid")"
+			return
+		fi
+		if ! j=$(empty_everywhere "$id"); then
+			fail "$lib: suspend $i: $j"
+			return
+		fi
+		if ! in_job_cgroups "$sid" >/dev/null; then
+			fail "$lib: suspend $i: ranks outside Slurm's job cgroup"
+			return
+		fi
+		pass "$lib: suspend $i: paused within $((SECONDS - t)) s, Slurm $(job_state "$sid"); connections empty on$j; ranks in Slurm's job cgroup"
+		base=$(sent0 "$id")
+		sudo -n scontrol resume "$sid" || {
+			fail "$lib: scontrol resume $sid"
+			return
+		}
+		moved() { [ "$(state "$id")" = running ] && now=$(sent0 "$id") && [ "$now" -gt "$base" ]; }
+		if ! until_ok moved; then
+			fail "$lib: resume $i: mpipause says $(state "$id"), Slurm $(job_state "$sid"), no new bytes"
+			return
+		fi
+		pass "$lib: resume $i: running and exchanging, Slurm $(job_state "$sid")"
+	done
+	touch "$stop/stop"
+	wait "$srun_pid"
+	local rc=$? got want iters
+	got=$(grep -m1 '^xchg mode=' "$out")
+	iters=$(echo "$got" | sed -n 's/.* iters=\([0-9]*\) .*/\1/p')
+	want=$("$bin/apps/xchg.$lib" -m a2a -s 256K -n "${iters:-0}" -x "$ranks")
+	if [ "$rc" != 0 ] || [ -z "$got" ] || [ "$got" != "$want" ]; then
+		fail "$lib: end: exit $rc, '$got', an unpaused (serial) run '$want'"
+		return
+	fi
+	pass "$lib: end: exit 0, the same result as an unpaused run ($iters iterations)"
+	rm -f "$out"
+}
+
+IFS=, read -r -a lib_list <<<"$libs"
+for l in "${lib_list[@]}"; do lib_run "$l"; done
+
+# What Slurm does to a step, with mpipause and without (--mpipause=no).
+# outcome SRUN-ARGS...: "JobState exit" of a one-task step of the job.
+outcome() {
+	local out
+	out=$(mktemp)
+	srun_bg "$out" "$@" || {
+		echo "no job: $(tail -2 "$out" | tr '\n' ' ')"
+		return
+	}
+	wait "$srun_pid"
+	local rc=$?
+	echo "$(job_state "$sid") exit=$rc"
+	rm -f "$out"
+}
+for c in "scancel" "time limit" "memory limit"; do
+	case $c in
+	scancel)
+		args=(-N"$nodes" -n"$ranks" -O --mpi=pmix "$bin/apps/xchg.openmpi" -m a2a -s 64K -n 100000000)
+		;;
+	"time limit") args=(-t 1 -N1 -n1 sleep 600) ;;
+	"memory limit") args=(--mem=64M -N1 -n1 awk 'BEGIN { s = "x"; for (i = 0; i < 40; i++) s = s s; print length(s) }') ;;
+	esac
+	got=()
+	for p in yes no; do
+		if [ "$c" = scancel ]; then
+			out=$(mktemp)
+			srun_bg "$out" --mpipause=$p "${args[@]}" || {
+				got+=("no job")
+				continue
+			}
+			if [ $p = yes ]; then
+				reg() { kill -0 "$srun_pid" 2>/dev/null || return 2; mpipause status --json "$sid.0" 2>/dev/null | jq -e --argjson r "$ranks" '.ranks == $r' >/dev/null; }
+				until_ok reg
+			else
+				started() { kill -0 "$srun_pid" 2>/dev/null || return 2; [ "$(for ((k = 0; k < nodes; k++)); do pids_on "node$k"; done | wc -w)" -ge "$ranks" ]; }
+				until_ok started
+			fi
+			scancel "$sid"
+			wait "$srun_pid"
+			got+=("$(job_state "$sid") left=$(for ((k = 0; k < nodes; k++)); do pids_on "node$k"; done | wc -w)")
+			rm -f "$out"
+		else
+			got+=("$(outcome --mpipause=$p "${args[@]}")")
+		fi
+	done
+	if [ "${got[0]}" = "${got[1]}" ]; then
+		pass "$c: with mpipause as without: ${got[0]}"
+	else
+		fail "$c: with mpipause '${got[0]}', without '${got[1]}'"
+	fi
+done
+
+# sstat counts the CPU of a running step's tasks, and --cpu-bind binds them,
+# the same with mpipause as without.
+declare -A acct bind
+for p in yes no; do
+	out=$(mktemp)
+	# shellcheck disable=SC2016 # the task's shell expands them
+	srun_bg "$out" --mpipause=$p --cpu-bind=cores -N1 -n1 sh -c 'grep Cpus_allowed_list /proc/self/status; i=0; while [ $i -lt 3000000 ]; do i=$((i+1)); done; echo done'
+	cpu() { [ "$(sstat -n -P -j "$sid.0" -o TotalCPU 2>/dev/null | head -1 | tr -d ' ')" != "" ] && [ "$(sstat -n -P -j "$sid.0" -o AveCPU | head -1)" != 00:00:00 ]; }
+	if until_ok cpu; then
+		acct[$p]="sstat AveCPU $(sstat -n -P -j "$sid.0" -o AveCPU | head -1)"
+	else
+		acct[$p]="sstat counts nothing"
+	fi
+	wait "$srun_pid"
+	bind[$p]=$(grep -m1 Cpus_allowed_list "$out" | tr -s '\t ' ' ')
+	rm -f "$out"
+done
+if [[ ${acct[yes]} == "sstat AveCPU"* && ${acct[no]} == "sstat AveCPU"* ]]; then
+	pass "sstat: counts the step's CPU with mpipause (${acct[yes]#sstat }) as without (${acct[no]#sstat })"
+else
+	fail "sstat: with mpipause '${acct[yes]}', without '${acct[no]}'"
+fi
+if [ -n "${bind[yes]}" ] && [ "${bind[yes]}" = "${bind[no]}" ]; then
+	pass "--cpu-bind=cores: with mpipause as without (${bind[yes]})"
+else
+	fail "--cpu-bind=cores: with mpipause '${bind[yes]}', without '${bind[no]}'"
+fi
+
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]

@@ -4,11 +4,9 @@ import (
 	"context"
 	"errors"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 
 	"github.com/cilium/ebpf"
@@ -344,31 +342,7 @@ func TestSockDiagWatchSet(t *testing.T) {
 // following the tree goes past it and still finds its domain's processes'
 // namespaces, as it once did not with a VM on the node.
 func TestJobNetnsAcrossThreaded(t *testing.T) {
-	testutil.RequirePrivileged(t)
-	dom := testutil.NewCgroup(t)
-	threaded := filepath.Join(dom, "emulator")
-	if err := cgroupv2.Create(threaded); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cgroupv2.RemoveEmpty(threaded); err != nil {
-			t.Error(err)
-		}
-	})
-	if err := os.WriteFile(filepath.Join(threaded, "cgroup.type"), []byte("threaded"), 0); err != nil {
-		t.Fatal(err)
-	}
-	sleeper := exec.Command("sleep", "60")
-	fd, err := os.Open(dom)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fd.Close()
-	sleeper.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(fd.Fd())}
-	if err := sleeper.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sleeper.Process.Kill(); sleeper.Wait() })
+	dom, _ := testutil.NewThreadedCgroup(t)
 	ns, _, err := jobNetns([]string{dom})
 	if err != nil {
 		t.Fatalf("follow a tree with a threaded cgroup: %v", err)

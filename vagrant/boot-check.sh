@@ -194,10 +194,11 @@ for ((k = 0; k < nodes; k++)); do check_node "$k"; done
 if [ $e2e = 1 ]; then
 	say "the cluster e2e on ${all[*]}: vagrant/e2e.sh ${e2e_args[*]}"
 	t=$SECONDS
-	# Its lines as they come, with this check's seconds: a slow step shows.
+	# Its lines as they come, with this check's seconds: a slow step shows
+	# (no tr in the pipe: it would hold them back in its buffer).
 	# With pipefail, the pipeline's status is e2e.sh's.
-	if "$here/e2e.sh" --nodes "$nodes" "${e2e_args[@]}" 2>&1 | tr -d '\r' | while IFS= read -r line; do
-		printf '    [%ss] %s\n' "$SECONDS" "$line"
+	if "$here/e2e.sh" --nodes "$nodes" "${e2e_args[@]}" 2>&1 | while IFS= read -r line; do
+		printf '    [%ss] %s\n' "$SECONDS" "${line%$'\r'}"
 	done; then
 		rc=0
 	else

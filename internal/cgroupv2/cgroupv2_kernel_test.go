@@ -133,37 +133,14 @@ func TestPathOf(t *testing.T) {
 // VM's emulator and vCPU threads in ones) refuses cgroup.procs; its
 // processes are its threaded domain's, and Members lists them from there.
 func TestMembersAcrossThreaded(t *testing.T) {
-	dom := testutil.NewCgroup(t)
-	threaded := filepath.Join(dom, "emulator")
-	if err := cgroupv2.Create(threaded); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := cgroupv2.RemoveEmpty(threaded); err != nil {
-			t.Error(err)
-		}
-	})
-	if err := os.WriteFile(filepath.Join(threaded, "cgroup.type"), []byte("threaded"), 0); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cgroupv2.Procs(threaded); !errors.Is(err, syscall.EOPNOTSUPP) {
+	dom, pid := testutil.NewThreadedCgroup(t)
+	if _, err := cgroupv2.Procs(filepath.Join(dom, "emulator")); !errors.Is(err, syscall.EOPNOTSUPP) {
 		t.Fatalf("cgroup.procs of a threaded cgroup: %v, want EOPNOTSUPP (the case this test is for)", err)
 	}
-	sleeper := exec.Command("sleep", "60")
-	fd, err := os.Open(dom)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fd.Close()
-	sleeper.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(fd.Fd())}
-	if err := sleeper.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { sleeper.Process.Kill(); sleeper.Wait() })
 	for _, dir := range []string{dom, filepath.Dir(dom)} {
 		pids, err := cgroupv2.Members(dir)
-		if err != nil || !slices.Contains(pids, sleeper.Process.Pid) {
-			t.Errorf("Members(%s) = %v, %v; want the sleeper's pid %d", dir, pids, err, sleeper.Process.Pid)
+		if err != nil || !slices.Contains(pids, pid) {
+			t.Errorf("Members(%s) = %v, %v; want the sleeper's pid %d", dir, pids, err, pid)
 		}
 	}
 }

@@ -256,7 +256,13 @@ func (s *Server) handshake(c *net.UnixConn) {
 		if s.left[r.JobKey()] == nil {
 			s.left[r.JobKey()] = map[int]Departed{}
 		}
-		s.left[r.JobKey()][r.Rank] = Departed{Rank: r.Rank, Pid: r.Pid}
+		// A job's own process can register under any rank number and hang
+		// up, again and again: as many departures are kept as one uid may
+		// have ranks registered, no more. A rank past that is still found
+		// gone by the registry's count and the kernel (internal/node).
+		if l := s.left[r.JobKey()]; len(l) < cmp.Or(s.MaxPerUID, MaxRanksPerUID) {
+			l[r.Rank] = Departed{Rank: r.Rank, Pid: r.Pid}
+		}
 	}
 	s.notifyLocked()
 	s.mu.Unlock()

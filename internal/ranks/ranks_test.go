@@ -633,3 +633,25 @@ func TestLeft(t *testing.T) {
 		t.Errorf("Left %v after Forget", l)
 	}
 }
+
+// TestLeftBounded: a job's process that registers under rank after rank
+// and hangs up each time makes mpid keep no more departures than a uid may
+// have ranks registered.
+func TestLeftBounded(t *testing.T) {
+	s, addr, ctx := serving(t)
+	s.MaxPerUID = 3
+	key := JobKey(uint32(os.Getuid()), "j")
+	for rank := range 6 {
+		c := fakeShim(t, addr, fmt.Sprintf("HELLO 2 job=j rank=%d size=1000000 pid=%d host=h key=k\n", rank, os.Getpid()))
+		if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == 1 }); err != nil {
+			t.Fatal(err)
+		}
+		c.Close()
+		if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == 0 }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if l := s.Left(key); len(l) != 3 {
+		t.Errorf("Left keeps %d departures (%v); want the bound, 3", len(l), l)
+	}
+}

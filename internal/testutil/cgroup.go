@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"syscall"
 	"testing"
@@ -60,4 +61,38 @@ func KillTree(dir string) {
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
+}
+
+// NewThreadedCgroup is NewCgroup with a threaded cgroup below it, as
+// libvirt makes one for each VM's emulator and vCPU threads (its
+// cgroup.procs refuses reads), and a sleeping process in the domain above
+// it; it returns the domain and the sleeper's pid. Every walk of a node's
+// cgroups must go past such a cgroup.
+func NewThreadedCgroup(tb testing.TB) (dom string, pid int) {
+	tb.Helper()
+	dom = NewCgroup(tb)
+	threaded := filepath.Join(dom, "emulator")
+	if err := cgroupv2.Create(threaded); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() {
+		if err := cgroupv2.RemoveEmpty(threaded); err != nil {
+			tb.Error(err)
+		}
+	})
+	if err := os.WriteFile(filepath.Join(threaded, "cgroup.type"), []byte("threaded"), 0); err != nil {
+		tb.Fatal(err)
+	}
+	fd, err := os.Open(dom)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer fd.Close()
+	sleeper := exec.Command("sleep", "600")
+	sleeper.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(fd.Fd())}
+	if err := sleeper.Start(); err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { sleeper.Process.Kill(); sleeper.Wait() })
+	return dom, sleeper.Process.Pid
 }

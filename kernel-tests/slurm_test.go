@@ -246,6 +246,20 @@ func testSlurmPlugin(ctx context.Context, t *testing.T, slurm *slurmCluster, plu
 	if id == "" || id != step || !strings.HasSuffix(preload, ":"+shim) && preload != shim {
 		t.Errorf("a step's task has MPIPAUSE_JOBID %q (want %q) and LD_PRELOAD %q (want the shim last): %s", id, step, preload, out)
 	}
+	// A step of a user who is not root: slurmstepd runs the plugin's
+	// user_init with that user's privileges, and mpid gives another user's
+	// job key to root alone (the plugin asks in init_post_opt, as root).
+	// srun reads slurm.conf and reaches munge as that user.
+	for _, d := range []string{filepath.Dir(slurm.dir), slurm.dir, filepath.Join(slurm.dir, "munge")} {
+		if err := os.Chmod(d, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	out, err = slurm.run(ctx, "setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups", "--",
+		"srun", "-N1", "-n1", "--chdir=/tmp", "sh", "-c", `echo "uid=$(id -u) key=$MPIPAUSE_JOBKEY preload=$LD_PRELOAD"`)
+	if err != nil || !strings.Contains(out, "uid=65534 key=") || strings.Contains(out, "key= ") || !strings.Contains(out, shim) {
+		t.Errorf("a step of nobody's: want the job key and the shim in its task's environment, got (%v): %s", err, out)
+	}
 	if out, err := env("--mpipause=no"); err != nil || !strings.Contains(out, "id= ") || strings.Contains(out, shim) {
 		t.Errorf("srun --mpipause=no: the task still has mpipause's environment (%v): %s", err, out)
 	}

@@ -167,6 +167,26 @@ static int preload_with(const char *have, char *out, size_t n)
 
 static int job_key(spank_t sp, const char *id, char *key, size_t n);
 
+// step_key is the step's job key (step_key_ok 1), or why there is none
+// (-1); asked of mpid in slurm_spank_init_post_opt, which slurmstepd runs
+// as root. slurm_spank_user_init runs with the step's user's privileges,
+// and mpid gives a job key for another user's step to root alone: asked
+// from there, every step of a user but root ran without mpipause.
+static char step_key[512];
+static int step_key_ok;
+
+int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
+{
+	(void)ac;
+	(void)av;
+	char id[IDLEN];
+
+	if (!spank_remote(sp) || !wanted(sp, id, sizeof(id)) || access(shim, R_OK) != 0)
+		return 0;
+	step_key_ok = job_key(sp, id, step_key, sizeof(step_key)) < 0 ? -1 : 1;
+	return 0;
+}
+
 int slurm_spank_user_init(spank_t sp, int ac, char **av)
 {
 	(void)ac;
@@ -187,11 +207,12 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 		slurm_error("mpipause: LD_PRELOAD of step %s is too long to add the shim to", id);
 		return 0;
 	}
-	char key[512];
-	if (job_key(sp, id, key, sizeof(key)) < 0) {
-		slurm_error("mpipause: step %s runs without mpipause and cannot be paused cleanly: %s", id, key);
+	if (step_key_ok != 1) {
+		slurm_error("mpipause: step %s runs without mpipause and cannot be paused cleanly: %s", id,
+			    step_key_ok ? step_key : "no job key (slurm_spank_init_post_opt did not ask mpid)");
 		return 0;
 	}
+	const char *key = step_key;
 	if (spank_setenv(sp, "LD_PRELOAD", pre, 1) != ESPANK_SUCCESS ||
 	    spank_setenv(sp, "MPIPAUSE_JOBID", id, 1) != ESPANK_SUCCESS ||
 	    spank_setenv(sp, "MPIPAUSE_JOBKEY", key, 1) != ESPANK_SUCCESS) {

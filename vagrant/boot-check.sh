@@ -217,8 +217,8 @@ if [ $slurm = 1 ]; then
 	say "Slurm provisioned in $((SECONDS - t)) s:"
 	grep 'provision-slurm node' "$log" | sed 's/^/    /'
 	t=$SECONDS
-	if vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/slurm-e2e.sh --nodes $nodes" 2>&1 | tr -d '\r' | while IFS= read -r line; do
-		printf '    [%ss] %s\n' "$SECONDS" "$line"
+	if vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/slurm-e2e.sh --nodes $nodes" 2>&1 | while IFS= read -r line; do
+		printf '    [%ss] %s\n' "$SECONDS" "${line%$'\r'}"
 	done; then
 		rc=0
 	else

@@ -238,7 +238,12 @@ lib_run() {
 }
 
 IFS=, read -r -a lib_list <<<"$libs"
-for l in "${lib_list[@]}"; do lib_run "$l"; done
+for l in "${lib_list[@]}"; do
+	lib_run "$l"
+	# A run that failed leaves its job: it would hold the nodes.
+	scancel -u "$(id -u)" 2>/dev/null
+	[ -z "${srun_pid:-}" ] || wait "$srun_pid" 2>/dev/null
+done
 
 # What Slurm does to a step, with mpipause and without (--mpipause=no).
 # outcome SRUN-ARGS...: "JobState exit" of a one-task step of the job.

@@ -86,7 +86,8 @@ job_state() { scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]
 # pids_on NODE: the test app's processes on NODE (one job's at a time),
 # found by name, not by Slurm, whose proctrack/cgroup would not list a rank
 # that left the job's cgroup.
-pids_on() { on "$1" pgrep -u "$(id -u)" -f "/apps/xchg[.]" 2>/dev/null | tr '\n' ' '; }
+# The command must start with the app: srun's own command line names it too.
+pids_on() { on "$1" pgrep -u "$(id -u)" -f "^[^ ]*/apps/xchg[.]" 2>/dev/null | tr '\n' ' '; }
 # in_job_cgroups SLURMID: every rank on every node is inside Slurm's cgroup
 # of the job (/.../job_ID/): none taken out of it.
 in_job_cgroups() {

@@ -83,6 +83,15 @@ pass "slurm: $nodes nodes idle; $(scontrol show config | awk '$1 ~ /^(ProctrackT
 state() { mpipause status --json "$1" 2>/dev/null | jq -r .state; }
 # job_state SLURMID: Slurm's state of the job.
 job_state() { scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
+# end_state SLURMID: the state the job ended in, once it has left
+# COMPLETING (srun may return before: the state read then is a race).
+end_state() {
+	local st
+	# shellcheck disable=SC2317 # called through until_ok
+	ended() { st=$(job_state "$1") && case $st in COMPLETING | RUNNING | PENDING | CONFIGURING | SUSPENDED | "") false ;; esac; }
+	until_ok ended "$1"
+	echo "$st"
+}
 # pids_on NODE: the test app's processes on NODE (one job's at a time),
 # found by name, not by Slurm, whose proctrack/cgroup would not list a rank
 # that left the job's cgroup.
@@ -257,7 +266,7 @@ outcome() {
 	}
 	wait "$srun_pid"
 	local rc=$?
-	echo "$(job_state "$sid") exit=$rc"
+	echo "$(end_state "$sid") exit=$rc"
 	rm -f "$out"
 }
 for c in "scancel" "time limit" "memory limit"; do
@@ -285,7 +294,7 @@ for c in "scancel" "time limit" "memory limit"; do
 			fi
 			scancel "$sid"
 			wait "$srun_pid"
-			got+=("$(job_state "$sid") left=$(for ((k = 0; k < nodes; k++)); do pids_on "node$k"; done | wc -w)")
+			got+=("$(end_state "$sid") left=$(for ((k = 0; k < nodes; k++)); do pids_on "node$k"; done | wc -w)")
 			rm -f "$out"
 		else
 			got+=("$(outcome --mpipause=$p "${args[@]}")")

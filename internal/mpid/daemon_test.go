@@ -352,17 +352,7 @@ func (n *testNode) ask(t *testing.T, op, job string) ctl.Reply {
 // every rank, freezes every node's job cgroup and commits; a resume thaws
 // and reopens everything. No privilege, no kernel: milliseconds.
 func TestPauseInProcess(t *testing.T) {
-	k := testKeys(t)
-	mem := quiesce.NewMemNetwork(1, quiesce.Faults{})
-	defer mem.Close()
-	var nodes []*testNode
-	for _, name := range []string{"node0", "node1", "node2"} {
-		nodes = append(nodes, startNode(t, name, mem, k))
-	}
-	created := nodes[0].ask(t, ctl.OpCreate, "j1")
-	if created.Err != nil || created.Token == "" {
-		t.Fatalf("create: %+v", created)
-	}
+	nodes, mem, created := startThree(t)
 	var shims []*testShim
 	for i, n := range nodes {
 		shims = append(shims, n.rank(t, "j1", created.Token, i, 3))
@@ -413,17 +403,7 @@ func TestPauseInProcess(t *testing.T) {
 // drain deadline (or as "only 5 of the job's 6 ranks") as when the node
 // knew only the ranks still registered.
 func TestPauseRankLeftBeforePrepare(t *testing.T) {
-	k := testKeys(t)
-	mem := quiesce.NewMemNetwork(1, quiesce.Faults{})
-	defer mem.Close()
-	var nodes []*testNode
-	for _, name := range []string{"node0", "node1", "node2"} {
-		nodes = append(nodes, startNode(t, name, mem, k))
-	}
-	created := nodes[0].ask(t, ctl.OpCreate, "j1")
-	if created.Err != nil || created.Token == "" {
-		t.Fatalf("create: %+v", created)
-	}
+	nodes, mem, created := startThree(t)
 	var shims []*testShim
 	for i, n := range nodes {
 		for r := 2 * i; r < 2*i+2; r++ {
@@ -452,6 +432,25 @@ func TestPauseRankLeftBeforePrepare(t *testing.T) {
 }
 
 // waitNodes waits for coord to list nodes (comma-separated) as job's.
+// startThree starts three in-process mpids, node0..node2, on one
+// in-memory network, and has node0 create job j1 (what `mpipause run`
+// does there): the nodes, their network and the creation's reply.
+func startThree(t *testing.T) ([]*testNode, *quiesce.MemNetwork, ctl.Reply) {
+	t.Helper()
+	k := testKeys(t)
+	mem := quiesce.NewMemNetwork(1, quiesce.Faults{})
+	t.Cleanup(mem.Close)
+	var nodes []*testNode
+	for _, name := range []string{"node0", "node1", "node2"} {
+		nodes = append(nodes, startNode(t, name, mem, k))
+	}
+	created := nodes[0].ask(t, ctl.OpCreate, "j1")
+	if created.Err != nil || created.Token == "" {
+		t.Fatalf("create: %+v", created)
+	}
+	return nodes, mem, created
+}
+
 func waitNodes(t *testing.T, mem *quiesce.MemNetwork, coord *testNode, job, nodes string) {
 	t.Helper()
 	for deadline := time.Now().Add(10 * time.Second); ; {

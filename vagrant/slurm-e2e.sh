@@ -10,10 +10,12 @@
 # `scontrol suspend` pauses it (mpipause's state paused, every node's
 # connections empty in its own kernel), `scontrol resume` resumes it, twice;
 # every rank stays inside its Slurm job's cgroup at every step; the result
-# is the serial one. Then what Slurm does to a step, each compared with the
-# same step run with --mpipause=no: scancel, the time limit, a task over
-# its memory limit (Slurm's cgroup OOM-kills it), sstat's CPU count, and
-# --cpu-bind. One line per check, PASS or FAIL, then "N passed, N failed".
+# is the serial one. The same for the first library's job suspended by
+# preemption (PreemptMode=SUSPEND,GANG: a job of partition high takes the
+# nodes, ends, and Slurm resumes the job). Then what Slurm does to a step,
+# each compared with the same step run with --mpipause=no: scancel, the
+# time limit, a task over its memory limit (Slurm's cgroup OOM-kills it),
+# sstat's and sacct's CPU counts, and --cpu-bind. One line per check, PASS or FAIL, then "N passed, N failed".
 #
 #   slurm-e2e.sh [--nodes N] [--pauses N] [--bin DIR] [--libs LIST]
 set -uo pipefail
@@ -169,8 +171,11 @@ stop=$(mktemp -d /tmp/slurm-e2e.XXXXXX)
 for ((k = 1; k < nodes; k++)); do on "node$k" mkdir -p "$stop"; done
 trap 'scancel -u "$(id -u)" 2>/dev/null; rm -rf "$stop"' EXIT
 
+# lib_run LIB [HOW]: LIB's 3 x 2 job suspended and resumed, HOW scontrol
+# (scontrol suspend and resume, --pauses times) or preempt (a job of the
+# higher-priority partition takes the nodes, once, and ends).
 lib_run() {
-	local lib=$1 mpi pre=() out id i j t
+	local lib=$1 how=${2:-scontrol} mpi pre=() out id i j t n=$pauses what=suspend
 	case $lib in
 	openmpi) mpi=pmix ;;
 	mpich)
@@ -180,7 +185,8 @@ lib_run() {
 	esac
 	out=$(mktemp)
 	rm -f "$stop/stop"
-	srun_bg "$out" -N"$nodes" -n"$ranks" -O --mpi="$mpi" "${pre[@]}" "$bin/apps/xchg.$lib" -m a2a -s 256K -n 100000000 -E "$stop" || {
+	[ "$how" = scontrol ] || n=1 what=preempt
+	srun_bg "$out" -N"$nodes" -n"$ranks" -O --mem=400M --mpi="$mpi" "${pre[@]}" "$bin/apps/xchg.$lib" -m a2a -s 256K -n 100000000 -E "$stop" || {
 		fail "$lib: srun: $(tail -3 "$out" | tr '\n' ' ')"
 		return
 	}
@@ -201,37 +207,50 @@ lib_run() {
 		fail "$lib: no bytes exchanged"
 		return
 	}
-	for ((i = 1; i <= pauses; i++)); do
+	local high high_pid hout
+	for ((i = 1; i <= n; i++)); do
 		t=$SECONDS
-		sudo -n scontrol suspend "$sid" || {
+		if [ "$how" = preempt ]; then
+			hout=$(mktemp)
+			high=slurm-e2e-high-$$-$i
+			srun -p high --job-name="$high" --mpipause=no -N"$nodes" -n"$nodes" sleep 20 >"$hout" 2>&1 &
+			high_pid=$!
+		elif ! sudo -n scontrol suspend "$sid"; then
 			fail "$lib: scontrol suspend $sid"
 			return
-		}
+		fi
 		paused() { [ "$(state "$id")" = paused ]; }
 		if ! until_ok paused; then
-			fail "$lib: suspend $i: mpipause says $(state "$id"), Slurm $(job_state "$sid")"
+			fail "$lib: $what $i: mpipause says $(state "$id"), Slurm $(job_state "$sid")"
 			return
 		fi
 		if ! j=$(empty_everywhere "$id"); then
-			fail "$lib: suspend $i: $j"
+			fail "$lib: $what $i: $j"
 			return
 		fi
 		if ! in_job_cgroups "$sid" >/dev/null; then
-			fail "$lib: suspend $i: ranks outside Slurm's job cgroup"
+			fail "$lib: $what $i: ranks outside Slurm's job cgroup"
 			return
 		fi
-		pass "$lib: suspend $i: paused within $((SECONDS - t)) s, Slurm $(job_state "$sid"); connections empty on$j; ranks in Slurm's job cgroup"
+		pass "$lib: $what $i: paused within $((SECONDS - t)) s, Slurm $(job_state "$sid"); connections empty on$j; ranks in Slurm's job cgroup"
 		base=$(sent0 "$id")
-		sudo -n scontrol resume "$sid" || {
+		if [ "$how" = preempt ]; then
+			# The resume is Slurm's, when the preempting job ends.
+			if ! wait "$high_pid"; then
+				fail "$lib: preempt $i: the high-priority job failed: $(tail -2 "$hout" | tr '\n' ' ')"
+				return
+			fi
+			rm -f "$hout"
+		elif ! sudo -n scontrol resume "$sid"; then
 			fail "$lib: scontrol resume $sid"
 			return
-		}
+		fi
 		moved() { [ "$(state "$id")" = running ] && now=$(sent0 "$id") && [ "$now" -gt "$base" ]; }
 		if ! until_ok moved; then
-			fail "$lib: resume $i: mpipause says $(state "$id"), Slurm $(job_state "$sid"), no new bytes"
+			fail "$lib: $what $i: resume: mpipause says $(state "$id"), Slurm $(job_state "$sid"), no new bytes"
 			return
 		fi
-		pass "$lib: resume $i: running and exchanging, Slurm $(job_state "$sid")"
+		pass "$lib: $what $i: resumed: running and exchanging, Slurm $(job_state "$sid")"
 	done
 	touch "$stop/stop"
 	wait "$srun_pid"
@@ -248,8 +267,9 @@ lib_run() {
 }
 
 IFS=, read -r -a lib_list <<<"$libs"
-for l in "${lib_list[@]}"; do
-	lib_run "$l"
+for l in "${lib_list[@]}" "${lib_list[0]} preempt"; do
+	# shellcheck disable=SC2086 # LIB [HOW]
+	lib_run $l
 	# A run that failed leaves its job: it would hold the nodes.
 	scancel -u "$(id -u)" 2>/dev/null
 	[ -z "${srun_pid:-}" ] || wait "$srun_pid" 2>/dev/null
@@ -307,27 +327,36 @@ for c in "scancel" "time limit" "memory limit"; do
 	fi
 done
 
-# sstat counts the CPU of a running step's tasks, and --cpu-bind binds them,
-# the same with mpipause as without.
-declare -A acct bind
+# sstat counts the CPU of a running step's tasks, sacct the finished
+# step's, and --cpu-bind binds them: the same with mpipause as without.
+# The task spins for 20 s of its wall clock (sh's loop, on a node's one CPU).
+declare -A live total bind
+secs() { awk -F'[:.-]' '{ s = 0; for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+$/) s = s * 60 + $i; print s }' <<<"${1%.*}"; }
 for p in yes no; do
 	out=$(mktemp)
 	# shellcheck disable=SC2016 # the task's shell expands them
-	srun_bg "$out" --mpipause=$p --cpu-bind=cores -N1 -n1 sh -c 'grep Cpus_allowed_list /proc/self/status; i=0; while [ $i -lt 3000000 ]; do i=$((i+1)); done; echo done'
-	cpu() { [ "$(sstat -n -P -j "$sid.0" -o TotalCPU 2>/dev/null | head -1 | tr -d ' ')" != "" ] && [ "$(sstat -n -P -j "$sid.0" -o AveCPU | head -1)" != 00:00:00 ]; }
-	if until_ok cpu; then
-		acct[$p]="sstat AveCPU $(sstat -n -P -j "$sid.0" -o AveCPU | head -1)"
-	else
-		acct[$p]="sstat counts nothing"
-	fi
+	srun_bg "$out" --mpipause=$p --cpu-bind=cores -N1 -n1 sh -c 'grep Cpus_allowed_list /proc/self/status; timeout 20 sh -c "while :; do :; done"; echo done'
+	ave=''
+	counting() { kill -0 "$srun_pid" 2>/dev/null || return 2; ave=$(sstat -n -P -j "$sid.0" -o AveCPU 2>/dev/null | head -1) && [ -n "$ave" ] && [ "$(secs "$ave")" -gt 0 ]; }
+	if until_ok counting; then live[$p]="AveCPU $ave"; else live[$p]="nothing (${ave:-no line})"; fi
 	wait "$srun_pid"
 	bind[$p]=$(grep -m1 Cpus_allowed_list "$out" | tr -s '\t ' ' ')
+	cpu=''
+	stored() { cpu=$(sacct -n -P -j "$sid.0" -o TotalCPU,State 2>/dev/null | head -1) && [[ $cpu == *"|COMPLETED" ]] && [ "$(secs "${cpu%%|*}")" -gt 0 ]; }
+	if until_ok stored; then total[$p]=$(secs "${cpu%%|*}"); else total[$p]="nothing (${cpu:-no line})"; fi
 	rm -f "$out"
 done
-if [[ ${acct[yes]} == "sstat AveCPU"* && ${acct[no]} == "sstat AveCPU"* ]]; then
-	pass "sstat: counts the step's CPU with mpipause (${acct[yes]#sstat }) as without (${acct[no]#sstat })"
+if [[ ${live[yes]} == AveCPU* && ${live[no]} == AveCPU* ]]; then
+	pass "sstat: counts the running step's CPU with mpipause (${live[yes]}) as without (${live[no]})"
 else
-	fail "sstat: with mpipause '${acct[yes]}', without '${acct[no]}'"
+	fail "sstat: with mpipause '${live[yes]}', without '${live[no]}'"
+fi
+# Both spun for 20 s: each must have most of it (the VM's CPU is the
+# host's, shared; half is far from a task left uncounted).
+if [[ ${total[yes]} =~ ^[0-9]+$ && ${total[no]} =~ ^[0-9]+$ ]] && [ "${total[yes]}" -ge 10 ] && [ "${total[no]}" -ge 10 ]; then
+	pass "sacct: TotalCPU of the 20 s spin ${total[yes]} s with mpipause, ${total[no]} s without"
+else
+	fail "sacct: TotalCPU with mpipause '${total[yes]}', without '${total[no]}' (want 10 s or more of the 20 s spin)"
 fi
 if [ -n "${bind[yes]}" ] && [ "${bind[yes]}" = "${bind[no]}" ]; then
 	pass "--cpu-bind=cores: with mpipause as without (${bind[yes]})"

@@ -465,6 +465,9 @@ func runTrial(ctx context.Context, t *testing.T, obs loader.Observer, tr *trial)
 			return false
 		}
 	})
+	if !reached && tr.injected {
+		where = "set up before the pause; drawn: " + where
+	}
 	if !reached && !tr.injected {
 		t.Fatalf("%s: the pause ended before %s's mpid reached %s (%s): were the rig's mpids the test build (%s) started with %s set?\n%s",
 			tr.row.name, node, tr.phase, where, testMPID, "MPIPAUSE_FAILPOINTS", tr.pause.out.String())

@@ -90,6 +90,16 @@ type trial struct {
 	injected bool
 	// cleanup runs once the trial is judged (unmount a filesystem, ...).
 	cleanup func()
+	// choices are the random choices the trial made, in the order drawn:
+	// a replay (MPIPAUSE_FAULT_SEED) prints the same.
+	choices []string
+}
+
+// intn draws from the trial's seed and notes the draw as what.
+func (tr *trial) intn(n int, what string) int {
+	v := tr.rng.IntN(n)
+	tr.choices = append(tr.choices, fmt.Sprintf("%s %d", what, v))
+	return v
 }
 
 type cell struct{ trials, rolled, completed, stuck, wrong int }
@@ -252,7 +262,7 @@ func TestFaultTable(t *testing.T) {
 				}
 				replays = append(replays, replay+"   # "+out)
 			}
-			t.Logf("faults: %-28s %-7s trial %d (%s, seed %d): %s%s", row.name, phase, k+1, lib.name, trialSeed, out, why)
+			t.Logf("faults: %-28s %-7s trial %d (%s, seed %d, drew %s): %s%s", row.name, phase, k+1, lib.name, trialSeed, strings.Join(tr.choices, ", "), out, why)
 			if out == outStuck {
 				// Nothing more can be learnt from this job.
 				t.Errorf("%s in %s: stuck%s", row.name, phase, why)
@@ -427,7 +437,7 @@ func faultRows(bin string) []faultRow {
 func runTrial(ctx context.Context, t *testing.T, obs loader.Observer, tr *trial) (string, string) {
 	t.Helper()
 	node := fmt.Sprintf("node%d", tr.row.node)
-	where := []string{"before", "after"}[tr.rng.IntN(2)]
+	where := []string{"before", "after"}[tr.intn(2, "after")]
 	if tr.row.where != "" {
 		where = tr.row.where
 	}
@@ -475,7 +485,7 @@ func runTrial(ctx context.Context, t *testing.T, obs loader.Observer, tr *trial)
 	// A random point inside the hold: the rest of the protocol waits on it.
 	// Drawn even when the pause has ended already, so that a trial's later
 	// choices come from the same draws whatever the pause did.
-	time.Sleep(time.Duration(tr.rng.IntN(30)) * time.Millisecond)
+	time.Sleep(time.Duration(tr.intn(30, "delay ms")) * time.Millisecond)
 	if reached {
 		tr.row.inject(ctx, t, tr)
 	}
@@ -697,7 +707,7 @@ func cutLink(heal bool) func(ctx context.Context, t *testing.T, tr *trial) {
 		port := fmt.Sprintf("veth%d", tr.row.node)
 		link(t, port, "down")
 		if heal {
-			time.Sleep(time.Duration(50+tr.rng.IntN(450)) * time.Millisecond)
+			time.Sleep(time.Duration(50+tr.intn(450, "heal ms-50")) * time.Millisecond)
 			link(t, port, "up")
 			return
 		}
@@ -733,7 +743,7 @@ func killRank(ctx context.Context, t *testing.T, tr *trial) {
 		t.Fatalf("ranks in %s: %v %v", cg, procs, err)
 	}
 	sort.Ints(procs)
-	if err := syscall.Kill(procs[tr.rng.IntN(len(procs))], syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(procs[tr.intn(len(procs), "rank of node")], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -747,7 +757,7 @@ func stopRank(ctx context.Context, t *testing.T, tr *trial) {
 		t.Fatalf("ranks in %s: %v %v", cg, procs, err)
 	}
 	sort.Ints(procs)
-	pid := procs[tr.rng.IntN(len(procs))]
+	pid := procs[tr.intn(len(procs), "rank of node")]
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}

@@ -102,7 +102,12 @@ func (tr *trial) intn(n int, what string) int {
 	return v
 }
 
-type cell struct{ trials, rolled, completed, stuck, wrong int }
+type cell struct {
+	trials, rolled, completed, stuck, wrong int
+	// took is the time the cell's trials took, their jobs' starts and
+	// ends included: what a longer run of the cell would cost.
+	took time.Duration
+}
 
 // faultTrialBudget bounds one trial on average, job starts and stops
 // included, for the test's own deadline: a trial takes a few seconds on the
@@ -215,6 +220,7 @@ func TestFaultTable(t *testing.T) {
 	for _, fc := range cells {
 		row, phase := fc.row, fc.phase
 		c := table[row.name][phase]
+		cellStart := time.Now()
 		cellSeed := fc.seed(seed)
 		if replaying {
 			cellSeed = seed
@@ -276,6 +282,7 @@ func TestFaultTable(t *testing.T) {
 			}
 		}
 		endJob()
+		c.took = time.Since(cellStart)
 	}
 	for _, row := range rows {
 		for _, p := range row.phaseList() {
@@ -369,20 +376,27 @@ func (r *faultRow) phaseList() []string {
 }
 
 func printTable(t *testing.T, rows []faultRow, table map[string]map[string]*cell, jobs, finished, differed int) {
-	t.Logf("faults | %-28s | %-7s | %6s | %11s | %9s | %5s | %11s", "fault", "phase", "trials", "rolled back", "completed", "stuck", "not allowed")
+	t.Logf("faults | %-28s | %-7s | %6s | %11s | %9s | %5s | %11s | %9s", "fault", "phase", "trials", "rolled back", "completed", "stuck", "not allowed", "s a trial")
 	total := cell{}
+	perTrial := func(c *cell) string {
+		if c.trials == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f", c.took.Seconds()/float64(c.trials))
+	}
 	for _, row := range rows {
 		for _, p := range row.phaseList() {
 			c := table[row.name][p]
-			t.Logf("faults | %-28s | %-7s | %6d | %11d | %9d | %5d | %11d", row.name, p, c.trials, c.rolled, c.completed, c.stuck, c.wrong)
+			t.Logf("faults | %-28s | %-7s | %6d | %11d | %9d | %5d | %11d | %9s", row.name, p, c.trials, c.rolled, c.completed, c.stuck, c.wrong, perTrial(c))
 			total.trials += c.trials
 			total.rolled += c.rolled
 			total.completed += c.completed
 			total.stuck += c.stuck
 			total.wrong += c.wrong
+			total.took += c.took
 		}
 	}
-	t.Logf("faults | %-28s | %-7s | %6d | %11d | %9d | %5d | %11d", "all", "", total.trials, total.rolled, total.completed, total.stuck, total.wrong)
+	t.Logf("faults | %-28s | %-7s | %6d | %11d | %9d | %5d | %11d | %9s", "all", "", total.trials, total.rolled, total.completed, total.stuck, total.wrong, perTrial(&total))
 	t.Logf("faults | jobs whose output differed from an unpaused run: %d of %d finished (%d jobs in all; those with a rank killed end by design)", differed, finished, jobs)
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"math/rand/v2"
 	"os"
 	"os/exec"
@@ -32,6 +33,12 @@ const (
 	outRolledBack = "rolled back"
 	outCompleted  = "completed"
 	outStuck      = "stuck"
+	// outCompletedWrong: the pause holds, but not as the row requires
+	// (faultRow.committed); never allowed.
+	outCompletedWrong = "completed, not as it must"
+	// outRolledBackWrong: rolled back with a report that does not say
+	// why (faultRow.reason); never allowed.
+	outRolledBackWrong = "rolled back, report not as it must"
 )
 
 // faultRow is one fault of the table: inject runs while the victim node's
@@ -51,7 +58,16 @@ type faultRow struct {
 	// is the one point of the failpoint (before or after the step).
 	phases []string
 	where  string
+	// setup, if set, runs before the pause starts; it may inject the
+	// fault already (tr.injected), and the pause may then end before the
+	// failpoint.
+	setup  func(ctx context.Context, t *testing.T, tr *trial)
 	inject func(ctx context.Context, t *testing.T, tr *trial)
+	// committed, if set, checks a pause that completed before it is
+	// resumed: what is wrong with it, or "".
+	committed func(ctx context.Context, t *testing.T, tr *trial) string
+	// reason, if set, is what the report of a rolled-back pause must say.
+	reason *regexp.Regexp
 }
 
 // trial is one injection: the job, the pause under way, the failpoint.
@@ -70,9 +86,54 @@ type trial struct {
 	// stuck, if set by inject, is why the trial is stuck whatever the
 	// pause then reports.
 	stuck string
+	// injected: setup injected the fault before the pause started.
+	injected bool
+	// cleanup runs once the trial is judged (unmount a filesystem, ...).
+	cleanup func()
+	// choices are the random choices the trial made, in the order drawn:
+	// a replay (MPIPAUSE_FAULT_SEED) prints the same.
+	choices []string
 }
 
-type cell struct{ trials, rolled, completed, stuck, wrong int }
+// intn draws from the trial's seed and notes the draw as what.
+func (tr *trial) intn(n int, what string) int {
+	v := tr.rng.IntN(n)
+	tr.choices = append(tr.choices, fmt.Sprintf("%s %d", what, v))
+	return v
+}
+
+type cell struct {
+	trials, rolled, completed, stuck, wrong int
+	// took is the time the cell's trials took, their jobs' starts and
+	// ends included: what a longer run of the cell would cost.
+	took time.Duration
+}
+
+// faultTrialBudget bounds one trial on average, job starts and stops
+// included, for the test's own deadline: a trial takes a few seconds on the
+// rig (docs/ARCHITECTURE.md, "Faults and load"); the deadline is there to end a
+// run that hangs, with its table, before go test's own timeout.
+const faultTrialBudget = 15 * time.Second
+
+// faultCell is one cell of the table: a fault in one phase.
+type faultCell struct {
+	row    *faultRow
+	ri, ci int // the row's index, the cell's in the whole table
+	phase  string
+}
+
+func (c faultCell) name() string { return c.row.name + " " + c.phase }
+
+// seed is the cell's first trial's seed: trial k draws its random choices
+// (before or after the step, the delay, the rank, ...) from seed+k alone,
+// so that one trial can be replayed by itself. Derived from the master
+// seed and the cell's name, not its place in the table, so a cell keeps its
+// seeds when MPIPAUSE_FAULT_ONLY leaves the others out.
+func (c faultCell) seed(master uint64) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(c.name()))
+	return master ^ h.Sum64()
+}
 
 // TestFaultTable injects each fault at a random point of each pause phase
 // (the point: before or after the victim node's own step of that phase,
@@ -82,80 +143,147 @@ type cell struct{ trials, rolled, completed, stuck, wrong int }
 // every outcome must be one the fault allows (G3, docs/guarantees.md: rolled
 // back everywhere or completed everywhere, never split; a pause with a node
 // lost rolls back).
-// MPIPAUSE_FAULT_TRIALS sets the trials per cell (default 3),
-// MPIPAUSE_FAULT_SEED the random seed (printed), MPIPAUSE_FAULT_ONLY a
-// substring of "fault phase" to run only matching cells.
+//
+// MPIPAUSE_FAULT_TRIALS sets the trials per cell (default 3; make
+// test-faults-long runs enough for 1,000 faults), MPIPAUSE_FAULT_SEED the
+// master seed (printed; each cell's seeds derive from it),
+// MPIPAUSE_FAULT_ONLY the cells to run ("fault PHASE" exactly, else every
+// cell whose "fault PHASE" contains it), MPIPAUSE_FAULT_LIB the MPI
+// library: openmpi or mpich (every cell), both (each cell's trials split
+// between them), or unset (the cells alternate). With both
+// MPIPAUSE_FAULT_SEED and MPIPAUSE_FAULT_ONLY, the seed is the cell's own:
+// its first trial makes exactly the random choices of the trial that
+// printed that seed. Every trial whose outcome is not allowed prints the
+// command that replays it alone ("faults: replay:").
 func TestFaultTable(t *testing.T) {
 	bin := binDir(t)
+	rows := faultRows(bin)
+	trials := envCount("MPIPAUSE_FAULT_TRIALS", 3)
+	only := os.Getenv("MPIPAUSE_FAULT_ONLY")
+	seed := uint64(time.Now().UnixNano())
+	seedGiven := false
+	if s := os.Getenv("MPIPAUSE_FAULT_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("MPIPAUSE_FAULT_SEED=%q: %v", s, err)
+		}
+		seed, seedGiven = v, true
+	}
+	libOf, err := faultLibs(os.Getenv("MPIPAUSE_FAULT_LIB"), trials)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cells := selectCells(rows, only)
+	if len(cells) == 0 {
+		t.Fatalf("MPIPAUSE_FAULT_ONLY=%q matches no cell of the table", only)
+	}
+	replaying := seedGiven && only != ""
 	sharedRig(t)
 	repairRigOnCleanup(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
+	// The deadline grows with the trials: 1,000 of them take far more than
+	// the default run's 20 minutes.
+	timeout := max(20*time.Minute, time.Duration(len(cells)*trials)*faultTrialBudget)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	obs, _ := rigReaders(ctx, t)
-	trials := envCount("MPIPAUSE_FAULT_TRIALS", 3)
-	seed := uint64(time.Now().UnixNano())
-	if s, err := strconv.ParseUint(os.Getenv("MPIPAUSE_FAULT_SEED"), 10, 64); err == nil {
-		seed = s
+	if replaying {
+		t.Logf("faults: %d trials per cell, seed %d of the cell itself (MPIPAUSE_FAULT_SEED with MPIPAUSE_FAULT_ONLY), deadline %v", trials, seed, timeout)
+	} else {
+		t.Logf("faults: %d trials per cell in %d cells, master seed %d (MPIPAUSE_FAULT_SEED), deadline %v", trials, len(cells), seed, timeout)
 	}
-	t.Logf("faults: %d trials per cell, seed %d (MPIPAUSE_FAULT_SEED)", trials, seed)
-	rng := rand.New(rand.NewPCG(seed, 1))
-	rows := faultRows(bin)
 	table := map[string]map[string]*cell{}
-	differed, jobs, finished := 0, 0, 0
-	libIdx := 0
 	for ri := range rows {
-		row := &rows[ri]
-		table[row.name] = map[string]*cell{}
-		for _, phase := range row.phaseList() {
-			c := &cell{}
-			table[row.name][phase] = c
-			if only := os.Getenv("MPIPAUSE_FAULT_ONLY"); only != "" && !strings.Contains(row.name+" "+phase, only) {
-				continue
-			}
-			lib := mpiLibs[libIdx%len(mpiLibs)]
-			libIdx++
-			var job *faultJob
-			for k := 0; k < trials; k++ {
-				if job == nil {
-					jobs++
-					job = startFaultJob(ctx, t, lib, fmt.Sprintf("ft%d-%d-%s-%d", os.Getpid(), ri, strings.ToLower(phase), k))
-				}
-				tr := &trial{row: row, phase: phase, id: job.id, job: job.proc, rng: rng}
-				out, why := runTrial(ctx, t, obs, tr)
-				c.trials++
-				switch out {
-				case outRolledBack:
-					c.rolled++
-				case outCompleted:
-					c.completed++
-				default:
-					c.stuck++
-				}
-				if !contains(row.allowed, out) && out != outStuck {
-					c.wrong++
-				}
-				t.Logf("faults: %-28s %-7s trial %d (%s): %s%s", row.name, phase, k+1, lib.name, out, why)
-				if out == outStuck {
-					// Nothing more can be learnt from this job.
-					t.Errorf("%s in %s: stuck%s", row.name, phase, why)
-					job.kill(t)
-					job = nil
-					continue
-				}
-				if row.perTrialJob {
-					job.waitEnd(ctx, t)
-					job = nil
-				}
-			}
+		table[rows[ri].name] = map[string]*cell{}
+		for _, phase := range rows[ri].phaseList() {
+			table[rows[ri].name][phase] = &cell{}
+		}
+	}
+	differed, jobs, finished := 0, 0, 0
+	var replays []string
+	current := "" // the replay of the trial under way, for a test that dies in it
+	start := time.Now()
+	done := 0
+	defer func() {
+		// Also when a trial ends the test (t.Fatal): the table so far, and
+		// how to replay the trial that did it.
+		if current != "" {
+			replays = append(replays, current+"   # the trial under way when the test ended")
+		}
+		printTable(t, rows, table, jobs, finished, differed)
+		if done > 0 {
+			t.Logf("faults | %d trials in %v, %.1f s a trial", done, time.Since(start).Round(time.Second), time.Since(start).Seconds()/float64(done))
+		}
+		for _, r := range replays {
+			t.Logf("faults: replay: %s", r)
+		}
+	}()
+	for _, fc := range cells {
+		row, phase := fc.row, fc.phase
+		c := table[row.name][phase]
+		cellStart := time.Now()
+		cellSeed := fc.seed(seed)
+		if replaying {
+			cellSeed = seed
+		}
+		var job *faultJob
+		var jobLib mpiLib
+		endJob := func() {
 			if job != nil {
 				finished++
 				if !job.finish(ctx, t) {
 					differed++
 				}
+				job = nil
 			}
 		}
+		for k := 0; k < trials; k++ {
+			lib := libOf(fc.ci, k)
+			if job != nil && jobLib.name != lib.name {
+				endJob()
+			}
+			if job == nil {
+				jobs++
+				jobLib = lib
+				job = startFaultJob(ctx, t, lib, fmt.Sprintf("ft%d-%d-%s-%d", os.Getpid(), fc.ri, strings.ToLower(phase), k))
+			}
+			trialSeed := cellSeed + uint64(k)
+			replay := replayCommand(trialSeed, fc.name(), lib.name)
+			current = replay
+			tr := &trial{row: row, phase: phase, id: job.id, job: job.proc, rng: rand.New(rand.NewPCG(trialSeed, 1))}
+			out, why := runTrial(ctx, t, obs, tr)
+			current = ""
+			done++
+			c.trials++
+			switch out {
+			case outRolledBack:
+				c.rolled++
+			case outCompleted:
+				c.completed++
+			case outStuck:
+				c.stuck++
+			}
+			if !contains(row.allowed, out) {
+				if out != outStuck {
+					c.wrong++
+				}
+				replays = append(replays, replay+"   # "+out)
+			}
+			t.Logf("faults: %-28s %-7s trial %d (%s, seed %d, drew %s): %s%s", row.name, phase, k+1, lib.name, trialSeed, strings.Join(tr.choices, ", "), out, why)
+			if out == outStuck {
+				// Nothing more can be learnt from this job.
+				t.Errorf("%s in %s: stuck%s", row.name, phase, why)
+				job.kill(t)
+				job = nil
+				continue
+			}
+			if row.perTrialJob {
+				job.waitEnd(ctx, t)
+				job = nil
+			}
+		}
+		endJob()
+		c.took = time.Since(cellStart)
 	}
-	printTable(t, rows, table, jobs, finished, differed)
 	for _, row := range rows {
 		for _, p := range row.phaseList() {
 			c := table[row.name][p]
@@ -167,6 +295,68 @@ func TestFaultTable(t *testing.T) {
 	if differed > 0 {
 		t.Errorf("%d jobs finished with output that differs from an unpaused run", differed)
 	}
+}
+
+// selectCells are the table's cells that MPIPAUSE_FAULT_ONLY selects: those
+// named by it exactly if any (a replay names one cell, whose name may be
+// part of another's), else those whose name contains it.
+func selectCells(rows []faultRow, only string) []faultCell {
+	var all, exact, part []faultCell
+	for ri := range rows {
+		for _, phase := range rows[ri].phaseList() {
+			c := faultCell{row: &rows[ri], ri: ri, ci: len(all), phase: phase}
+			all = append(all, c)
+			if c.name() == only {
+				exact = append(exact, c)
+			}
+			if strings.Contains(c.name(), only) {
+				part = append(part, c)
+			}
+		}
+	}
+	switch {
+	case only == "":
+		return all
+	case len(exact) > 0:
+		return exact
+	}
+	return part
+}
+
+// faultLibs maps MPIPAUSE_FAULT_LIB to the library of trial k of cell ci
+// (a cell's trials share a job, and a job is one library).
+func faultLibs(choice string, trials int) (func(ri, k int) mpiLib, error) {
+	byName := func(name string) (mpiLib, bool) {
+		for _, l := range mpiLibs {
+			if l.name == name {
+				return l, true
+			}
+		}
+		return mpiLib{}, false
+	}
+	switch choice {
+	case "":
+		// Alternate by the cell's place in the whole table, so that a
+		// cell run alone keeps its library.
+		return func(ci, _ int) mpiLib { return mpiLibs[ci%len(mpiLibs)] }, nil
+	case "both":
+		return func(_, k int) mpiLib { return mpiLibs[k*len(mpiLibs)/trials] }, nil
+	}
+	l, ok := byName(choice)
+	if !ok {
+		return nil, fmt.Errorf("MPIPAUSE_FAULT_LIB=%q: openmpi, mpich or both", choice)
+	}
+	return func(int, int) mpiLib { return l }, nil
+}
+
+// replayCommand is the command that runs one trial again alone, with the
+// same random choices.
+func replayCommand(seed uint64, cell, lib string) string {
+	rig := ""
+	if r := os.Getenv("MPIPAUSE_TEST_RIG"); r != "" {
+		rig = "MPIPAUSE_TEST_RIG=" + r + " "
+	}
+	return fmt.Sprintf("%sMPIPAUSE_FAULT_SEED=%d MPIPAUSE_FAULT_ONLY='%s' MPIPAUSE_FAULT_LIB=%s MPIPAUSE_FAULT_TRIALS=1 make test-faults", rig, seed, cell, lib)
 }
 
 func contains(xs []string, x string) bool {
@@ -186,13 +376,27 @@ func (r *faultRow) phaseList() []string {
 }
 
 func printTable(t *testing.T, rows []faultRow, table map[string]map[string]*cell, jobs, finished, differed int) {
-	t.Logf("faults | %-28s | %-7s | %6s | %11s | %9s | %5s", "fault", "phase", "trials", "rolled back", "completed", "stuck")
+	t.Logf("faults | %-28s | %-7s | %6s | %11s | %9s | %5s | %11s | %9s", "fault", "phase", "trials", "rolled back", "completed", "stuck", "not allowed", "s a trial")
+	total := cell{}
+	perTrial := func(c *cell) string {
+		if c.trials == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f", c.took.Seconds()/float64(c.trials))
+	}
 	for _, row := range rows {
 		for _, p := range row.phaseList() {
 			c := table[row.name][p]
-			t.Logf("faults | %-28s | %-7s | %6d | %11d | %9d | %5d", row.name, p, c.trials, c.rolled, c.completed, c.stuck)
+			t.Logf("faults | %-28s | %-7s | %6d | %11d | %9d | %5d | %11d | %9s", row.name, p, c.trials, c.rolled, c.completed, c.stuck, c.wrong, perTrial(c))
+			total.trials += c.trials
+			total.rolled += c.rolled
+			total.completed += c.completed
+			total.stuck += c.stuck
+			total.wrong += c.wrong
+			total.took += c.took
 		}
 	}
+	t.Logf("faults | %-28s | %-7s | %6d | %11d | %9d | %5d | %11d | %9s", "all", "", total.trials, total.rolled, total.completed, total.stuck, total.wrong, perTrial(&total))
 	t.Logf("faults | jobs whose output differed from an unpaused run: %d of %d finished (%d jobs in all; those with a rank killed end by design)", differed, finished, jobs)
 }
 
@@ -203,7 +407,12 @@ func printTable(t *testing.T, rows []faultRow, table map[string]map[string]*cell
 // rank killed.
 func faultRows(bin string) []faultRow {
 	return []faultRow{
-		{name: "mpid SIGKILL, node2", node: 2, allowed: []string{outRolledBack, outCompleted}, inject: killMpid},
+		// In VERIFY and COMMIT too: a node that recorded its COMMIT and died
+		// before acknowledging it comes back paused (its record) while the
+		// coordinator rolls back the others; the coordinator's rollback,
+		// repeated until every node confirms, must reach the new mpid.
+		{name: "mpid SIGKILL, node2", node: 2, allowed: []string{outRolledBack, outCompleted}, inject: killMpid,
+			phases: []string{"PREPARE", "DRAIN", "FREEZE", "VERIFY", "COMMIT"}},
 		// In COMMIT too: the other nodes may have committed when it dies;
 		// its successor finds the pause it was coordinating and rolls it
 		// back everywhere (nobody was told it held).
@@ -219,6 +428,21 @@ func faultRows(bin string) []faultRow {
 		// until the coordinator came back, node2 rolled back).
 		{name: "coordinator dies in COMMIT", node: 1, where: "after", allowed: []string{outRolledBack}, noReport: true,
 			phases: []string{"COMMIT"}, inject: killCoordinatorLate},
+		// Stopped by someone else (a debugger, a user's kill -STOP), not
+		// killed: the rank neither reads nor answers until SIGCONT, which
+		// comes once the pause command has returned. Either outcome is
+		// right, as long as it is the same on every node and the job's
+		// output is that of an unpaused run.
+		{name: "rank SIGSTOP on node2", node: 2, allowed: []string{outRolledBack, outCompleted}, inject: stopRank,
+			phases: []string{"PREPARE", "DRAIN", "FREEZE", "VERIFY"}},
+		// The coordinator's state directory really full (a tmpfs of its own,
+		// filled up): before the pause (its pausing record cannot be
+		// written), or at its COMMIT (its paused record cannot be). A pause
+		// may complete only if its record says paused, what a restarted mpid
+		// trusts (G5); else it must roll back and say why.
+		{name: "coordinator disk full", node: 0, allowed: []string{outRolledBack, outCompleted},
+			phases: []string{"PREPARE", "COMMIT"}, setup: diskFullSetup, inject: diskFullInject, committed: recordSaysPaused,
+			reason: regexp.MustCompile(`no space left on device`)},
 	}
 }
 
@@ -227,7 +451,7 @@ func faultRows(bin string) []faultRow {
 func runTrial(ctx context.Context, t *testing.T, obs loader.Observer, tr *trial) (string, string) {
 	t.Helper()
 	node := fmt.Sprintf("node%d", tr.row.node)
-	where := []string{"before", "after"}[tr.rng.IntN(2)]
+	where := []string{"before", "after"}[tr.intn(2, "after")]
 	if tr.row.where != "" {
 		where = tr.row.where
 	}
@@ -241,6 +465,14 @@ func runTrial(ctx context.Context, t *testing.T, obs loader.Observer, tr *trial)
 		t.Fatal(err)
 	}
 	defer os.Remove(tr.fp)
+	defer func() {
+		if tr.cleanup != nil {
+			tr.cleanup()
+		}
+	}()
+	if tr.row.setup != nil {
+		tr.row.setup(ctx, t, tr)
+	}
 	before := sentBytes(ctx, obs)
 	tr.pause = start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig}, filepath.Join(binDir(t), "rig"), "exec", "node0", "--",
 		"mpipause", "pause", "--json", "--timeout", "3s", tr.id)
@@ -257,13 +489,20 @@ func runTrial(ctx context.Context, t *testing.T, obs loader.Observer, tr *trial)
 			return false
 		}
 	})
-	if !reached {
+	if !reached && tr.injected {
+		where = "set up before the pause; drawn: " + where
+	}
+	if !reached && !tr.injected {
 		t.Fatalf("%s: the pause ended before %s's mpid reached %s (%s): were the rig's mpids the test build (%s) started with %s set?\n%s",
 			tr.row.name, node, tr.phase, where, testMPID, "MPIPAUSE_FAILPOINTS", tr.pause.out.String())
 	}
 	// A random point inside the hold: the rest of the protocol waits on it.
-	time.Sleep(time.Duration(tr.rng.IntN(30)) * time.Millisecond)
-	tr.row.inject(ctx, t, tr)
+	// Drawn even when the pause has ended already, so that a trial's later
+	// choices come from the same draws whatever the pause did.
+	time.Sleep(time.Duration(tr.intn(30, "delay ms")) * time.Millisecond)
+	if reached {
+		tr.row.inject(ctx, t, tr)
+	}
 	os.Remove(tr.fp)
 	select {
 	case <-tr.pause.done:
@@ -316,7 +555,7 @@ func pauseSummary(p *proc, j ctl.Job, err error) string {
 // resumed), rolled back (the pause reported failure, nothing frozen, the
 // job sending again), or stuck (anything else: a split state, a node left
 // frozen or gated).
-func judge(ctx context.Context, t *testing.T, obs loader.Observer, tr *trial, j ctl.Job, jerr error, before uint64) (string, string) {
+func judge(ctx context.Context, t *testing.T, obs loader.Observer, tr *trial, j ctl.Job, jerr error, before uint64) (out, why string) {
 	cgs := nodeJobCgroups(t, tr.id)
 	frozen := func() (n int) {
 		for _, cg := range cgs {
@@ -335,8 +574,15 @@ func judge(ctx context.Context, t *testing.T, obs loader.Observer, tr *trial, j 
 		if err != nil || !allEmpty(conns) {
 			return outStuck, fmt.Sprintf(": committed with bytes in flight: %v %v", err, nonEmpty(conns))
 		}
+		var wrong string
+		if tr.row.committed != nil {
+			wrong = tr.row.committed(ctx, t, tr)
+		}
 		if jr, r := jobJSON(ctx, t, "resume", tr.id); r.code != 0 || jr.State != ctl.StateRunning {
 			return outStuck, fmt.Sprintf(": resume exit %d: %s", r.code, r.stderr)
+		}
+		if wrong != "" {
+			return outCompletedWrong, ": " + wrong
 		}
 		return outCompleted, ""
 	}
@@ -353,6 +599,13 @@ func judge(ctx context.Context, t *testing.T, obs loader.Observer, tr *trial, j 
 			return outStuck, fmt.Sprintf(": %d nodes still frozen 30 s after the pause failed", frozen())
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+	if tr.row.reason != nil && (j.Failure == nil || !tr.row.reason.MatchString(j.Failure.Reason)) {
+		defer func() {
+			if out == outRolledBack {
+				out, why = outRolledBackWrong, fmt.Sprintf(": the report does not say %q", tr.row.reason)+why
+			}
+		}()
 	}
 	if tr.row.perTrialJob {
 		// The job lost a rank: its launcher ends it; nothing of it may be
@@ -468,7 +721,7 @@ func cutLink(heal bool) func(ctx context.Context, t *testing.T, tr *trial) {
 		port := fmt.Sprintf("veth%d", tr.row.node)
 		link(t, port, "down")
 		if heal {
-			time.Sleep(time.Duration(50+tr.rng.IntN(450)) * time.Millisecond)
+			time.Sleep(time.Duration(50+tr.intn(450, "heal ms-50")) * time.Millisecond)
 			link(t, port, "up")
 			return
 		}
@@ -504,9 +757,106 @@ func killRank(ctx context.Context, t *testing.T, tr *trial) {
 		t.Fatalf("ranks in %s: %v %v", cg, procs, err)
 	}
 	sort.Ints(procs)
-	if err := syscall.Kill(procs[tr.rng.IntN(len(procs))], syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(procs[tr.intn(len(procs), "rank of node")], syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// stopRank stops one of the job's ranks on the victim node, and continues
+// it once the pause command has returned.
+func stopRank(ctx context.Context, t *testing.T, tr *trial) {
+	cg := nodeJobCgroups(t, tr.id)[tr.row.node]
+	procs, err := cgroupv2.Procs(cg)
+	if err != nil || len(procs) == 0 {
+		t.Fatalf("ranks in %s: %v %v", cg, procs, err)
+	}
+	sort.Ints(procs)
+	pid := procs[tr.intn(len(procs), "rank of node")]
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	tr.after = func() {
+		if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+			t.Errorf("SIGCONT to rank pid %d: %v", pid, err)
+		}
+	}
+}
+
+// coordStateDir is the coordinator's (node0's) state directory as its mpid
+// sees it: the rig gives every node its own /run/mpipause (docs/rig.md).
+const coordStateDir = "/run/mpipause/mpid-node0"
+
+// nodeSh runs a shell script inside node0's namespaces (its mount
+// namespace: where its mpid sees coordStateDir).
+func nodeSh(t *testing.T, script string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := rigCommand(ctx, jobRig, "exec", "node0", "--", "sh", "-c", script)
+	return out, err
+}
+
+// diskFullSetup mounts a tmpfs of 256 KiB over the coordinator's state
+// directory, in node0's mount namespace only, and fills it at once for a
+// trial in PREPARE (the pausing record, written before the first step, is
+// the one that fails); the mount goes once the trial is judged. Nothing is
+// hidden under it: a running job has no record.
+func diskFullSetup(ctx context.Context, t *testing.T, tr *trial) {
+	if out, err := nodeSh(t, "set -e; d="+coordStateDir+"; mkdir -p $d; if ls $d/*.json 2>/dev/null; then echo records left; exit 1; fi; "+
+		"mount -t tmpfs -o size=256k,mode=0700 mpipause-full $d"); err != nil {
+		t.Fatalf("mount a small tmpfs on node0's %s: %v\n%s", coordStateDir, err, out)
+	}
+	tr.cleanup = func() {
+		if out, err := nodeSh(t, "d="+coordStateDir+"; ls -a $d; umount $d"); err != nil {
+			t.Errorf("unmount node0's %s: %v\n%s", coordStateDir, err, out)
+		} else if strings.Contains(out, ".json") {
+			t.Logf("faults: a record was left in the full directory: %s", out)
+		}
+	}
+	if tr.phase == "PREPARE" {
+		fillDisk(t)
+		tr.injected = true
+	}
+}
+
+func diskFullInject(ctx context.Context, t *testing.T, tr *trial) {
+	if !tr.injected {
+		fillDisk(t)
+	}
+}
+
+// fillDisk fills the tmpfs until not one byte more fits.
+func fillDisk(t *testing.T) {
+	out, err := nodeSh(t, "d="+coordStateDir+"; head -c 1M /dev/zero > $d/.fill 2>/dev/null; "+
+		"if printf x > $d/.probe 2>/dev/null; then echo still room; exit 1; fi; rm -f $d/.probe; df -k $d | tail -1")
+	if err != nil {
+		t.Fatalf("fill node0's %s: %v\n%s", coordStateDir, err, out)
+	}
+}
+
+// recordSaysPaused: a pause that completed is recorded as paused on the
+// coordinator, else a restart of its mpid rolls back a pause whose user was
+// told it held (G5, docs/guarantees.md).
+func recordSaysPaused(ctx context.Context, t *testing.T, tr *trial) string {
+	out, err := nodeSh(t, "cat "+coordStateDir+"/*:"+tr.id+".json") // named by the job key, uid:id
+	if err != nil {
+		return fmt.Sprintf("the pause says paused, and the coordinator has no record of it (%v: %s): a restart of its mpid would forget it", err, strings.TrimSpace(out))
+	}
+	var f struct {
+		Record struct {
+			State string `json:"state"`
+		} `json:"record"`
+	}
+	if a := strings.Index(out, "{"); a >= 0 {
+		out = out[a:]
+	}
+	if err := json.Unmarshal([]byte(out), &f); err != nil {
+		return fmt.Sprintf("the coordinator's record does not parse: %v", err)
+	}
+	if f.Record.State != ctl.StatePaused {
+		return fmt.Sprintf("the pause says paused, and the coordinator's record says %q: a restart of its mpid would roll it back", f.Record.State)
+	}
+	return ""
 }
 
 // faultJob is an xchg job that runs until told to stop (-E), so that it

@@ -139,17 +139,36 @@ func (c *coordinator) pause(ctx context.Context, req ctl.Request, v ctl.Job, pro
 	// Recorded before any node is touched: if this mpid dies mid-pause,
 	// some nodes may have committed and others rolled back on their leases;
 	// its successor finds this record and rolls the pause back everywhere
-	// (adopt), since nobody was told it held.
-	c.save(j, v)
+	// (adopt), since nobody was told it held. Without it a successor
+	// would not, and this node's own COMMIT would record the pause as a
+	// plain node's, as held: no pause then.
+	if err := c.reg.save(j, v, c.store); err != nil {
+		c.metrics.PauseRefused()
+		fig := v
+		fig.Failure = &ctl.Failure{Phase: string(quiesce.KindPrepare), Node: c.node, Rank: -1,
+			Reason: fmt.Sprintf("the coordinator cannot record the pause (%v); no node was touched", err)}
+		fig = c.reg.end(j, ctl.StateRunning, fig)
+		c.log.Error("pause refused: cannot record it", "job", req.Job, "error", err)
+		return fig, ctl.Errorf(ctl.CodeFailed, "pause of job %s failed before PREPARE: %s; the job runs on", req.Job, fig.Failure.Reason)
+	}
 	res, err := c.protocol(req.Timeout).Pause(ctx, req.Job, v.Nodes)
 	fig := figures(v, res)
 	fig.DrainedBytes = drained
 	if err == nil {
+		// The pause holds only as far as its record says so: a restarted
+		// mpid trusts the record (G5), and this one still says pausing,
+		// which it would roll back. Told paused, the user must find it
+		// paused after a restart too; told nothing yet, the user can be
+		// told it failed, after a rollback.
+		paused, rerr := c.reg.endRecorded(j, ctl.StatePaused, fig, v, c.store)
+		if rerr != nil {
+			return c.rollBackUnrecorded(j, req, v, fig, rerr, func(outcome string) {
+				c.metrics.PauseDone(outcome, total(res, start), metricPhases(res), drained)
+			})
+		}
 		c.metrics.PauseDone(metrics.Committed, total(res, start), metricPhases(res), drained)
-		fig = c.reg.end(j, ctl.StatePaused, fig)
-		c.save(j, v)
-		c.log.Info("paused", "job", req.Job, "nodes", len(v.Nodes), "connections", fig.Connections, "drained_bytes", drained, "total_ms", fig.TotalMs)
-		return fig, nil
+		c.log.Info("paused", "job", req.Job, "nodes", len(v.Nodes), "connections", paused.Connections, "drained_bytes", drained, "total_ms", paused.TotalMs)
+		return paused, nil
 	}
 	fig.State = stateAfter(res.State)
 	c.metrics.PauseDone(pauseOutcome(fig.State), total(res, start), metricPhases(res), drained)
@@ -301,14 +320,32 @@ func (c *coordinator) unregistered(key string, nodes []string) []string {
 	return out
 }
 
-// save records j on the coordinator: its pause under way (state pausing,
-// written before the first step) or committed (state paused).
-func (c *coordinator) save(j *job, v ctl.Job) {
-	if err := c.reg.save(j, v, c.store); err != nil {
-		// The pause holds either way; only a restart of mpid would lose
-		// track of it, so say so loudly.
-		c.log.Error("cannot record the paused job; a restart of mpid would forget it", "job", j.id, "error", err)
+// rollBackUnrecorded rolls back a pause that committed everywhere but
+// whose paused record could not be written (rerr), and reports it failed.
+// The record still says pausing until the rollback is confirmed, so a
+// successor would finish it. done counts the pause in the metrics.
+func (c *coordinator) rollBackUnrecorded(j *job, req ctl.Request, v ctl.Job, fig ctl.Job, rerr error, done func(outcome string)) (ctl.Job, error) {
+	c.log.Error("the pause held but cannot be recorded; rolling it back", "job", req.Job, "error", rerr)
+	// Its own deadline: the caller may be gone, and the nodes must not
+	// stay paused for a pause nobody will be told of.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	res, err := c.protocol(0).Resume(ctx, req.Job, v.Nodes)
+	cancel()
+	fig.Failure = &ctl.Failure{Phase: string(quiesce.KindCommit), Node: c.node, Rank: -1,
+		Reason: fmt.Sprintf("the pause held, but the coordinator cannot record it (%v), and a restart of its mpid would roll it back", rerr)}
+	if err != nil {
+		for _, n := range res.Unconfirmed {
+			fig.Failure.Unconfirmed = append(fig.Failure.Unconfirmed, n.Node)
+		}
+		fig = c.reg.end(j, ctl.StateFailed, fig)
+		done(metrics.Failed)
+		go c.confirmRollback(req.Job, v.Nodes)
+		return fig, ctl.Errorf(ctl.CodeFailed, "pause of job %s failed in COMMIT: %s; its rollback is not confirmed yet: %v", req.Job, fig.Failure.Reason, err)
 	}
+	fig = c.reg.end(j, ctl.StateRunning, fig)
+	done(metrics.RolledBack)
+	c.store.drop(req.Job)
+	return fig, ctl.Errorf(ctl.CodeFailed, "pause of job %s failed in COMMIT: %s; rolled back, the job runs on", req.Job, fig.Failure.Reason)
 }
 
 // rankEvent acts on a rank's SIGTSTP or SIGCONT: the whole job pauses or

@@ -271,6 +271,8 @@ type testShim struct {
 	mu   sync.Mutex
 	conn net.Conn
 	gate string
+	// closes counts the CLOSE requests mpid sent.
+	closes int
 }
 
 func (n *testNode) rank(t *testing.T, job, key string, rank, size int) *testShim {
@@ -306,6 +308,9 @@ func (n *testNode) rank(t *testing.T, job, key string, rank, size int) *testShim
 			}
 			switch l {
 			case "CLOSE":
+				s.mu.Lock()
+				s.closes++
+				s.mu.Unlock()
 				s.gate = "closed"
 				s.send("CLOSED gate=closed gated=1 closing=0 held=0\n")
 			case "STATE":

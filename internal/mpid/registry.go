@@ -475,14 +475,34 @@ func (r *registry) end(j *job, state string, fig ctl.Job) ctl.Job {
 
 // save writes st's record of j, as the coordinator sees it (v: its nodes,
 // coordinator and ranks): its pause under way (state pausing, written
-// before the first step) or committed (state paused). Under r.mu, as every
-// record of a pause is (withJob).
+// before the first step; endRecorded writes the paused one). Under r.mu, as
+// every record of a pause is (withJob).
 func (r *registry) save(j *job, v ctl.Job, st *store) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	rec := record{Version: recordVersion, Job: j.id, Owner: j.owner, State: j.state, Since: j.since,
 		Nodes: v.Nodes, Coordinator: v.Coordinator, Ranks: v.Ranks, LocalRanks: v.LocalRanks, Last: j.last, Cgroups: placesLocked(j)}
 	return st.write(rec)
+}
+
+// endRecorded is end for an outcome that counts only once recorded (a
+// pause that holds): the record of j in that state is written first, and
+// if it cannot be, j stays as it was, still busy, and the error says why.
+// Under r.mu throughout, so no other operation on j starts in between.
+func (r *registry) endRecorded(j *job, state string, fig ctl.Job, v ctl.Job, st *store) (ctl.Job, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	fig.State, fig.Since = state, now
+	rec := record{Version: recordVersion, Job: j.id, Owner: j.owner, State: state, Since: now,
+		Nodes: v.Nodes, Coordinator: v.Coordinator, Ranks: v.Ranks, LocalRanks: v.LocalRanks, Last: fig, Cgroups: placesLocked(j)}
+	if err := st.write(rec); err != nil {
+		return fig, err
+	}
+	j.busy = false
+	j.state, j.since, j.last = state, now, fig
+	r.maybeEndLocked(j)
+	return fig, nil
 }
 
 // withJob calls fn, under r.mu, with job id's owner and coordinator (0 and

@@ -15,7 +15,8 @@
 #
 # --nodes N (default 3): the cluster's size; 1 boots node0 alone (no e2e).
 # --slurm: then Slurm on the VMs (vagrant provision --provision-with slurm:
-# cgroup confinement, the SPANK plugin) and vagrant/slurm-e2e.sh on node0.
+# cgroup confinement, the SPANK plugin) and vagrant/slurm-e2e.sh on node0,
+# then vagrant/scope-e2e.sh (a job in a systemd scope with MemoryMax).
 # --no-provision boots the box as it is (no mpid, so no e2e).
 # E2E-OPTIONS go to scripts/cluster-e2e.sh (default --pauses 2).
 #
@@ -238,6 +239,17 @@ if [ $slurm = 1 ]; then
 	fi
 	[ "$rc" = 0 ] || fail "the Slurm e2e on the VMs (exit $rc, above)"
 	say "the Slurm e2e took $((SECONDS - t)) s"
+	# The same citizenship for a job in a systemd scope of its own.
+	t=$SECONDS
+	if vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/scope-e2e.sh" 2>&1 | while IFS= read -r line; do
+		printf '    [%ss] %s\n' "$SECONDS" "${line%$'\r'}"
+	done; then
+		rc=0
+	else
+		rc=$?
+	fi
+	[ "$rc" = 0 ] || fail "the systemd scope e2e on node0 (exit $rc, above)"
+	say "the systemd scope e2e took $((SECONDS - t)) s"
 fi
 
 total=0

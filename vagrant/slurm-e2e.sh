@@ -18,9 +18,10 @@
 # sstat's and sacct's CPU counts, and --cpu-bind. One line per check, PASS or FAIL, then "N passed, N failed".
 #
 #   slurm-e2e.sh [--nodes N] [--pauses N] [--bin DIR] [--libs LIST]
+# shellcheck disable=SC2317 # the checks are run by until_ok (e2e-lib.sh)
 set -uo pipefail
 
-nodes=3 pauses=2 bin=/vagrant/bin libs=openmpi,mpich step_timeout=120
+nodes=3 pauses=2 bin=/vagrant/bin libs=openmpi,mpich
 usage() {
 	echo "usage: slurm-e2e.sh [--nodes N] [--pauses N] [--bin DIR] [--libs openmpi,mpich]" >&2
 	exit 2
@@ -42,42 +43,21 @@ while [ $# -gt 0 ]; do
 done
 [[ $nodes =~ ^[1-9]$ && $pauses =~ ^[0-9]+$ ]] || usage
 here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=vagrant/e2e-lib.sh
+. "$here/e2e-lib.sh"
 ranks=$((nodes * 2))
 
-passed=0 failed=0
-pass() {
-	echo "PASS $*"
-	passed=$((passed + 1))
-}
-fail() {
-	echo "FAIL $*"
-	failed=$((failed + 1))
-}
 # on NODE CMD...: CMD on NODE (one kept ssh connection per node).
 on() {
 	local node=$1
 	shift
 	timeout -k 5 "$step_timeout" "$here/node-exec" -M "$node" "$@"
 }
-# until_ok CMD...: CMD every 0.5 s until it succeeds, at most the step
-# timeout; 2 from CMD ends the wait at once.
-until_ok() {
-	local t0=$SECONDS rc
-	while true; do
-		"$@" && return 0
-		rc=$?
-		if [ "$rc" -eq 2 ] || [ $((SECONDS - t0)) -ge "$step_timeout" ]; then
-			return 1
-		fi
-		sleep 0.5
-	done
-}
-
 idle() { [ "$(sinfo -h -N -o '%T' 2>/dev/null | grep -c '^idle$')" -ge "$nodes" ]; }
 if ! until_ok idle; then
 	fail "slurm: $(sinfo -h -N -o '%N %T' | tr '\n' ' ') (want $nodes nodes idle)"
-	echo "$passed passed, $failed failed"
-	exit 1
+	summary
+	exit
 fi
 pass "slurm: $nodes nodes idle; $(scontrol show config | awk '$1 ~ /^(ProctrackType|TaskPlugin)$/ { printf "%s=%s ", $1, $3 }')$(grep -h '^CgroupPlugin' /etc/slurm/cgroup.conf)"
 
@@ -364,5 +344,6 @@ else
 	fail "--cpu-bind=cores: with mpipause '${bind[yes]}', without '${bind[no]}'"
 fi
 
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+summary
+
+exit

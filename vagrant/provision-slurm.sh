@@ -10,7 +10,7 @@
 #   PreemptMode=SUSPEND,GANG (partition high suspends partition vagrant);
 # munge with the cluster's one key (made on the host by the Vagrantfile's
 # trigger), slurmctld on node0, slurmd on every node. Not run by `vagrant
-# up`: `vagrant provision --provision-with slurm` (vagrant/slurm-check.sh
+# up`: `vagrant provision --provision-with slurm` (vagrant/boot-check.sh --slurm
 # does). Idempotent. docs/vagrant.md, "Slurm on the VMs".
 #
 #   provision-slurm.sh K N NET
@@ -138,7 +138,7 @@ fi
 systemctl enable -q slurmd
 systemctl restart slurmd
 # slurmd is Type=simple: a refusal of its cgroup plugin shows only as its
-# exit, soon after the start; sinfo on node0 (slurm-check.sh) says the rest.
+# exit, soon after the start; sinfo on node0 (slurm-e2e.sh) says the rest.
 t0=$SECONDS
 while [ $((SECONDS - t0)) -lt 5 ]; do
 	systemctl is-active -q slurmd || {

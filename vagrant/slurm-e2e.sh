@@ -100,7 +100,7 @@ places() { mpipause status --json "$1" | jq -r '[.cgroups[]? | "\(.node):\(.plac
 # empty_everywhere ID: each node's kernel sees the job's connections, all
 # empty (its own mpipause observe, by the cgroups its mpid names).
 empty_everywhere() {
-	local id=$1 n j args cg res out=''
+	local id=$1 n j args cg res kind out=''
 	for ((k = 0; k < nodes; k++)); do
 		n=node$k
 		args=()
@@ -111,15 +111,18 @@ empty_everywhere() {
 			echo "$n names no cgroup of $id"
 			return 1
 		}
-		j=$(on "$n" sudo -n mpipause observe "${args[@]}" --json) || {
-			echo "$n: observe failed"
-			return 1
-		}
-		res=$(echo "$j" | jq -er 'select(.summary.connections > 0 and all(.connections[]; .send_queue_bytes == 0 and .unread_bytes == 0)) | .summary.connections') || {
-			echo "$n: $(echo "$j" | jq -c '[.connections[] | select(.send_queue_bytes > 0 or .unread_bytes > 0)] | length') connections hold bytes (or none seen)"
-			return 1
-		}
-		out+=" $n:$res"
+		# Both of the kernel's views: the BPF observer's and sock_diag's.
+		for kind in bpf sock_diag; do
+			j=$(on "$n" sudo -n mpipause observe --observer "$kind" "${args[@]}" --json) || {
+				echo "$n: observe ($kind) failed"
+				return 1
+			}
+			res=$(echo "$j" | jq -er 'select(.summary.connections > 0 and all(.connections[]; .send_queue_bytes == 0 and .unread_bytes == 0)) | .summary.connections') || {
+				echo "$n ($kind): $(echo "$j" | jq -c '[.connections[] | select(.send_queue_bytes > 0 or .unread_bytes > 0)] | length') connections hold bytes (or none seen)"
+				return 1
+			}
+			out+=" $n:$res($kind)"
+		done
 	done
 	echo "$out"
 }

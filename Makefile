@@ -18,7 +18,7 @@ STAMP := -X github.com/mpipause/mpipause/internal/version.stamped=$(VERSION_STR)
 .DEFAULT_GOAL := help
 .PHONY: help deps build generate check-generate check-format check-vagrant test-cluster-script test test-unit test-fuzz test-priv test-multinode test-security test-faults bench bench-base demo clean
 .PHONY: man install uninstall deb check-install check-deb
-.PHONY: check-systemd test-containers vagrant-prebuilt check-vagrant-boot
+.PHONY: check-systemd test-containers vagrant-prebuilt check-vagrant-boot check-vagrant-slurm
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -119,7 +119,7 @@ test-faults-long: build ## the fault table with FAULT_LONG_TRIALS (39) trials pe
 check-vagrant: ## vagrant validate of vagrant/Vagrantfile, libvirt and virtualbox (offline, leaves nothing), and shellcheck of the cluster scripts
 	@bash vagrant/validate.sh
 	shellcheck scripts/cluster-e2e.sh vagrant/provision.sh vagrant/provision-kernel.sh vagrant/node-exec vagrant/e2e.sh vagrant/rig-ssh-check.sh vagrant/validate.sh kernel-tests/containers/crig.sh \
-		vagrant/build-box.sh vagrant/libvirt-host.sh vagrant/boot-check.sh vagrant/qemu-tcg
+		vagrant/build-box.sh vagrant/libvirt-host.sh vagrant/boot-check.sh vagrant/qemu-tcg vagrant/provision-slurm.sh vagrant/slurm-e2e.sh vagrant/scope-e2e.sh vagrant/e2e-lib.sh
 
 # What the VMs install instead of building (vagrant/provision.sh's tools and
 # install steps): the .deb of this tree, and the test apps the cluster e2e
@@ -130,8 +130,11 @@ vagrant-prebuilt: build deb ## copy the .deb, bin/apps and bin/libucxfinalize.so
 	cp -r $(BIN)/apps vagrant/.prebuilt/apps
 
 # Not in make test: it boots a VM (minutes under software emulation).
-check-vagrant-boot: vagrant-prebuilt ## the 3-VM Vagrant cluster booted under vagrant-libvirt from the box vagrant/build-box.sh builds, provisioned, checked over vagrant ssh, the cluster e2e on it (vagrant/e2e.sh), destroyed; nothing left (root)
-	@bash vagrant/boot-check.sh
+check-vagrant-slurm: vagrant-prebuilt ## on the 3 Vagrant VMs: Slurm with cgroup confinement (proctrack/cgroup, task/cgroup, cgroup/v2): scontrol suspend/resume, preemption (SUSPEND,GANG), then scancel, time limit, memory limit, sstat, sacct, --cpu-bind with mpipause as without; and a job in a systemd scope with MemoryMax (root; not in make test)
+	@bash vagrant/boot-check.sh --slurm --no-e2e
+
+check-vagrant-boot: vagrant-prebuilt ## the 3-VM Vagrant cluster booted under vagrant-libvirt from the box vagrant/build-box.sh builds, provisioned, checked over vagrant ssh, the cluster e2e on it (vagrant/e2e.sh), then Slurm with cgroup confinement and a systemd scope on it (as check-vagrant-slurm), destroyed; nothing left (root)
+	@bash vagrant/boot-check.sh --slurm -- --pauses 1
 
 # The cluster e2e script (what vagrant/e2e.sh runs on the VMs) on a 3-node
 # netns rig of its own (not test-multinode's).

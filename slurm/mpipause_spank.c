@@ -20,16 +20,19 @@
 // suspend_grace_time=N in later releases) SIGSTOP; `scontrol resume` sends
 // SIGCONT. The ranks' SIGTSTP pauses the job, which mpid commits by freezing
 // the ranks' cgroups well inside those 2 s. But a frozen rank runs no
-// handler, so no rank can see the SIGCONT and ask for the resume. So local
-// task 0 of the step on each node forks a small watcher before it execs the
-// program: it is part of the step (a child of a task, in its process group,
-// in the step's cgroup), so it gets Slurm's signals, but it is no rank (no
-// shim, not moved into the job's cgroup, never frozen by mpid). After a
-// SIGTSTP it waits; Slurm's SIGSTOP stops it like everything else; the
-// SIGCONT of `scontrol resume` wakes it and it asks the node's mpid to
-// resume the job (the control socket's JSON request, as `mpipause resume`
-// sends it). Every node's watcher asks; the first one resumes the job and
-// mpid refuses the others as not paused.
+// handler, so no rank can act on the SIGCONT. mpid reads a SIGCONT pending
+// on a frozen rank as its request (all proctrack plugins; the only way under
+// proctrack/cgroup, which signals the tasks alone). Besides, local task 0 of
+// the step on each node forks a small watcher before it execs the program:
+// it is part of the step (a child of a task, in its process group), so it
+// gets the signals of proctrack linuxproc and pgid, but it is no rank (no
+// shim). Where the ranks share the step's cgroup, mpid freezes them in one
+// inside it and the watcher stays unfrozen: after a SIGTSTP it waits;
+// Slurm's SIGSTOP stops it like everything else; the SIGCONT of `scontrol
+// resume` wakes it and it asks the node's mpid to resume the job (the
+// control socket's JSON request, as `mpipause resume` sends it). Every node
+// asks; the first request resumes the job and mpid refuses the others as
+// not paused. docs/slurm.md, "scontrol suspend and resume".
 //
 // srun --mpipause=no leaves a step alone (--mpipause=yes asks for it where
 // plugstack.conf says default=off).

@@ -11,9 +11,12 @@
 # libvirt's daemons stopped if this started them (vagrant/libvirt-host.sh).
 # Prints how long each step took and the QEMU processes' peak RSS.
 #
-#   boot-check.sh [--nodes N] [--no-e2e] [--no-provision] [-- E2E-OPTIONS]
+#   boot-check.sh [--nodes N] [--no-e2e] [--slurm] [--no-provision] [-- E2E-OPTIONS]
 #
 # --nodes N (default 3): the cluster's size; 1 boots node0 alone (no e2e).
+# --slurm: then Slurm on the VMs (vagrant provision --provision-with slurm:
+# cgroup confinement, the SPANK plugin) and vagrant/slurm-e2e.sh on node0,
+# then vagrant/scope-e2e.sh (a job in a systemd scope with MemoryMax).
 # --no-provision boots the box as it is (no mpid, so no e2e).
 # E2E-OPTIONS go to scripts/cluster-e2e.sh (default --pauses 2).
 #
@@ -27,12 +30,13 @@ cd "$(dirname "$0")"
 here=$PWD
 
 usage() {
-	echo "usage: boot-check.sh [--nodes N] [--no-e2e] [--no-provision] [-- E2E-OPTIONS]" >&2
+	echo "usage: boot-check.sh [--nodes N] [--no-e2e] [--slurm] [--no-provision] [-- E2E-OPTIONS]" >&2
 	exit 2
 }
-provision=1 e2e=1 nodes=3 e2e_args=(--pauses 2)
+provision=1 e2e=1 slurm=0 nodes=3 e2e_args=(--pauses 2)
 while [ $# -gt 0 ]; do
 	case $1 in
+	--slurm) slurm=1 && shift ;;
 	--no-provision) provision=0 e2e=0 && shift ;;
 	--no-e2e) e2e=0 && shift ;;
 	--nodes)
@@ -45,6 +49,7 @@ while [ $# -gt 0 ]; do
 	esac
 done
 [ "$nodes" -ge 2 ] || e2e=0
+[ $provision = 1 ] || [ $slurm = 0 ] || usage
 
 say() { echo "check-vagrant-boot: [${SECONDS}s] $*"; }
 fail() {
@@ -65,6 +70,9 @@ uri=qemu:///system
 box_vol=mpipause-VAGRANTSLASH-bookworm64-6.12_vagrant_box_image_
 work=$(mktemp -d /var/tmp/mpipause-vagrant-boot.XXXXXX)
 export VAGRANT_DOTFILE_PATH=$work/dot VAGRANT_CHECKPOINT_DISABLE=1 MPIPAUSE_VM_NODES=$nodes MPIPAUSE_VM_PREFIX=$prefix
+# Slurm's daemons, slurmdbd and MariaDB on node0 need more than mpid's
+# 768 MiB; the Slurm e2e's job asks 400 MiB a node, the preempting one 256.
+[ $slurm = 0 ] || export MPIPAUSE_VM_MEMORY=${MPIPAUSE_VM_MEMORY:-1024}
 log=$work/vagrant.log
 ours_libvirtd=0
 up=0        # vagrant up was started
@@ -202,6 +210,46 @@ if [ $e2e = 1 ]; then
 	fi
 	[ "$rc" = 0 ] || fail "the cluster e2e on the VMs (exit $rc, above)"
 	say "the cluster e2e took $((SECONDS - t)) s"
+fi
+
+if [ $slurm = 1 ]; then
+	t=$SECONDS
+	# One Vagrant per node, at once: `vagrant provision` of several goes
+	# one after the other (most of it is apt under emulation).
+	pids=()
+	for n in "${all[@]}"; do
+		vagrant_run provision "$n" --provision-with slurm &
+		pids+=($!)
+	done
+	for p in "${pids[@]}"; do
+		wait "$p" || {
+			tail -30 "$log" >&2
+			fail "vagrant provision --provision-with slurm (above)"
+		}
+	done
+	say "Slurm provisioned in $((SECONDS - t)) s:"
+	grep 'provision-slurm node' "$log" | sed 's/^/    /'
+	t=$SECONDS
+	if vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/slurm-e2e.sh --nodes $nodes" 2>&1 | while IFS= read -r line; do
+		printf '    [%ss] %s\n' "$SECONDS" "${line%$'\r'}"
+	done; then
+		rc=0
+	else
+		rc=$?
+	fi
+	[ "$rc" = 0 ] || fail "the Slurm e2e on the VMs (exit $rc, above)"
+	say "the Slurm e2e took $((SECONDS - t)) s"
+	# The same citizenship for a job in a systemd scope of its own.
+	t=$SECONDS
+	if vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/scope-e2e.sh" 2>&1 | while IFS= read -r line; do
+		printf '    [%ss] %s\n' "$SECONDS" "${line%$'\r'}"
+	done; then
+		rc=0
+	else
+		rc=$?
+	fi
+	[ "$rc" = 0 ] || fail "the systemd scope e2e on node0 (exit $rc, above)"
+	say "the systemd scope e2e took $((SECONDS - t)) s"
 fi
 
 total=0

@@ -51,6 +51,10 @@ pkgs=(
 	ca-certificates curl make                          # provision.sh's tools step finds them present
 	openmpi-bin libopenmpi-dev mpich libmpich-dev      # Open MPI 4.1, MPICH 4.0 (what scripts/deps.sh installs)
 	libcap2-bin jq procps less                         # mpid's capabilities by name; scripts/cluster-e2e.sh
+	# Slurm 22.05 and munge, slurmdbd and MariaDB (sacct) for provision-slurm.sh:
+	# installed here, not configured nor started (below), since apt in a
+	# VM under software emulation takes minutes.
+	slurmd slurmctld slurm-client munge slurmdbd mariadb-server
 )
 kernel_pkg=linux-image-amd64
 
@@ -122,6 +126,10 @@ customize() {
 	chroot "$r" update-initramfs -u -k all >/dev/null 2>&1
 	# Timers that would fetch or index in the background of a slow VM.
 	chroot "$r" systemctl mask apt-daily.timer apt-daily-upgrade.timer man-db.timer >/dev/null 2>&1 || true
+	# Slurm's daemons, munge and MariaDB start only where provision-slurm.sh
+	# configures them: not at every boot of every VM.
+	chroot "$r" systemctl disable slurmd slurmctld slurmdbd munge mariadb >/dev/null 2>&1 || true
+	rm -f "$r/etc/munge/munge.key"
 	# The vagrant user: Vagrant's insecure key (Vagrant puts a key of the
 	# machine's own in its place at the first vagrant up), sudo without a
 	# password, no password of its own.

@@ -406,6 +406,13 @@ func (c *coordinator) rankEvent(r *ranks.Rank, ev string) {
 	}()
 }
 
+// rankContinued acts on a SIGCONT pending on rank r, frozen by a pause of
+// its job (registry.watchContinue): the request its handler would make.
+func (c *coordinator) rankContinued(r *ranks.Rank) {
+	c.log.Info("a SIGCONT waits on a frozen rank: resuming its job", "job", r.Job, "rank", r.Rank, "pid", r.Pid)
+	c.rankEvent(r, "resume")
+}
+
 // startEvent says whether a rank's request for job key may start: none
 // is under way.
 func (c *coordinator) startEvent(key string) bool {

@@ -264,7 +264,7 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 	d.store = &store{dir: d.cfg.StateDir, log: d.log}
 	d.reg = &registry{node: d.cfg.Node, key: d.cfg.ClusterKey, parent: d.cgroupParent(), fixed: d.cfg.FixedCgroup,
 		cgroups: d.cfg.Cgroups, observers: d.cfg.Observers, ranks: rs, tr: tr, log: d.log,
-		refusals: newLogLimiter(refusalQuiet), jobs: map[string]*job{}}
+		refusals: newLogLimiter(refusalQuiet), jobs: map[string]*job{}, done: done}
 	local := node.NewSteps(&node.Role{Name: d.cfg.Node, Ranks: rs, Observer: d.reg.observer, Cgroups: d.reg.cgroupsOf, Freezer: d.cfg.Cgroups,
 		CtlNice: d.cfg.Nice, CtlRT: d.cfg.RTPriority, Metrics: d.metrics, Unready: d.reg.unready, Log: d.log}, d.log)
 	local.Committed, local.Thawing, local.Job = d.reg.noteCommitted, d.reg.noteResumed, d.reg.withJob
@@ -301,6 +301,7 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 	rs.Join = d.reg.join
 	rs.OnChange = d.reg.rankChanged
 	rs.OnEvent = d.coord.rankEvent
+	d.reg.continued = d.coord.rankContinued
 }
 
 // peerRefused logs the peers the peer port refuses, a line per cause per

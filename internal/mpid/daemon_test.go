@@ -636,6 +636,73 @@ func TestRankRequestAnsweredSince(t *testing.T) {
 	waitState(ctl.StatePaused)
 }
 
+// TestRankContinuedWhileFrozen: Slurm's proctrack/cgroup resumes a step by
+// thawing its own cgroup and sending SIGCONT to the tasks alone; the ranks
+// stay frozen in theirs (mpid's freeze), their handlers cannot run, and
+// the SIGCONT waits in the kernel's pending set. mpid must take it there
+// as the rank's request to resume (on the VMs the job stayed paused after
+// `scontrol resume`), and nothing else may resume the job.
+func TestRankContinuedWhileFrozen(t *testing.T) {
+	mem := quiesce.NewMemNetwork(1, quiesce.Faults{})
+	defer mem.Close()
+	n := startNode(t, "node0", mem, testKeys(t))
+	var cont atomic.Bool
+	var looks atomic.Int64
+	n.reg.contPending = func(int) bool { looks.Add(1); return cont.Load() }
+	created := n.ask(t, ctl.OpCreate, "j1")
+	n.rank(t, "j1", created.Token, 0, 1)
+	state := func() string {
+		st := n.ask(t, ctl.OpStatus, "j1")
+		if st.Job == nil {
+			t.Fatalf("status: %+v", st)
+		}
+		return st.Job.State
+	}
+	waitState := func(want string, why string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); state() != want; {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the job is %s, want %s\n%s", why, state(), want, n.log.String())
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+
+	if rep := n.ask(t, ctl.OpPause, "j1"); rep.Err != nil {
+		t.Fatalf("pause: %+v", rep.Err)
+	}
+	// Looked at, nothing pending: paused it stays.
+	for deadline := time.Now().Add(10 * time.Second); looks.Load() < 3; {
+		if time.Now().After(deadline) {
+			t.Fatal("the paused job's ranks were never looked at for a SIGCONT")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if got := state(); got != ctl.StatePaused {
+		t.Fatalf("with no SIGCONT pending: %s", got)
+	}
+	cont.Store(true)
+	waitState(ctl.StateRunning, "a SIGCONT pending on the frozen rank")
+	if !strings.Contains(n.log.String(), "a SIGCONT waits on a frozen rank") {
+		t.Errorf("the resume's cause is not logged:\n%s", n.log.String())
+	}
+
+	// The next pause: looked at again, and held while nothing is pending.
+	cont.Store(false)
+	if rep := n.ask(t, ctl.OpPause, "j1"); rep.Err != nil {
+		t.Fatalf("second pause: %+v", rep.Err)
+	}
+	for seen, deadline := looks.Load(), time.Now().Add(10*time.Second); looks.Load() < seen+3; {
+		if time.Now().After(deadline) {
+			t.Fatal("the second pause's ranks were never looked at for a SIGCONT")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if got := state(); got != ctl.StatePaused {
+		t.Fatalf("second pause, no SIGCONT pending: %s", got)
+	}
+}
+
 func TestStatusPending(t *testing.T) {
 	status := "Name:\tcpi\nSigQ:\t1/63541\nSigPnd:\t0000000000000000\nShdPnd:\t0000000000080000\nSigBlk:\t0000000000000000\n"
 	if !statusPending(status, syscall.SIGTSTP) {

@@ -111,9 +111,14 @@ type registry struct {
 	pausing func(id string) bool
 	ended   func(id string)
 
-	// tstpPending, if set, stands for the look at a rank's pending
-	// signals (tests: their ranks are not frozen processes).
-	tstpPending func(pid int) bool
+	// tstpPending and contPending, if set, stand for the look at a rank's
+	// pending SIGTSTP and SIGCONT (tests: their ranks are not frozen
+	// processes).
+	tstpPending, contPending func(pid int) bool
+	// continued, if set, is told of a rank of a job paused here that has a
+	// SIGCONT pending (watchContinue); done closes when mpid stops.
+	continued func(r *ranks.Rank)
+	done      <-chan struct{}
 	// parentOf, if set, stands for the look at a process's parent
 	// (tests: their processes are made up).
 	parentOf func(pid int) int
@@ -1060,10 +1065,58 @@ func (r *registry) noteResumed(id string) {
 func (r *registry) noteCommitted(id string) {
 	t := monotonic()
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if j := r.jobs[id]; j != nil {
+	j := r.jobs[id]
+	if j != nil {
 		// A pause since: a SIGTSTP held at the last thaw is answered by it.
 		j.committed, j.tstpHeld = t, nil
+	}
+	r.mu.Unlock()
+	if j != nil && r.continued != nil && r.ranks != nil {
+		go r.watchContinue(id, t)
+	}
+}
+
+// contPoll is how often a paused job's ranks here are looked at for a
+// SIGCONT: the delay it adds to a resume by signal.
+const contPoll = 200 * time.Millisecond
+
+// watchContinue looks, while the pause of job id that committed at t holds
+// here, for a SIGCONT pending on one of its ranks, and tells continued of
+// the first. A frozen rank runs no handler, so the SIGCONT that a
+// resource manager's resume sends it (Slurm's proctrack/cgroup sends it to
+// the tasks alone, and thaws its own cgroup, not the rank's) waits in the
+// kernel's pending set: mpid reads it there, as the request the rank's
+// handler would make (docs/slurm.md, "scontrol suspend and resume").
+// Whoever may signal the rank may have it resume its job: the same as the
+// handler's request.
+func (r *registry) watchContinue(id string, t int64) {
+	pending := r.contPending
+	if pending == nil {
+		pending = func(pid int) bool { return signalPending(pid, syscall.SIGCONT) }
+	}
+	tick := time.NewTicker(contPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.done:
+			return
+		case <-tick.C:
+		}
+		r.mu.Lock()
+		j := r.jobs[id]
+		held := j != nil && j.committed == t && j.resumed < t
+		r.mu.Unlock()
+		if !held {
+			return
+		}
+		for _, rk := range r.ranks.Ranks(id) {
+			// The pid read is the rank's: its process still holds it
+			// after the read (a recycled pid would be another's signal).
+			if pending(rk.Pid) && (rk.Proc() == nil || rk.Proc().Alive() == nil) {
+				r.continued(rk)
+				return
+			}
+		}
 	}
 }
 
@@ -1096,15 +1149,20 @@ func (r *registry) answered(id string, pid int, q ranks.Request) bool {
 	return false
 }
 
-// tstpPending says whether process pid has a SIGTSTP pending (proc(5):
-// ShdPnd for kill(2), SigPnd for its main thread): one sent to a frozen
-// rank waits there for the thaw.
-func tstpPending(pid int) bool {
+// tstpPending says whether process pid has a SIGTSTP pending: one sent to
+// a frozen rank waits there for the thaw.
+func tstpPending(pid int) bool { return signalPending(pid, syscall.SIGTSTP) }
+
+// signalPending says whether process pid has signal sig pending (proc(5):
+// ShdPnd for kill(2), SigPnd for its main thread). A frozen process's
+// signals wait there; the shim's handlers of SIGTSTP and SIGCONT keep the
+// kernel from discarding them.
+func signalPending(pid int, sig syscall.Signal) bool {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
-	return err == nil && statusPending(string(b), syscall.SIGTSTP)
+	return err == nil && statusPending(string(b), sig)
 }
 
-// statusPending is tstpPending's reading of a /proc/PID/status text.
+// statusPending is signalPending's reading of a /proc/PID/status text.
 func statusPending(s string, sig syscall.Signal) bool {
 	for _, line := range strings.Split(s, "\n") {
 		k, v, ok := strings.Cut(line, ":")

@@ -1,0 +1,352 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# slurm-e2e.sh: mpipause under Slurm's own cgroup confinement, on the
+# Vagrant VMs after vagrant/provision-slurm.sh (proctrack/cgroup,
+# task/cgroup,task/affinity, cgroup/v2, ConstrainCores, ConstrainRAMSpace;
+# the SPANK plugin on). Runs on node0 as the MPI user (sudo for scontrol
+# and the kernel reads); vagrant/boot-check.sh --slurm runs it.
+#
+# For Open MPI (srun --mpi=pmix) and MPICH (srun --mpi=pmi2), a 3 x 2 job:
+# `scontrol suspend` pauses it (mpipause's state paused, every node's
+# connections empty in its own kernel), `scontrol resume` resumes it, twice;
+# every rank stays inside its Slurm job's cgroup at every step; the result
+# is the serial one. The same for the first library's job suspended by
+# preemption (PreemptMode=SUSPEND,GANG: a job of partition high takes the
+# nodes, ends, and Slurm resumes the job). Then what Slurm does to a step,
+# each compared with the same step run with --mpipause=no: scancel, the
+# time limit, a task over its memory limit (Slurm's cgroup OOM-kills it),
+# sstat's and sacct's CPU counts, and --cpu-bind. One line per check, PASS or FAIL, then "N passed, N failed".
+#
+#   slurm-e2e.sh [--nodes N] [--pauses N] [--bin DIR] [--libs LIST]
+# shellcheck disable=SC2317 # the checks are run by until_ok (e2e-lib.sh)
+set -uo pipefail
+
+nodes=3 pauses=2 bin=/vagrant/bin libs=openmpi,mpich
+usage() {
+	echo "usage: slurm-e2e.sh [--nodes N] [--pauses N] [--bin DIR] [--libs openmpi,mpich]" >&2
+	exit 2
+}
+while [ $# -gt 0 ]; do
+	case $1 in
+	--nodes | --pauses | --bin | --libs)
+		[ $# -ge 2 ] || usage
+		case $1 in
+		--nodes) nodes=$2 ;;
+		--pauses) pauses=$2 ;;
+		--bin) bin=$2 ;;
+		--libs) libs=$2 ;;
+		esac
+		shift 2
+		;;
+	*) usage ;;
+	esac
+done
+[[ $nodes =~ ^[1-9]$ && $pauses =~ ^[0-9]+$ ]] || usage
+here=$(cd "$(dirname "$0")" && pwd)
+# shellcheck source=vagrant/e2e-lib.sh
+. "$here/e2e-lib.sh"
+ranks=$((nodes * 2))
+
+# on NODE CMD...: CMD on NODE (one kept ssh connection per node).
+on() {
+	local node=$1
+	shift
+	timeout -k 5 "$step_timeout" "$here/node-exec" -M "$node" "$@"
+}
+idle() { [ "$(sinfo -h -N -o '%T' 2>/dev/null | grep -c '^idle$')" -ge "$nodes" ]; }
+if ! until_ok idle; then
+	fail "slurm: $(sinfo -h -N -o '%N %T' | tr '\n' ' ') (want $nodes nodes idle)"
+	summary
+	exit
+fi
+pass "slurm: $nodes nodes idle; $(scontrol show config | awk '$1 ~ /^(ProctrackType|TaskPlugin)$/ { printf "%s=%s ", $1, $3 }')$(grep -h '^CgroupPlugin' /etc/slurm/cgroup.conf)"
+
+# state ID: mpipause's state of job ID, as its owner asks.
+state() { mpipause status --json "$1" 2>/dev/null | jq -r .state; }
+# job_state SLURMID: Slurm's state of the job.
+job_state() { scontrol show job "$1" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p'; }
+# end_state SLURMID: the state the job ended in, once it has left
+# COMPLETING (srun may return before: the state read then is a race).
+end_state() {
+	local st
+	# shellcheck disable=SC2317 # called through until_ok
+	ended() { st=$(job_state "$1") && case $st in COMPLETING | RUNNING | PENDING | CONFIGURING | SUSPENDED | "") false ;; esac; }
+	until_ok ended "$1"
+	echo "$st"
+}
+# pids_on NODE: the test app's processes on NODE (one job's at a time),
+# found by name, not by Slurm, whose proctrack/cgroup would not list a rank
+# that left the job's cgroup.
+# The command must start with the app: srun's own command line names it too.
+pids_on() { on "$1" pgrep -u "$(id -u)" -f "^[^ ]*/apps/xchg[.]" 2>/dev/null | tr '\n' ' '; }
+# in_job_cgroups SLURMID: every rank on every node is inside Slurm's cgroup
+# of the job (/.../job_ID/): none taken out of it.
+in_job_cgroups() {
+	local id=$1 n p cg bad=''
+	for ((k = 0; k < nodes; k++)); do
+		n=node$k
+		for p in $(pids_on "$n"); do
+			cg=$(on "$n" cat "/proc/$p/cgroup" 2>/dev/null) || continue
+			case $cg in *"/job_$id/"*) ;; *) bad+=" $n:$p:${cg#0::}" ;; esac
+		done
+	done
+	[ -z "$bad" ] || {
+		echo "$bad"
+		return 1
+	}
+}
+# places ID: every node's cgroups of the job as mpid placed them.
+places() { mpipause status --json "$1" | jq -r '[.cgroups[]? | "\(.node):\(.placed)"] | unique | join(" ")'; }
+# empty_everywhere ID: each node's kernel sees the job's connections, all
+# empty (its own mpipause observe, by the cgroups its mpid names).
+empty_everywhere() {
+	local id=$1 n j args cg res kind out=''
+	for ((k = 0; k < nodes; k++)); do
+		n=node$k
+		args=()
+		for cg in $(on "$n" mpipause status --json "$id" | jq -r '.node as $n | .cgroups[]? | select(.node == $n) | .dir'); do
+			args+=(--cgroup "$cg")
+		done
+		[ ${#args[@]} -gt 0 ] || {
+			echo "$n names no cgroup of $id"
+			return 1
+		}
+		# Both of the kernel's views: the BPF observer's and sock_diag's.
+		for kind in bpf sock_diag; do
+			j=$(on "$n" sudo -n mpipause observe --observer "$kind" "${args[@]}" --json) || {
+				echo "$n: observe ($kind) failed"
+				return 1
+			}
+			res=$(echo "$j" | jq -er 'select(.summary.connections > 0 and all(.connections[]; .send_queue_bytes == 0 and .unread_bytes == 0)) | .summary.connections') || {
+				echo "$n ($kind): $(echo "$j" | jq -c '[.connections[] | select(.send_queue_bytes > 0 or .unread_bytes > 0)] | length') connections hold bytes (or none seen)"
+				return 1
+			}
+			out+=" $n:$res($kind)"
+		done
+	done
+	echo "$out"
+}
+# sent0 ID: bytes the job's connections on node0 have sent (BPF counters).
+sent0() {
+	local args=() cg
+	for cg in $(mpipause status --json "$1" | jq -r '.node as $n | .cgroups[]? | select(.node == $n) | .dir'); do
+		args+=(--cgroup "$cg")
+	done
+	[ ${#args[@]} -gt 0 ] && sudo -n mpipause observe "${args[@]}" --json | jq '[.connections[] | .bytes_sent] | add // 0'
+}
+
+# srun_bg OUT ARGS...: srun in the background, its output to OUT; sets
+# srun_pid and, once Slurm has it, sid.
+srun_bg() {
+	local out=$1 name
+	shift
+	name=slurm-e2e-$$-$RANDOM
+	srun --job-name="$name" "$@" >"$out" 2>&1 &
+	srun_pid=$!
+	sid=''
+	got_id() { kill -0 "$srun_pid" 2>/dev/null || return 2; sid=$(squeue -h -n "$name" -o %i | head -1) && [ -n "$sid" ]; }
+	until_ok got_id
+}
+
+stop=$(mktemp -d /tmp/slurm-e2e.XXXXXX)
+# The job apps' stop directory must be on every node (xchg -E reads it on
+# rank 0's node, node0; the others only take it as an argument).
+for ((k = 1; k < nodes; k++)); do on "node$k" mkdir -p "$stop"; done
+trap 'scancel -u "$(id -u)" 2>/dev/null; rm -rf "$stop"' EXIT
+
+# lib_run LIB [HOW]: LIB's 3 x 2 job suspended and resumed, HOW scontrol
+# (scontrol suspend and resume, --pauses times) or preempt (a job of the
+# higher-priority partition takes the nodes, once, and ends).
+lib_run() {
+	local lib=$1 how=${2:-scontrol} mpi pre=() out id i j t n=$pauses what=suspend
+	case $lib in
+	openmpi) mpi=pmix ;;
+	mpich)
+		mpi=pmi2
+		pre=(--export="ALL,LD_PRELOAD=$bin/libucxfinalize.so")
+		;;
+	esac
+	out=$(mktemp)
+	rm -f "$stop/stop"
+	[ "$how" = scontrol ] || n=1 what=preempt
+	srun_bg "$out" -N"$nodes" -n"$ranks" -O --mem=400M --mpi="$mpi" "${pre[@]}" "$bin/apps/xchg.$lib" -m a2a -s 256K -n 100000000 -E "$stop" || {
+		fail "$lib: srun: $(tail -3 "$out" | tr '\n' ' ')"
+		return
+	}
+	id=$sid.0
+	registered() { kill -0 "$srun_pid" 2>/dev/null || return 2; mpipause status --json "$id" 2>/dev/null | jq -e --argjson r "$ranks" '.ranks == $r' >/dev/null; }
+	if ! until_ok registered; then
+		fail "$lib: job $sid: $ranks ranks never registered: $(tail -3 "$out" | tr '\n' ' ')"
+		return
+	fi
+	pass "$lib: job $sid (mpipause $id): $ranks ranks registered, placed $(places "$id")"
+	if ! j=$(in_job_cgroups "$sid"); then
+		fail "$lib: running: ranks outside Slurm's job cgroup:$j"
+		return
+	fi
+	local base now
+	exchanging() { base=$(sent0 "$id") && [ "$base" -gt 0 ]; }
+	until_ok exchanging || {
+		fail "$lib: no bytes exchanged"
+		return
+	}
+	local high high_pid hout
+	for ((i = 1; i <= n; i++)); do
+		t=$SECONDS
+		if [ "$how" = preempt ]; then
+			hout=$(mktemp)
+			high=slurm-e2e-high-$$-$i
+			srun -p high --job-name="$high" --mpipause=no -N"$nodes" -n"$nodes" sleep 20 >"$hout" 2>&1 &
+			high_pid=$!
+		elif ! sudo -n scontrol suspend "$sid"; then
+			fail "$lib: scontrol suspend $sid"
+			return
+		fi
+		paused() { [ "$(state "$id")" = paused ]; }
+		if ! until_ok paused; then
+			fail "$lib: $what $i: mpipause says $(state "$id"), Slurm $(job_state "$sid")"
+			return
+		fi
+		if ! j=$(empty_everywhere "$id"); then
+			fail "$lib: $what $i: $j"
+			return
+		fi
+		if ! in_job_cgroups "$sid" >/dev/null; then
+			fail "$lib: $what $i: ranks outside Slurm's job cgroup"
+			return
+		fi
+		pass "$lib: $what $i: paused within $((SECONDS - t)) s, Slurm $(job_state "$sid"); connections empty on$j; ranks in Slurm's job cgroup"
+		base=$(sent0 "$id")
+		if [ "$how" = preempt ]; then
+			# The resume is Slurm's, when the preempting job ends.
+			if ! wait "$high_pid"; then
+				fail "$lib: preempt $i: the high-priority job failed: $(tail -2 "$hout" | tr '\n' ' ')"
+				return
+			fi
+			rm -f "$hout"
+		elif ! sudo -n scontrol resume "$sid"; then
+			fail "$lib: scontrol resume $sid"
+			return
+		fi
+		moved() { [ "$(state "$id")" = running ] && now=$(sent0 "$id") && [ "$now" -gt "$base" ]; }
+		if ! until_ok moved; then
+			fail "$lib: $what $i: resume: mpipause says $(state "$id"), Slurm $(job_state "$sid"), no new bytes"
+			return
+		fi
+		pass "$lib: $what $i: resumed: running and exchanging, Slurm $(job_state "$sid")"
+	done
+	touch "$stop/stop"
+	wait "$srun_pid"
+	local rc=$? got want iters
+	got=$(grep -m1 '^xchg mode=' "$out")
+	iters=$(echo "$got" | sed -n 's/.* iters=\([0-9]*\) .*/\1/p')
+	want=$("$bin/apps/xchg.$lib" -m a2a -s 256K -n "${iters:-0}" -x "$ranks")
+	if [ "$rc" != 0 ] || [ -z "$got" ] || [ "$got" != "$want" ]; then
+		fail "$lib: end: exit $rc, '$got', an unpaused (serial) run '$want'"
+		return
+	fi
+	pass "$lib: end: exit 0, the same result as an unpaused run ($iters iterations)"
+	rm -f "$out"
+}
+
+IFS=, read -r -a lib_list <<<"$libs"
+for l in "${lib_list[@]}" "${lib_list[0]} preempt"; do
+	# shellcheck disable=SC2086 # LIB [HOW]
+	lib_run $l
+	# A run that failed leaves its job: it would hold the nodes.
+	scancel -u "$(id -u)" 2>/dev/null
+	[ -z "${srun_pid:-}" ] || wait "$srun_pid" 2>/dev/null
+done
+
+# What Slurm does to a step, with mpipause and without (--mpipause=no).
+# outcome SRUN-ARGS...: "JobState exit" of a one-task step of the job.
+outcome() {
+	local out
+	out=$(mktemp)
+	srun_bg "$out" "$@" || {
+		echo "no job: $(tail -2 "$out" | tr '\n' ' ')"
+		return
+	}
+	wait "$srun_pid"
+	local rc=$?
+	echo "$(end_state "$sid") exit=$rc"
+	rm -f "$out"
+}
+for c in "scancel" "time limit" "memory limit"; do
+	case $c in
+	scancel)
+		args=(-N"$nodes" -n"$ranks" -O --mpi=pmix "$bin/apps/xchg.openmpi" -m a2a -s 64K -n 100000000)
+		;;
+	"time limit") args=(-t 1 -N1 -n1 sleep 600) ;;
+	"memory limit") args=(--mem=64M -N1 -n1 awk 'BEGIN { s = "x"; for (i = 0; i < 40; i++) s = s s; print length(s) }') ;;
+	esac
+	got=()
+	for p in yes no; do
+		if [ "$c" = scancel ]; then
+			out=$(mktemp)
+			srun_bg "$out" --mpipause=$p "${args[@]}" || {
+				got+=("no job")
+				continue
+			}
+			if [ $p = yes ]; then
+				reg() { kill -0 "$srun_pid" 2>/dev/null || return 2; mpipause status --json "$sid.0" 2>/dev/null | jq -e --argjson r "$ranks" '.ranks == $r' >/dev/null; }
+				until_ok reg
+			else
+				started() { kill -0 "$srun_pid" 2>/dev/null || return 2; [ "$(for ((k = 0; k < nodes; k++)); do pids_on "node$k"; done | wc -w)" -ge "$ranks" ]; }
+				until_ok started
+			fi
+			scancel "$sid"
+			wait "$srun_pid"
+			got+=("$(end_state "$sid") left=$(for ((k = 0; k < nodes; k++)); do pids_on "node$k"; done | wc -w)")
+			rm -f "$out"
+		else
+			got+=("$(outcome --mpipause=$p "${args[@]}")")
+		fi
+	done
+	if [ "${got[0]}" = "${got[1]}" ]; then
+		pass "$c: with mpipause as without: ${got[0]}"
+	else
+		fail "$c: with mpipause '${got[0]}', without '${got[1]}'"
+	fi
+done
+
+# sstat counts the CPU of a running step's tasks, sacct the finished
+# step's, and --cpu-bind binds them: the same with mpipause as without.
+# The task spins for 20 s of its wall clock (sh's loop, on a node's one CPU).
+declare -A live total bind
+secs() { awk -F'[:.-]' '{ s = 0; for (i = 1; i <= NF; i++) if ($i ~ /^[0-9]+$/) s = s * 60 + $i; print s }' <<<"${1%.*}"; }
+for p in yes no; do
+	out=$(mktemp)
+	# shellcheck disable=SC2016 # the task's shell expands them
+	srun_bg "$out" --mpipause=$p --cpu-bind=cores -N1 -n1 sh -c 'grep Cpus_allowed_list /proc/self/status; timeout 20 sh -c "while :; do :; done"; echo done'
+	ave=''
+	counting() { kill -0 "$srun_pid" 2>/dev/null || return 2; ave=$(sstat -n -P -j "$sid.0" -o AveCPU 2>/dev/null | head -1) && [ -n "$ave" ] && [ "$(secs "$ave")" -gt 0 ]; }
+	if until_ok counting; then live[$p]="AveCPU $ave"; else live[$p]="nothing (${ave:-no line})"; fi
+	wait "$srun_pid"
+	bind[$p]=$(grep -m1 Cpus_allowed_list "$out" | tr -s '\t ' ' ')
+	cpu=''
+	stored() { cpu=$(sacct -n -P -j "$sid.0" -o TotalCPU,State 2>/dev/null | head -1) && [[ $cpu == *"|COMPLETED" ]] && [ "$(secs "${cpu%%|*}")" -gt 0 ]; }
+	if until_ok stored; then total[$p]=$(secs "${cpu%%|*}"); else total[$p]="nothing (${cpu:-no line})"; fi
+	rm -f "$out"
+done
+if [[ ${live[yes]} == AveCPU* && ${live[no]} == AveCPU* ]]; then
+	pass "sstat: counts the running step's CPU with mpipause (${live[yes]}) as without (${live[no]})"
+else
+	fail "sstat: with mpipause '${live[yes]}', without '${live[no]}'"
+fi
+# Both spun for 20 s: each must have most of it (the VM's CPU is the
+# host's, shared; half is far from a task left uncounted).
+if [[ ${total[yes]} =~ ^[0-9]+$ && ${total[no]} =~ ^[0-9]+$ ]] && [ "${total[yes]}" -ge 10 ] && [ "${total[no]}" -ge 10 ]; then
+	pass "sacct: TotalCPU of the 20 s spin ${total[yes]} s with mpipause, ${total[no]} s without"
+else
+	fail "sacct: TotalCPU with mpipause '${total[yes]}', without '${total[no]}' (want 10 s or more of the 20 s spin)"
+fi
+if [ -n "${bind[yes]}" ] && [ "${bind[yes]}" = "${bind[no]}" ]; then
+	pass "--cpu-bind=cores: with mpipause as without (${bind[yes]})"
+else
+	fail "--cpu-bind=cores: with mpipause '${bind[yes]}', without '${bind[no]}'"
+fi
+
+summary
+
+exit

@@ -249,7 +249,7 @@ func TestFaultTable(t *testing.T) {
 			if job == nil {
 				jobs++
 				jobLib = lib
-				job = startFaultJob(ctx, t, lib, fmt.Sprintf("ft%d-%d-%s-%d", os.Getpid(), fc.ri, strings.ToLower(phase), k))
+				job = startFaultJob(ctx, t, obs, lib, fmt.Sprintf("ft%d-%d-%s-%d", os.Getpid(), fc.ri, strings.ToLower(phase), k))
 			}
 			trialSeed := cellSeed + uint64(k)
 			replay := replayCommand(trialSeed, fc.name(), lib.name)
@@ -901,12 +901,14 @@ type faultJob struct {
 	ranks         int // 6 unless set
 }
 
-func startFaultJob(ctx context.Context, t *testing.T, lib mpiLib, id string) *faultJob {
+// obs is the table's one observer: one per job would attach a program to
+// the rig's cgroup per job, and the kernel refuses the 65th (E2BIG, 64
+// programs a cgroup and attach type), which a long run's 65th job met.
+func startFaultJob(ctx context.Context, t *testing.T, obs loader.Observer, lib mpiLib, id string) *faultJob {
 	t.Helper()
 	f := &faultJob{id: id, app: filepath.Join(binDir(t), "apps", "xchg."+lib.name), stop: t.TempDir()}
 	f.args = []string{"-m", "a2a", "-s", "128K", "-t", "2000"}
 	f.proc = runJob(ctx, t, lib, id, f.app, append(f.args, "-n", "1000000", "-E", f.stop)...)
-	obs, _ := rigReaders(ctx, t)
 	waitProgress(ctx, t, obs, f.done, sentBytes(ctx, obs), 4<<20)
 	waitRegisteredAgain(ctx, t, id, f.done)
 	return f

@@ -196,7 +196,10 @@ lib_run() {
 		if [ "$how" = preempt ]; then
 			hout=$(mktemp)
 			high=slurm-e2e-high-$$-$i
-			srun -p high --job-name="$high" --mpipause=no -N"$nodes" -n"$nodes" sleep 20 >"$hout" 2>&1 &
+			# It holds the nodes until cancelled: the checks of the
+			# suspended job take longer under emulation than any fixed
+			# time (a 20 s job ended mid-check once, and the job resumed).
+			srun -p high --job-name="$high" --mpipause=no -N"$nodes" -n"$nodes" sleep 3600 >"$hout" 2>&1 &
 			high_pid=$!
 		elif ! sudo -n scontrol suspend "$sid"; then
 			fail "$lib: scontrol suspend $sid"
@@ -219,10 +222,12 @@ lib_run() {
 		base=$(sent0 "$id")
 		if [ "$how" = preempt ]; then
 			# The resume is Slurm's, when the preempting job ends.
-			if ! wait "$high_pid"; then
-				fail "$lib: preempt $i: the high-priority job failed: $(tail -2 "$hout" | tr '\n' ' ')"
+			if ! kill -0 "$high_pid" 2>/dev/null; then
+				fail "$lib: preempt $i: the high-priority job ended before the checks: $(tail -2 "$hout" | tr '\n' ' ')"
 				return
 			fi
+			scancel -n "$high"
+			wait "$high_pid"
 			rm -f "$hout"
 		elif ! sudo -n scontrol resume "$sid"; then
 			fail "$lib: scontrol resume $sid"

@@ -229,27 +229,23 @@ if [ $slurm = 1 ]; then
 	done
 	say "Slurm provisioned in $((SECONDS - t)) s:"
 	grep 'provision-slurm node' "$log" | sed 's/^/    /'
-	t=$SECONDS
-	if vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/slurm-e2e.sh --nodes $nodes" 2>&1 | while IFS= read -r line; do
-		printf '    [%ss] %s\n' "$SECONDS" "${line%$'\r'}"
-	done; then
-		rc=0
-	else
-		rc=$?
-	fi
-	[ "$rc" = 0 ] || fail "the Slurm e2e on the VMs (exit $rc, above)"
-	say "the Slurm e2e took $((SECONDS - t)) s"
+	# on_node0 WHAT CMD: CMD on node0, its lines as they come with this
+	# check's seconds; the check fails if it does.
+	on_node0() {
+		local t=$SECONDS rc
+		if vagrant ssh node0 --no-tty -c "$2" 2>&1 | while IFS= read -r line; do
+			printf '    [%ss] %s\n' "$SECONDS" "${line%$'\r'}"
+		done; then
+			rc=0
+		else
+			rc=$?
+		fi
+		[ "$rc" = 0 ] || fail "$1 (exit $rc, above)"
+		say "$1 took $((SECONDS - t)) s"
+	}
+	on_node0 "the Slurm e2e on the VMs" "bash /vagrant/vagrant/slurm-e2e.sh --nodes $nodes"
 	# The same citizenship for a job in a systemd scope of its own.
-	t=$SECONDS
-	if vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/scope-e2e.sh" 2>&1 | while IFS= read -r line; do
-		printf '    [%ss] %s\n' "$SECONDS" "${line%$'\r'}"
-	done; then
-		rc=0
-	else
-		rc=$?
-	fi
-	[ "$rc" = 0 ] || fail "the systemd scope e2e on node0 (exit $rc, above)"
-	say "the systemd scope e2e took $((SECONDS - t)) s"
+	on_node0 "the systemd scope e2e on node0" "bash /vagrant/vagrant/scope-e2e.sh"
 fi
 
 total=0

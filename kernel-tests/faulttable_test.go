@@ -51,6 +51,11 @@ type faultRow struct {
 	allowed []string
 	// perTrialJob: the fault ends the job (a rank killed).
 	perTrialJob bool
+	// waits: each trial waits out a deadline (a node's step and lease,
+	// about 10 s a trial where the others take 2 or 3); such a row runs a
+	// quarter of the trials (cellTrials), so that a long run's time goes
+	// to trials that find something and not to sleeping.
+	waits bool
 	// noReport: the fault takes the coordinator, and with it the report;
 	// the pause command can only say that it lost its mpid.
 	noReport bool
@@ -149,7 +154,8 @@ func (c faultCell) seed(master uint64) uint64 {
 // back everywhere or completed everywhere, never split; a pause with a node
 // lost rolls back).
 //
-// MPIPAUSE_FAULT_TRIALS sets the trials per cell (default 3; make
+// MPIPAUSE_FAULT_TRIALS sets the trials per cell (default 3; a row that
+// waits out a deadline runs a quarter of them, at least 3: cellTrials; make
 // test-faults-long runs enough for 1,000 faults), MPIPAUSE_FAULT_SEED the
 // master seed (printed; each cell's seeds derive from it),
 // MPIPAUSE_FAULT_ONLY the cells to run ("fault PHASE" exactly, else every
@@ -174,7 +180,7 @@ func TestFaultTable(t *testing.T) {
 		}
 		seed, seedGiven = v, true
 	}
-	libOf, err := faultLibs(os.Getenv("MPIPAUSE_FAULT_LIB"), trials)
+	libOf, err := faultLibs(os.Getenv("MPIPAUSE_FAULT_LIB"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -187,14 +193,19 @@ func TestFaultTable(t *testing.T) {
 	repairRigOnCleanup(t)
 	// The deadline grows with the trials: 1,000 of them take far more than
 	// the default run's 20 minutes.
-	timeout := max(20*time.Minute, time.Duration(len(cells)*trials)*faultTrialBudget)
+	planned := 0
+	for _, fc := range cells {
+		planned += cellTrials(fc.row, trials)
+	}
+	timeout := max(20*time.Minute, time.Duration(planned)*faultTrialBudget)
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	obs, _ := rigReaders(ctx, t)
 	if replaying {
 		t.Logf("faults: %d trials per cell, seed %d of the cell itself (MPIPAUSE_FAULT_SEED with MPIPAUSE_FAULT_ONLY), deadline %v", trials, seed, timeout)
 	} else {
-		t.Logf("faults: %d trials per cell in %d cells, master seed %d (MPIPAUSE_FAULT_SEED), deadline %v", trials, len(cells), seed, timeout)
+		t.Logf("faults: %d trials per cell (%d in a row that waits out a deadline) in %d cells, %d in all, master seed %d (MPIPAUSE_FAULT_SEED), deadline %v",
+			trials, cellTrials(&faultRow{waits: true}, trials), len(cells), planned, seed, timeout)
 	}
 	table := map[string]map[string]*cell{}
 	for ri := range rows {
@@ -241,8 +252,9 @@ func TestFaultTable(t *testing.T) {
 				job = nil
 			}
 		}
-		for k := 0; k < trials; k++ {
-			lib := libOf(fc.ci, k)
+		n := cellTrials(row, trials)
+		for k := 0; k < n; k++ {
+			lib := libOf(fc.ci, k, n)
 			if job != nil && jobLib.name != lib.name {
 				endJob()
 			}
@@ -328,9 +340,19 @@ func selectCells(rows []faultRow, only string) []faultCell {
 	return part
 }
 
-// faultLibs maps MPIPAUSE_FAULT_LIB to the library of trial k of cell ci
-// (a cell's trials share a job, and a job is one library).
-func faultLibs(choice string, trials int) (func(ri, k int) mpiLib, error) {
+// cellTrials is how many trials a cell of row runs when a cell runs trials:
+// all of them, or for a row that waits out a deadline a quarter (at least 3,
+// and never more than trials), so that a replay (1 trial) stays one.
+func cellTrials(row *faultRow, trials int) int {
+	if !row.waits {
+		return trials
+	}
+	return max(min(trials, 3), (trials+3)/4)
+}
+
+// faultLibs maps MPIPAUSE_FAULT_LIB to the library of trial k of the n of
+// cell ci (a cell's trials share a job, and a job is one library).
+func faultLibs(choice string) (func(ci, k, n int) mpiLib, error) {
 	byName := func(name string) (mpiLib, bool) {
 		for _, l := range mpiLibs {
 			if l.name == name {
@@ -343,15 +365,15 @@ func faultLibs(choice string, trials int) (func(ri, k int) mpiLib, error) {
 	case "":
 		// Alternate by the cell's place in the whole table, so that a
 		// cell run alone keeps its library.
-		return func(ci, _ int) mpiLib { return mpiLibs[ci%len(mpiLibs)] }, nil
+		return func(ci, _, _ int) mpiLib { return mpiLibs[ci%len(mpiLibs)] }, nil
 	case "both":
-		return func(_, k int) mpiLib { return mpiLibs[k*len(mpiLibs)/trials] }, nil
+		return func(_, k, n int) mpiLib { return mpiLibs[k*len(mpiLibs)/n] }, nil
 	}
 	l, ok := byName(choice)
 	if !ok {
 		return nil, fmt.Errorf("MPIPAUSE_FAULT_LIB=%q: openmpi, mpich or both", choice)
 	}
-	return func(int, int) mpiLib { return l }, nil
+	return func(int, int, int) mpiLib { return l }, nil
 }
 
 // replayCommand is the command that runs one trial again alone, with the
@@ -424,7 +446,7 @@ func faultRows(bin string) []faultRow {
 		{name: "coordinator mpid SIGKILL", node: 0, allowed: []string{outRolledBack}, noReport: true, inject: killMpid,
 			phases: []string{"PREPARE", "DRAIN", "FREEZE", "VERIFY", "COMMIT"}},
 		{name: "node2 link cut, heals", node: 2, allowed: []string{outRolledBack, outCompleted}, inject: cutLink(true)},
-		{name: "node2 link cut, stays cut", node: 2, allowed: []string{outRolledBack}, inject: cutLink(false)},
+		{name: "node2 link cut, stays cut", node: 2, allowed: []string{outRolledBack}, inject: cutLink(false), waits: true},
 		{name: "rank SIGKILL on node2", node: 2, allowed: []string{outRolledBack}, perTrialJob: true, inject: killRank},
 		// The lease gap (issue 25): COMMIT done on node1, on its way to
 		// node2 (whose link is cut), when the coordinator dies, and the
@@ -432,7 +454,7 @@ func faultRows(bin string) []faultRow {
 		// must agree without it (before the decider, node1 stayed paused
 		// until the coordinator came back, node2 rolled back).
 		{name: "coordinator dies in COMMIT", node: 1, where: "after", allowed: []string{outRolledBack}, noReport: true,
-			phases: []string{"COMMIT"}, inject: killCoordinatorLate},
+			phases: []string{"COMMIT"}, inject: killCoordinatorLate, waits: true},
 		// Stopped by someone else (a debugger, a user's kill -STOP), not
 		// killed: the rank neither reads nor answers until SIGCONT, which
 		// comes once the pause command has returned. Either outcome is

@@ -5,6 +5,7 @@ import (
 	"os"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/internal/ranks"
@@ -96,10 +97,22 @@ func TestPauseRolledBackWhenUnrecorded(t *testing.T) {
 		r, _ := ctl.Do(context.Background(), nodes[0].ctlAddr, ctl.Request{Op: ctl.OpPause, Job: "j1"}, nil)
 		done <- r
 	}()
-	waitFor(t, mem, func() bool {
-		r, err := readRecord(recordPath(dir, key))
-		return err == nil && r.State == ctl.StatePausing
-	}, "the coordinator never recorded the pause under way")
+	// Not waitFor: its mem.Drain waits for every handler to return, and
+	// node0's FREEZE handler is held until the record is seen (a wait
+	// begun before the record was written lasted the whole FREEZE deadline).
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if r, err := readRecord(recordPath(dir, key)); err == nil && r.State == ctl.StatePausing {
+			break
+		}
+		select {
+		case r := <-done:
+			t.Fatalf("the pause ended before node0's FREEZE: %+v", r)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the coordinator never recorded the pause under way")
+		}
+	}
 	unwritable(t, dir)
 	close(hold)
 	rep := <-done

@@ -52,7 +52,7 @@ type faultRow struct {
 	// perTrialJob: the fault ends the job (a rank killed).
 	perTrialJob bool
 	// waits: each trial waits out a deadline (a node's step and lease,
-	// about 10 s a trial where the others take 2 or 3); such a row runs a
+	// 6 to 11 s a trial where the others take 1 to 4); such a row runs a
 	// quarter of the trials (cellTrials), so that a long run's time goes
 	// to trials that find something and not to sleeping.
 	waits bool

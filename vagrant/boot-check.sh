@@ -195,21 +195,27 @@ check_node() {
 }
 for ((k = 0; k < nodes; k++)); do check_node "$k"; done
 
-if [ $e2e = 1 ]; then
-	say "the cluster e2e on ${all[*]}: vagrant/e2e.sh ${e2e_args[*]}"
-	t=$SECONDS
-	# Its lines as they come, with this check's seconds: a slow step shows
-	# (no tr in the pipe: it would hold them back in its buffer).
-	# With pipefail, the pipeline's status is e2e.sh's.
-	if "$here/e2e.sh" --nodes "$nodes" "${e2e_args[@]}" 2>&1 | while IFS= read -r line; do
+# streamed WHAT CMD...: CMD's lines as they come, with this check's seconds,
+# so that a slow step shows (no tr in the pipe: it would hold them back in
+# its buffer); the check fails if CMD does (with pipefail, the pipeline's
+# status is CMD's).
+streamed() {
+	local what=$1 t=$SECONDS rc
+	shift
+	if "$@" 2>&1 | while IFS= read -r line; do
 		printf '    [%ss] %s\n' "$SECONDS" "${line%$'\r'}"
 	done; then
 		rc=0
 	else
 		rc=$?
 	fi
-	[ "$rc" = 0 ] || fail "the cluster e2e on the VMs (exit $rc, above)"
-	say "the cluster e2e took $((SECONDS - t)) s"
+	[ "$rc" = 0 ] || fail "$what (exit $rc, above)"
+	say "$what took $((SECONDS - t)) s"
+}
+
+if [ $e2e = 1 ]; then
+	say "the cluster e2e on ${all[*]}: vagrant/e2e.sh ${e2e_args[*]}"
+	streamed "the cluster e2e on the VMs" "$here/e2e.sh" --nodes "$nodes" "${e2e_args[@]}"
 fi
 
 if [ $slurm = 1 ]; then
@@ -229,23 +235,9 @@ if [ $slurm = 1 ]; then
 	done
 	say "Slurm provisioned in $((SECONDS - t)) s:"
 	grep 'provision-slurm node' "$log" | sed 's/^/    /'
-	# on_node0 WHAT CMD: CMD on node0, its lines as they come with this
-	# check's seconds; the check fails if it does.
-	on_node0() {
-		local t=$SECONDS rc
-		if vagrant ssh node0 --no-tty -c "$2" 2>&1 | while IFS= read -r line; do
-			printf '    [%ss] %s\n' "$SECONDS" "${line%$'\r'}"
-		done; then
-			rc=0
-		else
-			rc=$?
-		fi
-		[ "$rc" = 0 ] || fail "$1 (exit $rc, above)"
-		say "$1 took $((SECONDS - t)) s"
-	}
-	on_node0 "the Slurm e2e on the VMs" "bash /vagrant/vagrant/slurm-e2e.sh --nodes $nodes"
+	streamed "the Slurm e2e on the VMs" vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/slurm-e2e.sh --nodes $nodes"
 	# The same citizenship for a job in a systemd scope of its own.
-	on_node0 "the systemd scope e2e on node0" "bash /vagrant/vagrant/scope-e2e.sh"
+	streamed "the systemd scope e2e on node0" vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/scope-e2e.sh"
 fi
 
 total=0

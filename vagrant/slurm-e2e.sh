@@ -289,6 +289,29 @@ outcomes() {
 	done
 	rm -f "${outs[@]}"
 }
+# cancelled yes|no SRUN-ARGS...: "JobState left=N" of the step, with
+# mpipause or without, cancelled once all its ranks run (with mpipause:
+# registered), N its processes left on the nodes.
+cancelled() {
+	local p=$1 out
+	shift
+	out=$(mktemp)
+	srun_bg "$out" --mpipause="$p" "$@" || {
+		echo "no job"
+		return
+	}
+	if [ "$p" = yes ]; then
+		reg() { kill -0 "$srun_pid" 2>/dev/null || return 2; mpipause status --json "$sid.0" 2>/dev/null | jq -e --argjson r "$ranks" '.ranks == $r' >/dev/null; }
+		until_ok reg
+	else
+		started() { kill -0 "$srun_pid" 2>/dev/null || return 2; [ "$(for ((k = 0; k < nodes; k++)); do pids_on "node$k"; done | wc -w)" -ge "$ranks" ]; }
+		until_ok started
+	fi
+	scancel "$sid"
+	wait "$srun_pid"
+	echo "$(end_state "$sid") left=$(for ((k = 0; k < nodes; k++)); do pids_on "node$k"; done | wc -w)"
+	rm -f "$out"
+}
 for c in "scancel" "time limit" "memory limit"; do
 	case $c in
 	scancel)
@@ -297,30 +320,12 @@ for c in "scancel" "time limit" "memory limit"; do
 	"time limit") args=(-t 1 -N1 -n1 sleep 600) ;;
 	"memory limit") args=(--mem=64M -N1 -n1 awk 'BEGIN { s = "x"; for (i = 0; i < 40; i++) s = s s; print length(s) }') ;;
 	esac
-	got=()
-	if [ "$c" != scancel ]; then
+	if [ "$c" = scancel ]; then
+		# Its job takes every node: one after the other.
+		got=("$(cancelled yes "${args[@]}")" "$(cancelled no "${args[@]}")")
+	else
 		mapfile -t got < <(outcomes "${args[@]}")
 	fi
-	# scancel's job takes every node: one after the other.
-	for p in yes no; do
-		[ "$c" = scancel ] || break
-		out=$(mktemp)
-		srun_bg "$out" --mpipause=$p "${args[@]}" || {
-			got+=("no job")
-			continue
-		}
-		if [ $p = yes ]; then
-			reg() { kill -0 "$srun_pid" 2>/dev/null || return 2; mpipause status --json "$sid.0" 2>/dev/null | jq -e --argjson r "$ranks" '.ranks == $r' >/dev/null; }
-			until_ok reg
-		else
-			started() { kill -0 "$srun_pid" 2>/dev/null || return 2; [ "$(for ((k = 0; k < nodes; k++)); do pids_on "node$k"; done | wc -w)" -ge "$ranks" ]; }
-			until_ok started
-		fi
-		scancel "$sid"
-		wait "$srun_pid"
-		got+=("$(end_state "$sid") left=$(for ((k = 0; k < nodes; k++)); do pids_on "node$k"; done | wc -w)")
-		rm -f "$out"
-	done
 	if [ "${#got[@]}" = 2 ] && [ "${got[0]}" = "${got[1]}" ]; then
 		pass "$c: with mpipause as without: ${got[0]}"
 	else

@@ -135,6 +135,25 @@ sent0() {
 	[ ${#args[@]} -gt 0 ] && sudo -n mpipause observe "${args[@]}" --json | jq '[.connections[] | .bytes_sent] | add // 0'
 }
 
+# seen OUT: what a check that failed saw of lib_run's job (its id, sid,
+# srun_pid; OUT srun's output): mpipause's, Slurm's and srun's states, the
+# ranks' on every node (ps STAT and WCHAN: where a blocked rank waits in the
+# kernel), node0's connections of the job, and srun's last lines.
+seen() {
+	local out=$1 n p ps='' conns args=() cg
+	for ((k = 0; k < nodes; k++)); do
+		n=node$k
+		p=$(pids_on "$n" | xargs | tr ' ' ,)
+		[ -z "$p" ] || ps+=$(on "$n" ps -o pid=,stat=,wchan:22= -p "$p" | awk -v n="$n" '{ printf " %s:%s:%s:%s", n, $1, $2, $3 }')
+	done
+	for cg in $(mpipause status --json "$id" 2>/dev/null | jq -r '.node as $n | .cgroups[]? | select(.node == $n) | .dir'); do
+		args+=(--cgroup "$cg")
+	done
+	conns="none: no cgroup of the job on node0"
+	[ ${#args[@]} = 0 ] || conns=$(sudo -n mpipause observe "${args[@]}" --json 2>&1 | jq -r .summary.connections 2>&1)
+	echo "mpipause $(state "$id"), Slurm $(job_state "$sid"), srun $(kill -0 "$srun_pid" 2>/dev/null && echo running || echo ended); ranks:${ps:- none}; node0 connections: $conns; srun: $(tail -3 "$out" | tr '\n' ' ')"
+}
+
 # srun_bg OUT ARGS...: srun in the background, its output to OUT; sets
 # srun_pid and, once Slurm has it, sid.
 srun_bg() {
@@ -185,9 +204,9 @@ lib_run() {
 		return
 	fi
 	local base now
-	exchanging() { base=$(sent0 "$id") && [ "$base" -gt 0 ]; }
+	exchanging() { kill -0 "$srun_pid" 2>/dev/null || return 2; base=$(sent0 "$id") && [ "$base" -gt 0 ]; }
 	until_ok exchanging || {
-		fail "$lib: no bytes exchanged"
+		fail "$lib: no bytes exchanged: $(seen "$out")"
 		return
 	}
 	local high high_pid hout
@@ -207,7 +226,7 @@ lib_run() {
 		fi
 		paused() { [ "$(state "$id")" = paused ]; }
 		if ! until_ok paused; then
-			fail "$lib: $what $i: mpipause says $(state "$id"), Slurm $(job_state "$sid")"
+			fail "$lib: $what $i: not paused: $(seen "$out")"
 			return
 		fi
 		if ! j=$(empty_everywhere "$id"); then
@@ -235,7 +254,7 @@ lib_run() {
 		fi
 		moved() { [ "$(state "$id")" = running ] && now=$(sent0 "$id") && [ "$now" -gt "$base" ]; }
 		if ! until_ok moved; then
-			fail "$lib: $what $i: resume: mpipause says $(state "$id"), Slurm $(job_state "$sid"), no new bytes"
+			fail "$lib: $what $i: resume: no new bytes: $(seen "$out")"
 			return
 		fi
 		pass "$lib: $what $i: resumed: running and exchanging, Slurm $(job_state "$sid")"

@@ -133,9 +133,9 @@ else
 	exit
 fi
 base=0
-exchanging() { base=$(sent) && [ "$base" -gt 0 ]; }
+exchanging() { kill -0 "$job_pid" 2>/dev/null || return 2; base=$(sent) && [ "$base" -gt 0 ]; }
 until_ok exchanging || {
-	fail "no bytes exchanged"
+	fail "no bytes exchanged: mpipause $(state), the job $(kill -0 "$job_pid" 2>/dev/null && echo running || echo ended); ranks: $(for p in $(ranks); do ps -o pid=,stat=,wchan:22= -p "$p"; done | awk '{ printf " %s:%s:%s", $1, $2, $3 }'); its output: $(tail -3 "$out" | tr '\n' ' ')"
 	summary
 	exit
 }

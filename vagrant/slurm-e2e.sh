@@ -79,17 +79,24 @@ end_state() {
 # that left the job's cgroup.
 # The command must start with the app: srun's own command line names it too.
 pids_on() { on "$1" pgrep -u "$(id -u)" -f "^[^ ]*/apps/xchg[.]" 2>/dev/null | tr '\n' ' '; }
+# ranks_on NODE: "PID CGROUP" of each of the test app's processes on NODE,
+# in one call (a call costs seconds on an emulated VM).
+ranks_on() {
+	# shellcheck disable=SC2016 # the node's shell expands them
+	on "$1" sh -c 'for p in $(pgrep -u "$1" -f "$2"); do c=$(cat "/proc/$p/cgroup" 2>/dev/null) && echo "$p ${c#0::}"; done' sh "$(id -u)" "^[^ ]*/apps/xchg[.]"
+}
 # in_job_cgroups SLURMID: every rank on every node is inside Slurm's cgroup
 # of the job (/.../job_ID/): none taken out of it.
 in_job_cgroups() {
-	local id=$1 n p cg bad=''
+	local id=$1 n p cg bad="" found=0
 	for ((k = 0; k < nodes; k++)); do
 		n=node$k
-		for p in $(pids_on "$n"); do
-			cg=$(on "$n" cat "/proc/$p/cgroup" 2>/dev/null) || continue
-			case $cg in *"/job_$id/"*) ;; *) bad+=" $n:$p:${cg#0::}" ;; esac
-		done
+		while read -r p cg; do
+			found=$((found + 1))
+			case $cg in *"/job_$id/"*) ;; *) bad+=" $n:$p:$cg" ;; esac
+		done < <(ranks_on "$n")
 	done
+	[ "$found" = "$ranks" ] || bad+=" (found $found of the $ranks ranks)"
 	[ -z "$bad" ] || {
 		echo "$bad"
 		return 1

@@ -184,7 +184,7 @@ trap 'scancel -u "$(id -u)" 2>/dev/null; rm -rf "$stop"' EXIT
 # (scontrol suspend and resume, --pauses times) or preempt (a job of the
 # higher-priority partition takes the nodes, once, and ends).
 lib_run() {
-	local lib=$1 how=${2:-scontrol} mpi pre=() out id i j t n=$pauses what=suspend
+	local lib=$1 how=${2:-scontrol} mpi pre=() out id i j t st late n=$pauses what=suspend
 	case $lib in
 	openmpi) mpi=pmix ;;
 	mpich)
@@ -231,20 +231,42 @@ lib_run() {
 			fail "$lib: scontrol suspend $sid"
 			return
 		fi
-		paused() { [ "$(state "$id")" = paused ]; }
-		if ! until_ok paused; then
+		# Paused; or the pause failed with the job suspended: Slurm
+		# 22.05 sends its SIGSTOP (the step cgroup's freeze) 2 s after
+		# its SIGTSTP, and a pause on these emulated VMs takes 0.4 to
+		# 3.3 s (mpid's total_ms). A rank stopped before the drain has
+		# read what was sent to it makes the drain time out and the
+		# pause roll back: the job stops where it is, as without
+		# mpipause, and Slurm's resume continues it (docs/slurm.md). Only
+		# a step that ran out of time is that race: any other failure
+		# (bytes through closed gates, a rank lost) fails the check.
+		settled() { st=$(state "$id") && { [ "$st" = paused ] || { [ "$st" = failed ] && [ "$(job_state "$sid")" = SUSPENDED ]; }; }; }
+		if ! until_ok settled; then
 			fail "$lib: $what $i: not paused: $(seen "$out")"
-			return
-		fi
-		if ! j=$(empty_everywhere "$id"); then
-			fail "$lib: $what $i: $j"
 			return
 		fi
 		if ! in_job_cgroups "$sid" >/dev/null; then
 			fail "$lib: $what $i: ranks outside Slurm's job cgroup"
 			return
 		fi
-		pass "$lib: $what $i: paused within $((SECONDS - t)) s, Slurm $(job_state "$sid"); connections empty on$j; ranks in Slurm's job cgroup"
+		late=''
+		if [ "$st" = paused ]; then
+			if ! j=$(empty_everywhere "$id"); then
+				fail "$lib: $what $i: $j"
+				return
+			fi
+			clean[$lib]=$((${clean[$lib]:-0} + 1))
+			pass "$lib: $what $i: paused within $((SECONDS - t)) s, Slurm $(job_state "$sid"); connections empty on$j; ranks in Slurm's job cgroup"
+		else
+			late=$(mpipause status --json "$id" | jq -r '.failure | "\(.phase): \(.reason)"')
+			case $late in
+			*"timed out"* | *"deadline exceeded"* | *"i/o timeout"*) ;;
+			*)
+				fail "$lib: $what $i: the pause failed, not for time: $late"
+				return
+				;;
+			esac
+		fi
 		base=$(sent0 "$id")
 		if [ "$how" = preempt ]; then
 			# The resume is Slurm's, when the preempting job ends.
@@ -264,7 +286,11 @@ lib_run() {
 			fail "$lib: $what $i: resume: no new bytes: $(seen "$out")"
 			return
 		fi
-		pass "$lib: $what $i: resumed: running and exchanging, Slurm $(job_state "$sid")"
+		if [ -z "$late" ]; then
+			pass "$lib: $what $i: resumed: running and exchanging, Slurm $(job_state "$sid")"
+		else
+			pass "$lib: $what $i: Slurm's SIGSTOP came before the pause committed ($late): rolled back, ranks in Slurm's job cgroup, resumed by Slurm as without mpipause: running and exchanging"
+		fi
 	done
 	touch "$stop/stop"
 	wait "$srun_pid"
@@ -281,12 +307,19 @@ lib_run() {
 }
 
 IFS=, read -r -a lib_list <<<"$libs"
+# clean[LIB]: the suspends of LIB's jobs that paused before Slurm's SIGSTOP.
+declare -A clean
 for l in "${lib_list[@]}" "${lib_list[0]} preempt"; do
 	# shellcheck disable=SC2086 # LIB [HOW]
 	lib_run $l
 	# A run that failed leaves its job: it would hold the nodes.
 	scancel -u "$(id -u)" 2>/dev/null
 	[ -z "${srun_pid:-}" ] || wait "$srun_pid" 2>/dev/null
+done
+# A suspend may lose the race with Slurm's SIGSTOP now and then (above),
+# not every one of a library's.
+for l in "${lib_list[@]}"; do
+	[ "${clean[$l]:-0}" -gt 0 ] || fail "$l: no suspend of its jobs paused before Slurm's SIGSTOP"
 done
 
 # What Slurm does to a step, with mpipause and without (--mpipause=no).

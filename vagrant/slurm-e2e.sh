@@ -12,7 +12,9 @@
 # every rank stays inside its Slurm job's cgroup at every step; the result
 # is the serial one. The same for the first library's job suspended by
 # preemption (PreemptMode=SUSPEND,GANG: a job of partition high takes the
-# nodes, ends, and Slurm resumes the job). Then what Slurm does to a step,
+# nodes, ends, and Slurm resumes the job). A suspend whose pause Slurm's
+# SIGSTOP overtakes (emulated VMs are slow) must roll back and resume as
+# without mpipause; each library must pause cleanly at least once. Then what Slurm does to a step,
 # each compared with the same step run with --mpipause=no: scancel, the
 # time limit, a task over its memory limit (Slurm's cgroup OOM-kills it),
 # sstat's and sacct's CPU counts, and --cpu-bind. One line per check, PASS or FAIL, then "N passed, N failed".

@@ -135,12 +135,18 @@ empty_everywhere() {
 	done
 	echo "$out"
 }
+# here_cgroups ID: --cgroup DIR for each of node0's cgroups of job ID, as
+# its mpid names them (none when it names none).
+here_cgroups() {
+	local cg
+	for cg in $(mpipause status --json "$1" 2>/dev/null | jq -r '.node as $n | .cgroups[]? | select(.node == $n) | .dir'); do
+		printf -- '--cgroup\n%s\n' "$cg"
+	done
+}
 # sent0 ID: bytes the job's connections on node0 have sent (BPF counters).
 sent0() {
-	local args=() cg
-	for cg in $(mpipause status --json "$1" | jq -r '.node as $n | .cgroups[]? | select(.node == $n) | .dir'); do
-		args+=(--cgroup "$cg")
-	done
+	local args
+	mapfile -t args < <(here_cgroups "$1")
 	[ ${#args[@]} -gt 0 ] && sudo -n mpipause observe "${args[@]}" --json | jq '[.connections[] | .bytes_sent] | add // 0'
 }
 
@@ -149,15 +155,13 @@ sent0() {
 # ranks' on every node (ps STAT and WCHAN: where a blocked rank waits in the
 # kernel), node0's connections of the job, and srun's last lines.
 seen() {
-	local out=$1 n p ps='' conns args=() cg
+	local out=$1 n p ps='' conns args
 	for ((k = 0; k < nodes; k++)); do
 		n=node$k
 		p=$(pids_on "$n" | xargs | tr ' ' ,)
 		[ -z "$p" ] || ps+=$(on "$n" ps -o pid=,stat=,wchan:22= -p "$p" | awk -v n="$n" '{ printf " %s:%s:%s:%s", n, $1, $2, $3 }')
 	done
-	for cg in $(mpipause status --json "$id" 2>/dev/null | jq -r '.node as $n | .cgroups[]? | select(.node == $n) | .dir'); do
-		args+=(--cgroup "$cg")
-	done
+	mapfile -t args < <(here_cgroups "$id")
 	conns="none: no cgroup of the job on node0"
 	[ ${#args[@]} = 0 ] || conns=$(sudo -n mpipause observe "${args[@]}" --json 2>&1 | jq -r .summary.connections 2>&1)
 	echo "mpipause $(state "$id"), Slurm $(job_state "$sid"), srun $(kill -0 "$srun_pid" 2>/dev/null && echo running || echo ended); ranks:${ps:- none}; node0 connections: $conns; srun: $(tail -3 "$out" | tr '\n' ' ')"

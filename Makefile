@@ -93,7 +93,7 @@ test-multinode: build ## tier 3: real Open MPI and MPICH jobs on the netns rig
 
 test-security: build ## tier 4: each attack of docs/security.md's table as uid 1001 against uid 1002's job on the rig, judged on the victim; prints attack x outcome
 	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -count=1 -timeout 20m -v -run '^TestSecurity$$' ./kernel-tests/ 2>&1 \
-		| tee /tmp/mpipause-security.log | grep -E '^(--- |PASS|FAIL|ok|panic)|security [|]|security_test.go:'; exit $${PIPESTATUS[0]}
+		| tee /tmp/mpipause-security.log | grep -E '^(--- |PASS|FAIL|ok|panic)|security [|]|security[a-z_]*_test.go:'; exit $${PIPESTATUS[0]}
 
 .PHONY: check-unit
 check-unit: build ## systemd-analyze verify dist/systemd/mpid.service offline (no running systemd needed); also in test-multinode

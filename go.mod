@@ -11,6 +11,7 @@ require (
 	github.com/prometheus/common v0.73.1
 	golang.org/x/sync v0.24.0
 	golang.org/x/sys v0.49.0
+	golang.org/x/time v0.16.0
 )
 
 require (

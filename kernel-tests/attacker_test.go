@@ -79,6 +79,8 @@ func attackMain(mode string, args []string) int {
 		err = attackPeerFlood(args)
 	case "peerspam":
 		err = attackPeerSpam(args)
+	case "handshakes":
+		err = attackHandshakes(args)
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}

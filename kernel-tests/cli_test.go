@@ -665,27 +665,6 @@ func TestRankExitsDuringPause(t *testing.T) {
 	}
 }
 
-// threadNice is the niceness of pid's thread called name ("" if none).
-func threadNice(pid int, name string) string {
-	tasks, _ := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
-	for _, task := range tasks {
-		dir := fmt.Sprintf("/proc/%d/task/%s", pid, task.Name())
-		comm, _ := os.ReadFile(dir + "/comm")
-		if strings.TrimSpace(string(comm)) != name {
-			continue
-		}
-		b, err := os.ReadFile(dir + "/stat")
-		if err != nil {
-			return ""
-		}
-		f := strings.Fields(string(b[bytes.LastIndexByte(b, ')')+1:]))
-		if len(f) > 16 {
-			return f[16] // field 19 of stat; f[0] is field 3
-		}
-	}
-	return ""
-}
-
 // TestCtrlZInTerminal: `mpipause run` on a real terminal (a pty made by
 // script(1)), Ctrl-Z typed into it. The terminal sends SIGTSTP to its
 // foreground process group: `mpipause run` alone, since it puts the

@@ -33,17 +33,20 @@ func ctlThreads(t *testing.T, id string) map[int]unix.SchedAttr {
 	return out
 }
 
-// TestCtlThreadRaisedOnlyForPause: a registered rank's shim control thread
-// (named by its process, so a user's choice) is not raised when the rank
-// registers; mpid raises it (SCHED_RR, nice -10) from PREPARE, and gives it
-// back what it had once the pause has committed and after the resume.
-func TestCtlThreadRaisedOnlyForPause(t *testing.T) {
+// TestCtlThreadNeverRaised: mpid gives no thread of a rank real-time
+// policy or a lower niceness, at registration, inside a pause step (held
+// at node0's first DRAIN, when every node has prepared and the drain needs
+// the shim's control thread most), once paused, or after the resume: a
+// rank's process is its user's, and whatever root grants one of its
+// threads the user can keep (a fork, an exec) (docs/security.md,
+// "Scheduling").
+func TestCtlThreadNeverRaised(t *testing.T) {
 	for _, lib := range mpiLibs {
-		t.Run(lib.name, func(t *testing.T) { ctlThreadRaisedOnlyForPause(t, lib) })
+		t.Run(lib.name, func(t *testing.T) { ctlThreadNeverRaised(t, lib) })
 	}
 }
 
-func ctlThreadRaisedOnlyForPause(t *testing.T, lib mpiLib) {
+func ctlThreadNeverRaised(t *testing.T, lib mpiLib) {
 	bin := binDir(t)
 	sharedRig(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -86,16 +89,7 @@ func ctlThreadRaisedOnlyForPause(t *testing.T, lib mpiLib) {
 		_, err := os.Stat(fp + ".reached")
 		return err == nil
 	})
-	th := ctlThreads(t, id)
-	for pid, a := range th {
-		// sched_getattr reports no niceness for a real-time thread.
-		if n := threadNice(pid, "mpipause-ctl"); a.Policy != unix.SCHED_RR || n != "-10" {
-			t.Errorf("during the pause step: rank %d's control thread has policy %d, nice %s; want SCHED_RR, nice -10", pid, a.Policy, n)
-		}
-	}
-	if len(th) != 6 {
-		t.Errorf("during the pause step: %d shim control threads found, want 6", len(th))
-	}
+	normal("inside the pause step (node0 at DRAIN)")
 	os.Remove(fp)
 	select {
 	case <-pause.done:

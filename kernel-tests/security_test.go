@@ -64,6 +64,7 @@ func TestSecurity(t *testing.T) {
 	e := &secEnv{dir: publicCopies(t, map[string]string{
 		filepath.Join(bin, "mpipause"): "mpipause", filepath.Join(bin, "libmpipause.so"): "libmpipause.so",
 		filepath.Join(bin, "apps", "xchg.mpich"): "xchg.mpich", self: "attacker",
+		filepath.Join(bin, "apps", "libnamethief.so"): "libnamethief.so",
 	})}
 	rows := []struct {
 		id, attack string
@@ -75,10 +76,12 @@ func TestSecurity(t *testing.T) {
 		{"H2", "from node1, no key: 20 conns to node0's peer port each announcing 64 MiB and sending 60; 10 silent; 10 plain hellos then silent", secH2},
 		{"H3", "one endless line on the rank channel", secH3},
 		{"H4", "thread named mpipause-ctl + HELLO; the shim's own thread outside a pause", secH4},
+		{"N4", "a rank of the attacker's own job takes the shim control thread's name; that thread forks once raised, during its own pause", secN4},
 		{"H5", "node0's /etc/hosts maps node1 to node2's address; root pauses a job on node0..node2", secH5},
 		{"M1", "attacker claims job id 4243.0 first", secM1},
 		{"M2", "flood: JOINs of new ids, half HELLOs, 20k EVENT lines", secM2},
 		{"M3", "attacker binds the rank and control endpoints while mpid is down", secM3},
+		{"N7", "from node1, no key: TLS handshakes to node0's peer port in a loop (4 at a time, 6 s) while the victim pauses on node0", secN7},
 		{"L3", "from node1, no key: 2,000 conns to node0's peer port (plain hello or TLS, then garbage) in about a second", secL3},
 		{"L4", "terminal escapes in hosts=; a stranger's status of the victim's job", secL4},
 		{"L5", "failpoint hook in the production bin/mpid", secL5},
@@ -139,7 +142,9 @@ type userJob struct {
 	ranks []int
 }
 
-func (e *secEnv) startUserJob(ctx context.Context, t *testing.T, uid int, node, id string) *userJob {
+// startUserJob starts it; env (K=V) is set for `mpipause run` and so for
+// the launcher and the ranks.
+func (e *secEnv) startUserJob(ctx context.Context, t *testing.T, uid int, node, id string, env ...string) *userJob {
 	t.Helper()
 	hold := filepath.Join(e.dir, fmt.Sprintf("hold-%d-%s", uid, id))
 	if err := os.Mkdir(hold, 0o777); err != nil {
@@ -147,6 +152,9 @@ func (e *secEnv) startUserJob(ctx context.Context, t *testing.T, uid int, node, 
 	}
 	os.Chmod(hold, 0o777)
 	argv := append([]string{filepath.Join(binDir(t), "rig"), "exec", node, "--"}, asUser(uid)...)
+	if len(env) > 0 {
+		argv = append(append(argv, "env"), env...)
+	}
 	argv = append(argv, filepath.Join(e.dir, "mpipause"), "run", "--jobid", id, "--",
 		"mpiexec.mpich", "-launcher", "fork", "-n", "2", filepath.Join(e.dir, "xchg.mpich"), "-m", "a2a", "-n", "1000", "-s", "1K", "-w", hold)
 	j := &userJob{id: id, p: start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig}, argv...)}

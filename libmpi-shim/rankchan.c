@@ -594,8 +594,9 @@ void mpp_ctl_start(const char *hello)
 		goto fail;
 	}
 	have_thread = 1;
-	// mpid finds the thread by this name and raises its priority, so that
-	// its requests are served at once among busy-polling threads.
+	// A restarted mpid counts the processes that run a thread of this name
+	// among the ranks it waits for to register again; the name grants
+	// nothing (a process names its own threads).
 	pthread_setname_np(ctl_thread, MPP_CTL_THREAD_NAME);
 	return;
 fail:

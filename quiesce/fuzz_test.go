@@ -53,8 +53,7 @@ func FuzzServeConn(f *testing.F) {
 			return Message{}, nil
 		}
 		client, conn := net.Pipe()
-		s := &server{h: h, o: ServerOptions{Identity: id, HandshakeTimeout: time.Second}}
-		s.pending.max, s.pending.perAddr = 1, 1
+		s := newServer(h, ServerOptions{Identity: id, HandshakeTimeout: time.Second, MaxPending: 1, MaxPendingPerAddr: 1})
 		if err := s.pending.take(netip.Addr{}); err != nil {
 			t.Fatal(err)
 		}

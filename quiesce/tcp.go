@@ -14,6 +14,8 @@ import (
 	"net/netip"
 	"sync"
 	"time"
+
+	"golang.org/x/time/rate"
 )
 
 // Wire format of the TCP transport: with an Identity, a TLS 1.3 session
@@ -442,6 +444,21 @@ type ServerOptions struct {
 	// means DefaultMaxPending and DefaultMaxPendingPerAddr. A connection
 	// beyond either is closed at once.
 	MaxPending, MaxPendingPerAddr int
+	// HandshakeRate and HandshakeRatePerAddr bound how many connections a
+	// second may start a handshake, in all and from one address (each
+	// with a burst of twice its rate, at least 1); 0 means
+	// DefaultHandshakeRate and DefaultHandshakeRatePerAddr. A connection
+	// beyond either is closed before its handshake: a stranger's loop of
+	// handshakes costs the server at most the rate's worth of key
+	// exchanges and signatures, whatever its speed.
+	HandshakeRate, HandshakeRatePerAddr rate.Limit
+	// Unauthenticated, if set, runs fn, the work a client can cause before
+	// it has proved it holds the cluster key (the accept loop, with its
+	// refusals, for the server's life; each handshake and hello), and
+	// returns when fn has. mpid runs it on a thread without its own
+	// real-time priority, so that a stranger's handshakes compete for the
+	// CPU as the stranger's own processes would. nil runs fn in place.
+	Unauthenticated func(fn func())
 }
 
 // DefaultHandshakeTimeout is how long a client may take to authenticate:
@@ -458,6 +475,24 @@ const (
 	DefaultMaxPendingPerAddr = 32
 )
 
+// A node's mpid dials a peer once per pooled connection (a tree round
+// reuses it), so even thousands of jobs pausing at once start far fewer
+// handshakes a second to one address than these rates let through; a
+// handshake costs the server about half a millisecond of CPU (an
+// X25519MLKEM768 exchange and an Ed25519 signature and verification), so
+// the rates cap what all strangers together can make it spend at about 6%
+// of a CPU, and one address at a quarter of that.
+const (
+	DefaultHandshakeRate        rate.Limit = 128
+	DefaultHandshakeRatePerAddr rate.Limit = 32
+)
+
+// maxRateAddrs bounds the addresses the per-address rate remembers; past
+// it, those whose buckets are full again are forgotten (they would start
+// full anyway), and a connection from a new address finding no room is
+// refused.
+const maxRateAddrs = 4096
+
 // ServeTCP serves h on ln without authentication until ctx is done; see
 // ServeTCPWith.
 func ServeTCP(ctx context.Context, ln net.Listener, h Handler) error {
@@ -467,12 +502,21 @@ func ServeTCP(ctx context.Context, ln net.Listener, h Handler) error {
 // ServeTCPWith serves h on ln until ctx is done, then closes ln and waits
 // for the connections it accepted to finish their current request.
 func ServeTCPWith(ctx context.Context, ln net.Listener, h Handler, o ServerOptions) error {
-	s := &server{h: h, o: o, pending: pending{max: cmp.Or(o.MaxPending, DefaultMaxPending),
-		perAddr: cmp.Or(o.MaxPendingPerAddr, DefaultMaxPendingPerAddr)}}
+	s := newServer(h, o)
 	var wg sync.WaitGroup
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	defer wg.Wait()
+	// Accepting and refusing is work any client causes too, as often as
+	// it connects: it runs where the handshakes do.
+	var err error
+	s.unauthenticated(func() { err = s.accept(ctx, ln, &wg) })
+	return err
+}
+
+// accept takes connections until ln is closed, refusing those beyond the
+// caps and rates before their handshake.
+func (s *server) accept(ctx context.Context, ln net.Listener, wg *sync.WaitGroup) error {
 	for {
 		conn, err := ln.Accept()
 		if err != nil {
@@ -483,12 +527,32 @@ func ServeTCPWith(ctx context.Context, ln net.Listener, h Handler, o ServerOptio
 		}
 		from := addrOf(conn.RemoteAddr())
 		if err := s.pending.take(from); err != nil {
-			s.refused("too many connections not yet authenticated", conn.RemoteAddr(), err)
+			cause := "too many connections not yet authenticated"
+			if errors.Is(err, errRate) {
+				cause = "too many handshakes a second"
+			}
+			s.refused(cause, conn.RemoteAddr(), err)
 			conn.Close()
 			continue
 		}
 		wg.Go(func() { s.serveConn(ctx, conn, from) })
 	}
+}
+
+// unauthenticated runs fn through ServerOptions.Unauthenticated.
+func (s *server) unauthenticated(fn func()) {
+	if s.o.Unauthenticated != nil {
+		s.o.Unauthenticated(fn)
+		return
+	}
+	fn()
+}
+
+func newServer(h Handler, o ServerOptions) *server {
+	return &server{h: h, o: o, pending: pending{max: cmp.Or(o.MaxPending, DefaultMaxPending),
+		perAddr:  cmp.Or(o.MaxPendingPerAddr, DefaultMaxPendingPerAddr),
+		rate:     newLimiter(cmp.Or(o.HandshakeRate, DefaultHandshakeRate)),
+		addrRate: cmp.Or(o.HandshakeRatePerAddr, DefaultHandshakeRatePerAddr)}}
 }
 
 // server is one peer port's state across its connections.
@@ -505,14 +569,22 @@ func (s *server) refused(cause string, peer net.Addr, err error) {
 }
 
 // pending counts the connections still in their handshake, in all and by
-// source address.
+// source address, and holds the handshake rates.
 type pending struct {
 	max, perAddr int
+	rate         *rate.Limiter
+	addrRate     rate.Limit
 
 	mu     sync.Mutex
 	n      int
 	byAddr map[netip.Addr]int
+	rates  map[netip.Addr]*rate.Limiter
 }
+
+func newLimiter(r rate.Limit) *rate.Limiter { return rate.NewLimiter(r, max(1, int(2*r))) }
+
+// errRate is a connection refused for a handshake rate.
+var errRate = errors.New("handshake rate")
 
 func (p *pending) take(a netip.Addr) error {
 	p.mu.Lock()
@@ -523,12 +595,48 @@ func (p *pending) take(a netip.Addr) error {
 	if p.byAddr[a] >= p.perAddr {
 		return fmt.Errorf("%d connections from %s in their handshake", p.byAddr[a], a)
 	}
+	// The address's bucket first: a flood from one address must not use
+	// up the budget every other address shares.
+	now := time.Now()
+	ar, err := p.addrLimiterLocked(a, now)
+	if err != nil {
+		return err
+	}
+	if !ar.AllowN(now, 1) {
+		return fmt.Errorf("%w: more than %v handshakes a second from %s", errRate, p.addrRate, a)
+	}
+	if !p.rate.AllowN(now, 1) {
+		return fmt.Errorf("%w: more than %v handshakes a second in all", errRate, p.rate.Limit())
+	}
 	if p.byAddr == nil {
 		p.byAddr = map[netip.Addr]int{}
 	}
 	p.n++
 	p.byAddr[a]++
 	return nil
+}
+
+// addrLimiterLocked is a's handshake bucket, made full if a has none.
+func (p *pending) addrLimiterLocked(a netip.Addr, now time.Time) (*rate.Limiter, error) {
+	if l, ok := p.rates[a]; ok {
+		return l, nil
+	}
+	if p.rates == nil {
+		p.rates = map[netip.Addr]*rate.Limiter{}
+	}
+	if len(p.rates) >= maxRateAddrs {
+		for k, l := range p.rates {
+			if l.TokensAt(now) >= float64(l.Burst()) {
+				delete(p.rates, k)
+			}
+		}
+		if len(p.rates) >= maxRateAddrs {
+			return nil, fmt.Errorf("%w: %d addresses handshaking at their rate", errRate, len(p.rates))
+		}
+	}
+	l := newLimiter(p.addrRate)
+	p.rates[a] = l
+	return l, nil
 }
 
 func (p *pending) done(a netip.Addr) {
@@ -597,7 +705,9 @@ func (s *server) serveConn(ctx context.Context, conn net.Conn, from netip.Addr) 
 	defer conn.Close()
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
-	rw, br := s.handshake(ctx, conn)
+	var rw net.Conn
+	var br *bufio.Reader
+	s.unauthenticated(func() { rw, br = s.handshake(ctx, conn) })
 	s.pending.done(from)
 	if rw == nil {
 		return

@@ -13,6 +13,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 )
@@ -474,5 +475,70 @@ func TestPoolKeepsNamesApart(t *testing.T) {
 	req.Nodes = []string{"node1"}
 	if _, err := tr.Call(ctx, "node1", req); !errors.Is(err, ErrWrongNode) {
 		t.Fatalf("call to node1, whose name leads to node2's address, after a call to node2: %v; want ErrWrongNode", err)
+	}
+}
+
+// TestHandshakeRate: a stranger's loop of handshakes from one address is
+// cut to that address's rate before any handshake starts, another
+// address still gets its own, the total rate holds across addresses, and
+// every handshake that did start ran through Unauthenticated (where mpid
+// drops its real-time priority).
+func TestHandshakeRate(t *testing.T) {
+	keys := NewKeyring(mustKey(t))
+	// try reports whether the server took part in a handshake from local
+	// (the stranger has no certificate: TLS 1.3 lets the client finish
+	// before the server refuses that), not whether it authenticated.
+	try := func(addr, local string) bool {
+		d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(local)}, Timeout: 5 * time.Second}
+		c, err := d.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		tc := tls.Client(c, &tls.Config{InsecureSkipVerify: true, MinVersion: tls.VersionTLS13})
+		return tc.Handshake() == nil
+	}
+	count := func(addr, local string, n int) (ok int) {
+		for range n {
+			if try(addr, local) {
+				ok++
+			}
+		}
+		return ok
+	}
+	var ran atomic.Int64
+	through := func(fn func()) { ran.Add(1); fn() }
+	srv := serveTLS(t, "", keys, ServerOptions{HandshakeRatePerAddr: 1, HandshakeRate: 1000, Unauthenticated: through})
+	// A burst of two, then one a second: twenty tries in well under a
+	// second get two, three if the machine stalls for a second.
+	one := count(srv.addr, "127.0.0.1", 20)
+	if one < 1 || one > 3 {
+		t.Errorf("20 handshakes from one address at a rate of 1/s: %d started, want 2", one)
+	}
+	if ok := count(srv.addr, "127.0.0.2", 1); ok != 1 {
+		t.Errorf("another address's first handshake refused while the first address was over its rate")
+	}
+	if l := srv.logged(); !strings.Contains(l, "too many handshakes a second") || !strings.Contains(l, "from 127.0.0.1") {
+		t.Errorf("the rate's refusals were not reported with their address:\n%s", l)
+	}
+
+	all := serveTLS(t, "", keys, ServerOptions{HandshakeRatePerAddr: 1000, HandshakeRate: 1, Unauthenticated: through})
+	ok := 0
+	for i := range 8 {
+		ok += count(all.addr, fmt.Sprintf("127.0.0.%d", 1+i%4), 1)
+	}
+	if ok < 1 || ok > 3 {
+		t.Errorf("8 handshakes from 4 addresses at a total rate of 1/s: %d started, want 2", ok)
+	}
+	if l := all.logged(); !strings.Contains(l, "in all") {
+		t.Errorf("the total rate's refusals were not reported:\n%s", l)
+	}
+	// Through Unauthenticated: each server's accept loop, and every
+	// handshake that started (those the clients saw), and nothing more.
+	want := int64(2 + one + 1 + ok)
+	waitFor(t, "the handshakes that started to be counted", func() bool { return ran.Load() >= want })
+	if n := ran.Load(); n != want {
+		t.Errorf("%d calls of Unauthenticated; want %d (2 accept loops, %d handshakes)", n, want, want-2)
 	}
 }

@@ -231,7 +231,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	if pl != nil {
 		peers = pl.Addr().String()
 		g.Go(func() error {
-			return wrap("peer port", quiesce.ServeTCPWith(ctx, pl, d.peer.handle, quiesce.ServerOptions{Identity: id, Refused: d.peerRefused()}))
+			return wrap("peer port", quiesce.ServeTCPWith(ctx, pl, d.peer.handle, quiesce.ServerOptions{Identity: id, Refused: d.peerRefused(), Unauthenticated: asStranger}))
 		})
 	} else {
 		d.cfg.Network.Register(d.cfg.Node, d.peer.handle)
@@ -266,7 +266,7 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 		cgroups: d.cfg.Cgroups, observers: d.cfg.Observers, ranks: rs, tr: tr, log: d.log,
 		refusals: newLogLimiter(refusalQuiet), jobs: map[string]*job{}, done: done}
 	local := node.NewSteps(&node.Role{Name: d.cfg.Node, Ranks: rs, Observer: d.reg.observer, Cgroups: d.reg.cgroupsOf, Freezer: d.cfg.Cgroups,
-		CtlNice: d.cfg.Nice, CtlRT: d.cfg.RTPriority, Metrics: d.metrics, Unready: d.reg.unready, Log: d.log}, d.log)
+		Metrics: d.metrics, Unready: d.reg.unready, Log: d.log}, d.log)
 	local.Committed, local.Thawing, local.Job = d.reg.noteCommitted, d.reg.noteResumed, d.reg.withJob
 	local.Records = commitRecords{d.store}
 	agent := quiesce.NewAgent(local, tr, quiesce.DefaultRetry)

@@ -59,11 +59,6 @@ type Role struct {
 		Freeze(ctx context.Context, dir string) error
 		Thaw(ctx context.Context, dir string) error
 	}
-	// CtlNice, if not 0, is the niceness given to each rank's shim control
-	// thread for a pause step, from PREPARE until the pause commits or the
-	// job's gates reopen (rollback, resume), and CtlRT, if not 0, its
-	// SCHED_RR priority for that time (ranks.Rank.Boost, Unboost).
-	CtlNice, CtlRT int
 	// Unready, if set, says why a job known here cannot be gated yet
 	// although some of its ranks may be registered (an mpid restarted and
 	// not all of them have registered again): a pause of it fails here.
@@ -559,12 +554,6 @@ func (l *Role) Prepare(ctx context.Context, job string) error {
 	l.mu.Unlock()
 	err = l.eachRank(job, "close gate", func(r *ranks.Rank) error {
 		r.ClearStashFull()
-		if l.CtlNice != 0 || l.CtlRT != 0 {
-			if err := r.Boost(l.CtlNice, l.CtlRT); err != nil {
-				// The pause goes on, only slower on a busy node.
-				l.Log.Debug("shim control thread not raised", "job", job, "rank", r.Rank, "error", err)
-			}
-		}
 		return r.CloseGate(ctx)
 	})
 	if err != nil {
@@ -848,7 +837,6 @@ func (l *Role) Open(ctx context.Context, job string) error {
 	// through; the flush of what it held (MiBs, for MPICH) goes on behind,
 	// in order, and is reported as an event.
 	err := l.eachRank(job, "open gate", func(r *ranks.Rank) error {
-		defer r.Unboost() // the pause step is over
 		return r.ReopenGate(ctx)
 	})
 	if errors.Is(err, ErrNoRanks) {
@@ -864,17 +852,6 @@ func (l *Role) Open(ctx context.Context, job string) error {
 		l.mu.Unlock()
 	}
 	return err
-}
-
-// Unboost gives the shim control threads of the job's ranks here what they
-// had before PREPARE raised them: the pause has committed (they are frozen)
-// or ended.
-func (l *Role) Unboost(job string) {
-	for _, r := range l.Ranks.Ranks(job) {
-		if err := r.Unboost(); err != nil {
-			l.Log.Warn("shim control thread not lowered again", "job", job, "rank", r.Rank, "error", err)
-		}
-	}
 }
 
 func unmap(a netip.AddrPort) netip.AddrPort { return netip.AddrPortFrom(a.Addr().Unmap(), a.Port()) }

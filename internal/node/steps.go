@@ -109,7 +109,6 @@ func (n *Steps) Verify(ctx context.Context, job string) (rep quiesce.NodeReport,
 func (n *Steps) Commit(ctx context.Context, job string) error {
 	return n.step(ctx, "COMMIT", job, func() error {
 		n.Committed(job)
-		n.Role.Unboost(job) // frozen now: the pause step that needed them is over
 		return n.recordCommit(job)
 	})
 }

@@ -195,34 +195,6 @@ func (p *Proc) MoveTo(dir string) error {
 	return fmt.Errorf("pid %d: %w during the move into %s (%s)", p.Pid, ErrExited, dir, undo)
 }
 
-// thread is a thread of the process, found by name, and checked to be
-// one: its /proc/PID/task entry exists with that name while the pidfd says
-// the process is alive. Called with p.mu held for reading.
-func (p *Proc) threadLocked(name string) (int, error) {
-	if err := p.aliveLocked(); err != nil {
-		return 0, err
-	}
-	tid := CtlThread(p.Pid)
-	if tid == 0 {
-		return 0, fmt.Errorf("pid %d has no thread named %s", p.Pid, name)
-	}
-	if !p.hasThreadLocked(tid, name) {
-		return 0, fmt.Errorf("pid %d: thread %d: %w", p.Pid, tid, ErrExited)
-	}
-	return tid, nil
-}
-
-// hasThreadLocked: tid is a thread of the live process (named name, if
-// name is set). /proc/PID/task/TID resolves only for a thread of PID's
-// thread group.
-func (p *Proc) hasThreadLocked(tid int, name string) bool {
-	comm, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%d/comm", p.Pid, tid))
-	if err != nil || (name != "" && strings.TrimSpace(string(comm)) != name) {
-		return false
-	}
-	return p.aliveLocked() == nil
-}
-
 // Proc is the rank's registered process, held by a pidfd until the rank
 // goes.
 func (r *Rank) Proc() *Proc { return r.proc }

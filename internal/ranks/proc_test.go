@@ -12,7 +12,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -163,55 +162,6 @@ func TestMoveTo(t *testing.T) {
 	}
 	if b, _ := os.ReadFile(procs); len(b) != 0 {
 		t.Errorf("MoveTo of an exited process wrote %q", b)
-	}
-}
-
-// TestBoostRestores: Boost raises only a thread of the rank's own process
-// named as the shim names its control thread, and Unboost gives it back
-// what it had. Skipped without CAP_SYS_NICE, which raising needs.
-func TestBoostRestores(t *testing.T) {
-	tidc := make(chan int)
-	stop := make(chan struct{})
-	defer close(stop)
-	go func() {
-		runtime.LockOSThread() // the thread ends with the goroutine
-		name, _ := unix.BytePtrFromString(CtlThreadName)
-		unix.Prctl(unix.PR_SET_NAME, uintptr(unsafe.Pointer(name)), 0, 0, 0)
-		tidc <- unix.Gettid()
-		<-stop
-	}()
-	tid := <-tidc
-	p, err := openProc(os.Getpid(), uint32(os.Geteuid()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	r := &Rank{Pid: os.Getpid(), proc: p}
-	defer p.Close()
-	before, err := unix.SchedGetAttr(tid, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Boost(-5, 1); err != nil && strings.Contains(err.Error(), "refused") {
-		t.Skipf("needs CAP_SYS_NICE: %v", err)
-	} else if err != nil {
-		t.Fatalf("Boost: %v", err)
-	}
-	// sched_getattr reports no niceness for a real-time thread.
-	nice := func() int { p, _ := unix.Getpriority(unix.PRIO_PROCESS, tid); return 20 - p }
-	if a, _ := unix.SchedGetAttr(tid, 0); a.Policy != unix.SCHED_RR || a.Priority != 1 || nice() != -5 {
-		t.Errorf("after Boost: policy %d priority %d nice %d, want SCHED_RR 1, nice -5", a.Policy, a.Priority, nice())
-	}
-	if err := r.Unboost(); err != nil {
-		t.Fatalf("Unboost: %v", err)
-	}
-	a, _ := unix.SchedGetAttr(tid, 0)
-	if a.Policy != before.Policy || a.Priority != before.Priority || nice() != int(before.Nice) {
-		t.Errorf("after Unboost: policy %d priority %d nice %d, want %d %d %d", a.Policy, a.Priority, nice(), before.Policy, before.Priority, before.Nice)
-	}
-	// A rank whose process has gone boosts nothing.
-	p.Close()
-	if err := r.Boost(-5, 1); !errors.Is(err, ErrExited) {
-		t.Errorf("Boost of a closed Proc: %v, want %v", err, ErrExited)
 	}
 }
 

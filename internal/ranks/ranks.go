@@ -61,13 +61,11 @@ type Rank struct {
 	// secret, so never marshalled.
 	Key string `json:"-"`
 
-	conn  *net.UnixConn
-	page  *statePage // nil if the shim sent none
-	proc  *Proc      // the registered process, for the registration's life
-	bmu   sync.Mutex
-	boost *threadBoost // under bmu: the control thread as Boost found it
-	mu    sync.Mutex   // one request at a time
-	owed  int          // replies still due to requests given up on (under mu)
+	conn *net.UnixConn
+	page *statePage // nil if the shim sent none
+	proc *Proc      // the registered process, for the registration's life
+	mu   sync.Mutex // one request at a time
+	owed int        // replies still due to requests given up on (under mu)
 	// full is the shim's last "EVENT stash full" since ClearStashFull.
 	full    atomic.Pointer[StashFull]
 	replies chan string
@@ -267,7 +265,6 @@ func (s *Server) handshake(c *net.UnixConn) {
 	s.notifyLocked()
 	s.mu.Unlock()
 	s.release(r.UID)
-	r.Unboost()
 	r.proc.Close()
 	if s.OnChange != nil {
 		s.OnChange(r, true, cut)

@@ -35,6 +35,8 @@ type memCgroups struct {
 	// deny refuses Create at and below it, as systemd's 0555 hierarchy
 	// root does to a root daemon without CAP_DAC_OVERRIDE (mpid's unit).
 	deny string
+	// walked counts the cgroups Members visited.
+	walked int
 }
 
 func newMemCgroups() *memCgroups {
@@ -65,6 +67,37 @@ func (c *memCgroups) put(pid int, dir string) {
 	c.procs[pid] = dir
 }
 
+// Descendants counts the cgroups below dir; walked counts how many a
+// Members visited, which nothing under load may do.
+func (c *memCgroups) Descendants(dir string) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.dirs[dir] {
+		return 0, fmt.Errorf("read cgroup.stat of %s: %w", dir, os.ErrNotExist)
+	}
+	n := 0
+	for d := range c.dirs {
+		if strings.HasPrefix(d, dir+"/") {
+			n++
+		}
+	}
+	return n, nil
+}
+
+func (c *memCgroups) Populated(dir string) (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.dirs[dir] {
+		return false, fmt.Errorf("read cgroup.events of %s: %w", dir, os.ErrNotExist)
+	}
+	for _, d := range c.procs {
+		if d == dir || strings.HasPrefix(d, dir+"/") {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 func (c *memCgroups) Members(dir string) ([]int, error) {
 	if dir == memRoot {
 		// On a node, that walk crosses every cgroup there is (libvirt's
@@ -73,6 +106,12 @@ func (c *memCgroups) Members(dir string) ([]int, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.walked++
+	for d := range c.dirs {
+		if strings.HasPrefix(d, dir+"/") {
+			c.walked++
+		}
+	}
 	var out []int
 	for pid, d := range c.procs {
 		if d == dir || strings.HasPrefix(d, dir+"/") {

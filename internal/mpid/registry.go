@@ -328,7 +328,7 @@ func (r *registry) cgroupsOf(id string) ([]string, error) {
 		if len(j.places) == 0 {
 			// No rank placed yet (an adopted job's ranks register only
 			// once thawed): the cgroup it was found in, if any.
-			if _, err := r.cgroups.Procs(j.dir); errors.Is(err, os.ErrNotExist) {
+			if _, err := r.cgroups.Populated(j.dir); errors.Is(err, os.ErrNotExist) {
 				return nil, nil
 			}
 			return []string{j.dir}, nil
@@ -725,7 +725,7 @@ func (r *registry) closeJobLocked(j *job, unpin bool) {
 			if mode := j.places[dir]; mode == PlaceOwn || mode == PlaceFixed {
 				continue // its manager's
 			}
-			if procs, err := r.cgroups.Members(dir); err == nil && len(procs) == 0 {
+			if busy, err := r.cgroups.Populated(dir); err == nil && !busy {
 				if err := r.cgroups.Remove(dir); err != nil {
 					r.log.Warn("remove job cgroup", "job", j.id, "cgroup", dir, "error", err)
 				}

@@ -49,6 +49,8 @@ type job struct {
 	// Coordinator side (coordinator.go).
 	state string // ctl.State*
 	busy  bool
+	// before is the state begin found, for unbegin.
+	before string
 	last  ctl.Job // the last pause or resume's figures
 	since time.Time
 	// adopted: found at start, left by a previous mpid (state.go); what its
@@ -422,6 +424,7 @@ func (r *registry) begin(id, op string) (*job, error) {
 	if j.busy {
 		return nil, ctl.Errorf(ctl.CodeState, "job %s is %s: wait for it to finish", id, j.state)
 	}
+	j.before = j.state
 	switch op {
 	case ctl.OpPause:
 		if j.state == ctl.StatePaused {
@@ -443,6 +446,16 @@ func (r *registry) begin(id, op string) (*job, error) {
 	}
 	j.busy = true
 	return j, nil
+}
+
+// unbegin undoes begin for an operation refused before it touched
+// anything: the job is as begin found it.
+func (r *registry) unbegin(j *job) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j.busy = false
+	j.state = j.before
+	r.maybeEndLocked(j)
 }
 
 // claimFailed marks job id busy if it is known, not busy and failed (a

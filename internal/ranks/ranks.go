@@ -743,6 +743,9 @@ func ParseHello(line string) (*Rank, error) {
 	if r.Job == "" || r.Pid <= 0 {
 		return nil, fmt.Errorf("HELLO without job or pid: %q", line)
 	}
+	// Copies: a substring would keep the whole line (up to maxFirstLine)
+	// for as long as the rank is registered.
+	r.Job, r.Host, r.Root, r.Key = strings.Clone(r.Job), strings.Clone(r.Host), strings.Clone(r.Root), strings.Clone(r.Key)
 	if r.Key == "" {
 		return nil, errors.New("HELLO without a job key: launch the job with `mpipause run`, which gives its ranks their job key")
 	}

@@ -116,7 +116,7 @@ func (c *coordinator) pause(ctx context.Context, req ctl.Request, v ctl.Job, pro
 		c.reg.unbegin(j)
 		c.metrics.PauseRefused()
 		return v, ctl.Errorf(ctl.CodeUnpausable, "job %s cannot be paused: rank 0 says it has ranks on %s, whose mpid has registered none of them with %s, the job's coordinator: is mpid running there, with this cluster's key file (every node needs the same one)?",
-			jobName(req.Job), strings.Join(missing, ", "), c.node)
+			jobName(req.Job), someOf(missing, 8), c.node)
 	}
 	start := time.Now()
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -301,6 +301,15 @@ func (c *coordinator) forward(ctx context.Context, to string, req ctl.Request, u
 		return j, &ctl.Error{Code: ans.Code, Message: ans.Message}
 	}
 	return j, nil
+}
+
+// someOf names the first n of names, and says how many more there are:
+// a rank 0 may list thousands.
+func someOf(names []string, n int) string {
+	if len(names) <= n {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:n], ", "), len(names)-n)
 }
 
 // unregistered cross-checks the job's node list (the nodes that registered

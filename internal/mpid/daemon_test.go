@@ -316,6 +316,12 @@ type testShim struct {
 
 func (n *testNode) rank(t *testing.T, job, key string, rank, size int) *testShim {
 	t.Helper()
+	return n.rankWith(t, job, key, rank, size, "")
+}
+
+// rankWith is rank whose HELLO ends with extra (" hosts=...").
+func (n *testNode) rankWith(t *testing.T, job, key string, rank, size int, extra string) *testShim {
+	t.Helper()
 	pid := os.Getpid()
 	j, err := net.Dial("unix", n.rankAddr)
 	if err != nil {
@@ -333,7 +339,7 @@ func (n *testNode) rank(t *testing.T, job, key string, rank, size int) *testShim
 	}
 	t.Cleanup(func() { c.Close() })
 	s := &testShim{conn: c, gate: "open"}
-	s.send("HELLO 2 job=%s rank=%d size=%d pid=%d host=%s key=%s\n", job, rank, size, pid, n.cfg.Node, key)
+	s.send("HELLO 2 job=%s rank=%d size=%d pid=%d host=%s key=%s%s\n", job, rank, size, pid, n.cfg.Node, key, extra)
 	go func() {
 		br := bufio.NewReader(c)
 		for {

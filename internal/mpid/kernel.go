@@ -60,14 +60,14 @@ type KernelCgroups struct {
 	cgroupv2.Freezer
 }
 
-func (KernelCgroups) Root() (string, error)                { return cgroupv2.Root() }
-func (KernelCgroups) Of(pid int) (string, error)           { return cgroupv2.Of(pid) }
-func (KernelCgroups) Create(dir string) error              { return cgroupv2.Create(dir) }
-func (KernelCgroups) Remove(dir string) error              { return cgroupv2.RemoveEmpty(dir) }
-func (KernelCgroups) Procs(dir string) ([]int, error)      { return cgroupv2.ProcsMax(dir, MaxProcs) }
-func (KernelCgroups) Descendants(dir string) (int, error)  { return cgroupv2.Descendants(dir) }
-func (KernelCgroups) Populated(dir string) (bool, error)   { return cgroupv2.Populated(dir) }
-func (KernelCgroups) Members(dir string) ([]int, error)    { return cgroupv2.MembersMax(dir, MaxWalk) }
+func (KernelCgroups) Root() (string, error)               { return cgroupv2.Root() }
+func (KernelCgroups) Of(pid int) (string, error)          { return cgroupv2.Of(pid) }
+func (KernelCgroups) Create(dir string) error             { return cgroupv2.Create(dir) }
+func (KernelCgroups) Remove(dir string) error             { return cgroupv2.RemoveEmpty(dir) }
+func (KernelCgroups) Procs(dir string) ([]int, error)     { return cgroupv2.ProcsMax(dir, MaxProcs) }
+func (KernelCgroups) Descendants(dir string) (int, error) { return cgroupv2.Descendants(dir) }
+func (KernelCgroups) Populated(dir string) (bool, error)  { return cgroupv2.Populated(dir) }
+func (KernelCgroups) Members(dir string) ([]int, error)   { return cgroupv2.MembersMax(dir, MaxWalk) }
 
 // MaxProcs bounds the processes mpid reads of one cgroup (a rank's, when
 // it decides where the rank is watched): a job's ranks on a node are at
@@ -78,6 +78,7 @@ const MaxProcs = 16384
 // are the one it was placed in and mpid's own inside it; a deeper tree is
 // a user's own making.
 const MaxWalk = 64
+
 func (KernelCgroups) Move(p *ranks.Proc, dir string) error { return p.MoveTo(dir) }
 func (KernelCgroups) Frozen(dir string) (bool, error)      { return cgroupv2.Frozen(dir) }
 

@@ -51,8 +51,8 @@ type job struct {
 	busy  bool
 	// before is the state begin found, for unbegin.
 	before string
-	last  ctl.Job // the last pause or resume's figures
-	since time.Time
+	last   ctl.Job // the last pause or resume's figures
+	since  time.Time
 	// adopted: found at start, left by a previous mpid (state.go); what its
 	// ranks' registrations told the old mpid comes from its record, until
 	// they register again. missing: the adopted ranks (pids) that have not

@@ -49,17 +49,17 @@ var ErrGone = errors.New("rank is gone")
 
 // Rank is one registered MPI process.
 type Rank struct {
-	Job   string   `json:"job"`
-	Rank  int      `json:"rank"`
-	Size  int      `json:"size"`
-	Pid   int      `json:"pid"`
-	UID   uint32   `json:"uid"`
-	Host  string   `json:"host"`
+	Job  string `json:"job"`
+	Rank int    `json:"rank"`
+	Size int    `json:"size"`
+	Pid  int    `json:"pid"`
+	UID  uint32 `json:"uid"`
+	Host string `json:"host"`
 	// Hosts: rank 0 only, the job's hosts. One copy a job, shared by its
 	// rank 0 registrations (Server.keepHosts), bounded (MaxHosts,
 	// MaxHostsBytes, MaxHostsPerUID, MaxHostsTotal).
 	Hosts []string `json:"hosts,omitempty"`
-	Root  string   `json:"root,omitempty"`  // the host of rank 0 (a cross-check: the job key names the coordinator)
+	Root  string   `json:"root,omitempty"` // the host of rank 0 (a cross-check: the job key names the coordinator)
 	// Key is the job key the launcher gave the rank (MPIPAUSE_JOBKEY): a
 	// secret, so never marshalled.
 	Key string `json:"-"`

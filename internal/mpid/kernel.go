@@ -69,6 +69,9 @@ func (KernelCgroups) Descendants(dir string) (int, error) { return cgroupv2.Desc
 func (KernelCgroups) Populated(dir string) (bool, error)  { return cgroupv2.Populated(dir) }
 func (KernelCgroups) Members(dir string) ([]int, error)   { return cgroupv2.MembersMax(dir, MaxWalk) }
 
+func (KernelCgroups) Move(p *ranks.Proc, dir string) error { return p.MoveTo(dir) }
+func (KernelCgroups) Frozen(dir string) (bool, error)      { return cgroupv2.Frozen(dir) }
+
 // MaxProcs bounds the processes mpid reads of one cgroup (a rank's, when
 // it decides where the rank is watched): a job's ranks on a node are at
 // most ranks.MaxRanksPerUID, and their cgroup holds them and a few more.
@@ -78,9 +81,6 @@ const MaxProcs = 16384
 // are the one it was placed in and mpid's own inside it; a deeper tree is
 // a user's own making.
 const MaxWalk = 64
-
-func (KernelCgroups) Move(p *ranks.Proc, dir string) error { return p.MoveTo(dir) }
-func (KernelCgroups) Frozen(dir string) (bool, error)      { return cgroupv2.Frozen(dir) }
 
 // Holds reads /proc/PID/cgroup.
 func (KernelCgroups) Holds(dir string, pid int) error {

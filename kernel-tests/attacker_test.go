@@ -79,6 +79,8 @@ func attackMain(mode string, args []string) int {
 		err = attackPeerFlood(args)
 	case "peerspam":
 		err = attackPeerSpam(args)
+	case "costs":
+		err = attackCosts(args) // security_costs_test.go
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}

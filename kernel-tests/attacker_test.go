@@ -80,7 +80,9 @@ func attackMain(mode string, args []string) int {
 	case "peerspam":
 		err = attackPeerSpam(args)
 	case "handshakes":
-		err = attackHandshakes(args)
+		err = attackHandshakes(args) // security_sched_test.go
+	case "costs":
+		err = attackCosts(args) // security_costs_test.go
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}

@@ -86,6 +86,9 @@ func TestSecurity(t *testing.T) {
 		{"L4", "terminal escapes in hosts=; a stranger's status of the victim's job", secL4},
 		{"L5", "failpoint hook in the production bin/mpid", secL5},
 		{"L7", "a second rig's mpid starts beside the first", secL7},
+		{"N2", "320 registrations of its own job's rank 0, each with the same 528 KB hosts=", secN2},
+		{"N5", "20,000 cgroups in a cgroup delegated to it; 40 JOINs at once of its own job from there", secN5},
+		{"N9", "its own job's rank 0 registered 10 times with 16,000 hosts that run no mpid; 3 pauses of it", secN9},
 	}
 	var table []secRow
 	for _, r := range rows {

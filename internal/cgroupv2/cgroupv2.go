@@ -5,6 +5,7 @@
 package cgroupv2
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -143,6 +144,67 @@ func Procs(dir string) ([]int, error) {
 	return pids, nil
 }
 
+// ErrTooMany says a cgroup held more than a bounded read takes: what is
+// in a cgroup a user owns is the user's to choose, and mpid reads no more
+// of it than a job could need.
+var ErrTooMany = errors.New("more than mpid reads")
+
+// ProcsMax lists the pids in the cgroup dir (not its descendants), at
+// most max of them: more fail with ErrTooMany, read no further.
+func ProcsMax(dir string, max int) ([]int, error) {
+	f, err := os.Open(filepath.Join(dir, "cgroup.procs"))
+	if err != nil {
+		return nil, fmt.Errorf("read procs of %s: %w", dir, err)
+	}
+	defer f.Close()
+	// A pid is 7 digits at most (pid_max is 2^22) and a newline.
+	b, err := io.ReadAll(io.LimitReader(f, int64(max)*8+1))
+	if err != nil {
+		return nil, fmt.Errorf("read procs of %s: %w", dir, err)
+	}
+	pids := make([]int, 0, bytes.Count(b, []byte{'\n'}))
+	for _, f := range strings.Fields(string(b)) {
+		if n, err := strconv.Atoi(f); err == nil {
+			pids = append(pids, n)
+		}
+	}
+	if len(b) > max*8 || len(pids) > max {
+		return nil, fmt.Errorf("cgroup %s holds more than %d processes: %w", dir, max, ErrTooMany)
+	}
+	return pids, nil
+}
+
+// Descendants is the number of live cgroups below dir (cgroup.stat's
+// nr_descendants): the kernel's count, read without walking them.
+func Descendants(dir string) (int, error) {
+	v, err := field(dir, "cgroup.stat", "nr_descendants")
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(v)
+}
+
+// Populated says whether any process lives in dir or below
+// (cgroup.events' populated), read without walking the tree.
+func Populated(dir string) (bool, error) {
+	v, err := field(dir, "cgroup.events", "populated")
+	return v == "1", err
+}
+
+// field is the value of key in dir's flat-keyed interface file.
+func field(dir, file, key string) (string, error) {
+	b, err := os.ReadFile(filepath.Join(dir, file))
+	if err != nil {
+		return "", fmt.Errorf("read %s of %s: %w", file, dir, err)
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(l, key+" "); ok {
+			return v, nil
+		}
+	}
+	return "", fmt.Errorf("%s/%s has no %s field", dir, file, key)
+}
+
 // Remove deletes the cgroup dir after moving any process still in it to the
 // hierarchy's root. Removing a cgroup that does not exist is not an error.
 func Remove(dir string) error {
@@ -173,16 +235,22 @@ func RemoveEmpty(dir string) error {
 		if !errors.Is(err, unix.EBUSY) || i == 100 {
 			return fmt.Errorf("remove cgroup %s: %w", dir, err)
 		}
-		if pids, perr := Members(dir); perr == nil && len(pids) > 0 {
-			return fmt.Errorf("remove cgroup %s: %d processes are still in it", dir, len(pids))
+		if busy, perr := Populated(dir); perr == nil && busy {
+			return fmt.Errorf("remove cgroup %s: processes are still in it", dir)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
 }
 
 // Members lists the pids in the cgroup dir and in every cgroup below it.
-func Members(dir string) ([]int, error) {
+func Members(dir string) ([]int, error) { return MembersMax(dir, -1) }
+
+// MembersMax is Members walking at most max cgroups (dir included; no
+// bound if max < 0): a larger tree fails with ErrTooMany, walked no
+// further.
+func MembersMax(dir string, max int) ([]int, error) {
 	var pids []int
+	seen := 0
 	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
 			if path != dir && errors.Is(err, fs.ErrNotExist) {
@@ -192,6 +260,9 @@ func Members(dir string) ([]int, error) {
 		}
 		if !d.IsDir() {
 			return nil
+		}
+		if seen++; max >= 0 && seen > max {
+			return fmt.Errorf("cgroup %s has more than %d cgroups in its tree: %w", dir, max, ErrTooMany)
 		}
 		ps, err := Procs(path)
 		if path != dir && errors.Is(err, unix.EOPNOTSUPP) {

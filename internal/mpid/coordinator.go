@@ -105,15 +105,18 @@ func (c *coordinator) protocol(drain time.Duration) *quiesce.Coordinator {
 }
 
 func (c *coordinator) pause(ctx context.Context, req ctl.Request, v ctl.Job, progress func(ctl.Progress)) (ctl.Job, error) {
-	if missing := c.unregistered(req.Job, v.Nodes); len(missing) > 0 {
-		c.metrics.PauseRefused()
-		return v, ctl.Errorf(ctl.CodeUnpausable, "job %s cannot be paused: rank 0 says it has ranks on %s, whose mpid has registered none of them with %s, the job's coordinator: is mpid running there, with this cluster's key file (every node needs the same one)?",
-			jobName(req.Job), strings.Join(missing, ", "), c.node)
-	}
+	// The busy check first: a pause refused for the one under way costs
+	// nothing else.
 	j, err := c.reg.begin(req.Job, ctl.OpPause)
 	if err != nil {
 		c.metrics.PauseRefused()
 		return v, err
+	}
+	if missing := c.unregistered(req.Job, v.Nodes); len(missing) > 0 {
+		c.reg.unbegin(j)
+		c.metrics.PauseRefused()
+		return v, ctl.Errorf(ctl.CodeUnpausable, "job %s cannot be paused: rank 0 says it has ranks on %s, whose mpid has registered none of them with %s, the job's coordinator: is mpid running there, with this cluster's key file (every node needs the same one)?",
+			jobName(req.Job), someOf(missing, 8), c.node)
 	}
 	start := time.Now()
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -300,19 +303,38 @@ func (c *coordinator) forward(ctx context.Context, to string, req ctl.Request, u
 	return j, nil
 }
 
+// someOf names the first n of names, and says how many more there are:
+// a rank 0 may list thousands.
+func someOf(names []string, n int) string {
+	if len(names) <= n {
+		return strings.Join(names, ", ")
+	}
+	return fmt.Sprintf("%s and %d more", strings.Join(names[:n], ", "), len(names)-n)
+}
+
 // unregistered cross-checks the job's node list (the nodes that registered
 // ranks of it here) against the hosts rank 0 gathered at MPI_Init, if rank
 // 0 is here: a node rank 0 names and the list lacks has ranks nobody would
 // gate (its mpid is down, refused the job key, or holds another cluster
 // key). Rank 0's word never adds a node; it only explains a refusal.
+//
+// Linear in the hosts named: a job's rank 0 registrations share one list
+// (ranks.Server), read once, and every name is looked up in a set.
 func (c *coordinator) unregistered(key string, nodes []string) []string {
 	var out []string
+	known := make(map[string]bool, len(nodes))
+	for _, n := range nodes {
+		known[n] = true
+	}
+	read := map[*string]bool{}
 	for _, r := range c.ranks.Ranks(key) {
-		if r.Rank != 0 {
+		if r.Rank != 0 || len(r.Hosts) == 0 || read[&r.Hosts[0]] {
 			continue
 		}
+		read[&r.Hosts[0]] = true
 		for _, h := range r.Hosts {
-			if h != r.Host && h != "" && !slices.Contains(nodes, h) && !slices.Contains(out, h) {
+			if h != r.Host && h != "" && !known[h] {
+				known[h] = true
 				out = append(out, h)
 			}
 		}

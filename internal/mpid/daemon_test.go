@@ -35,6 +35,8 @@ type memCgroups struct {
 	// deny refuses Create at and below it, as systemd's 0555 hierarchy
 	// root does to a root daemon without CAP_DAC_OVERRIDE (mpid's unit).
 	deny string
+	// walked counts the cgroups Members visited.
+	walked int
 }
 
 func newMemCgroups() *memCgroups {
@@ -65,6 +67,37 @@ func (c *memCgroups) put(pid int, dir string) {
 	c.procs[pid] = dir
 }
 
+// Descendants counts the cgroups below dir; walked counts how many a
+// Members visited, which nothing under load may do.
+func (c *memCgroups) Descendants(dir string) (int, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.dirs[dir] {
+		return 0, fmt.Errorf("read cgroup.stat of %s: %w", dir, os.ErrNotExist)
+	}
+	n := 0
+	for d := range c.dirs {
+		if strings.HasPrefix(d, dir+"/") {
+			n++
+		}
+	}
+	return n, nil
+}
+
+func (c *memCgroups) Populated(dir string) (bool, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.dirs[dir] {
+		return false, fmt.Errorf("read cgroup.events of %s: %w", dir, os.ErrNotExist)
+	}
+	for _, d := range c.procs {
+		if d == dir || strings.HasPrefix(d, dir+"/") {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 func (c *memCgroups) Members(dir string) ([]int, error) {
 	if dir == memRoot {
 		// On a node, that walk crosses every cgroup there is (libvirt's
@@ -73,6 +106,12 @@ func (c *memCgroups) Members(dir string) ([]int, error) {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	c.walked++
+	for d := range c.dirs {
+		if strings.HasPrefix(d, dir+"/") {
+			c.walked++
+		}
+	}
 	var out []int
 	for pid, d := range c.procs {
 		if d == dir || strings.HasPrefix(d, dir+"/") {
@@ -277,6 +316,12 @@ type testShim struct {
 
 func (n *testNode) rank(t *testing.T, job, key string, rank, size int) *testShim {
 	t.Helper()
+	return n.rankWith(t, job, key, rank, size, "")
+}
+
+// rankWith is rank whose HELLO ends with extra (" hosts=...").
+func (n *testNode) rankWith(t *testing.T, job, key string, rank, size int, extra string) *testShim {
+	t.Helper()
 	pid := os.Getpid()
 	j, err := net.Dial("unix", n.rankAddr)
 	if err != nil {
@@ -294,7 +339,7 @@ func (n *testNode) rank(t *testing.T, job, key string, rank, size int) *testShim
 	}
 	t.Cleanup(func() { c.Close() })
 	s := &testShim{conn: c, gate: "open"}
-	s.send("HELLO 2 job=%s rank=%d size=%d pid=%d host=%s key=%s\n", job, rank, size, pid, n.cfg.Node, key)
+	s.send("HELLO 2 job=%s rank=%d size=%d pid=%d host=%s key=%s%s\n", job, rank, size, pid, n.cfg.Node, key, extra)
 	go func() {
 		br := bufio.NewReader(c)
 		for {

@@ -24,8 +24,18 @@ type Cgroups interface {
 	// Remove removes dir if no process is left in it, and never moves one
 	// out: a process is only ever where its launcher or mpid put it.
 	Remove(dir string) error
+	// Procs are the processes of dir, not of cgroups below it. A user
+	// chooses how many live in a cgroup of theirs: the kernel's reads at
+	// most MaxProcs and fails past them.
 	Procs(dir string) ([]int, error)
-	// Members are the processes of dir and of every cgroup below it.
+	// Descendants counts the cgroups below dir, none of them walked.
+	Descendants(dir string) (int, error)
+	// Populated says whether any process lives in dir or below, none of
+	// the cgroups below walked.
+	Populated(dir string) (bool, error)
+	// Members are the processes of dir and of every cgroup below it, for
+	// a restarted mpid that finds its jobs (adopt) and never under load:
+	// the kernel's walks at most MaxWalk cgroups and fails past them.
 	Members(dir string) ([]int, error)
 	// Holds says (nil) whether pid lives in dir or below.
 	Holds(dir string, pid int) error
@@ -50,14 +60,27 @@ type KernelCgroups struct {
 	cgroupv2.Freezer
 }
 
-func (KernelCgroups) Root() (string, error)                { return cgroupv2.Root() }
-func (KernelCgroups) Of(pid int) (string, error)           { return cgroupv2.Of(pid) }
-func (KernelCgroups) Create(dir string) error              { return cgroupv2.Create(dir) }
-func (KernelCgroups) Remove(dir string) error              { return cgroupv2.RemoveEmpty(dir) }
-func (KernelCgroups) Procs(dir string) ([]int, error)      { return cgroupv2.Procs(dir) }
-func (KernelCgroups) Members(dir string) ([]int, error)    { return cgroupv2.Members(dir) }
+func (KernelCgroups) Root() (string, error)               { return cgroupv2.Root() }
+func (KernelCgroups) Of(pid int) (string, error)          { return cgroupv2.Of(pid) }
+func (KernelCgroups) Create(dir string) error             { return cgroupv2.Create(dir) }
+func (KernelCgroups) Remove(dir string) error             { return cgroupv2.RemoveEmpty(dir) }
+func (KernelCgroups) Procs(dir string) ([]int, error)     { return cgroupv2.ProcsMax(dir, MaxProcs) }
+func (KernelCgroups) Descendants(dir string) (int, error) { return cgroupv2.Descendants(dir) }
+func (KernelCgroups) Populated(dir string) (bool, error)  { return cgroupv2.Populated(dir) }
+func (KernelCgroups) Members(dir string) ([]int, error)   { return cgroupv2.MembersMax(dir, MaxWalk) }
+
 func (KernelCgroups) Move(p *ranks.Proc, dir string) error { return p.MoveTo(dir) }
 func (KernelCgroups) Frozen(dir string) (bool, error)      { return cgroupv2.Frozen(dir) }
+
+// MaxProcs bounds the processes mpid reads of one cgroup (a rank's, when
+// it decides where the rank is watched): a job's ranks on a node are at
+// most ranks.MaxRanksPerUID, and their cgroup holds them and a few more.
+const MaxProcs = 16384
+
+// MaxWalk bounds the cgroups of one tree mpid walks: the cgroups of a job
+// are the one it was placed in and mpid's own inside it; a deeper tree is
+// a user's own making.
+const MaxWalk = 64
 
 // Holds reads /proc/PID/cgroup.
 func (KernelCgroups) Holds(dir string, pid int) error {

@@ -29,9 +29,11 @@ const (
 	// is and moves nothing.
 	PlaceOwn = "own"
 	// PlaceInner: the rank's cgroup holds other processes too (mpirun, a
-	// shell, `mpipause run` in a systemd scope): mpid makes a cgroup inside
-	// it (innerName) and moves the rank there; every limit and count of the
-	// manager's cgroup still covers it.
+	// shell, `mpipause run` in a systemd scope), or has cgroups below it
+	// (a user's delegated subtree: whatever lives there would be frozen
+	// with it): mpid makes a cgroup inside it (innerName) and moves the
+	// rank there; every limit and count of the manager's cgroup still
+	// covers it.
 	PlaceInner = "inner"
 	// PlaceCreated: the rank is in the hierarchy's root, where nobody
 	// placed it: mpid makes the job a cgroup of its own under its
@@ -66,9 +68,11 @@ type placeInput struct {
 	Pid  int
 	Cg   string // the rank's cgroup now (cgroupv2.Of)
 	Root string // the cgroup v2 hierarchy's root as mpid sees it
-	// Members are the processes of Cg and of every cgroup below it; Own
+	// Members are the processes of Cg itself; Below counts the cgroups
+	// below it (none of them read: a user may have made any number); Own
 	// are the job's ranks already watched in Cg where they are (PlaceOwn).
 	Members []int
+	Below   int
 	Own     map[int]bool
 	// Parent is mpid's --cgroup-parent (absolute), Fixed its --cgroup.
 	Parent, Fixed string
@@ -87,14 +91,14 @@ func place(in placeInput) (placement, error) {
 	if pl, ok, err := placeByPath(in); ok || err != nil {
 		return pl, err
 	}
-	if onlyJob(in) {
+	if in.Below == 0 && onlyJob(in) {
 		return placement{Dir: filepath.Clean(in.Cg), Mode: PlaceOwn}, nil
 	}
 	return placement{Dir: filepath.Join(filepath.Clean(in.Cg), innerName(in.Job)), Mode: PlaceInner, Move: true}, nil
 }
 
 // placeByPath decides what the rank's cgroup's path decides alone (ok);
-// otherwise what lives in that cgroup decides (in.Members). The hierarchy's
+// otherwise what lives in that cgroup decides (in.Members, in.Below). The hierarchy's
 // root is never read for members: its walk would cross every cgroup of the
 // node, threaded ones (libvirt's) that refuse cgroup.procs among them.
 func placeByPath(in placeInput) (pl placement, ok bool, err error) {
@@ -121,7 +125,8 @@ func placeByPath(in placeInput) (pl placement, ok bool, err error) {
 
 // onlyJob says whether the rank's cgroup holds nothing but the rank and
 // ranks of its job already watched there. A cgroup shared with anything
-// else (the launcher, a shell) would be frozen with it.
+// else (the launcher, a shell) would be frozen with it. Cgroups below it
+// are not looked into (placeLocked): any makes it shared.
 func onlyJob(in placeInput) bool {
 	self := false
 	for _, pid := range in.Members {
@@ -138,7 +143,10 @@ func onlyJob(in placeInput) bool {
 // placeLocked decides where rank p of job j is watched and frozen, reading
 // its cgroup and what else lives there; the caller checks p alive after
 // (ranks.Proc.Alive, or the move through its pidfd) so that what was read
-// was p's.
+// was p's. It runs under the registry's lock, which every pause, resume
+// and status takes: it reads two files of the rank's cgroup, bounded,
+// and never walks the tree below it, which a user with a delegated
+// cgroup makes as large as they like.
 func (r *registry) placeLocked(j *job, pid int) (placement, error) {
 	root, err := r.cgroups.Root()
 	if err != nil {
@@ -152,7 +160,11 @@ func (r *registry) placeLocked(j *job, pid int) (placement, error) {
 	if pl, ok, err := placeByPath(in); ok || err != nil {
 		return pl, err
 	}
-	members, err := r.cgroups.Members(cg)
+	below, err := r.cgroups.Descendants(cg)
+	if err != nil {
+		return placement{}, fmt.Errorf("pid %d: %w", pid, err)
+	}
+	members, err := r.cgroups.Procs(cg)
 	if err != nil {
 		return placement{}, fmt.Errorf("pid %d: %w", pid, err)
 	}
@@ -173,7 +185,7 @@ func (r *registry) placeLocked(j *job, pid int) (placement, error) {
 			own[m] = true
 		}
 	}
-	in.Members, in.Own = members, own
+	in.Members, in.Below, in.Own = members, below, own
 	return place(in)
 }
 
@@ -259,11 +271,12 @@ func placesLocked(j *job) []string {
 	return dirs
 }
 
-// emptyLocked says whether no process of j is left in any of its places.
+// emptyLocked says whether no process of j is left in any of its places
+// (the kernel's count: no tree is walked).
 func (r *registry) emptyLocked(j *job) bool {
 	for _, dir := range append(placesLocked(j), j.dir) {
-		procs, err := r.cgroups.Members(dir)
-		if (err != nil && !errors.Is(err, os.ErrNotExist)) || len(procs) > 0 {
+		busy, err := r.cgroups.Populated(dir)
+		if (err != nil && !errors.Is(err, os.ErrNotExist)) || busy {
 			return false
 		}
 	}
@@ -279,8 +292,8 @@ func (r *registry) pruneLocked(j *job) {
 		if mode != PlaceOwn && mode != PlaceInner {
 			continue
 		}
-		procs, err := r.cgroups.Members(dir)
-		if (err != nil && !errors.Is(err, os.ErrNotExist)) || len(procs) > 0 {
+		busy, err := r.cgroups.Populated(dir)
+		if (err != nil && !errors.Is(err, os.ErrNotExist)) || busy {
 			continue
 		}
 		delete(j.places, dir)

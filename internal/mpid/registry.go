@@ -49,8 +49,10 @@ type job struct {
 	// Coordinator side (coordinator.go).
 	state string // ctl.State*
 	busy  bool
-	last  ctl.Job // the last pause or resume's figures
-	since time.Time
+	// before is the state begin found, for unbegin.
+	before string
+	last   ctl.Job // the last pause or resume's figures
+	since  time.Time
 	// adopted: found at start, left by a previous mpid (state.go); what its
 	// ranks' registrations told the old mpid comes from its record, until
 	// they register again. missing: the adopted ranks (pids) that have not
@@ -328,7 +330,7 @@ func (r *registry) cgroupsOf(id string) ([]string, error) {
 		if len(j.places) == 0 {
 			// No rank placed yet (an adopted job's ranks register only
 			// once thawed): the cgroup it was found in, if any.
-			if _, err := r.cgroups.Procs(j.dir); errors.Is(err, os.ErrNotExist) {
+			if _, err := r.cgroups.Populated(j.dir); errors.Is(err, os.ErrNotExist) {
 				return nil, nil
 			}
 			return []string{j.dir}, nil
@@ -422,6 +424,7 @@ func (r *registry) begin(id, op string) (*job, error) {
 	if j.busy {
 		return nil, ctl.Errorf(ctl.CodeState, "job %s is %s: wait for it to finish", id, j.state)
 	}
+	j.before = j.state
 	switch op {
 	case ctl.OpPause:
 		if j.state == ctl.StatePaused {
@@ -443,6 +446,16 @@ func (r *registry) begin(id, op string) (*job, error) {
 	}
 	j.busy = true
 	return j, nil
+}
+
+// unbegin undoes begin for an operation refused before it touched
+// anything: the job is as begin found it.
+func (r *registry) unbegin(j *job) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j.busy = false
+	j.state = j.before
+	r.maybeEndLocked(j)
 }
 
 // claimFailed marks job id busy if it is known, not busy and failed (a
@@ -725,7 +738,7 @@ func (r *registry) closeJobLocked(j *job, unpin bool) {
 			if mode := j.places[dir]; mode == PlaceOwn || mode == PlaceFixed {
 				continue // its manager's
 			}
-			if procs, err := r.cgroups.Members(dir); err == nil && len(procs) == 0 {
+			if busy, err := r.cgroups.Populated(dir); err == nil && !busy {
 				if err := r.cgroups.Remove(dir); err != nil {
 					r.log.Warn("remove job cgroup", "job", j.id, "cgroup", dir, "error", err)
 				}

@@ -28,6 +28,10 @@ func FuzzParseHello(f *testing.F) {
 		if !jobid.Valid(r.Job) || r.Pid <= 0 || r.Size <= 0 || r.Rank < 0 || r.Rank >= r.Size {
 			t.Fatalf("accepted %q as %+v", line, r)
 		}
+		// Only rank 0's list is kept, and within its bounds.
+		if r.Hosts != nil && (r.Rank != 0 || len(r.Hosts) > MaxHosts || len(strings.Join(r.Hosts, ",")) > MaxHostsBytes) {
+			t.Fatalf("accepted %q with %d hosts for rank %d", line, len(r.Hosts), r.Rank)
+		}
 		// Names reach node lists, peers' addresses and terminals.
 		for _, h := range append([]string{r.Host, r.Root}, r.Hosts...) {
 			if h != "" && !ValidHostName(h) {

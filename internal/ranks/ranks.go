@@ -49,14 +49,17 @@ var ErrGone = errors.New("rank is gone")
 
 // Rank is one registered MPI process.
 type Rank struct {
-	Job   string   `json:"job"`
-	Rank  int      `json:"rank"`
-	Size  int      `json:"size"`
-	Pid   int      `json:"pid"`
-	UID   uint32   `json:"uid"`
-	Host  string   `json:"host"`
-	Hosts []string `json:"hosts,omitempty"` // rank 0 only: the job's hosts
-	Root  string   `json:"root,omitempty"`  // the host of rank 0 (a cross-check: the job key names the coordinator)
+	Job  string `json:"job"`
+	Rank int    `json:"rank"`
+	Size int    `json:"size"`
+	Pid  int    `json:"pid"`
+	UID  uint32 `json:"uid"`
+	Host string `json:"host"`
+	// Hosts: rank 0 only, the job's hosts. One copy a job, shared by its
+	// rank 0 registrations (Server.keepHosts), bounded (MaxHosts,
+	// MaxHostsBytes, MaxHostsPerUID, MaxHostsTotal).
+	Hosts []string `json:"hosts,omitempty"`
+	Root  string   `json:"root,omitempty"` // the host of rank 0 (a cross-check: the job key names the coordinator)
 	// Key is the job key the launcher gave the rank (MPIPAUSE_JOBKEY): a
 	// secret, so never marshalled.
 	Key string `json:"-"`
@@ -114,6 +117,12 @@ type Server struct {
 	// admitted (both under mu).
 	pending map[uint32]int
 	held    map[uint32]int
+	// hosts is each job's host list (one, however many of its rank 0s
+	// registered); hostBytes what they hold per uid, hostTotal in all
+	// (under mu).
+	hosts     map[string]*hostList
+	hostBytes map[uint32]int
+	hostTotal int
 
 	ln      *net.UnixListener
 	mu      sync.Mutex
@@ -220,12 +229,23 @@ func (s *Server) handshake(c *net.UnixConn) {
 			r.page.close()
 		}
 	}
+	kept := false
+	if err == nil {
+		if err = s.keepHosts(r); err == nil {
+			kept = true
+		} else {
+			r.page.close()
+		}
+	}
 	if err == nil && s.Admit != nil {
 		if err = s.Admit(r); err != nil {
 			r.page.close()
 		}
 	}
 	if err != nil {
+		if kept {
+			s.dropHosts(r)
+		}
 		if held {
 			s.release(r.UID)
 		}
@@ -264,6 +284,7 @@ func (s *Server) handshake(c *net.UnixConn) {
 	}
 	s.notifyLocked()
 	s.mu.Unlock()
+	s.dropHosts(r)
 	s.release(r.UID)
 	r.proc.Close()
 	if s.OnChange != nil {
@@ -289,6 +310,106 @@ func (s *Server) hold(uid uint32) error {
 	}
 	s.held[uid]++
 	return nil
+}
+
+// A job's host list, as rank 0 sends it, is kept once a job; these bound
+// what the lists of one uid, and of all, hold on a node. A HELLO past a
+// bound is refused, its reason in the rank's error.
+const (
+	// MaxHosts: a job's list names at most this many hosts.
+	MaxHosts = 16384
+	// MaxHostsBytes: a job's list is at most this long (10,000 names of
+	// 64 bytes fit).
+	MaxHostsBytes = 640 << 10
+	// MaxHostsPerUID: the lists of one uid's jobs on a node, together.
+	MaxHostsPerUID = 4 << 20
+	// MaxHostsTotal: the lists of every job on a node, together.
+	MaxHostsTotal = 64 << 20
+)
+
+// hostList is one job's host list and the rank 0 registrations sharing it.
+type hostList struct {
+	hosts []string
+	cost  int // what it holds: its names and one string header a name
+	refs  int
+}
+
+// hostsCost is what a host list holds in mpid.
+func hostsCost(hosts []string) int {
+	n := 0
+	for _, h := range hosts {
+		n += len(h) + 16
+	}
+	return n
+}
+
+// keepHosts keeps rank 0's host list as its job's, the one copy all of the
+// job's rank 0 registrations share, or refuses it past a bound or when the
+// job has another list already.
+func (s *Server) keepHosts(r *Rank) error {
+	if r.Hosts == nil {
+		return nil
+	}
+	key := r.JobKey()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if l := s.hosts[key]; l != nil {
+		if !slices.Equal(l.hosts, r.Hosts) {
+			return fmt.Errorf("rank 0 of job %s sent a host list other than the one its rank 0 registered with already", r.Job)
+		}
+		l.refs++
+		r.Hosts = l.hosts
+		return nil
+	}
+	cost := hostsCost(r.Hosts)
+	if s.hostBytes[r.UID]+cost > MaxHostsPerUID {
+		return fmt.Errorf("uid %d's jobs on this node hold %d bytes of host lists; rank 0 of job %s would add %d, past the %d one user may: let some jobs end first", r.UID, s.hostBytes[r.UID], r.Job, cost, MaxHostsPerUID)
+	}
+	if s.hostTotal+cost > MaxHostsTotal {
+		return fmt.Errorf("the jobs on this node hold %d bytes of host lists; rank 0 of job %s would add %d, past the %d mpid keeps", s.hostTotal, r.Job, cost, MaxHostsTotal)
+	}
+	if s.hosts == nil {
+		s.hosts, s.hostBytes = map[string]*hostList{}, map[uint32]int{}
+	}
+	s.hosts[key] = &hostList{hosts: r.Hosts, cost: cost, refs: 1}
+	s.hostBytes[r.UID] += cost
+	s.hostTotal += cost
+	return nil
+}
+
+// dropHosts lets go of r's share of its job's host list.
+func (s *Server) dropHosts(r *Rank) {
+	if r.Hosts == nil {
+		return
+	}
+	key := r.JobKey()
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.hosts[key]
+	if l == nil {
+		return
+	}
+	if l.refs--; l.refs > 0 {
+		return
+	}
+	delete(s.hosts, key)
+	if s.hostBytes[r.UID] -= l.cost; s.hostBytes[r.UID] <= 0 {
+		delete(s.hostBytes, r.UID)
+	}
+	s.hostTotal -= l.cost
+}
+
+// HostsHeld is what the host lists of uid's jobs hold on this node, and
+// of all jobs.
+func (s *Server) HostsHeld(uid uint32) (lists, bytes, total int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for k := range s.hosts {
+		if u, _, ok := SplitJobKey(k); ok && u == uid {
+			lists++
+		}
+	}
+	return lists, s.hostBytes[uid], s.hostTotal
 }
 
 func (s *Server) release(uid uint32) {
@@ -583,6 +704,7 @@ func ParseHello(line string) (*Rank, error) {
 	}
 	r := &Rank{Rank: -1}
 	seen := map[string]bool{}
+	var hosts string
 	for _, kv := range f[2:] {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || seen[k] {
@@ -602,7 +724,7 @@ func ParseHello(line string) (*Rank, error) {
 		case "host":
 			r.Host = v
 		case "hosts":
-			r.Hosts = strings.Split(v, ",")
+			hosts = v
 		case "root":
 			r.Root = v
 		case "key":
@@ -618,6 +740,9 @@ func ParseHello(line string) (*Rank, error) {
 	if r.Job == "" || r.Pid <= 0 {
 		return nil, fmt.Errorf("HELLO without job or pid: %q", line)
 	}
+	// Copies: a substring would keep the whole line (up to maxFirstLine)
+	// for as long as the rank is registered.
+	r.Job, r.Host, r.Root, r.Key = strings.Clone(r.Job), strings.Clone(r.Host), strings.Clone(r.Root), strings.Clone(r.Key)
 	if r.Key == "" {
 		return nil, errors.New("HELLO without a job key: launch the job with `mpipause run`, which gives its ranks their job key")
 	}
@@ -628,6 +753,18 @@ func ParseHello(line string) (*Rank, error) {
 	}
 	if r.Size <= 0 || r.Rank < 0 || r.Rank >= r.Size {
 		return nil, fmt.Errorf("HELLO rank %d of size %d", r.Rank, r.Size)
+	}
+	// Only rank 0's list is read (coordinator's cross-check); any other
+	// rank's is neither checked nor kept.
+	if seen["hosts"] && r.Rank == 0 {
+		if len(hosts) > MaxHostsBytes {
+			return nil, fmt.Errorf("HELLO hosts= of %d bytes: mpid keeps at most %d bytes of a job's host list", len(hosts), MaxHostsBytes)
+		}
+		if n := strings.Count(hosts, ",") + 1; n > MaxHosts {
+			return nil, fmt.Errorf("HELLO hosts= of %d names: mpid keeps at most %d hosts of a job", n, MaxHosts)
+		}
+		// A copy of its own: the line it came in goes.
+		r.Hosts = strings.Split(strings.Clone(hosts), ",")
 	}
 	// Host names become node names, peers' addresses and lines in root's
 	// terminal: only what a host name may be.

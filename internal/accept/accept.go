@@ -27,8 +27,8 @@ import (
 type Options struct {
 	// Key names who a connection counts against: its peer's uid on a unix
 	// socket (UIDKey), its source address over TCP (AddrKey). An empty key
-	// counts toward Total only (root, whose sockets are the daemon's own
-	// clients). An error closes the connection (cause "no peer identity").
+	// counts toward Total only. An error closes the connection (cause "no
+	// peer identity").
 	Key func(net.Conn) (string, error)
 	// PerKey bounds the connections open at once of one key; Total, of all.
 	// 0: no bound.
@@ -246,7 +246,8 @@ func AcceptCause(err error) string {
 }
 
 // UIDKey keys a unix socket's connections by their peer's uid, as the
-// kernel recorded it at connect (SO_PEERCRED); root's are not keyed.
+// kernel recorded it at connect (SO_PEERCRED). Root's too: its clients
+// (the SPANK plugin, an administrator's CLI) ask one thing at a time.
 func UIDKey(c net.Conn) (string, error) {
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
@@ -255,9 +256,6 @@ func UIDKey(c net.Conn) (string, error) {
 	cred, err := peercred.Of(uc)
 	if err != nil {
 		return "", err
-	}
-	if cred.Uid == 0 {
-		return "", nil
 	}
 	return "uid " + strconv.FormatUint(uint64(cred.Uid), 10), nil
 }

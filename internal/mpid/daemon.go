@@ -246,7 +246,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	})
 	if ml != nil {
 		g.Go(func() error {
-			return wrap("metrics", d.serveMetrics(ctx, accept.New(ml, d.bounded(b.metrics, accept.AddrKey, "metrics"))))
+			return wrap("metrics", d.serveMetrics(ctx, ml))
 		})
 		d.log.Info("serving metrics", "url", "http://"+ml.Addr().String()+metrics.Path)
 	}

@@ -14,8 +14,8 @@ import (
 
 // Connections one user may hold open on the control socket: the CLI makes
 // one per command and holds it for a pause at most, so this is that many
-// commands of one user at once. Root's (the SPANK plugin's) count toward
-// the total only.
+// commands of one user at once; root's too (the SPANK plugin asks for a
+// step's key in a few milliseconds).
 const ctlPerUID = 64
 
 // A rank holds its connection while it runs; on top of the ranks one user

@@ -195,6 +195,26 @@ func (e errPerKey) Error() string {
 	return fmt.Sprintf("%s has %d connections open, the most one peer may have", e.key, e.max)
 }
 
+// ServeUnix runs handle on each connection of a unix socket, each on a
+// goroutine of its own, until the listener is closed: then it returns
+// Next's error. A connection is closed, and its slot freed, when handle
+// returns.
+func (l *Listener) ServeUnix(handle func(*net.UnixConn)) error {
+	for {
+		c, done, err := l.Next()
+		if err != nil {
+			return err
+		}
+		go func() {
+			defer done()
+			defer c.Close()
+			if uc, ok := c.(*net.UnixConn); ok {
+				handle(uc)
+			}
+		}()
+	}
+}
+
 // Accept is Next for net.Listener's users: the connection frees its slot
 // when closed.
 func (l *Listener) Accept() (net.Conn, error) {

@@ -43,6 +43,13 @@ func listenTCP(t *testing.T) net.Listener {
 	return ln
 }
 
+// recordSleeps makes l's back-offs instant, and records them.
+func recordSleeps(l *Listener) *[]time.Duration {
+	var slept []time.Duration
+	l.sleep = func(d time.Duration, _ <-chan struct{}) bool { slept = append(slept, d); return true }
+	return &slept
+}
+
 // TestBackoff: accept errors of every kind of exhaustion are waited out,
 // 5 ms doubling, and the next connection is served; the back-off starts
 // over after it.
@@ -50,13 +57,8 @@ func TestBackoff(t *testing.T) {
 	fl := testutil.NewFlakyListener(listenTCP(t), syscall.EMFILE, syscall.EMFILE, syscall.ENFILE, syscall.ENOBUFS, syscall.ENOMEM)
 	rec := newRecorder()
 	l := New(fl, Options{Log: rec.log})
-	var slept []time.Duration
-	l.sleep = func(d time.Duration, _ <-chan struct{}) bool { slept = append(slept, d); return true }
-	c, err := net.Dial("tcp", fl.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	slept := recordSleeps(l)
+	dialFrom(t, "127.0.0.1", fl.Addr().String())
 	sc, done, err := l.Next()
 	if err != nil {
 		t.Fatalf("Next after 5 accept errors: %v", err)
@@ -64,8 +66,8 @@ func TestBackoff(t *testing.T) {
 	sc.Close()
 	done()
 	ms := time.Millisecond
-	if want := []time.Duration{5 * ms, 10 * ms, 20 * ms, 40 * ms, 80 * ms}; !slices.Equal(slept, want) {
-		t.Errorf("backed off %v, want %v", slept, want)
+	if want := []time.Duration{5 * ms, 10 * ms, 20 * ms, 40 * ms, 80 * ms}; !slices.Equal(*slept, want) {
+		t.Errorf("backed off %v, want %v", *slept, want)
 	}
 	var causes []string
 	for _, l := range rec.lines {
@@ -78,17 +80,13 @@ func TestBackoff(t *testing.T) {
 	}
 
 	fl.Fail(syscall.EMFILE)
-	slept = nil
-	c2, err := net.Dial("tcp", fl.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c2.Close()
+	*slept = nil
+	dialFrom(t, "127.0.0.1", fl.Addr().String())
 	if _, _, err := l.Next(); err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(slept, []time.Duration{5 * ms}) {
-		t.Errorf("after a success, backed off %v, want [5ms]", slept)
+	if !slices.Equal(*slept, []time.Duration{5 * ms}) {
+		t.Errorf("after a success, backed off %v, want [5ms]", *slept)
 	}
 }
 
@@ -101,18 +99,13 @@ func TestBackoffCapped(t *testing.T) {
 	}
 	fl := testutil.NewFlakyListener(listenTCP(t), errs...)
 	l := New(fl, Options{})
-	var slept []time.Duration
-	l.sleep = func(d time.Duration, _ <-chan struct{}) bool { slept = append(slept, d); return true }
-	c, err := net.Dial("tcp", fl.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close()
+	slept := recordSleeps(l)
+	dialFrom(t, "127.0.0.1", fl.Addr().String())
 	if _, _, err := l.Next(); err != nil {
 		t.Fatal(err)
 	}
-	if len(slept) != 12 || slices.Max(slept) != time.Second || slept[11] != time.Second {
-		t.Errorf("backed off %v, want 12 waits capped at 1s", slept)
+	if len(*slept) != 12 || slices.Max(*slept) != time.Second || (*slept)[11] != time.Second {
+		t.Errorf("backed off %v, want 12 waits capped at 1s", *slept)
 	}
 }
 

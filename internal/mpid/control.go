@@ -29,25 +29,11 @@ type control struct {
 // only if ln is closed under it.
 func (s *control) serve(ctx context.Context, ln *accept.Listener) error {
 	context.AfterFunc(ctx, func() { ln.Close() })
-	for {
-		c, done, err := ln.Next()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		uc, ok := c.(*net.UnixConn)
-		if !ok {
-			c.Close()
-			done()
-			continue
-		}
-		go func() {
-			defer done()
-			s.conn(ctx, uc)
-		}()
+	err := ln.ServeUnix(func(c *net.UnixConn) { s.conn(ctx, c) })
+	if ctx.Err() != nil {
+		return nil
 	}
+	return err
 }
 
 func (s *control) conn(ctx context.Context, c *net.UnixConn) {

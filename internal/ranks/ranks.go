@@ -192,31 +192,16 @@ func (s *Server) Serve(ctx context.Context) error {
 	ln := accept.New(s.ln, o)
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
-	for {
-		c, done, err := ln.Next()
-		if err != nil {
-			s.mu.Lock()
-			for _, r := range s.ranks {
-				r.conn.Close()
-			}
-			s.mu.Unlock()
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		uc, ok := c.(*net.UnixConn)
-		if !ok {
-			c.Close()
-			done()
-			continue
-		}
-		go func() {
-			defer done()
-			defer uc.Close()
-			s.handshake(uc)
-		}()
+	err := ln.ServeUnix(s.handshake)
+	s.mu.Lock()
+	for _, r := range s.ranks {
+		r.conn.Close()
 	}
+	s.mu.Unlock()
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
 
 func (s *Server) handshake(c *net.UnixConn) {

@@ -26,7 +26,9 @@ type refusals struct {
 	seen   chan string
 }
 
-func newRefusals() *refusals { return &refusals{causes: map[string]int{}, seen: make(chan string, 100)} }
+func newRefusals() *refusals {
+	return &refusals{causes: map[string]int{}, seen: make(chan string, 100)}
+}
 
 func (r *refusals) note(cause string, _ net.Addr, _ error) {
 	r.mu.Lock()

@@ -81,6 +81,8 @@ func attackMain(mode string, args []string) int {
 		err = attackPeerSpam(args)
 	case "handshakes":
 		err = attackHandshakes(args)
+	case "connflood":
+		err = attackConnFlood(args)
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}

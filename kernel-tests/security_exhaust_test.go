@@ -47,14 +47,16 @@ func secN3(ctx context.Context, t *testing.T, e *secEnv, row *secRow) {
 		floods = append(floods, s)
 	}
 	rss1 := statusKB(pid, "VmRSS")
+	fds, _ := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
 	up := alive()
 	st := e.userCLI(ctx, t, victimUID, "node0", "status", v.id)
 	paused, how := e.pauseResume(ctx, t, victimUID, "node0", v)
 	up = up && alive()
 	lines := logLines(t, 0) - lines0
+	t.Logf("mpid's log during the flood:\n%s", lastLines(t, 0, lines))
 	row.refused = up && st.code == 0 && paused && lines < 100
-	row.outcome = fmt.Sprintf("attacker held %s; mpid pid %d alive: %v, RSS %d -> %d MiB, %d log lines; victim's status exit %d; %s",
-		strings.Join(held, "; "), pid, up, rss0/1024, rss1/1024, lines, st.code, how)
+	row.outcome = fmt.Sprintf("attacker held %s; mpid pid %d alive: %v, RSS %d -> %d MiB, %d descriptors open, %d log lines; victim's status exit %d; %s",
+		strings.Join(held, "; "), pid, up, rss0/1024, rss1/1024, len(fds), lines, st.code, how)
 	if !up {
 		row.outcome += "; mpid's last words: " + oneLineOf(lastLines(t, 0, 2))
 	}
@@ -96,21 +98,27 @@ func attackConnFlood(args []string) error {
 	}
 	var addr *net.UnixAddr
 	var conns []*net.UnixConn
+	var stop error
 	for _, a := range addrs {
 		ua := &net.UnixAddr{Name: a, Net: "unix"}
-		if c, err := net.DialUnix("unix", nil, ua); err == nil {
+		c, err := net.DialUnix("unix", nil, ua)
+		if err == nil {
 			addr, conns = ua, append(conns, c)
 			break
 		}
+		stop = err
 	}
 	if addr == nil {
-		return fmt.Errorf("no %s socket accepts at %v", m["sock"], addrs)
+		// Its server is gone (the other flood ended it): that is the
+		// test's finding, not the stand-in's failure.
+		addr = &net.UnixAddr{Name: strings.Join(addrs, " or ")}
+	} else {
+		stop = nil
 	}
 	start := time.Now()
 	deadline := start.Add(2 * time.Minute)
-	var stop error
 	busy := 0
-	for len(conns) < n && stop == nil {
+	for len(conns) < n && stop == nil && addr.Net != "" {
 		c, err := net.DialUnix("unix", nil, addr)
 		switch {
 		case err == nil:

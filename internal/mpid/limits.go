@@ -107,7 +107,9 @@ func (d *Daemon) refusedLog(socket string) func(cause, key string, peer net.Addr
 		if key != "" {
 			args = append(args, "from", key)
 		}
-		if peer != nil && peer.String() != "" {
+		// A unix peer's address is its autobind name at best: its uid
+		// (key) says who it is.
+		if peer != nil && peer.Network() != "unix" && peer.String() != "" {
 			args = append(args, "peer", peer.String())
 		}
 		args = append(args, "error", err)

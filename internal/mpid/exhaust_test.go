@@ -21,13 +21,21 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// exhaust lowers this process's descriptor limit to a few above what is
-// open and connects to addr until connect(2) or socket(2) fails: mpid's
-// accepts fail with EMFILE then, as they did when a user flooded a real
-// mpid. It returns the connections; the limit is restored at cleanup (and
-// by the caller's restore, earlier).
-func exhaust(t *testing.T, addr string) (conns []net.Conn, restore func()) {
+// exhaust leaves this process (mpid's too, in these tests) without a free
+// file descriptor and connects sockets made beforehand to addr: mpid's
+// accepts of them fail with EMFILE, as they did when a user flooded a real
+// mpid. release frees the descriptors and restores the limit (cleanup does
+// too); the connections, queued, are mpid's to accept then.
+func exhaust(t *testing.T, addr string) (release func()) {
 	t.Helper()
+	var socks []int
+	for range 3 {
+		fd, err := unix.Socket(unix.AF_UNIX, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		socks = append(socks, fd)
+	}
 	var old unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &old); err != nil {
 		t.Fatal(err)
@@ -36,30 +44,50 @@ func exhaust(t *testing.T, addr string) (conns []net.Conn, restore func()) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	// A low limit, so that filling it takes a few dups, not thousands.
 	low := old
-	low.Cur = uint64(len(fds) + 60)
+	low.Cur = uint64(len(fds) + 16)
 	if err := unix.Setrlimit(unix.RLIMIT_NOFILE, &low); err != nil {
 		t.Fatal(err)
 	}
-	restore = func() { unix.Setrlimit(unix.RLIMIT_NOFILE, &old) }
-	t.Cleanup(restore)
+	var fill []int
+	released := false
+	release = func() {
+		if released {
+			return
+		}
+		released = true
+		for _, fd := range fill {
+			unix.Close(fd)
+		}
+		unix.Setrlimit(unix.RLIMIT_NOFILE, &old)
+	}
+	t.Cleanup(release)
 	t.Cleanup(func() {
-		for _, c := range conns {
-			c.Close()
+		for _, fd := range socks {
+			unix.Close(fd)
 		}
 	})
-	for range 1000 {
-		c, err := net.Dial("unix", addr)
+	for {
+		fd, err := unix.Dup(0)
 		if err != nil {
-			if !errors.Is(err, syscall.EMFILE) && !errors.Is(err, syscall.EAGAIN) {
-				t.Logf("flood ended: %v", err)
+			if !errors.Is(err, unix.EMFILE) {
+				t.Fatalf("dup: %v", err)
 			}
-			return conns, restore
+			break
 		}
-		conns = append(conns, c)
+		fill = append(fill, fd)
 	}
-	t.Fatal("1000 connections within a limit of a few tens of descriptors")
-	return nil, nil
+	sa := &unix.SockaddrUnix{Name: addr}
+	if strings.HasPrefix(addr, "@") {
+		sa.Name = "\x00" + addr[1:]
+	}
+	for _, fd := range socks {
+		if err := unix.Connect(fd, sa); err != nil {
+			t.Fatalf("connect %s: %v", addr, err)
+		}
+	}
+	return release
 }
 
 // TestSocketsSurviveExhaustion: while mpid is out of file descriptors, its
@@ -75,21 +103,10 @@ func TestSocketsSurviveExhaustion(t *testing.T) {
 			if sock == "rank socket" {
 				addr = n.rankAddr
 			}
-			conns, restore := exhaust(t, addr)
+			release := exhaust(t, addr)
 			line := sock + ": accept: too many open files"
 			waitLog(t, n, line)
-			// A while out of descriptors: several back-offs, one line.
-			for range 3 {
-				c, err := net.Dial("unix", addr)
-				if err == nil {
-					c.Close()
-				}
-			}
-			waitLog(t, n, line)
-			for _, c := range conns {
-				c.Close()
-			}
-			restore()
+			release()
 			r, err := ctl.Do(t.Context(), n.ctlAddr, ctl.Request{Op: ctl.OpList}, nil)
 			if err != nil || r == nil || r.Err != nil {
 				t.Fatalf("list after the flood: %v %v; mpid's log:\n%s", r, err, n.log.String())

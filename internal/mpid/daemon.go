@@ -225,7 +225,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	g, ctx := errgroup.WithContext(ctx)
 	b := bounds(nofile())
 	rs := ranks.NewServer(rl)
-	rs.Limits = d.bounded(b.rank, accept.UIDKey, "rank socket")
+	rs.Limits = d.bounded(b.rank, accept.UIDKey, "rank socket", "rank")
 	d.wire(rs, tr, ctx.Done())
 	for _, rec := range d.reg.adopt(d.store) {
 		go d.coord.confirmRollback(rec.Job, rec.Nodes)
@@ -242,7 +242,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 		d.cfg.Network.Register(d.cfg.Node, d.peer.handle)
 	}
 	g.Go(func() error {
-		return wrap("control socket", d.ctl.serve(ctx, accept.New(cl, d.bounded(b.ctl, accept.UIDKey, "control socket"))))
+		return wrap("control socket", d.ctl.serve(ctx, accept.New(cl, d.bounded(b.ctl, accept.UIDKey, "control socket", "ctl"))))
 	})
 	if ml != nil {
 		g.Go(func() error {
@@ -315,15 +315,15 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 
 // peerRefused logs the peers the peer port refuses (refusedLog).
 func (d *Daemon) peerRefused() func(cause string, peer net.Addr, err error) {
-	log := d.refusedLog("peer refused")
+	log := d.refusedLog("peer refused", "peer")
 	return func(cause string, peer net.Addr, err error) { log(cause, "", peer, err) }
 }
 
 // bounded is o, a socket's bounds, with the rest of its accept options:
 // connections keyed by key, refused while the heap is near its limit,
-// refusals and accept errors logged as socket's.
-func (d *Daemon) bounded(o accept.Options, key func(net.Conn) (string, error), socket string) accept.Options {
-	o.Key, o.Busy, o.Log = key, heapFull, d.refusedLog(socket)
+// refusals and accept errors logged as socket's and counted under label.
+func (d *Daemon) bounded(o accept.Options, key func(net.Conn) (string, error), socket, label string) accept.Options {
+	o.Key, o.Busy, o.Log = key, heapFull, d.refusedLog(socket, label)
 	return o
 }
 

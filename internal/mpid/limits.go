@@ -94,11 +94,13 @@ func heapFull() error {
 }
 
 // refusedLog logs what socket closes at accept, or the accept errors it
-// waits out, a line per cause per quiet period: a flood must not bury
-// mpid's own errors under journald's rate limit.
-func (d *Daemon) refusedLog(socket string) func(cause, key string, peer net.Addr, err error) {
+// waits out, a line per cause per quiet period (a flood must not bury
+// mpid's own errors under journald's rate limit), and counts each in
+// connections_refused_total under label.
+func (d *Daemon) refusedLog(socket, label string) func(cause, key string, peer net.Addr, err error) {
 	limit := newLogLimiter(refusalQuiet)
 	return func(cause, key string, peer net.Addr, err error) {
+		d.metrics.ConnectionRefused(label)
 		ok, held := limit.allow(cause)
 		if !ok {
 			return

@@ -29,7 +29,7 @@ func (d *Daemon) serveMetrics(ctx context.Context, ln net.Listener) error {
 	if ln == nil {
 		return nil
 	}
-	return d.metrics.Serve(ctx, accept.New(ln, d.bounded(bounds(nofile()).metrics, accept.AddrKey, "metrics")), d.log)
+	return d.metrics.Serve(ctx, accept.New(ln, d.bounded(bounds(nofile()).metrics, accept.AddrKey, "metrics", "metrics")), d.log)
 }
 
 // gauges reads, at each scrape, what mpid holds anyway: its jobs and, from

@@ -111,7 +111,7 @@ func (d *Daemon) refusedLog(socket, label string) func(cause, key string, peer n
 		}
 		// A unix peer's address is its autobind name at best: its uid
 		// (key) says who it is.
-		if peer != nil && peer.Network() != "unix" && peer.String() != "" {
+		if _, isUnix := peer.(*net.UnixAddr); peer != nil && !isUnix && peer.String() != "" {
 			args = append(args, "peer", peer.String())
 		}
 		args = append(args, "error", err)

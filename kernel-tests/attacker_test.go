@@ -83,6 +83,8 @@ func attackMain(mode string, args []string) int {
 		err = attackHandshakes(args) // security_sched_test.go
 	case "costs":
 		err = attackCosts(args) // security_costs_test.go
+	case "connflood":
+		err = attackConnFlood(args) // security_exhaust_test.go
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}

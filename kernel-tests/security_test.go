@@ -82,6 +82,7 @@ func TestSecurity(t *testing.T) {
 		{"M2", "flood: JOINs of new ids, half HELLOs, 20k EVENT lines", secM2},
 		{"M3", "attacker binds the rank and control endpoints while mpid is down", secM3},
 		{"N7", "from node1, no key: TLS handshakes to node0's peer port in a loop (4 at a time, 6 s) while the victim pauses on node0", secN7},
+		{"N3", "20,000 idle connections each to node0's control and rank sockets, held", secN3},
 		{"L3", "from node1, no key: 2,000 conns to node0's peer port (plain hello or TLS, then garbage) in about a second", secL3},
 		{"L4", "terminal escapes in hosts=; a stranger's status of the victim's job", secL4},
 		{"L5", "failpoint hook in the production bin/mpid", secL5},

@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"golang.org/x/time/rate"
+
+	"github.com/mpipause/mpipause/internal/accept"
 )
 
 // Wire format of the TCP transport: with an Identity, a TLS 1.3 session
@@ -428,10 +430,10 @@ type ServerOptions struct {
 	// unauthenticated protocol in the clear, for tests.
 	Identity *Identity
 	// Refused, if set, hears every client refused (not TLS, another key,
-	// another node's name, too many connections, too slow): why, in a few
-	// words that stay the same for the same cause (a flood of refusals
-	// should be logged per cause, not per client), its address, and the
-	// error. Never with key material.
+	// another node's name, too many connections, too slow) and every accept
+	// error waited out (peer nil): why, in a few words that stay the same
+	// for the same cause (a flood of refusals should be logged per cause,
+	// not per client), its address, and the error. Never with key material.
 	Refused func(cause string, peer net.Addr, err error)
 	// IdleTimeout closes a connection with no request for that long; 0
 	// means DefaultServerIdle.
@@ -459,6 +461,14 @@ type ServerOptions struct {
 	// real-time priority, so that a stranger's handshakes compete for the
 	// CPU as the stranger's own processes would. nil runs fn in place.
 	Unauthenticated func(fn func())
+	// MaxConns and MaxConnsPerAddr bound the connections open at once, in
+	// all and from one address, authenticated or not; 0: no bound (mpid
+	// derives them from its file descriptor limit). A connection beyond
+	// either is closed at once.
+	MaxConns, MaxConnsPerAddr int
+	// Busy, if set, is asked at each accept: an error closes the new
+	// connection (mpid: its heap near its memory limit).
+	Busy func() error
 }
 
 // DefaultHandshakeTimeout is how long a client may take to authenticate:
@@ -503,14 +513,19 @@ func ServeTCP(ctx context.Context, ln net.Listener, h Handler) error {
 // for the connections it accepted to finish their current request.
 func ServeTCPWith(ctx context.Context, ln net.Listener, h Handler, o ServerOptions) error {
 	s := newServer(h, o)
+	// Accept errors (a process or kernel out of descriptors or buffers)
+	// are waited out and logged by cause with the refusals: only closing
+	// ln ends the loop.
+	bounded := accept.New(ln, accept.Options{Key: accept.AddrKey, PerKey: o.MaxConnsPerAddr, Total: o.MaxConns, Busy: o.Busy,
+		Log: func(cause, _ string, peer net.Addr, err error) { s.refused(cause, peer, err) }})
 	var wg sync.WaitGroup
-	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	stop := context.AfterFunc(ctx, func() { bounded.Close() })
 	defer stop()
 	defer wg.Wait()
 	// Accepting and refusing is work any client causes too, as often as
 	// it connects: it runs where the handshakes do.
 	var err error
-	s.unauthenticated(func() { err = s.accept(ctx, ln, &wg) })
+	s.unauthenticated(func() { err = s.accept(ctx, bounded, &wg) })
 	return err
 }
 

@@ -84,6 +84,14 @@ mem=$(numfmt --from=iec "$mem")
 systemctl show mpid -p MemoryMax,TasksMax,MemoryHigh
 [ "$(show MemoryMax)" = "$mem" ] || fail "systemd has MemoryMax=$(show MemoryMax) for mpid, the unit says $mem bytes"
 [ "$(show TasksMax)" = "$tasks" ] || fail "systemd has TasksMax=$(show TasksMax) for mpid, the unit says $tasks"
+# Go's share of MemoryMax reaches mpid, which reads it back to refuse new
+# connections near it (docs/security.md, "Bounded resources").
+gomem=$(unit_value Environment | sed -n 's/^GOMEMLIMIT=//p')
+[ -n "$gomem" ] || fail "the unit sets no Environment=GOMEMLIMIT="
+tr '\0' '\n' < "/proc/$(show MainPID)/environ" | grep -qx "GOMEMLIMIT=$gomem" ||
+	fail "mpid runs without GOMEMLIMIT=$gomem: $(tr '\0' ' ' < "/proc/$(show MainPID)/environ")"
+[ "$(numfmt --from=iec-i "${gomem%B}")" -lt "$mem" ] || fail "GOMEMLIMIT=$gomem is not below MemoryMax ($mem bytes)"
+echo "mpid's GOMEMLIMIT: $gomem"
 # The kernel enforces them only where the controllers are in the cgroup v2
 # hierarchy; a hybrid host keeps memory and pids in v1 and gives the
 # container neither. Where they are, mpid's cgroup must carry the values.

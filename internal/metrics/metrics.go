@@ -76,6 +76,7 @@ type Metrics struct {
 	stepDuration    *prometheus.HistogramVec
 	stepErrors      *prometheus.CounterVec
 	leaseExpiries   prometheus.Counter
+	refusedConns    *prometheus.CounterVec
 	violations      prometheus.Counter
 	snapshot        prometheus.Histogram
 }
@@ -125,6 +126,10 @@ func New() *Metrics {
 		Namespace: Namespace, Name: "node_lease_expiries_total",
 		Help: "Pauses this node rolled back on its own because their coordinator sent no next step in time (dead, or cut off).",
 	})
+	m.refusedConns = prometheus.NewCounterVec(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "connections_refused_total",
+		Help: "Connections this mpid closed at accept (past a per-peer or total bound, or its heap near its limit) and accept errors it waited out (out of descriptors or buffers), by socket; the peer port's also counts clients refused in their handshake. mpid's log says why, a line per cause.",
+	}, []string{"socket"})
 	m.violations = prometheus.NewCounter(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "gate_violation_bytes_total",
 		Help: "Bytes the kernel saw the job's processes on this node hand to TCP while every send gate of the node was closed: a send path the shim does not wrap.",
@@ -147,6 +152,9 @@ func New() *Metrics {
 	for _, p := range Phases {
 		m.phaseDuration.WithLabelValues(p)
 	}
+	for _, s := range Sockets {
+		m.refusedConns.WithLabelValues(s)
+	}
 	for _, o := range []string{Committed, RolledBack, Failed} {
 		m.pauseDuration.WithLabelValues(o)
 	}
@@ -154,7 +162,7 @@ func New() *Metrics {
 		m.resumeDuration.WithLabelValues(o)
 	}
 	m.reg.MustRegister(m.pauses, m.resumes, m.pauseDuration, m.resumeDuration, m.phaseDuration, m.drained,
-		m.stepDuration, m.stepErrors, m.leaseExpiries, m.violations, m.snapshot,
+		m.stepDuration, m.stepErrors, m.leaseExpiries, m.refusedConns, m.violations, m.snapshot,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -296,6 +304,18 @@ func (m *Metrics) LeaseExpired() {
 		return
 	}
 	m.leaseExpiries.Inc()
+}
+
+// Sockets are the values of connections_refused_total's socket label.
+var Sockets = []string{"ctl", "rank", "peer", "metrics"}
+
+// ConnectionRefused counts a connection socket closed at accept, or an
+// accept error it waited out.
+func (m *Metrics) ConnectionRefused(socket string) {
+	if m == nil {
+		return
+	}
+	m.refusedConns.WithLabelValues(socket).Inc()
 }
 
 // Violations adds bytes sent through closed gates.

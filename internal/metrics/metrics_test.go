@@ -57,7 +57,7 @@ func TestNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	allowed := map[string][]string{"outcome": append(PauseOutcomes, Resumed), "phase": Phases, "step": Steps}
+	allowed := map[string][]string{"outcome": append(PauseOutcomes, Resumed), "phase": Phases, "step": Steps, "socket": Sockets}
 	var names []string
 	for _, f := range fams {
 		name := f.GetName()
@@ -86,7 +86,7 @@ func TestNames(t *testing.T) {
 		}
 	}
 	want := []string{
-		"mpipause_closed_gates", "mpipause_gate_violation_bytes_total", "mpipause_gated_sockets", "mpipause_held_bytes",
+		"mpipause_closed_gates", "mpipause_connections_refused_total", "mpipause_gate_violation_bytes_total", "mpipause_gated_sockets", "mpipause_held_bytes",
 		"mpipause_jobs", "mpipause_node_lease_expiries_total", "mpipause_node_step_duration_seconds",
 		"mpipause_node_step_errors_total", "mpipause_observer_snapshot_duration_seconds", "mpipause_pause_drained_bytes",
 		"mpipause_pause_duration_seconds", "mpipause_pause_phase_duration_seconds", "mpipause_pauses_total",
@@ -126,6 +126,8 @@ func TestRecord(t *testing.T) {
 	m.Step("OPEN", time.Millisecond, errors.New("rank gone"))
 	m.Step("BOGUS", time.Millisecond, errors.New("x"))
 	m.LeaseExpired()
+	m.ConnectionRefused("ctl")
+	m.ConnectionRefused("ctl")
 	m.Violations(100)
 	m.Violations(0)
 	m.Snapshot(300 * time.Microsecond)
@@ -159,6 +161,8 @@ func TestRecord(t *testing.T) {
 		Series("mpipause_node_step_errors_total", "step", "open"):                     1,
 		Series("mpipause_node_step_errors_total", "step", "drain"):                    0,
 		Series("mpipause_node_lease_expiries_total"):                                  1,
+		Series("mpipause_connections_refused_total", "socket", "ctl"):                 2,
+		Series("mpipause_connections_refused_total", "socket", "peer"):                0,
 		Series("mpipause_gate_violation_bytes_total"):                                 100,
 		Series("mpipause_observer_snapshot_duration_seconds_count"):                   1,
 		Series("mpipause_observer_snapshot_duration_seconds_bucket", "le", "0.00025"): 0,
@@ -195,6 +199,7 @@ func TestNil(t *testing.T) {
 	m.ResumeRefused()
 	m.Step("drain", time.Second, nil)
 	m.LeaseExpired()
+	m.ConnectionRefused("ctl")
 	m.Violations(1)
 	m.Snapshot(time.Second)
 	m.WatchGauges(func() Gauges { t.Error("gauges read with metrics off"); return Gauges{} })

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/mpipause/mpipause/internal/accept"
 	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/internal/peercred"
 	"github.com/mpipause/mpipause/quiesce"
@@ -23,19 +24,16 @@ type control struct {
 	coord *coordinator
 }
 
-// serve answers one request per connection until ctx ends.
-func (s *control) serve(ctx context.Context, ln *net.UnixListener) error {
+// serve answers one request per connection until ctx ends. ln's bounds
+// and back-off keep it serving through a flood of connections; it fails
+// only if ln is closed under it.
+func (s *control) serve(ctx context.Context, ln *accept.Listener) error {
 	context.AfterFunc(ctx, func() { ln.Close() })
-	for {
-		c, err := ln.AcceptUnix()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		go s.conn(ctx, c)
+	err := ln.ServeUnix(func(c *net.UnixConn) { s.conn(ctx, c) })
+	if ctx.Err() != nil {
+		return nil
 	}
+	return err
 }
 
 func (s *control) conn(ctx context.Context, c *net.UnixConn) {

@@ -29,6 +29,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/mpipause/mpipause/internal/accept"
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/internal/metrics"
@@ -222,7 +223,10 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	g, ctx := errgroup.WithContext(ctx)
-	d.wire(ranks.NewServer(rl), tr, ctx.Done())
+	b := bounds(nofile())
+	rs := ranks.NewServer(rl)
+	rs.Limits = d.bounded(b.rank, accept.UIDKey, "rank socket", "rank")
+	d.wire(rs, tr, ctx.Done())
 	for _, rec := range d.reg.adopt(d.store) {
 		go d.coord.confirmRollback(rec.Job, rec.Nodes)
 	}
@@ -231,14 +235,19 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	if pl != nil {
 		peers = pl.Addr().String()
 		g.Go(func() error {
-			return wrap("peer port", quiesce.ServeTCPWith(ctx, pl, d.peer.handle, quiesce.ServerOptions{Identity: id, Refused: d.peerRefused(), Unauthenticated: asStranger}))
+			return wrap("peer port", quiesce.ServeTCPWith(ctx, pl, d.peer.handle, quiesce.ServerOptions{Identity: id, Refused: d.peerRefused(),
+				Unauthenticated: asStranger, MaxConns: b.peer.Total, MaxConnsPerAddr: b.peer.PerKey, Busy: heapFull}))
 		})
 	} else {
 		d.cfg.Network.Register(d.cfg.Node, d.peer.handle)
 	}
-	g.Go(func() error { return wrap("control socket", d.ctl.serve(ctx, cl)) })
+	g.Go(func() error {
+		return wrap("control socket", d.ctl.serve(ctx, accept.New(cl, d.bounded(b.ctl, accept.UIDKey, "control socket", "ctl"))))
+	})
 	if ml != nil {
-		g.Go(func() error { return wrap("metrics", d.serveMetrics(ctx, ml)) })
+		g.Go(func() error {
+			return wrap("metrics", d.serveMetrics(ctx, ml))
+		})
 		d.log.Info("serving metrics", "url", "http://"+ml.Addr().String()+metrics.Path)
 	}
 	g.Go(func() error { return d.reg.sweep(ctx) })
@@ -304,22 +313,18 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 	d.reg.continued = d.coord.rankContinued
 }
 
-// peerRefused logs the peers the peer port refuses, a line per cause per
-// quiet period: a flood of strangers must not bury mpid's own errors under
-// journald's rate limit.
+// peerRefused logs the peers the peer port refuses (refusedLog).
 func (d *Daemon) peerRefused() func(cause string, peer net.Addr, err error) {
-	limit := newLogLimiter(refusalQuiet)
-	return func(cause string, peer net.Addr, err error) {
-		ok, held := limit.allow(cause)
-		if !ok {
-			return
-		}
-		args := []any{"peer", peer.String(), "error", err}
-		if held > 0 {
-			args = append(args, "refused_since_last_line", held)
-		}
-		d.log.Warn("peer refused: "+cause, args...)
-	}
+	log := d.refusedLog("peer refused", "peer")
+	return func(cause string, peer net.Addr, err error) { log(cause, "", peer, err) }
+}
+
+// bounded is o, a socket's bounds, with the rest of its accept options:
+// connections keyed by key, refused while the heap is near its limit,
+// refusals and accept errors logged as socket's and counted under label.
+func (d *Daemon) bounded(o accept.Options, key func(net.Conn) (string, error), socket, label string) accept.Options {
+	o.Key, o.Busy, o.Log = key, heapFull, d.refusedLog(socket, label)
+	return o
 }
 
 func wrap(what string, err error) error {

@@ -5,6 +5,7 @@ import (
 	"net"
 	"time"
 
+	"github.com/mpipause/mpipause/internal/accept"
 	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/internal/metrics"
 	"github.com/mpipause/mpipause/quiesce"
@@ -20,12 +21,15 @@ func (d *Daemon) listenMetrics() (net.Listener, error) {
 	return metrics.Listen(d.cfg.MetricsListen)
 }
 
-// serveMetrics serves the metrics on ln until ctx ends.
+// serveMetrics serves the metrics on ln until ctx ends, within the
+// metrics' bounds (few scrapers, few connections each); the HTTP server
+// retries EMFILE and ENFILE on its own, but would end at ENOBUFS or
+// ENOMEM, and logs every retry.
 func (d *Daemon) serveMetrics(ctx context.Context, ln net.Listener) error {
 	if ln == nil {
 		return nil
 	}
-	return d.metrics.Serve(ctx, ln, d.log)
+	return d.metrics.Serve(ctx, accept.New(ln, d.bounded(bounds(nofile()).metrics, accept.AddrKey, "metrics", "metrics")), d.log)
 }
 
 // gauges reads, at each scrape, what mpid holds anyway: its jobs and, from

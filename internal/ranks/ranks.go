@@ -35,6 +35,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/mpipause/mpipause/internal/accept"
 	"github.com/mpipause/mpipause/internal/jobid"
 )
 
@@ -112,6 +113,11 @@ type Server struct {
 	// MaxRanksPerUID); a HELLO past it is refused before Admit.
 	MaxPerUID int
 
+	// Limits bound the connections open at once, per uid (its Key is
+	// accept.UIDKey unless set) and in all, before a line is read; Serve
+	// waits out accept errors (accept.Listener).
+	Limits accept.Options
+
 	// pending counts, per uid, the connections whose first line has not
 	// arrived yet; held, the registered ranks and the HELLOs being
 	// admitted (both under mu).
@@ -124,7 +130,7 @@ type Server struct {
 	hostBytes map[uint32]int
 	hostTotal int
 
-	ln      *net.UnixListener
+	ln      net.Listener
 	mu      sync.Mutex
 	ranks   []*Rank
 	changed chan struct{} // closed and replaced at every change of ranks
@@ -178,29 +184,33 @@ func Listen(addr string) (*Server, error) {
 // NewServer serves ranks on ln (for a listener made elsewhere, e.g. inside
 // another network namespace).
 func NewServer(ln *net.UnixListener) *Server {
-	return &Server{ln: ln, changed: make(chan struct{})}
+	s := &Server{changed: make(chan struct{})}
+	if ln != nil {
+		s.ln = ln
+	}
+	return s
 }
 
 // Serve accepts ranks until ctx ends, then closes the listener and every
 // rank connection.
 func (s *Server) Serve(ctx context.Context) error {
-	stop := context.AfterFunc(ctx, func() { s.ln.Close() })
-	defer stop()
-	for {
-		c, err := s.ln.AcceptUnix()
-		if err != nil {
-			s.mu.Lock()
-			for _, r := range s.ranks {
-				r.conn.Close()
-			}
-			s.mu.Unlock()
-			if ctx.Err() != nil {
-				return nil
-			}
-			return err
-		}
-		go s.handshake(c)
+	o := s.Limits
+	if o.Key == nil {
+		o.Key = accept.UIDKey
 	}
+	ln := accept.New(s.ln, o)
+	stop := context.AfterFunc(ctx, func() { ln.Close() })
+	defer stop()
+	err := ln.ServeUnix(s.handshake)
+	s.mu.Lock()
+	for _, r := range s.ranks {
+		r.conn.Close()
+	}
+	s.mu.Unlock()
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
 }
 
 func (s *Server) handshake(c *net.UnixConn) {

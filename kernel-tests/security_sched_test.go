@@ -205,10 +205,12 @@ func secN7(ctx context.Context, t *testing.T, e *secEnv, row *secRow) {
 	// The per-address rate and its burst, with a second to spare.
 	bound := int(quiesce.DefaultHandshakeRatePerAddr)*(secs+1) + 2*int(quiesce.DefaultHandshakeRatePerAddr)
 	// What stays real-time under the flood is the Go runtime's own: its
-	// system monitor thread, which polls every 20 µs while the process is
-	// busy (about a tenth of a CPU on the rig; 20 µs is its floor, so it
-	// cannot cost much more); the flood's own work runs at nice 0.
-	row.refused = bad == "" && rt < wall/4 && ok <= bound && busy <= 2*idle+10*time.Millisecond
+	// system monitor thread (sysmon), which polls every 20 µs while the
+	// process is busy and so switches in and out tens of thousands of times
+	// a second (10 to 25% of a CPU on the rig under 7,000 connections a
+	// second; all of it before was 100%); the flood's own work runs at
+	// nice 0.
+	row.refused = bad == "" && rt < wall/2 && ok <= bound && busy <= 2*idle+10*time.Millisecond
 	row.outcome = fmt.Sprintf("%d handshakes done, %d refused in %d ms (bound %d); node0's mpid: %v of CPU in %v, %v of it real-time; victim's pause p50 %v (x%.1f of idle) %s",
 		ok, refused, ms, bound, cpu.Round(time.Millisecond), wall.Round(time.Millisecond), rt.Round(time.Millisecond),
 		busy.Round(time.Millisecond), float64(busy)/float64(idle), bad)

@@ -18,8 +18,9 @@ const strangerNice = 0
 // Linux keeps a policy per thread, and the Go runtime runs any goroutine
 // on any thread: so the goroutine locks its thread, lowers it, and ends
 // without unlocking, which ends the thread too (the runtime never hands a
-// locked thread to another goroutine), and no other goroutine ever runs
-// on a lowered thread. Threads the runtime starts meanwhile come from its
+// locked thread to another goroutine; the main thread, which it never
+// exits, it parks for good), and no other goroutine ever runs on a
+// lowered thread. Threads the runtime starts meanwhile come from its
 // template thread, not from the locked one, and so keep mpid's policy.
 // What fn costs is bounded by the caller (the peer port's handshake rates
 // and caps); the thread is one more per handshake under way.

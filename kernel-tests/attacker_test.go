@@ -85,6 +85,8 @@ func attackMain(mode string, args []string) int {
 		err = attackCosts(args) // security_costs_test.go
 	case "connflood":
 		err = attackConnFlood(args) // security_exhaust_test.go
+	case "scrapes":
+		err = attackScrapes(args) // security_flood_test.go
 	default:
 		err = fmt.Errorf("unknown mode %q", mode)
 	}

@@ -37,8 +37,23 @@ func init() {
 
 // scrapeNode fetches /metrics from the mpid of rig node k, as a Prometheus
 // inside the node would: the connection is made on a thread in the node's
-// network namespace (a socket keeps the namespace it was made in).
+// network namespace (a socket keeps the namespace it was made in). The
+// tests' polling loops scrape faster than mpid answers (metrics.ScrapeRate):
+// a scrape refused for the rate is made again a rate's interval later.
 func scrapeNode(t testing.TB, k int) metrics.Samples {
+	t.Helper()
+	for range 100 {
+		if s, ok := scrapeNodeOnce(t, k); ok {
+			return s
+		}
+		time.Sleep(time.Duration(float64(time.Second) / float64(metrics.ScrapeRate)))
+	}
+	t.Fatalf("node%d: GET %s refused for its rate 100 times", k, metrics.Path)
+	return nil
+}
+
+// scrapeNodeOnce is one scrape; false if mpid refused it for its rate.
+func scrapeNodeOnce(t testing.TB, k int) (metrics.Samples, bool) {
 	t.Helper()
 	c, err := dialInNode(t, k, rigMetricsAddr)
 	if err != nil {
@@ -52,6 +67,9 @@ func scrapeNode(t testing.TB, k int) metrics.Samples {
 		t.Fatalf("node%d: GET %s: %v", k, metrics.Path, err)
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusTooManyRequests {
+		return nil, false
+	}
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("node%d: GET %s: %s", k, metrics.Path, resp.Status)
 	}
@@ -62,7 +80,7 @@ func scrapeNode(t testing.TB, k int) metrics.Samples {
 	if err != nil {
 		t.Fatalf("node%d: %v", k, err)
 	}
-	return s
+	return s, true
 }
 
 func dialInNode(t testing.TB, k int, addr string) (c net.Conn, err error) {

@@ -123,7 +123,8 @@ func schedOf(tid int) string {
 }
 
 // attackHandshakes is N7's stranger: args addr=, secs=, par=. par workers
-// open TLS handshakes to addr in a loop for secs seconds, without a
+// open TLS handshakes to addr in a loop for secs seconds (or until stdin
+// closes), without a
 // certificate, and count those the server took part in (TLS 1.3 lets the
 // client finish first) and those it closed before. "handshaking" once the
 // first has been tried, "handshook ok=N refused=M ms=T" at the end.
@@ -132,13 +133,13 @@ func attackHandshakes(args []string) error {
 	secs, _ := strconv.Atoi(m["secs"])
 	par, _ := strconv.Atoi(m["par"])
 	var ok, refused atomic.Int64
-	end := time.Now().Add(time.Duration(secs) * time.Second)
+	stop := stopAfter(time.Duration(secs) * time.Second)
 	var once sync.Once
 	var wg sync.WaitGroup
 	start := time.Now()
 	for range max(par, 1) {
 		wg.Go(func() {
-			for time.Now().Before(end) {
+			for !stop() {
 				c, err := net.DialTimeout("tcp", m["addr"], 2*time.Second)
 				if err != nil {
 					refused.Add(1)

@@ -90,6 +90,7 @@ func TestSecurity(t *testing.T) {
 		{"N2", "320 registrations of its own job's rank 0, each with the same 528 KB hosts=", secN2},
 		{"N5", "20,000 cgroups in a cgroup delegated to it; 40 JOINs at once of its own job from there", secN5},
 		{"N9", "its own job's rank 0 registered 10 times with 16,000 hosts that run no mpid; 3 pauses of it", secN9},
+		{"ALL", "two users flood every endpoint of node0 at once (and a stranger node0's peer port from node1) while a third pauses and resumes its job 20 times", secAll},
 	}
 	var table []secRow
 	for _, r := range rows {
@@ -258,7 +259,13 @@ type standIn struct {
 // attacker runs the stand-in in mode as uid 1001 on node.
 func (e *secEnv) attacker(ctx context.Context, t *testing.T, node, mode string, args ...string) *standIn {
 	t.Helper()
-	argv := append([]string{"exec", node, "--"}, asUser(attackerUID)...)
+	return e.attackerAs(ctx, t, attackerUID, node, mode, args...)
+}
+
+// attackerAs runs the stand-in in mode as uid on node.
+func (e *secEnv) attackerAs(ctx context.Context, t *testing.T, uid int, node, mode string, args ...string) *standIn {
+	t.Helper()
+	argv := append([]string{"exec", node, "--"}, asUser(uid)...)
 	argv = append(argv, append([]string{filepath.Join(e.dir, "attacker")}, args...)...)
 	s := &standIn{cmd: exec.CommandContext(ctx, filepath.Join(binDir(t), "rig"), argv...), done: make(chan struct{}), mode: mode}
 	s.cmd.Env = append(os.Environ(), "MPIPAUSE_RIG="+jobRig, attackEnv+"="+mode)

@@ -269,6 +269,27 @@ func TestServe(t *testing.T) {
 	if resp, err := http.Get("http://" + addr + "/other"); err != nil || resp.StatusCode != http.StatusNotFound {
 		t.Errorf("GET /other: %v %v, want 404", resp, err)
 	}
+	// A client scraping in a loop is answered at ScrapeRate (its burst of
+	// twice that, less the scrape above), the rest at once with 429.
+	var ok, many int
+	start := time.Now()
+	for range 100 {
+		resp, err := http.Get("http://" + addr + Path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		switch resp.StatusCode {
+		case http.StatusOK:
+			ok++
+		case http.StatusTooManyRequests:
+			many++
+		}
+	}
+	if most := int(2*ScrapeRate) + int(float64(ScrapeRate)*time.Since(start).Seconds()) + 1; ok > most || many == 0 || ok+many != 100 {
+		t.Errorf("100 scrapes in %v: %d answered, %d refused with 429; want at most %d answered, the rest refused", time.Since(start), ok, many, most)
+	}
 	cancel()
 	select {
 	case err := <-served:

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"golang.org/x/time/rate"
 )
 
 // Path is where the metrics are served.
@@ -60,13 +61,29 @@ const (
 	scrapeTimeout = 5 * time.Second
 )
 
+// ScrapeRate bounds the scrapes answered a second, all clients together
+// (with a burst of twice that): Prometheus scrapes a target every 15 s or
+// so, so even several servers need a fraction of one a second, and each
+// scrape costs mpid a walk of its jobs and ranks at its own priority.
+// Past it a client gets 429 at once, before anything is collected: a
+// flood can leave a scrape unanswered, never take mpid's CPU.
+const ScrapeRate rate.Limit = 10
+
 // Handler serves the registry at Path; anything else is 404.
 func (m *Metrics) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.Handle("GET "+Path, promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
+	h := promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
 		Registry:            m.reg, // promhttp_metric_handler_errors_total
 		MaxRequestsInFlight: 4,
 		Timeout:             scrapeTimeout,
+	})
+	limit := rate.NewLimiter(ScrapeRate, int(2*ScrapeRate))
+	mux.Handle("GET "+Path, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !limit.Allow() {
+			http.Error(w, fmt.Sprintf("more than %v scrapes a second", ScrapeRate), http.StatusTooManyRequests)
+			return
+		}
+		h.ServeHTTP(w, r)
 	}))
 	return mux
 }

@@ -1,6 +1,7 @@
 package mpid
 
 import (
+	"fmt"
 	"testing"
 	"time"
 )
@@ -33,5 +34,38 @@ func TestLogLimiter(t *testing.T) {
 	}
 	if len(l.seen) > 2 {
 		t.Errorf("%d keys kept, want at most 2", len(l.seen))
+	}
+}
+
+// TestLogLimiterCountsCauses: refusals that differ only in what the refused
+// party chose (its pid, a job id, a quoted field) are one cause, one line
+// per quiet period; a user who makes every refusal's text new in
+// unquoted words too gets at most maxCauses lines, and the limiter keeps
+// at most that many keys.
+func TestLogLimiterCountsCauses(t *testing.T) {
+	l := newLogLimiter(10 * time.Second)
+	lines := 0
+	for pid := range 1000 {
+		for _, msg := range []string{
+			fmt.Sprintf("JOIN from pid %d (uid 1001) refused: JOIN version \"x%d\", this mpid speaks 2", pid, pid),
+			fmt.Sprintf("uid %d has 16 rank connections waiting for their first line already", 1000+pid%7),
+			fmt.Sprintf("HELLO field \"job=%d\\\"\" malformed", pid),
+		} {
+			if ok, _ := l.allow(msg); ok {
+				lines++
+			}
+		}
+	}
+	if lines != 3 {
+		t.Errorf("3,000 refusals of 3 causes with chosen pids, uids and text: %d lines, want 3", lines)
+	}
+	lines = 0
+	for i := range 10000 {
+		if ok, _ := l.allow(fmt.Sprintf("rank of job j%c%c refused", 'a'+i%26, 'a'+i/26%26)); ok {
+			lines++
+		}
+	}
+	if lines > maxCauses || len(l.seen) > maxCauses {
+		t.Errorf("10,000 refusals naming 676 job ids: %d lines, %d keys kept; want at most %d of each", lines, len(l.seen), maxCauses)
 	}
 }

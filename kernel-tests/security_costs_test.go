@@ -13,7 +13,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -121,38 +120,6 @@ func attackCosts(args []string) error {
 	say("ready")
 	bufio.NewReader(os.Stdin).ReadString('\n')
 	return nil
-}
-
-// attackerIn is attacker with the stand-in started in the cgroup cg.
-func (e *secEnv) attackerIn(ctx context.Context, t *testing.T, cg, node, mode string, args ...string) *standIn {
-	t.Helper()
-	argv := append([]string{"exec", node, "--"}, asUser(attackerUID)...)
-	argv = append(argv, append([]string{filepath.Join(e.dir, "attacker")}, args...)...)
-	s := &standIn{cmd: exec.CommandContext(ctx, filepath.Join(binDir(t), "rig"), argv...), done: make(chan struct{}), mode: mode}
-	s.cmd.Env = append(os.Environ(), "MPIPAUSE_RIG="+jobRig, attackEnv+"="+mode)
-	s.cmd.Stdout, s.cmd.Stderr = &s.out, &s.out
-	fd, err := os.Open(cg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fd.Close()
-	s.cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(fd.Fd())}
-	in, err := s.cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	s.in = in
-	if err := s.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	go func() { s.cmd.Wait(); close(s.done) }()
-	t.Cleanup(func() {
-		s.stop()
-		if t.Failed() {
-			t.Logf("stand-in %s said:\n%s", mode, s.out.String())
-		}
-	})
-	return s
 }
 
 // delegate makes a cgroup that uid owns, as systemd delegates one to

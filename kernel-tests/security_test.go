@@ -265,11 +265,32 @@ func (e *secEnv) attacker(ctx context.Context, t *testing.T, node, mode string, 
 // attackerAs runs the stand-in in mode as uid on node.
 func (e *secEnv) attackerAs(ctx context.Context, t *testing.T, uid int, node, mode string, args ...string) *standIn {
 	t.Helper()
+	return e.standIn(ctx, t, uid, "", node, mode, args...)
+}
+
+// attackerIn is attacker with the stand-in started in the cgroup cg.
+func (e *secEnv) attackerIn(ctx context.Context, t *testing.T, cg, node, mode string, args ...string) *standIn {
+	t.Helper()
+	return e.standIn(ctx, t, attackerUID, cg, node, mode, args...)
+}
+
+// standIn runs the stand-in in mode as uid on node, in the cgroup cg if
+// it is not "".
+func (e *secEnv) standIn(ctx context.Context, t *testing.T, uid int, cg, node, mode string, args ...string) *standIn {
+	t.Helper()
 	argv := append([]string{"exec", node, "--"}, asUser(uid)...)
 	argv = append(argv, append([]string{filepath.Join(e.dir, "attacker")}, args...)...)
 	s := &standIn{cmd: exec.CommandContext(ctx, filepath.Join(binDir(t), "rig"), argv...), done: make(chan struct{}), mode: mode}
 	s.cmd.Env = append(os.Environ(), "MPIPAUSE_RIG="+jobRig, attackEnv+"="+mode)
 	s.cmd.Stdout, s.cmd.Stderr = &s.out, &s.out
+	if cg != "" {
+		fd, err := os.Open(cg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer fd.Close()
+		s.cmd.SysProcAttr = &syscall.SysProcAttr{UseCgroupFD: true, CgroupFD: int(fd.Fd())}
+	}
 	in, err := s.cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)

@@ -230,7 +230,11 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	for _, rec := range d.reg.adopt(d.store) {
 		go d.coord.confirmRollback(rec.Job, rec.Nodes)
 	}
-	g.Go(func() error { return wrap("rank socket", d.reg.ranks.Serve(ctx)) })
+	// The unix sockets' and the metrics' accept loops, their refusals
+	// with them, are work any local user (or, for metrics, any client)
+	// can cause: they run where a stranger's work does; the connections
+	// they admit are served at mpid's priority.
+	g.Go(strangerLoop(func() error { return wrap("rank socket", d.reg.ranks.Serve(ctx)) }))
 	peers := "in-process"
 	if pl != nil {
 		peers = pl.Addr().String()
@@ -241,13 +245,13 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	} else {
 		d.cfg.Network.Register(d.cfg.Node, d.peer.handle)
 	}
-	g.Go(func() error {
+	g.Go(strangerLoop(func() error {
 		return wrap("control socket", d.ctl.serve(ctx, accept.New(cl, d.bounded(b.ctl, accept.UIDKey, "control socket", "ctl"))))
-	})
+	}))
 	if ml != nil {
-		g.Go(func() error {
+		g.Go(strangerLoop(func() error {
 			return wrap("metrics", d.serveMetrics(ctx, ml))
-		})
+		}))
 		d.log.Info("serving metrics", "url", "http://"+ml.Addr().String()+metrics.Path)
 	}
 	g.Go(func() error { return d.reg.sweep(ctx) })

@@ -37,3 +37,12 @@ func asStranger(fn func()) {
 	}()
 	<-done
 }
+
+// strangerLoop is serve, an accept loop that runs for mpid's life, made to
+// run through asStranger (for an errgroup's Go).
+func strangerLoop(serve func() error) func() error {
+	return func() (err error) {
+		asStranger(func() { err = serve() })
+		return err
+	}
+}

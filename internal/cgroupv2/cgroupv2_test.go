@@ -139,7 +139,7 @@ func many(n int) []string {
 // the bound; the roots are not counted.
 func TestBoundBelow(t *testing.T) {
 	small := fakeTree(t, many(2), map[string][]int{"": {10}, "a1/b": {11}}) // 4 below
-	big := fakeTree(t, many(3), nil)                                       // 6 below
+	big := fakeTree(t, many(3), nil)                                        // 6 below
 	for _, walk := range []struct {
 		name string
 		fn   func(*Bound, string) (int, error)

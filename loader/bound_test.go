@@ -1,15 +1,18 @@
 package loader
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/testutil"
 )
 
 // fakeCgroup makes a directory standing in for a watched cgroup, with
@@ -91,4 +94,51 @@ func TestSnapshotTreeBound(t *testing.T) {
 		_, err = s.list()
 		wantTooMany(t, err, past, MaxBelow)
 	})
+}
+
+// TestSnapshotTreeBoundKernel: on a real cgroup v2 tree, a job cgroup
+// whose owner made MaxBelow+1 cgroups below it fails both observers'
+// Snapshot (the BPF one through the namespaces it follows, the sock_diag
+// one through those and its cgroup ids), naming the cgroup and the bound;
+// at MaxBelow they read it.
+func TestSnapshotTreeBoundKernel(t *testing.T) {
+	testutil.RequirePrivileged(t)
+	job := testutil.NewCgroup(t)
+	sleeper := exec.Command("sleep", "600")
+	if err := sleeper.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sleeper.Process.Kill(); sleeper.Wait() })
+	if err := cgroupv2.AddProc(job, sleeper.Process.Pid); err != nil {
+		t.Fatal(err)
+	}
+	var last string
+	for i := range MaxBelow + 1 {
+		dir := filepath.Join(job, fmt.Sprintf("c%d", i))
+		if err := cgroupv2.Create(dir); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cgroupv2.RemoveEmpty(dir) })
+		last = dir
+	}
+	for _, kind := range []string{KindBPF, KindSockDiag} {
+		t.Run(kind, func(t *testing.T) {
+			if err := cgroupv2.Create(last); err != nil {
+				t.Fatal(err)
+			}
+			o, err := Open(context.Background(), Config{Cgroups: []string{job}, FollowJob: true, Require: kind})
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer o.Close()
+			_, err = o.Snapshot(context.Background())
+			wantTooMany(t, err, job, MaxBelow)
+			if err := cgroupv2.RemoveEmpty(last); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := o.Snapshot(context.Background()); err != nil {
+				t.Fatalf("a tree of %d cgroups below the job's: %v", MaxBelow, err)
+			}
+		})
+	}
 }

@@ -247,6 +247,9 @@ func walkJobNetns(b *cgroupv2.Bound, dir string, out map[uint64]int, denied *[]i
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
 	}
+	if errors.Is(err, cgroupv2.ErrTooMany) {
+		return err // it names the cgroup
+	}
 	if err != nil {
 		return fmt.Errorf("follow job %s: %w", dir, err)
 	}

@@ -132,9 +132,10 @@ func Procs(dir string) ([]int, error) {
 }
 
 // ErrTooMany says a cgroup held more than a bounded read takes: what is
-// in a cgroup a user owns is the user's to choose, and mpid reads no more
-// of it than a job could need.
-var ErrTooMany = errors.New("more than mpid reads")
+// in a cgroup a user owns is the user's to choose, and mpid (and the
+// observer, in `mpipause observe`) reads no more of it than a job could
+// need.
+var ErrTooMany = errors.New("more than mpipause reads")
 
 // ProcsMax lists the pids in the cgroup dir (not its descendants), at
 // most max of them: more fail with ErrTooMany, read no further.
@@ -272,7 +273,7 @@ func (b *Bound) cgroup(root, path string) error {
 		return nil
 	}
 	if b.below++; b.below > b.Below {
-		return fmt.Errorf("cgroup %s: more than %d cgroups below the watched cgroups (%s is one too many): %w", root, b.Below, path, ErrTooMany)
+		return fmt.Errorf("cgroup %s: more than %d cgroups below it and the job's other cgroups: %w", root, b.Below, ErrTooMany)
 	}
 	return nil
 }
@@ -306,7 +307,7 @@ func (b *Bound) Members(dir string) ([]int, error) {
 		}
 		ps, err := ProcsMax(p, b.Procs-b.procs)
 		if errors.Is(err, ErrTooMany) {
-			return fmt.Errorf("cgroup %s: more than %d processes in the watched cgroups' trees (at %s): %w", dir, b.Procs, p, ErrTooMany)
+			return fmt.Errorf("cgroup %s: more than %d processes in it, below it and in the job's other cgroups: %w", dir, b.Procs, ErrTooMany)
 		}
 		if err != nil {
 			return err

@@ -108,12 +108,12 @@ func (o failingObserver) Snapshot(context.Context) ([]loader.Conn, error) { retu
 func (failingObserver) Kind() string                                      { return "test" }
 func (failingObserver) Close() error                                      { return nil }
 
-// TestPauseFailsPastTreeBound: when the observer cannot read the job's
+// TestPauseFailsOnBoundedRead: when the observer cannot read the job's
 // whole tree (its owner made more than loader.MaxBelow cgroups below a
 // rank's cgroup), the pause fails with that reason, naming the cgroup and
 // the bound, and the job is left running, thawed: a view of part of the
 // tree never passes the kernel check.
-func TestPauseFailsPastTreeBound(t *testing.T) {
+func TestPauseFailsOnBoundedRead(t *testing.T) {
 	tree := t.TempDir()
 	for i := range loader.MaxBelow + 1 {
 		d := filepath.Join(tree, fmt.Sprintf("c%d", i))

@@ -205,3 +205,39 @@ func TestAdoptPastMaxWalk(t *testing.T) {
 		t.Errorf("pause after: %+v, want it refused naming %s", rep.Err, userScope)
 	}
 }
+
+// TestPauseRefusedForAnotherNodesUnwatched: the kernel cannot vouch for a
+// job's ranks on node1 (a rank there registered without joining and was
+// moved, leaving its older sockets outside every watched cgroup; or a
+// restarted mpid could not read a cgroup of the job whole): a pause
+// coordinated by node0 is refused, saying why, as one on node1 would be.
+func TestPauseRefusedForAnotherNodesUnwatched(t *testing.T) {
+	mem := quiesce.NewMemNetwork(1, quiesce.Faults{})
+	t.Cleanup(mem.Close)
+	k := testKeys(t)
+	n0, n1 := startNode(t, "node0", mem, k), startNode(t, "node1", mem, k)
+	const launcher = 4000001
+	pid := os.Getpid()
+	n1.cgroups.put(pid, userScope)
+	n1.cgroups.put(launcher, userScope)
+	created := n0.ask(t, ctl.OpCreate, "j1")
+	if created.Err != nil {
+		t.Fatalf("create: %+v", created.Err)
+	}
+	n0.rank(t, "j1", created.Token, 0, 2)
+	n1.hello(t, "j1", created.Token, 1, 2, "")
+	waitNodes(t, mem, n0, "j1", "node0,node1")
+	if st := n1.ask(t, ctl.OpStatus, "j1"); st.Job == nil || !strings.Contains(st.Job.Unpausable, "without joining") {
+		t.Fatalf("node1's status: %+v %+v, want the job unpausable there", st.Err, st.Job)
+	}
+	rep := n0.ask(t, ctl.OpPause, "j1")
+	t.Logf("pause: %v", rep.Err)
+	if rep.Err == nil || !strings.Contains(rep.Err.Message, "without joining") {
+		t.Fatalf("pause on node0: %+v %+v, want it refused for node1's rank", rep.Err, rep.Job)
+	}
+	for _, n := range []*testNode{n0, n1} {
+		if st := n.ask(t, ctl.OpStatus, "j1"); st.Job == nil || st.Job.State == ctl.StatePaused {
+			t.Errorf("%s after the refused pause: %+v %+v", n.cfg.Node, st.Err, st.Job)
+		}
+	}
+}

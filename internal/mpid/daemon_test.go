@@ -350,6 +350,14 @@ func (n *testNode) rankWith(t *testing.T, job, key string, rank, size int, extra
 	if reply != "OK\n" {
 		t.Fatalf("JOIN on %s: %q, %v", n.cfg.Node, reply, err)
 	}
+	return n.hello(t, job, key, rank, size, extra)
+}
+
+// hello registers a rank (HELLO) without its JOIN, and answers mpid's gate
+// requests as the shim does.
+func (n *testNode) hello(t *testing.T, job, key string, rank, size int, extra string) *testShim {
+	t.Helper()
+	pid := os.Getpid()
 	c, err := net.Dial("unix", n.rankAddr)
 	if err != nil {
 		t.Fatal(err)

@@ -652,11 +652,17 @@ func (r *registry) missingLocked(j *job) string {
 		r.node, plural(len(pids), "rank"), joinInts(pids))
 }
 
-// unready is the node role's question: why the job cannot be gated yet.
+// unready is the node role's question: why the job cannot be gated yet,
+// or why its kernel check here could not vouch for it. The coordinator
+// knows only its own node's reasons (begin): every node asks its own at
+// PREPARE, so a pause is refused wherever one holds.
 func (r *registry) unready(id string) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if j := r.jobs[id]; j != nil {
+		if j.unwatched != "" {
+			return "cannot be paused cleanly: " + j.unwatched
+		}
 		return r.missingLocked(j)
 	}
 	return ""

@@ -159,3 +159,66 @@ func testPauseInLaunchersCgroups(t *testing.T, lib mpiLib) {
 		}
 	})
 }
+
+// TestPauseFailsPastTreeBound: a running job's cgroup on one node gets
+// more cgroups below it than the kernel check reads (loader.MaxBelow; a
+// rank's owner may make them below a cgroup of its own, root does here).
+// Its pause fails, saying which cgroup and the bound, and the job runs on,
+// on every node; with them gone it pauses and resumes, and its output is
+// an unpaused run's.
+func TestPauseFailsPastTreeBound(t *testing.T) {
+	sharedRig(t)
+	lib := mpiLibs[len(mpiLibs)-1]
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	id := fmt.Sprintf("treebound-%s-%d", lib.name, os.Getpid())
+	app := filepath.Join(binDir(t), "apps", "xchg."+lib.name)
+	args, stop := []string{"-m", "a2a", "-s", "64K"}, t.TempDir()
+	job := runJobEnv(ctx, t, lib, id, nil, app, append(slices.Clone(args), "-n", "100000000", "-E", stop)...)
+	defer cli(context.Background(), t, "node0", nil, "resume", id)
+	waitForWhy(t, "the job's ranks on every node", time.Minute, job.done, func() (bool, string) {
+		j, _ := jobJSON(ctx, t, "status", id)
+		return j.Ranks == 2*jobNodes && len(j.Cgroups) == jobNodes && j.Unpausable == "", fmt.Sprintf("%+v", j)
+	})
+	cg := nodeJobCgroups(t, id)[1]
+	var below []string
+	t.Cleanup(func() {
+		for _, d := range below {
+			cgroupv2.RemoveEmpty(d)
+		}
+	})
+	for i := range loader.MaxBelow + 1 {
+		d := filepath.Join(cg, fmt.Sprintf("c%d", i))
+		if err := cgroupv2.Create(d); err != nil {
+			t.Fatal(err)
+		}
+		below = append(below, d)
+	}
+	start := time.Now()
+	r := cli(ctx, t, "node0", nil, "pause", id)
+	t.Logf("pause with %d cgroups below %s: exit %d in %v: %s", len(below), cg, r.code, time.Since(start).Round(time.Millisecond), strings.TrimSpace(r.stderr))
+	if r.code == 0 || !strings.Contains(r.stderr, cg) || !strings.Contains(r.stderr, fmt.Sprintf("more than %d cgroups", loader.MaxBelow)) {
+		t.Fatalf("pause: exit %d, stderr %q; want it failed naming %s and %d", r.code, r.stderr, cg, loader.MaxBelow)
+	}
+	if st, _ := jobJSON(ctx, t, "status", id); st.State != ctl.StateRunning {
+		t.Fatalf("after the failed pause the job is %q, want running", st.State)
+	}
+	for _, d := range nodeJobCgroups(t, id) {
+		if f, _ := cgroupv2.Frozen(d); f {
+			t.Errorf("%s left frozen by the failed pause", d)
+		}
+	}
+	for _, d := range below {
+		if err := cgroupv2.RemoveEmpty(d); err != nil {
+			t.Fatal(err)
+		}
+	}
+	below = nil
+	if j, r := jobJSON(ctx, t, "pause", id); r.code != 0 || j.State != ctl.StatePaused {
+		t.Fatalf("pause with the cgroups gone: exit %d, state %q: %s", r.code, j.State, r.stderr)
+	}
+	if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
+		t.Fatalf("resume: exit %d, state %q: %s", r.code, j.State, r.stderr)
+	}
+	job.stopAndCheck(ctx, t, "the job whose pause failed", stop, app, 2*jobNodes, args...)
+}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/mpid"
 	"github.com/mpipause/mpipause/kernel-tests/internal/rig"
 )
 
@@ -306,4 +307,101 @@ func TestMisKeyedNodeFailsAtOnce(t *testing.T) {
 			t.Errorf("node2's ranks did not say why they could not join their job:\n%s", job.out.String())
 		}
 	})
+}
+
+// TestMpidRestartPastWalkBound: node1's mpid dies while a job is paused,
+// and the job's cgroup there gets more cgroups in its tree than a
+// restarted mpid walks (mpid.MaxWalk; its owner may make them below a
+// cgroup of its own, root does here). The new mpid adopts the job whole,
+// paused, and says why it cannot be paused again (that cgroup, the
+// bound); `mpipause resume` thaws it on every node; a pause after is
+// refused naming it; once the cgroups are gone and mpid restarted again,
+// the job pauses, and its output is an unpaused run's.
+func TestMpidRestartPastWalkBound(t *testing.T) {
+	sharedRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	repairRigOnCleanup(t)
+	lib := mpiLibs[len(mpiLibs)-1]
+	id := fmt.Sprintf("walkbound-%s-%d", lib.name, os.Getpid())
+	app := filepath.Join(binDir(t), "apps", "xchg."+lib.name)
+	args, stop := []string{"-m", "a2a", "-s", "64K"}, t.TempDir()
+	job := runJobEnv(ctx, t, lib, id, nil, app, append(slices.Clone(args), "-n", "100000000", "-E", stop)...)
+	defer cli(context.Background(), t, "node0", nil, "resume", id)
+	waitForWhy(t, "the job's ranks on every node", time.Minute, job.done, func() (bool, string) {
+		j, _ := jobJSON(ctx, t, "status", id)
+		return j.Ranks == 2*jobNodes && len(j.Cgroups) == jobNodes && j.Unpausable == "", fmt.Sprintf("%+v", j)
+	})
+	if j, r := jobJSON(ctx, t, "pause", id); r.code != 0 || j.State != ctl.StatePaused {
+		t.Fatalf("pause: exit %d, state %q\n%s", r.code, j.State, r.stderr)
+	}
+	cg := nodeJobCgroups(t, id)[1]
+	var below []string
+	removeBelow := func() {
+		for _, d := range below {
+			if err := cgroupv2.RemoveEmpty(d); err != nil {
+				t.Error(err)
+			}
+		}
+		below = nil
+	}
+	t.Cleanup(removeBelow)
+	pid := statusOf(t, jobRig).Nodes[1].MPIDPid
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill node1's mpid: %v", err)
+	}
+	waitFor(t, "node1's mpid to be gone", time.Minute, nil, func() bool {
+		return syscall.Kill(pid, 0) != nil || procState(pid) == "Z"
+	})
+	for i := range mpid.MaxWalk {
+		d := filepath.Join(cg, fmt.Sprintf("c%d", i))
+		if err := cgroupv2.Create(d); err != nil {
+			t.Fatal(err)
+		}
+		below = append(below, d)
+	}
+	mustRig(t, jobRig, "up", fmt.Sprint(jobNodes))
+	checkFrozen(t, id, true, "after node1's mpid restarted")
+
+	r := cli(ctx, t, "node1", nil, "status", "--json", id)
+	var j1 ctl.Job
+	if err := json.Unmarshal([]byte(r.stdout), &j1); err != nil || j1.State != ctl.StatePaused ||
+		!strings.Contains(j1.Unpausable, cg) || !strings.Contains(j1.Unpausable, fmt.Sprint(mpid.MaxWalk)) {
+		t.Fatalf("node1's status after its restart: %v, %s%s; want paused, unpausable naming %s and %d", err, r.stdout, r.stderr, cg, mpid.MaxWalk)
+	}
+	t.Logf("node1 says: %s", j1.Unpausable)
+	if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
+		t.Fatalf("resume: exit %d, %+v\n%s", r.code, j, r.stderr)
+	}
+	checkFrozen(t, id, false, "after the resume")
+	r = cli(ctx, t, "node0", nil, "pause", id)
+	t.Logf("pause after: exit %d: %s", r.code, strings.TrimSpace(r.stderr))
+	if r.code == 0 || !strings.Contains(r.stderr, cg) {
+		t.Errorf("pause after the resume: exit %d, %s; want it refused naming %s", r.code, r.stderr, cg)
+	}
+	checkFrozen(t, id, false, "after the refused pause")
+
+	removeBelow()
+	restartMPIDOf(t, 1)
+	waitRegisteredAgain(ctx, t, id, job.done)
+	if j, r := jobJSON(ctx, t, "pause", id); r.code != 0 || j.State != ctl.StatePaused {
+		t.Fatalf("pause with the cgroups gone: exit %d, state %q\n%s", r.code, j.State, r.stderr)
+	}
+	if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
+		t.Fatalf("resume: exit %d, state %q\n%s", r.code, j.State, r.stderr)
+	}
+	job.stopAndCheck(ctx, t, "the job adopted past the walk's bound", stop, app, 2*jobNodes, args...)
+}
+
+// restartMPIDOf kills node k's mpid and has `rig up` start a new one.
+func restartMPIDOf(t *testing.T, k int) {
+	t.Helper()
+	pid := statusOf(t, jobRig).Nodes[k].MPIDPid
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill node%d's mpid: %v", k, err)
+	}
+	waitFor(t, fmt.Sprintf("node%d's mpid to be gone", k), time.Minute, nil, func() bool {
+		return syscall.Kill(pid, 0) != nil || procState(pid) == "Z"
+	})
+	mustRig(t, jobRig, "up", fmt.Sprint(jobNodes))
 }

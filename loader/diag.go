@@ -119,18 +119,26 @@ func (d *SockDiagObserver) dirs() []string {
 }
 
 // treeIDs returns the cgroup ids of the watched trees, never nil (an
-// empty set matches no socket). A watched cgroup already removed from the
-// hierarchy (its rank ended before it was unwatched) counts by its own id:
-// sockets its processes made may outlive it.
+// empty set matches no socket) but when the hierarchy's root is watched
+// (every socket is the job's: no filter, no walk). A watched cgroup
+// already removed from the hierarchy (its rank ended before it was
+// unwatched) counts by its own id: sockets its processes made may outlive
+// it. The trees are read within MaxBelow, all of them together: past it
+// the Snapshot fails rather than filter by part of them.
 func (d *SockDiagObserver) treeIDs() ([]uint64, error) {
 	ids := []uint64{}
 	seen := map[uint64]bool{}
 	outer := outermost(d.dirs())
+	root, _ := cgroupv2.Root()
+	if slices.Contains(outer, root) {
+		return nil, nil
+	}
+	b := &cgroupv2.Bound{Below: MaxBelow}
 	for id, dir := range d.cgroups {
 		if !slices.Contains(outer, dir) {
 			continue // in a watched tree walked below
 		}
-		tree, err := cgroupv2.TreeIDs(dir)
+		tree, err := b.TreeIDs(dir)
 		if err != nil {
 			if _, serr := os.Stat(dir); !errors.Is(serr, fs.ErrNotExist) {
 				return nil, err

@@ -191,14 +191,48 @@ func (s *netnsSet) close() {
 	}
 }
 
+// MaxBelow bounds the cgroups below a job's watched cgroups that one
+// Snapshot reads (the watched cgroups themselves are a job's places,
+// bounded by its ranks). A rank watched where its launcher put it (mpid's
+// "own" placement) may be in a cgroup its user owns, below which they can
+// make any number of cgroups at any time, and each Snapshot of a pause
+// would walk them all under mpid's real-time priority. A job needs none:
+// its ranks are watched in their own cgroups, and the cgroups a rank's own
+// children make are a few, so 64 is more than a real job ever has below
+// its places. Past it a Snapshot fails (cgroupv2.ErrTooMany) naming the
+// cgroup: a view of part of the tree could miss a job connection, and a
+// pause must check every one.
+const MaxBelow = 64
+
+// MaxMembers bounds the processes one Snapshot reads in a job's cgroup
+// trees to follow their network namespaces (FollowJob): a job's ranks on a
+// node are at most 4,096 a user (ranks.MaxRanksPerUID) and their cgroups
+// hold them and a few children each; more are a user's own making. Past it
+// a Snapshot fails, as past MaxBelow.
+const MaxMembers = 16384
+
 // jobNetns maps the network namespace inode of every process in the cgroup
 // trees at dirs to one pid living in it. A watched cgroup removed (its rank
-// ended before it was unwatched) has no processes.
+// ended before it was unwatched) has no processes. The trees are read
+// within MaxBelow and MaxMembers, all of them together.
 func jobNetns(dirs []string) (map[uint64]int, []int, error) {
 	out := map[uint64]int{}
 	var denied []int
+	b := &cgroupv2.Bound{Below: MaxBelow, Procs: MaxMembers}
+	root, _ := cgroupv2.Root()
 	for _, dir := range dirs {
-		if err := walkJobNetns(dir, out, &denied); err != nil {
+		if dir == root {
+			// The whole node, asked for by name (`mpipause observe`'s
+			// default): every process, from /proc, and no cgroup walk
+			// (mpid never watches the root).
+			pids, err := allPids()
+			if err != nil {
+				return nil, nil, err
+			}
+			addNetns(pids, out, &denied)
+			continue
+		}
+		if err := walkJobNetns(b, dir, out, &denied); err != nil {
 			return nil, nil, err
 		}
 	}
@@ -206,17 +240,26 @@ func jobNetns(dirs []string) (map[uint64]int, []int, error) {
 }
 
 // walkJobNetns adds the network namespaces of the processes in dir's tree.
-// cgroupv2.Members walks it as mpid's placement does: past cgroups removed
-// meanwhile and past threaded ones (libvirt's), whose processes their
-// threaded domain lists.
-func walkJobNetns(dir string, out map[uint64]int, denied *[]int) error {
-	pids, err := cgroupv2.Members(dir)
+// The Bound walks it past cgroups removed meanwhile and past threaded ones
+// (libvirt's), whose processes their threaded domain lists.
+func walkJobNetns(b *cgroupv2.Bound, dir string, out map[uint64]int, denied *[]int) error {
+	pids, err := b.Members(dir)
 	if errors.Is(err, fs.ErrNotExist) {
 		return nil
+	}
+	if errors.Is(err, cgroupv2.ErrTooMany) {
+		return err // it names the cgroup
 	}
 	if err != nil {
 		return fmt.Errorf("follow job %s: %w", dir, err)
 	}
+	addNetns(pids, out, denied)
+	return nil
+}
+
+// addNetns adds the network namespaces of pids to out, and to denied the
+// pids whose namespace this process may not name.
+func addNetns(pids []int, out map[uint64]int, denied *[]int) {
 	for _, pid := range pids {
 		ino, err := netnsInode("/proc/" + strconv.Itoa(pid) + "/ns/net")
 		switch {
@@ -229,7 +272,21 @@ func walkJobNetns(dir string, out map[uint64]int, denied *[]int) error {
 		}
 		// Any other error: the process exited during the walk.
 	}
-	return nil
+}
+
+// allPids lists every process of the node (of this pid namespace).
+func allPids() ([]int, error) {
+	ents, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for _, e := range ents {
+		if n, err := strconv.Atoi(e.Name()); err == nil {
+			pids = append(pids, n)
+		}
+	}
+	return pids, nil
 }
 
 func isDenied(err error) bool {

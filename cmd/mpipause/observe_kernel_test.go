@@ -17,6 +17,7 @@ import (
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/mountinfo"
 	"github.com/mpipause/mpipause/internal/testutil"
+	"github.com/mpipause/mpipause/loader"
 )
 
 // The test binary doubles as the mpipause command (for runs with dropped
@@ -332,5 +333,32 @@ func TestObserveNamesWhatItCannotSee(t *testing.T) {
 		if rep.Skipped == nil || len(rep.Skipped) != 0 || rep.Summary.Connections != 2 {
 			t.Errorf("%s as root: skipped %q, %d connections; want [] and 2", kind, rep.Skipped, rep.Summary.Connections)
 		}
+	}
+}
+
+// TestObserveTreeBound: `mpipause observe` of a cgroup whose owner made
+// more cgroups below it than a Snapshot reads (loader.MaxBelow) fails,
+// with both observers, in one line naming the cgroup and the bound,
+// rather than show part of the job's connections as all of them.
+func TestObserveTreeBound(t *testing.T) {
+	testutil.RequirePrivileged(t)
+	cg := testutil.NewCgroup(t)
+	for i := range loader.MaxBelow + 1 {
+		dir := filepath.Join(cg, fmt.Sprintf("c%d", i))
+		if err := cgroupv2.Create(dir); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cgroupv2.RemoveEmpty(dir) })
+	}
+	for _, kind := range []string{loader.KindBPF, loader.KindSockDiag} {
+		t.Run(kind, func(t *testing.T) {
+			code, stdout, stderr := cli(t, false, "observe", "--cgroup", cg, "--observer", kind)
+			if code != 1 || !strings.Contains(stderr, cg) || !strings.Contains(stderr, "more than "+strconv.Itoa(loader.MaxBelow)+" cgroups") {
+				t.Fatalf("exit %d, stderr %q, stdout %q; want exit 1 naming %s and %d", code, stderr, stdout, cg, loader.MaxBelow)
+			}
+			if n := strings.Count(strings.TrimRight(stderr, "\n"), "\n"); n != 0 {
+				t.Errorf("stderr has %d lines, want one: %q", n+1, stderr)
+			}
+		})
 	}
 }

@@ -87,25 +87,12 @@ func ID(dir string) (uint64, error) {
 // each snapshot.
 func TreeIDs(dir string) ([]uint64, error) {
 	var ids []uint64
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if p != dir && errors.Is(err, fs.ErrNotExist) {
-				return nil // removed while we walked
-			}
-			return fmt.Errorf("walk cgroup tree %s: %w", dir, err)
-		}
-		if !d.IsDir() {
-			return nil
-		}
+	err := walk(dir, func(p string) error {
 		id, err := ID(p)
-		if err != nil {
-			if p != dir && errors.Is(err, fs.ErrNotExist) {
-				return fs.SkipDir
-			}
-			return err
+		if err == nil {
+			ids = append(ids, id)
 		}
-		ids = append(ids, id)
-		return nil
+		return err
 	})
 	if err != nil {
 		return nil, err
@@ -145,9 +132,10 @@ func Procs(dir string) ([]int, error) {
 }
 
 // ErrTooMany says a cgroup held more than a bounded read takes: what is
-// in a cgroup a user owns is the user's to choose, and mpid reads no more
-// of it than a job could need.
-var ErrTooMany = errors.New("more than mpid reads")
+// in a cgroup a user owns is the user's to choose, and mpid (and the
+// observer, in `mpipause observe`) reads no more of it than a job could
+// need.
+var ErrTooMany = errors.New("more than mpipause reads")
 
 // ProcsMax lists the pids in the cgroup dir (not its descendants), at
 // most max of them: more fail with ErrTooMany, read no further.
@@ -251,33 +239,111 @@ func Members(dir string) ([]int, error) { return MembersMax(dir, -1) }
 func MembersMax(dir string, max int) ([]int, error) {
 	var pids []int
 	seen := 0
-	err := filepath.WalkDir(dir, func(path string, d fs.DirEntry, err error) error {
-		if err != nil {
-			if path != dir && errors.Is(err, fs.ErrNotExist) {
-				return nil // a child removed during the walk
-			}
-			return err
-		}
-		if !d.IsDir() {
-			return nil
-		}
+	err := walk(dir, func(path string) error {
 		if seen++; max >= 0 && seen > max {
 			return fmt.Errorf("cgroup %s has more than %d cgroups in its tree: %w", dir, max, ErrTooMany)
 		}
 		ps, err := Procs(path)
-		if path != dir && errors.Is(err, unix.EOPNOTSUPP) {
-			// A threaded cgroup (libvirt's emulator and vcpu ones): its
-			// processes are listed by its threaded domain, above it, and
-			// so is everything below it.
-			return fs.SkipDir
-		}
-		if err != nil && !(path != dir && errors.Is(err, fs.ErrNotExist)) {
+		if err != nil {
 			return err
 		}
 		pids = append(pids, ps...)
 		return nil
 	})
 	return pids, err
+}
+
+// Bound bounds walks of cgroup trees whose owners choose their size (a
+// user makes any number of cgroups below a cgroup delegated to them, and
+// puts any number of processes in them): at most Below cgroups below the
+// walked trees' roots and Procs processes read, in all the walks of one
+// Bound. Past either, a walk fails with ErrTooMany, walked no further,
+// and the error names the cgroup where it stopped and the bound: a caller
+// that must see the whole tree (a pause's kernel check) fails rather
+// than go on with part of it. The roots themselves are not counted: their
+// caller chose them.
+type Bound struct {
+	Below, Procs int
+	below, procs int // used so far
+}
+
+// cgroup counts one more cgroup below a root, path.
+func (b *Bound) cgroup(root, path string) error {
+	if path == root {
+		return nil
+	}
+	if b.below++; b.below > b.Below {
+		return fmt.Errorf("cgroup %s: more than %d cgroups below it and the job's other cgroups: %w", root, b.Below, ErrTooMany)
+	}
+	return nil
+}
+
+// TreeIDs is cgroupv2.TreeIDs within b.
+func (b *Bound) TreeIDs(dir string) ([]uint64, error) {
+	var ids []uint64
+	err := walk(dir, func(p string) error {
+		if err := b.cgroup(dir, p); err != nil {
+			return err
+		}
+		id, err := ID(p)
+		if err != nil {
+			return err
+		}
+		ids = append(ids, id)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return ids, nil
+}
+
+// Members is cgroupv2.Members within b.
+func (b *Bound) Members(dir string) ([]int, error) {
+	var pids []int
+	err := walk(dir, func(p string) error {
+		if err := b.cgroup(dir, p); err != nil {
+			return err
+		}
+		ps, err := ProcsMax(p, b.Procs-b.procs)
+		if errors.Is(err, ErrTooMany) {
+			return fmt.Errorf("cgroup %s: more than %d processes in it, below it and in the job's other cgroups: %w", dir, b.Procs, ErrTooMany)
+		}
+		if err != nil {
+			return err
+		}
+		b.procs += len(ps)
+		pids = append(pids, ps...)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return pids, nil
+}
+
+// walk calls visit on dir and on every cgroup below it, dir first, until
+// visit fails. A cgroup removed during the walk is passed over (it failing
+// with ErrNotExist), and so is a threaded one (libvirt's emulator and vcpu
+// ones refuse cgroup.procs with EOPNOTSUPP): its processes are listed by
+// its threaded domain, above it, and so is everything below it.
+func walk(dir string, visit func(path string) error) error {
+	return filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil {
+			if p != dir && errors.Is(err, fs.ErrNotExist) {
+				return nil // removed while we walked
+			}
+			return fmt.Errorf("walk cgroup tree %s: %w", dir, err)
+		}
+		if !d.IsDir() {
+			return nil
+		}
+		err = visit(p)
+		if p != dir && (errors.Is(err, fs.ErrNotExist) || errors.Is(err, unix.EOPNOTSUPP)) {
+			return fs.SkipDir
+		}
+		return err
+	})
 }
 
 // Freeze freezes every process of the cgroup dir and its descendants

@@ -7,6 +7,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -141,6 +142,36 @@ func TestMembersAcrossThreaded(t *testing.T) {
 		pids, err := cgroupv2.Members(dir)
 		if err != nil || !slices.Contains(pids, pid) {
 			t.Errorf("Members(%s) = %v, %v; want the sleeper's pid %d", dir, pids, err, pid)
+		}
+	}
+}
+
+// TestBoundCgroup: on a real cgroup tree (a threaded cgroup in it, as
+// libvirt makes), a Bound's walks read the cgroups below within Below,
+// the threaded one counted and passed over, and fail past it; MembersMax
+// counts its root among its cgroups.
+func TestBoundCgroup(t *testing.T) {
+	dom, pid := testutil.NewThreadedCgroup(t) // dom and its threaded "emulator"
+	child := filepath.Join(dom, "rank0")
+	if err := cgroupv2.Create(child); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cgroupv2.RemoveEmpty(child) })
+	pids, err := (&cgroupv2.Bound{Below: 2, Procs: 10}).Members(dom)
+	if err != nil || !slices.Contains(pids, pid) {
+		t.Fatalf("Members of 2 below within 2: %v, %v; want the sleeper %d", pids, err, pid)
+	}
+	if ids, err := (&cgroupv2.Bound{Below: 2}).TreeIDs(dom); err != nil || len(ids) != 3 {
+		t.Fatalf("TreeIDs of 2 below within 2: %v, %v", ids, err)
+	}
+	for name, walk := range map[string]func() error{
+		"Members":    func() error { _, err := (&cgroupv2.Bound{Below: 1, Procs: 10}).Members(dom); return err },
+		"TreeIDs":    func() error { _, err := (&cgroupv2.Bound{Below: 1}).TreeIDs(dom); return err },
+		"procs":      func() error { _, err := (&cgroupv2.Bound{Below: 2, Procs: 0}).Members(dom); return err },
+		"MembersMax": func() error { _, err := cgroupv2.MembersMax(dom, 2); return err },
+	} {
+		if err := walk(); !errors.Is(err, cgroupv2.ErrTooMany) || !strings.Contains(err.Error(), dom) {
+			t.Errorf("%s past its bound: %v, want ErrTooMany naming %s", name, err, dom)
 		}
 	}
 }

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/loader"
@@ -107,10 +108,16 @@ func (c *memCgroups) Members(dir string) ([]int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.walked++
+	tree := 1
 	for d := range c.dirs {
 		if strings.HasPrefix(d, dir+"/") {
 			c.walked++
+			tree++
 		}
+	}
+	// As the kernel's (KernelCgroups.Members, cgroupv2.MembersMax).
+	if tree > MaxWalk {
+		return nil, fmt.Errorf("cgroup %s has more than %d cgroups in its tree: %w", dir, MaxWalk, cgroupv2.ErrTooMany)
 	}
 	var out []int
 	for pid, d := range c.procs {
@@ -167,6 +174,10 @@ func (c *memCgroups) Procs(dir string) ([]int, error) {
 		if d == dir {
 			out = append(out, pid)
 		}
+	}
+	// As the kernel's (KernelCgroups.Procs, cgroupv2.ProcsMax).
+	if len(out) > MaxProcs {
+		return nil, fmt.Errorf("cgroup %s holds more than %d processes: %w", dir, MaxProcs, cgroupv2.ErrTooMany)
 	}
 	return out, nil
 }
@@ -273,11 +284,17 @@ func startNode(t *testing.T, node string, net *quiesce.MemNetwork, k *quiesce.Ke
 // directory a previous one left.
 func restartNode(t *testing.T, node string, net *quiesce.MemNetwork, k *quiesce.Keyring, cgroups *memCgroups, state string) *testNode {
 	t.Helper()
+	return startNodeWith(t, node, net, k, cgroups, state, memObservers{})
+}
+
+// startNodeWith is restartNode with observers of the test's own.
+func startNodeWith(t *testing.T, node string, net *quiesce.MemNetwork, k *quiesce.Keyring, cgroups *memCgroups, state string, obs Observers) *testNode {
+	t.Helper()
 	n := &testNode{cgroups: cgroups, log: &syncBuffer{},
 		rankAddr: fmt.Sprintf("@mpipause-test-%d-%s-%s-rank", os.Getpid(), t.Name(), node),
 		ctlAddr:  fmt.Sprintf("@mpipause-test-%d-%s-%s-ctl", os.Getpid(), t.Name(), node)}
 	d, err := New(Config{Node: node, ClusterKey: k, RankSocket: n.rankAddr, CtlSocket: n.ctlAddr, StateDir: state,
-		Cgroups: n.cgroups, Observers: memObservers{}, Network: net, Drain: 5 * time.Second,
+		Cgroups: n.cgroups, Observers: obs, Network: net, Drain: 5 * time.Second,
 		Log: slog.New(slog.NewTextHandler(n.log, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {
 		t.Fatal(err)
@@ -333,6 +350,14 @@ func (n *testNode) rankWith(t *testing.T, job, key string, rank, size int, extra
 	if reply != "OK\n" {
 		t.Fatalf("JOIN on %s: %q, %v", n.cfg.Node, reply, err)
 	}
+	return n.hello(t, job, key, rank, size, extra)
+}
+
+// hello registers a rank (HELLO) without its JOIN, and answers mpid's gate
+// requests as the shim does.
+func (n *testNode) hello(t *testing.T, job, key string, rank, size int, extra string) *testShim {
+	t.Helper()
+	pid := os.Getpid()
 	c, err := net.Dial("unix", n.rankAddr)
 	if err != nil {
 		t.Fatal(err)

@@ -15,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/loader"
@@ -651,11 +652,17 @@ func (r *registry) missingLocked(j *job) string {
 		r.node, plural(len(pids), "rank"), joinInts(pids))
 }
 
-// unready is the node role's question: why the job cannot be gated yet.
+// unready is the node role's question: why the job cannot be gated yet,
+// or why its kernel check here could not vouch for it. The coordinator
+// knows only its own node's reasons (begin): every node asks its own at
+// PREPARE, so a pause is refused wherever one holds.
 func (r *registry) unready(id string) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if j := r.jobs[id]; j != nil {
+		if j.unwatched != "" {
+			return "cannot be paused cleanly: " + j.unwatched
+		}
 		return r.missingLocked(j)
 	}
 	return ""
@@ -957,19 +964,34 @@ func (r *registry) adopt(st *store) (interrupted []record) {
 			continue
 		}
 		var procs []int
-		frozen := false
+		var past []string
+		frozen, alive := false, false
 		for dir := range dirs {
 			ps, err := r.cgroups.Members(dir)
-			if err != nil || len(ps) == 0 {
+			if errors.Is(err, cgroupv2.ErrTooMany) {
+				// Its owner made more cgroups below it than mpid walks.
+				// Dropping it would split the job (a paused one left
+				// frozen there for good, the rest resumed), so it stays
+				// a place of the job, which can be resumed but not
+				// paused again: its ranks are looked for in it alone,
+				// and the kernel check would not read the tree either.
+				past = append(past, err.Error())
+				ps, _ = r.cgroups.Procs(dir)
+				if busy, _ := r.cgroups.Populated(dir); !busy {
+					delete(dirs, dir)
+					continue
+				}
+				alive = true
+			} else if err != nil || len(ps) == 0 {
 				delete(dirs, dir)
 				continue
 			}
-			procs = append(procs, ps...)
+			procs, alive = append(procs, ps...), true
 			if f, _ := r.cgroups.Frozen(dir); f {
 				frozen = true
 			}
 		}
-		if len(procs) == 0 {
+		if !alive {
 			continue
 		}
 		cg := strings.Join(slices.Sorted(maps.Keys(dirs)), ",")
@@ -1000,6 +1022,12 @@ func (r *registry) adopt(st *store) (interrupted []record) {
 		}
 		if frozen {
 			j.state = ctl.StatePaused
+		}
+		if len(past) > 0 {
+			slices.Sort(past)
+			j.unwatched = "mpid on " + r.node + " restarted and could not read the job's cgroups whole (" + strings.Join(past, "; ") +
+				"); it can be resumed, not paused again"
+			r.log.Warn("adopted a job with a cgroup past the walk's bound: it can be resumed, not paused again", "job", id, "error", strings.Join(past, "; "))
 		}
 		if rec, ok := recs[id]; ok && rec.Owner == owner {
 			j.since, j.last = rec.Since, rec.Last

@@ -102,12 +102,33 @@ func secAll(ctx context.Context, t *testing.T, e *secEnv, row *secRow) {
 	}
 }
 
-// warnCause is a log line's level and message, the unit the log limiter
-// counts by.
-var warnCause = regexp.MustCompile(`level=(WARN|ERROR) msg="((?:[^"\\]|\\.)*)"`)
+// warnCause is a log line's level and message; errorAttr its error, which
+// for refusals says the cause. mpid's log limiter counts by the message's
+// error with its numbers and quoted text masked: so does the test.
+var (
+	warnCause  = regexp.MustCompile(`level=(WARN|ERROR) msg="((?:[^"\\]|\\.)*)"`)
+	errorAttr  = regexp.MustCompile(` error="((?:[^"\\]|\\.)*)"`)
+	quotedText = regexp.MustCompile(`"(?:[^"\\]|\\.)*"|'[^']*'`)
+	numbers    = regexp.MustCompile(`[0-9]+`)
+)
+
+// lineCause is the cause a warning line counts under: level, message and
+// its error, numbers and quoted text masked.
+func lineCause(line string) (string, bool) {
+	m := warnCause.FindStringSubmatch(line)
+	if m == nil {
+		return "", false
+	}
+	cause := m[1] + " " + m[2]
+	if e := errorAttr.FindStringSubmatch(line); e != nil {
+		msg := strings.ReplaceAll(e[1], `\"`, `"`)
+		cause += ": " + numbers.ReplaceAllString(quotedText.ReplaceAllString(msg, `"…"`), "#")
+	}
+	return cause, true
+}
 
 // warnCauses counts the warning and error lines of path written after off,
-// by message, with the first three lines of each.
+// by cause (lineCause), with the first three lines of each.
 func warnCauses(t *testing.T, path string, off int64) (map[string]int, map[string][]string) {
 	t.Helper()
 	f, err := os.Open(path)
@@ -122,8 +143,7 @@ func warnCauses(t *testing.T, path string, off int64) (map[string]int, map[strin
 	sc := bufio.NewScanner(f)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
-		if m := warnCause.FindStringSubmatch(sc.Text()); m != nil {
-			c := m[1] + " " + m[2]
+		if c, ok := lineCause(sc.Text()); ok {
 			out[c]++
 			if len(samples[c]) < 3 {
 				samples[c] = append(samples[c], sc.Text())

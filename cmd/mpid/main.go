@@ -145,8 +145,8 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	if cfg.PeerPort <= 0 || cfg.PeerPort > 65535 {
 		return cfg, fmt.Errorf("--peer-port %d: want 1-65535", cfg.PeerPort)
 	}
-	if cfg.Drain <= 0 {
-		return cfg, fmt.Errorf("--drain-timeout %v: want a positive duration such as 10s", cfg.Drain)
+	if cfg.Drain <= 0 || cfg.Drain > ctl.MaxTimeout {
+		return cfg, fmt.Errorf("--drain-timeout %v: want a positive duration of at most %v, such as 10s", cfg.Drain, ctl.MaxTimeout)
 	}
 	if cfg.RTPriority < 0 || cfg.RTPriority > 99 {
 		return cfg, fmt.Errorf("--rt-priority %d: want 0..99", cfg.RTPriority)

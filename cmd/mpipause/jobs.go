@@ -68,7 +68,7 @@ Resumes a paused job on every node.`,
 	fs := newFlags(e, op, synopsis+"\n\n"+exitCodeHelp)
 	fs.BoolVar(&f.json, "json", false, "print the result as one JSON object")
 	if op == ctl.OpPause {
-		fs.DurationVar(&f.timeout, "timeout", 0, "give up draining after `D` and roll back (default: mpid's, 10s)")
+		fs.DurationVar(&f.timeout, "timeout", 0, "give up draining after `D` (at most 10m) and roll back (default: mpid's, 10s)")
 	}
 	operands, err := parseMixed(fs, args)
 	if err != nil {
@@ -77,8 +77,8 @@ Resumes a paused job on every node.`,
 	if len(operands) != 1 {
 		return usageError{fmt.Sprintf("want exactly one job id, got %d arguments; see --help", len(operands))}
 	}
-	if f.timeout < 0 {
-		return usageError{fmt.Sprintf("--timeout %v: want a positive duration", f.timeout)}
+	if f.timeout < 0 || f.timeout > ctl.MaxTimeout {
+		return usageError{fmt.Sprintf("--timeout %v: want a positive duration of at most %v", f.timeout, ctl.MaxTimeout)}
 	}
 	id := operands[0]
 	if err := ctl.ValidJobID(id); err != nil {

@@ -188,6 +188,7 @@ func TestJobUsage(t *testing.T) {
 		{[]string{"pause", "j", "--bogus"}, "flag provided but not defined: -bogus"},
 		{[]string{"status", "a", "--", "--json"}, "at most one job id"},
 		{[]string{"pause", "--timeout", "-1s", "j"}, "--timeout -1s"},
+		{[]string{"pause", "--timeout", "11m", "j"}, "--timeout 11m0s: want a positive duration of at most 10m0s"},
 		{[]string{"resume", "a/b"}, `job id "a/b"`},
 		{[]string{"resume", "--timeout", "1s", "j"}, "flag provided but not defined: -timeout"},
 		{[]string{"status", "a", "b"}, "at most one job id"},

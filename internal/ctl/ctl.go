@@ -58,13 +58,19 @@ const (
 	OpToken = "token"
 )
 
+// MaxTimeout bounds a pause's drain timeout: a drain that has not emptied
+// the job's connections in minutes is a rank that is not reading, and the
+// pause holds the job's gates closed, its goroutines and its nodes' steps
+// under way until then, whatever the caller asked.
+const MaxTimeout = 10 * time.Minute
+
 // Request is what the CLI asks.
 type Request struct {
 	Version int    `json:"version"`
 	Op      string `json:"op"`
 	Job     string `json:"job,omitempty"`
-	// Timeout bounds the drain of a pause (the --timeout flag); zero takes
-	// mpid's default.
+	// Timeout bounds the drain of a pause (the --timeout flag), at most
+	// MaxTimeout; zero takes mpid's default.
 	Timeout time.Duration `json:"timeout_ns,omitempty"`
 	// Owner and Nodelist: OpToken's user and Slurm host list.
 	Owner    *uint32 `json:"owner_uid,omitempty"`
@@ -261,6 +267,9 @@ func (r *Request) Validate() error {
 	}
 	if r.Timeout < 0 {
 		return Errorf(CodeBadRequest, "negative timeout %v", r.Timeout)
+	}
+	if r.Timeout > MaxTimeout {
+		return Errorf(CodeBadRequest, "timeout %v: at most %v", r.Timeout, MaxTimeout)
 	}
 	return nil
 }

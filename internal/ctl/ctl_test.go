@@ -103,12 +103,13 @@ func TestReadRequest(t *testing.T) {
 		}
 	}
 	bad := map[string]string{
-		`{"version":2,"op":"pause","job":"j1"}`:                "version 2",
-		`{"version":1,"op":"kill","job":"j1"}`:                 `unknown operation "kill"`,
-		`{"version":1,"op":"pause"}`:                           `job id ""`,
-		`{"version":1,"op":"resume","job":"../x"}`:             `job id "../x"`,
-		`{"version":1,"op":"pause","job":"j","uid":0}`:         "unknown field",
-		`{"version":1,"op":"pause","job":"j","timeout_ns":-1}`: "negative timeout",
+		`{"version":2,"op":"pause","job":"j1"}`:                          "version 2",
+		`{"version":1,"op":"kill","job":"j1"}`:                           `unknown operation "kill"`,
+		`{"version":1,"op":"pause"}`:                                     `job id ""`,
+		`{"version":1,"op":"resume","job":"../x"}`:                       `job id "../x"`,
+		`{"version":1,"op":"pause","job":"j","uid":0}`:                   "unknown field",
+		`{"version":1,"op":"pause","job":"j","timeout_ns":-1}`:           "negative timeout",
+		`{"version":1,"op":"pause","job":"j","timeout_ns":600000000001}`: "at most 10m0s",
 		`not json`: "malformed",
 		`{"version":1,"op":"list","job":"` + strings.Repeat("a", MaxRequest) + `"}`: "longer than",
 	}

@@ -5,7 +5,7 @@
 # all-to-all (the kernel-verified report), a few seconds paused with the ranks
 # using no CPU and every connection empty, resumed, and the job's result
 # compared with the serial computation (what an unpaused run prints).
-set -euo pipefail
+set -Eeuo pipefail
 cd "$(dirname "$0")/.."
 repo=$PWD
 bin=$repo/bin
@@ -31,12 +31,25 @@ cleanup() {
 }
 trap cleanup EXIT
 trap 'exit 130' INT TERM
+# Any command that fails ends the demo: say which, not only the exit code
+# (a function's own `return 1` has said why already).
+trap '[[ $BASH_COMMAND == return* ]] || echo "demo: failed at line $LINENO: $BASH_COMMAND" >&2' ERR
 
 node0() { "$rig" exec node0 -- "$@"; }
 
-# usage_usec of the job's cgroups on every node, summed.
+# usage_usec of the job's cgroups on every node, summed: where they are is
+# mpid's to say (the coordinator lists every node's), not a name to guess.
 cpu_usec() {
-	cat "$cgroot/mpipause-rig/demo/"node*/"$1"/cpu.stat 2>/dev/null | awk '$1 == "usage_usec" { s += $2 } END { print s + 0 }'
+	local dirs d s=0 u
+	dirs=$(node0 mpipause status --json "$1" | jq -r '.cgroups[]?.dir') ||
+		{ echo "demo: mpipause status --json $1 failed" >&2; return 1; }
+	[ -n "$dirs" ] || { echo "demo: mpipause status names no cgroup of job $1" >&2; return 1; }
+	for d in $dirs; do
+		u=$(awk '$1 == "usage_usec" { print $2 }' "$d/cpu.stat") ||
+			{ echo "demo: cannot read $d/cpu.stat" >&2; return 1; }
+		s=$((s + u))
+	done
+	echo "$s"
 }
 
 echo "== bringing up a 3-node rig (network namespaces node0..node2 on a bridge, an mpid in each)"

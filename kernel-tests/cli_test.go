@@ -176,7 +176,7 @@ func checkPaused(ctx context.Context, t testing.TB, what string, j ctl.Job, cgs 
 func rigReaders(ctx context.Context, t testing.TB) (obs, check loader.Observer) {
 	t.Helper()
 	obs = jobObserver(ctx, t, rigCgroups)
-	check, err := loader.Open(ctx, loader.Config{Cgroup: rigCgroups, FollowJob: true, Require: loader.KindSockDiag})
+	check, err := loader.Open(ctx, loader.Config{Cgroup: rigCgroups, FollowJob: true, Require: loader.KindSockDiag, Unbounded: true})
 	if err != nil {
 		t.Fatal(err)
 	}

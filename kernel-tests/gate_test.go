@@ -76,10 +76,11 @@ func registered(t testing.TB, srv []*ranks.Server, n int, done <-chan struct{}) 
 }
 
 // jobObserver is a BPF observer of the job cgroup cg, closed when the test
-// ends.
+// ends. Unbounded: cg may be the rig's parent of every node's jobs, the
+// cgroups of many tests' jobs below it, and the bounds are mpid's.
 func jobObserver(ctx context.Context, t testing.TB, cg string) loader.Observer {
 	t.Helper()
-	obs, err := loader.Open(ctx, loader.Config{Cgroup: cg, FollowJob: true, Require: loader.KindBPF})
+	obs, err := loader.Open(ctx, loader.Config{Cgroup: cg, FollowJob: true, Require: loader.KindBPF, Unbounded: true})
 	if err != nil {
 		t.Fatal(err)
 	}

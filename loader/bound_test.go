@@ -52,34 +52,44 @@ func wantTooMany(t *testing.T, err error, dir string, bound int) {
 // observers' followed namespaces come from the watched trees read within
 // MaxBelow cgroups below the watched ones, all of them together, and
 // MaxMembers processes; past either the read fails, naming the cgroup and
-// the bound, rather than give the kernel check part of the job.
+// the bound, rather than give the kernel check part of the job. A caller
+// that named the trees itself (Config.Unbounded) reads past both.
 func TestSnapshotTreeBound(t *testing.T) {
+	bounded, unbounded := Config{}.limits(), Config{Unbounded: true}.limits()
+	diag := func(limits cgroupv2.Bound, dirs ...string) *SockDiagObserver {
+		d := &SockDiagObserver{ns: &netnsSet{limits: limits}, cgroups: map[uint64]string{}}
+		for i, dir := range dirs {
+			d.cgroups[uint64(i+1)] = dir
+		}
+		return d
+	}
 	self := []int{os.Getpid()}
 	ok := fakeCgroup(t, MaxBelow, self)
 	past := fakeCgroup(t, MaxBelow+1, self)
 	half1, half2 := fakeCgroup(t, MaxBelow/2, self), fakeCgroup(t, MaxBelow/2+1, self)
 
 	t.Run("sock_diag ids", func(t *testing.T) {
-		d := &SockDiagObserver{cgroups: map[uint64]string{1: ok}}
+		d := diag(bounded, ok)
 		if ids, err := d.treeIDs(); err != nil || len(ids) != MaxBelow+1 {
 			t.Fatalf("a tree of %d below: %d ids, %v", MaxBelow, len(ids), err)
 		}
-		d = &SockDiagObserver{cgroups: map[uint64]string{1: past}}
-		_, err := d.treeIDs()
+		_, err := diag(bounded, past).treeIDs()
 		wantTooMany(t, err, past, MaxBelow)
-		d = &SockDiagObserver{cgroups: map[uint64]string{1: half1, 2: half2}}
-		_, err = d.treeIDs()
+		_, err = diag(bounded, half1, half2).treeIDs()
 		if !errors.Is(err, cgroupv2.ErrTooMany) {
 			t.Fatalf("two trees of %d below in all: err %v, want ErrTooMany", MaxBelow+1, err)
 		}
+		if ids, err := diag(unbounded, past).treeIDs(); err != nil || len(ids) != MaxBelow+2 {
+			t.Fatalf("unbounded, a tree of %d below: %d ids, %v", MaxBelow+1, len(ids), err)
+		}
 	})
 	t.Run("followed namespaces", func(t *testing.T) {
-		if ns, _, err := jobNetns([]string{ok}); err != nil || len(ns) != 1 {
+		if ns, _, err := jobNetns([]string{ok}, bounded); err != nil || len(ns) != 1 {
 			t.Fatalf("a tree of %d below: %v, %v", MaxBelow, ns, err)
 		}
-		_, _, err := jobNetns([]string{past})
+		_, _, err := jobNetns([]string{past}, bounded)
 		wantTooMany(t, err, past, MaxBelow)
-		if _, _, err := jobNetns([]string{half1, half2}); !errors.Is(err, cgroupv2.ErrTooMany) {
+		if _, _, err := jobNetns([]string{half1, half2}, bounded); !errors.Is(err, cgroupv2.ErrTooMany) {
 			t.Fatalf("two trees of %d below in all: err %v, want ErrTooMany", MaxBelow+1, err)
 		}
 		pids := make([]int, MaxMembers+1)
@@ -87,9 +97,12 @@ func TestSnapshotTreeBound(t *testing.T) {
 			pids[i] = 4000000 + i
 		}
 		crowd := fakeCgroup(t, 0, pids)
-		_, _, err = jobNetns([]string{crowd})
+		_, _, err = jobNetns([]string{crowd}, bounded)
 		wantTooMany(t, err, crowd, MaxMembers)
-		s := &netnsSet{follow: true, followed: map[uint64]netns{}}
+		if _, _, err := jobNetns([]string{past, crowd}, unbounded); err != nil {
+			t.Fatalf("unbounded, %d cgroups and %d processes: %v", MaxBelow+1, MaxMembers+1, err)
+		}
+		s := &netnsSet{follow: true, followed: map[uint64]netns{}, limits: bounded}
 		s.setDirs([]string{past})
 		_, err = s.list()
 		wantTooMany(t, err, past, MaxBelow)

@@ -148,7 +148,7 @@ func OpenBPF(ctx context.Context, cfg Config) (*BPFObserver, error) {
 			return nil, err
 		}
 	}
-	ns, err := openNetnsSet(cfg.Netns, cfg.FollowJob)
+	ns, err := openNetnsSet(cfg.Netns, cfg.FollowJob, cfg.limits())
 	if err != nil {
 		return nil, err
 	}

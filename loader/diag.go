@@ -62,7 +62,7 @@ func OpenSockDiag(ctx context.Context, cfg Config) (*SockDiagObserver, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	ns, err := openNetnsSet(cfg.Netns, cfg.FollowJob)
+	ns, err := openNetnsSet(cfg.Netns, cfg.FollowJob, cfg.limits())
 	if err != nil {
 		return nil, err
 	}
@@ -123,8 +123,9 @@ func (d *SockDiagObserver) dirs() []string {
 // (every socket is the job's: no filter, no walk). A watched cgroup
 // already removed from the hierarchy (its rank ended before it was
 // unwatched) counts by its own id: sockets its processes made may outlive
-// it. The trees are read within MaxBelow, all of them together: past it
-// the Snapshot fails rather than filter by part of them.
+// it. The trees are read within the Config's limits, all of them
+// together: past them the Snapshot fails rather than filter by part of
+// them.
 func (d *SockDiagObserver) treeIDs() ([]uint64, error) {
 	ids := []uint64{}
 	seen := map[uint64]bool{}
@@ -133,7 +134,7 @@ func (d *SockDiagObserver) treeIDs() ([]uint64, error) {
 	if slices.Contains(outer, root) {
 		return nil, nil
 	}
-	b := &cgroupv2.Bound{Below: MaxBelow}
+	b := &cgroupv2.Bound{Below: d.ns.limits.Below}
 	for id, dir := range d.cgroups {
 		if !slices.Contains(outer, dir) {
 			continue // in a watched tree walked below

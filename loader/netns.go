@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -33,6 +34,7 @@ type netnsSet struct {
 	follow   bool
 	jobDirs  []string // the watched cgroup trees, followed when follow
 	followed map[uint64]netns
+	limits   cgroupv2.Bound // of each list's walk of jobDirs
 	// denied lists, as of the last list, the job's processes whose network
 	// namespace this process may not even name (EACCES: another user's
 	// process, no CAP_SYS_PTRACE). Their connections are not seen, and an
@@ -43,12 +45,12 @@ type netnsSet struct {
 // openNetnsSet opens the observer's own namespace (that of the calling
 // thread) and the explicit ones. Namespaces are deduplicated by inode.
 // The observer sets the cgroups to follow (setDirs).
-func openNetnsSet(paths []string, follow bool) (*netnsSet, error) {
+func openNetnsSet(paths []string, follow bool, limits cgroupv2.Bound) (*netnsSet, error) {
 	own, err := openNetns("/proc/thread-self/ns/net", "")
 	if err != nil {
 		return nil, fmt.Errorf("open own network namespace: %w", err)
 	}
-	s := &netnsSet{own: own, follow: follow, followed: map[uint64]netns{}}
+	s := &netnsSet{own: own, follow: follow, followed: map[uint64]netns{}, limits: limits}
 	seen := map[uint64]bool{own.ino: true}
 	for _, p := range paths {
 		path, label := netnsPath(p)
@@ -129,7 +131,7 @@ func (s *netnsSet) list() ([]netns, error) {
 	if !s.follow {
 		return out, nil
 	}
-	inos, denied, err := jobNetns(s.jobDirs)
+	inos, denied, err := jobNetns(s.jobDirs, s.limits)
 	if err != nil {
 		return nil, err
 	}
@@ -214,11 +216,11 @@ const MaxMembers = 16384
 // jobNetns maps the network namespace inode of every process in the cgroup
 // trees at dirs to one pid living in it. A watched cgroup removed (its rank
 // ended before it was unwatched) has no processes. The trees are read
-// within MaxBelow and MaxMembers, all of them together.
-func jobNetns(dirs []string) (map[uint64]int, []int, error) {
+// within limits (Config.limits), all of them together.
+func jobNetns(dirs []string, limits cgroupv2.Bound) (map[uint64]int, []int, error) {
 	out := map[uint64]int{}
 	var denied []int
-	b := &cgroupv2.Bound{Below: MaxBelow, Procs: MaxMembers}
+	b := &limits
 	root, _ := cgroupv2.Root()
 	for _, dir := range dirs {
 		if dir == root {
@@ -379,4 +381,13 @@ func nsName(ns netns) string {
 		return "(own)"
 	}
 	return ns.label
+}
+
+// limits is the bound of a Snapshot's walks of the watched trees.
+func (cfg Config) limits() cgroupv2.Bound {
+	if cfg.Unbounded {
+		// Procs: every pid the kernel can have (pid_max is at most 2^22).
+		return cgroupv2.Bound{Below: math.MaxInt32, Procs: 1 << 22}
+	}
+	return cgroupv2.Bound{Below: MaxBelow, Procs: MaxMembers}
 }

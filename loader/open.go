@@ -72,6 +72,12 @@ type Config struct {
 	// /proc/self/mountinfo, else a bpffs mounted at /sys/fs/bpf.
 	BPFFS string
 
+	// Unbounded lifts MaxBelow and MaxMembers: the caller named the trees
+	// and pays for their walk itself (`mpipause observe`, a test's reader
+	// of a whole rig). mpid's observers of a user's job never set it: the
+	// user makes the cgroups below a job's and the daemon would pay.
+	Unbounded bool
+
 	// Require selects one observer kind (KindBPF or KindSockDiag) and turns
 	// the fallback off. Empty: BPF, else sock_diag.
 	Require string

@@ -343,7 +343,7 @@ func TestSockDiagWatchSet(t *testing.T) {
 // namespaces, as it once did not with a VM on the node.
 func TestJobNetnsAcrossThreaded(t *testing.T) {
 	dom, _ := testutil.NewThreadedCgroup(t)
-	ns, _, err := jobNetns([]string{dom})
+	ns, _, err := jobNetns([]string{dom}, Config{}.limits())
 	if err != nil {
 		t.Fatalf("follow a tree with a threaded cgroup: %v", err)
 	}

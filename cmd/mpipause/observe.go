@@ -39,7 +39,10 @@ func observe(ctx context.Context, e *env, args []string) error {
 	if len(cgroups) == 0 {
 		cgroups = stringList{"/"}
 	}
-	cfg := loader.Config{Cgroups: cgroups, Netns: netns, FollowJob: *follow}
+	// Unbounded: the person running observe named the trees and waits for
+	// their walk (a Slurm or systemd parent has hundreds below it); mpid's
+	// observers, whose walks a job's user could make long, keep the bounds.
+	cfg := loader.Config{Cgroups: cgroups, Netns: netns, FollowJob: *follow, Unbounded: true}
 	switch *kind {
 	case "auto":
 		cfg.OnFallback = func(reason error) {

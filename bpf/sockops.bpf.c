@@ -64,6 +64,30 @@ static void cap_delayed_ack(struct bpf_sock_ops *ctx)
 	}
 }
 
+/*
+ * note_fin notes a FIN of a connection sockops registered, as sockstat
+ * does for every job connection: the callback runs before the new state
+ * is stored, like the tracepoint, with the socket locked. Kernels before
+ * 5.11 give tracing programs no socket storage, so sockstat does not load
+ * there, and this is what keeps the byte counts of registered connections
+ * exact (conn_note_fin notes each FIN once, whichever program is first).
+ */
+static __always_inline void note_fin(struct bpf_sock *bsk, int newstate)
+{
+	struct conn_info *c;
+	struct tcp_sock *tp;
+
+	if (newstate != BPF_TCP_FIN_WAIT1 && newstate != BPF_TCP_LAST_ACK &&
+	    newstate != BPF_TCP_CLOSE_WAIT && newstate != BPF_TCP_CLOSING)
+		return;
+	c = bpf_sk_storage_get(&conns, bsk, NULL, 0);
+	if (!c)
+		return;
+	tp = bpf_skc_to_tcp_sock(bsk);
+	if (tp)
+		conn_note_fin(c, tp, newstate);
+}
+
 SEC("sockops")
 int mpipause_sockops(struct bpf_sock_ops *ctx)
 {
@@ -84,8 +108,12 @@ int mpipause_sockops(struct bpf_sock_ops *ctx)
 	case BPF_SOCK_OPS_STATE_CB:
 		/* args[0] is the old state, args[1] the new one. */
 		bsk = ctx->sk;
-		if (ctx->args[1] == BPF_TCP_CLOSE && bsk)
+		if (!bsk)
+			break;
+		if (ctx->args[1] == BPF_TCP_CLOSE)
 			bpf_sk_storage_delete(&conns, bsk);
+		else
+			note_fin(bsk, ctx->args[1]);
 		break;
 	}
 	return 1;

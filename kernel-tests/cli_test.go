@@ -70,6 +70,29 @@ func jobJSON(ctx context.Context, t testing.TB, op, id string, extra ...string) 
 	return j, r
 }
 
+// allRegistered reports whether every rank of job id (2 a node) has
+// registered with its node's mpid, which a pause needs, and if not what
+// each node says. The job's size (Ranks) and its cgroups say less: any
+// rank's HELLO gives the size, a rank's JOIN (before MPI_Init) its cgroup.
+func allRegistered(ctx context.Context, t testing.TB, id string) (bool, string) {
+	t.Helper()
+	n, why := 0, ""
+	for k := range jobNodes {
+		node := fmt.Sprintf("node%d", k)
+		r := cli(ctx, t, node, nil, "status", "--json", id)
+		var j ctl.Job
+		if r.code != 0 || json.Unmarshal([]byte(r.stdout), &j) != nil {
+			return false, fmt.Sprintf("%s: exit %d %s", node, r.code, r.stderr)
+		}
+		n += len(j.LocalRanks)
+		why += fmt.Sprintf("%s: ranks %v unpausable %q; ", node, j.LocalRanks, j.Unpausable)
+		if j.Unpausable != "" {
+			return false, why
+		}
+	}
+	return n == 2*jobNodes, why
+}
+
 // runJob launches app on the rig with `mpipause run` on node0, as a user
 // would, and waits for it to print its job id.
 func runJob(ctx context.Context, t testing.TB, lib mpiLib, id, app string, args ...string) *proc {

@@ -330,8 +330,10 @@ func TestMpidRestartPastWalkBound(t *testing.T) {
 	job := runJobEnv(ctx, t, lib, id, nil, app, append(slices.Clone(args), "-n", "100000000", "-E", stop)...)
 	defer cli(context.Background(), t, "node0", nil, "resume", id)
 	waitForWhy(t, "the job's ranks on every node", time.Minute, job.done, func() (bool, string) {
-		j, _ := jobJSON(ctx, t, "status", id)
-		return j.Ranks == 2*jobNodes && len(j.Cgroups) == jobNodes && j.Unpausable == "", fmt.Sprintf("%+v", j)
+		if j, _ := jobJSON(ctx, t, "status", id); len(j.Cgroups) != jobNodes {
+			return false, fmt.Sprintf("%+v", j)
+		}
+		return allRegistered(ctx, t, id)
 	})
 	if j, r := jobJSON(ctx, t, "pause", id); r.code != 0 || j.State != ctl.StatePaused {
 		t.Fatalf("pause: exit %d, state %q\n%s", r.code, j.State, r.stderr)

@@ -153,8 +153,10 @@ func slurmJob(ctx context.Context, t *testing.T, slurm *slurmCluster, lib, mpi s
 	killJobOnCleanup(t, s.step)
 	waitForWhy(t, "every rank of step "+s.step+" to register with mpid", time.Minute, s.job.done, func() (bool, string) {
 		j, r := jobJSON(ctx, t, "status", s.step)
-		return j.State == ctl.StateRunning && j.Ranks == 2*jobNodes && len(j.Nodes) == jobNodes && j.Unpausable == "",
-			fmt.Sprintf("%+v %s", j, r.stderr)
+		if j.State != ctl.StateRunning || len(j.Nodes) != jobNodes {
+			return false, fmt.Sprintf("%+v %s", j, r.stderr)
+		}
+		return allRegistered(ctx, t, s.step)
 	})
 	// Each node's mpid says where it placed the step's ranks: inside the
 	// cgroup their slurmd started them in, never out of it.

@@ -46,16 +46,9 @@ const (
 var mapPins = []string{pinConns, pinWatched, pinRecords}
 
 // linkPins are the links of the whole job, beside the sockops link of each
-// watched cgroup.
+// watched cgroup; a kernel that refuses a program (Probe) has no link of
+// it.
 var linkPins = []string{pinState, pinTCPIter, pinConnIter}
-
-// optionalLinkPins may be missing from a complete set: conniter, on a
-// kernel that refuses map iterators (scanTCP).
-var optionalLinkPins = map[string]bool{pinConnIter: true}
-
-// forceScanTCP makes OpenBPF behave as on a kernel that refuses map
-// iterators, so that tests cover Snapshot's per-namespace pass anywhere.
-var forceScanTCP bool
 
 // retiredLinkPins are the pins of the per-call counting programs of earlier
 // builds. Their maps no longer fit (ErrStalePin), but a pin directory
@@ -85,6 +78,8 @@ type BPFObserver struct {
 	tcpIter  *link.Iter           // adoption pass, per network namespace
 	connIter *link.Iter           // Snapshot's pass, all namespaces at once; nil: scanTCP
 	scanTCP  bool                 // the kernel refused conniter (ScansTCP)
+	features Features             // what this kernel loads (Probe)
+	belongs  map[uint64]bool      // without adoption: cgroup ids of sockets, in a watched tree or not
 	ns       *netnsSet
 	adopted  map[uint64]bool // netns inodes tcpIter has run in since the last Watch or Unwatch
 	skipped  []string        // what the last Snapshot could not see (SockDiagObserver.Skipped)
@@ -139,6 +134,10 @@ func OpenBPF(ctx context.Context, cfg Config) (*BPFObserver, error) {
 	if _, err := os.Stat(btfPath); err != nil {
 		return nil, fmt.Errorf("%w: %v; the BPF observer needs a kernel built with CONFIG_DEBUG_INFO_BTF=y", ErrNoBTF, err)
 	}
+	features, err := Probe()
+	if err != nil {
+		return nil, err
+	}
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -152,7 +151,7 @@ func OpenBPF(ctx context.Context, cfg Config) (*BPFObserver, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := &BPFObserver{ns: ns, links: map[string]link.Link{}, cgroups: map[uint64]*watch{}, adopted: map[uint64]bool{}}
+	o := &BPFObserver{ns: ns, links: map[string]link.Link{}, cgroups: map[uint64]*watch{}, adopted: map[uint64]bool{}, features: features}
 	if cfg.Pin {
 		bpffs, err := findBPFFS(cfg.BPFFS, true)
 		if err != nil {
@@ -352,19 +351,16 @@ func (o *BPFObserver) loadPinnedLinks() bool {
 		}
 		loaded[name] = l
 	}
-	ti, ok1 := loaded[pinTCPIter].(*link.Iter)
-	ci, ok2 := loaded[pinConnIter].(*link.Iter)
-	complete := ok1
-	for _, name := range linkPins {
-		if loaded[name] == nil && !optionalLinkPins[name] {
-			complete = false
-		}
-	}
-	if complete && (ok2 || loaded[pinConnIter] == nil) {
+	// Complete: the links this kernel's programs make (Probe), no more
+	// and no fewer, so that a set cut short by a crash is made anew
+	// rather than run in a weaker mode than the kernel allows.
+	ti, tiOK := loaded[pinTCPIter].(*link.Iter)
+	ci, ciOK := loaded[pinConnIter].(*link.Iter)
+	_, stOK := loaded[pinState]
+	complete := tiOK == o.features.Adoption && stOK == o.features.State &&
+		(ciOK || loaded[pinConnIter] == nil) && ciOK == (o.features.ConnIter != "")
+	if complete {
 		o.links, o.tcpIter, o.connIter = loaded, ti, ci
-		if forceScanTCP {
-			o.connIter = nil
-		}
 		o.scanTCP = o.connIter == nil
 		return true
 	}
@@ -461,48 +457,44 @@ func (o *BPFObserver) loadPinnedWatches() error {
 	return nil
 }
 
-// attach loads the programs of the whole job over o's maps, attaches them
-// and, when pinning, pins their links.
+// attach loads the programs of the whole job that this kernel allows
+// (Probe) over o's maps, attaches them and, when pinning, pins their links.
 func (o *BPFObserver) attach(specs collectionSpecs) error {
-	opts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{pinConns: o.conns, pinWatched: o.watched}}
-	ciOpts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{pinConns: o.conns, pinWatched: o.watched, pinRecords: o.records}}
-
-	var ti tcpiterObjects
-	if err := specs.tcpiter.LoadAndAssign(&ti, opts); err != nil {
-		return loadError("tcpiter", err)
-	}
-	defer ti.Close()
-	var ss sockstatObjects
-	if err := specs.sockstat.LoadAndAssign(&ss, opts); err != nil {
-		return loadError("sockstat", err)
-	}
-	defer ss.Close()
-	// Some kernels refuse an iterator over a map with EPERM even to root
-	// (a locked-down 6.18 build does, while iter/tcp loads): Snapshot then
-	// reads the job's connections with the iter/tcp pass of each
-	// namespace, which walks the whole TCP table instead of the job's
-	// sockets alone (scanTCP), slower but the same records.
-	var ci conniterObjects
-	if err := o.loadConnIter(specs, ciOpts, &ci); err != nil {
-		return err
-	}
-	defer ci.Close()
-
+	maps := map[string]*ebpf.Map{pinConns: o.conns, pinWatched: o.watched, pinRecords: o.records}
 	// The state program before any sockops: a connection sockops
 	// registers must not reach FIN_WAIT1 or CLOSE_WAIT unseen, or its
 	// byte counts would include the FIN.
-	l, err := link.AttachTracing(link.TracingOptions{Program: ss.MpipauseState})
-	if err != nil {
-		return fmt.Errorf("%w: attach %s: %w", ErrBPFUnavailable, ss.MpipauseState, err)
+	if o.features.State {
+		p, err := loadProgram(specs.sockstat, sockstatProgMpipauseState, maps)
+		if err != nil {
+			return loadError(ProgState, err)
+		}
+		l, err := link.AttachTracing(link.TracingOptions{Program: p})
+		p.Close()
+		if err != nil {
+			return fmt.Errorf("%w: attach %s: %w", ErrBPFUnavailable, ProgState, err)
+		}
+		o.links[pinState] = l
 	}
-	o.links[pinState] = l
-	it, err := link.AttachIter(link.IterOptions{Program: ti.MpipauseTcpiter})
-	if err != nil {
-		return fmt.Errorf("%w: attach iter/tcp: %w", ErrBPFUnavailable, err)
+	if o.features.Adoption {
+		p, err := loadProgram(specs.tcpiter, tcpiterProgMpipauseTcpiter, maps)
+		if err != nil {
+			return loadError(ProgTCPIter, err)
+		}
+		it, err := link.AttachIter(link.IterOptions{Program: p})
+		p.Close()
+		if err != nil {
+			return fmt.Errorf("%w: attach iter/tcp: %w", ErrBPFUnavailable, err)
+		}
+		o.links[pinTCPIter], o.tcpIter = it, it
 	}
-	o.links[pinTCPIter], o.tcpIter = it, it
-	if ci.MpipauseConniter != nil {
-		it, err = link.AttachIter(link.IterOptions{Program: ci.MpipauseConniter, Map: o.conns})
+	if name := o.connIterProg(); name != "" {
+		p, err := loadProgram(specs.conniter, name, maps)
+		if err != nil {
+			return loadError(o.features.ConnIter, err)
+		}
+		it, err := link.AttachIter(link.IterOptions{Program: p, Map: o.conns})
+		p.Close()
 		if err != nil {
 			return fmt.Errorf("%w: attach iter/bpf_sk_storage_map: %w", ErrBPFUnavailable, err)
 		}
@@ -513,8 +505,8 @@ func (o *BPFObserver) attach(specs collectionSpecs) error {
 		return nil
 	}
 	for _, name := range linkPins {
-		if o.links[name] == nil && optionalLinkPins[name] {
-			continue // conniter, in scanTCP
+		if o.links[name] == nil {
+			continue // not on this kernel (features)
 		}
 		if err := o.pin(o.links[name], name); err != nil {
 			return fmt.Errorf("pin %s: %w", name, err)
@@ -523,21 +515,16 @@ func (o *BPFObserver) attach(specs collectionSpecs) error {
 	return nil
 }
 
-// loadConnIter loads conniter into ci, or leaves ci empty where the kernel
-// refuses map iterators (or forceScanTCP says to act as if it did).
-func (o *BPFObserver) loadConnIter(specs collectionSpecs, opts *ebpf.CollectionOptions, ci *conniterObjects) error {
-	if forceScanTCP {
-		return nil
+// connIterProg is the generated name of the Snapshot pass's program, ""
+// for the iter/tcp scan (the kernel has neither conniter).
+func (o *BPFObserver) connIterProg() string {
+	switch {
+	case o.features.ConnIter == ProgConnIter:
+		return conniterProgMpipauseConniter
+	case o.features.ConnIter == ProgConnIterSkc:
+		return conniterProgMpipauseConniterSkc
 	}
-	err := specs.conniter.LoadAndAssign(ci, opts)
-	if errors.Is(err, unix.EPERM) {
-		*ci = conniterObjects{}
-		return nil
-	}
-	if err != nil {
-		return loadError("conniter", err)
-	}
-	return nil
+	return ""
 }
 
 // loadSockops loads the sockops program over o's maps, for Watch to
@@ -605,6 +592,7 @@ func (o *BPFObserver) watch(j job, fresh bool) error {
 	// What the cgroup's processes established before the attach is
 	// adopted by the next Snapshot's iter/tcp pass, in every namespace.
 	clear(o.adopted)
+	clear(o.belongs)
 	return nil
 }
 
@@ -664,6 +652,7 @@ func (o *BPFObserver) Unwatch(dir string) error {
 	delete(o.cgroups, id)
 	o.ns.setDirs(o.dirs())
 	clear(o.adopted)
+	clear(o.belongs)
 	return nil
 }
 
@@ -773,6 +762,9 @@ func (o *BPFObserver) Kind() string { return KindBPF }
 // PinDir returns the directory holding the observer's pins, or "" if it
 // pins nothing.
 func (o *BPFObserver) PinDir() string { return o.pinDir }
+
+// Features reports the programs this observer runs with (Probe).
+func (o *BPFObserver) Features() Features { return o.features }
 
 // ScansTCP reports whether Snapshot reads the job's connections with an
 // iter/tcp pass per network namespace (a walk of the whole TCP table), the

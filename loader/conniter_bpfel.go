@@ -58,10 +58,11 @@ type conniterTcpRecord struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
-	conniterMapConns             = "conns"
-	conniterMapRecords           = "records"
-	conniterMapWatched           = "watched"
-	conniterProgMpipauseConniter = "mpipause_conniter"
+	conniterMapConns                = "conns"
+	conniterMapRecords              = "records"
+	conniterMapWatched              = "watched"
+	conniterProgMpipauseConniter    = "mpipause_conniter"
+	conniterProgMpipauseConniterSkc = "mpipause_conniter_skc"
 )
 
 // loadConniter returns the embedded CollectionSpec for conniter.
@@ -106,7 +107,8 @@ type conniterSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type conniterProgramSpecs struct {
-	MpipauseConniter *ebpf.ProgramSpec `ebpf:"mpipause_conniter"`
+	MpipauseConniter    *ebpf.ProgramSpec `ebpf:"mpipause_conniter"`
+	MpipauseConniterSkc *ebpf.ProgramSpec `ebpf:"mpipause_conniter_skc"`
 }
 
 // conniterMapSpecs contains maps before they are loaded into the kernel.
@@ -167,12 +169,14 @@ type conniterVariables struct {
 //
 // It can be passed to loadConniterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type conniterPrograms struct {
-	MpipauseConniter *ebpf.Program `ebpf:"mpipause_conniter"`
+	MpipauseConniter    *ebpf.Program `ebpf:"mpipause_conniter"`
+	MpipauseConniterSkc *ebpf.Program `ebpf:"mpipause_conniter_skc"`
 }
 
 func (p *conniterPrograms) Close() error {
 	return _ConniterClose(
 		p.MpipauseConniter,
+		p.MpipauseConniterSkc,
 	)
 }
 

@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"io"
 	"net/netip"
+	"strings"
 	"time"
 	"unsafe"
 
+	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"golang.org/x/sys/unix"
 )
 
@@ -37,8 +39,8 @@ func (o *BPFObserver) Snapshot(ctx context.Context) ([]Conn, error) {
 	var scanned []record // scanTCP: every namespace's pass
 	for _, ns := range nss {
 		labels[uint32(ns.ino)] = ns.label
-		if o.adopted[ns.ino] && o.connIter != nil {
-			continue
+		if (o.adopted[ns.ino] || o.tcpIter == nil) && o.connIter != nil {
+			continue // adopted already, or no adoption on this kernel
 		}
 		if err := ctx.Err(); err != nil {
 			return nil, err
@@ -65,7 +67,51 @@ func (o *BPFObserver) Snapshot(ctx context.Context) ([]Conn, error) {
 	if err != nil {
 		return nil, err
 	}
+	if o.tcpIter == nil {
+		recs = o.watchedOnly(recs)
+	}
 	return conns(recs, labels, bootOffset()), nil
+}
+
+// watchedOnly drops the records of sockets whose cgroup is not in a
+// watched tree any more. With iter/tcp the adoption pass after an Unwatch
+// forgets them in the kernel; without it (Features.Adoption false) their
+// entries stay until the socket closes. A cgroup's path is looked up once
+// (by its id, no walk) until the watched set changes. A socket whose
+// cgroup is gone stays: it was a job's, and the kernel check must see
+// every connection that may be one.
+func (o *BPFObserver) watchedOnly(recs []record) []record {
+	if o.belongs == nil {
+		o.belongs = map[uint64]bool{}
+	}
+	keep := make([]record, 0, len(recs)) // recs may be the read-only mapping
+	for _, r := range recs {
+		in, ok := o.belongs[r.CgroupId]
+		if !ok {
+			in = o.inWatchedTree(r.CgroupId)
+			o.belongs[r.CgroupId] = in
+		}
+		if in {
+			keep = append(keep, r)
+		}
+	}
+	return keep
+}
+
+func (o *BPFObserver) inWatchedTree(id uint64) bool {
+	if _, ok := o.cgroups[id]; ok {
+		return true
+	}
+	path, err := cgroupv2.PathOf(id)
+	if err != nil {
+		return true // gone, or unknown: keep
+	}
+	for _, w := range o.cgroups {
+		if path == w.dir || strings.HasPrefix(path, w.dir+"/") {
+			return true
+		}
+	}
+	return false
 }
 
 // Skipped names what the last Snapshot left out: the network namespaces of

@@ -129,40 +129,80 @@ struct {
  * bpf_probe_read_kernel call each, which matters at 10,000 sockets a pass.
  */
 
+/*
+ * Kernel layouts that changed, as CO-RE flavors: libbpf-style relocation
+ * picks the branch the running kernel's BTF has (bpf_core_field_exists),
+ * and the verifier drops the other. Before 5.15 sock_cgroup_data was a
+ * union whose u64 held the cgroup pointer, or, with its low bits set,
+ * net_cls/net_prio data (the socket then counts as the root cgroup's);
+ * before 6.1 a cgroup kept its ancestors' ids, not pointers to them.
+ */
+struct sock_cgroup_data___pre515 {
+	__u64 val;
+} __attribute__((preserve_access_index));
+
+struct cgroup___pre61 {
+	__u64 ancestor_ids[0];
+} __attribute__((preserve_access_index));
+
+/*
+ * sk_cgroup returns the socket's cgroup v2, or NULL where the kernel keeps
+ * net_cls/net_prio data in its place (before 5.15), which no watched
+ * cgroup matches. The pointer is read, not loaded through BTF, so that
+ * both layouts give the same kind of value; cgroup_id and in_watched read
+ * through it with probe reads.
+ */
 static __always_inline struct cgroup *sk_cgroup(const struct sock *sk)
 {
-	return sk->sk_cgrp_data.cgroup;
+	struct cgroup *cgrp = NULL;
+	__u64 v = 0;
+
+	if (bpf_core_field_exists(sk->sk_cgrp_data.cgroup)) {
+		bpf_core_read(&cgrp, sizeof(cgrp), &sk->sk_cgrp_data.cgroup);
+		return cgrp;
+	}
+	bpf_core_read(&v, sizeof(v), &((struct sock_cgroup_data___pre515 *)&sk->sk_cgrp_data)->val);
+	if (v & 3)
+		return NULL;
+	return (struct cgroup *)v;
 }
 
 static __always_inline __u64 cgroup_id(const struct cgroup *cgrp)
 {
-	return cgrp->kn->id;
+	if (!cgrp)
+		return 0;
+	return BPF_CORE_READ(cgrp, kn, id);
 }
 
 /*
  * in_watched reports whether cgrp or one of its ancestors is watched.
- * cgrp->ancestors[i] is the ancestor at level i (ancestors[cgrp->level] is
- * cgrp itself), so the walk costs one hash lookup per level. A variable
- * index into a BTF pointer's array is not a plain load the verifier
- * accepts, hence the CO-RE probe reads here.
+ * The ancestor at level i is ancestors[i] (6.1+; ancestors[cgrp->level] is
+ * cgrp itself), or its id is ancestor_ids[i] (before 6.1), so the walk
+ * costs one hash lookup per level.
  */
 static __always_inline bool in_watched(const struct cgroup *cgrp)
 {
+	bool ptrs = bpf_core_field_exists(cgrp->ancestors);
 	int level;
 
 	if (!cgrp)
 		return false;
-	level = cgrp->level;
+	level = BPF_CORE_READ(cgrp, level);
 	for (int i = 0; i < MAX_CGROUP_LEVEL; i++) {
 		struct cgroup *anc = NULL;
-		__u64 id;
+		__u64 id = 0;
 
 		if (i > level)
 			break;
-		bpf_core_read(&anc, sizeof(anc), &cgrp->ancestors[i]);
-		if (!anc)
-			break;
-		id = BPF_CORE_READ(anc, kn, id);
+		if (ptrs) {
+			bpf_core_read(&anc, sizeof(anc), &cgrp->ancestors[i]);
+			if (!anc)
+				break;
+			id = BPF_CORE_READ(anc, kn, id);
+		} else {
+			bpf_core_read(&id, sizeof(id),
+				      &((struct cgroup___pre61 *)cgrp)->ancestor_ids[i]);
+		}
 		if (bpf_map_lookup_elem(&watched, &id))
 			return true;
 	}

@@ -1,0 +1,235 @@
+package loader
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"github.com/cilium/ebpf"
+)
+
+// The BPF observer's programs, by the names the probe reports them under.
+const (
+	ProgSockops     = "sockops"      // sockops: registers the job's connections (required)
+	ProgState       = "sockstat"     // tp_btf/inet_sock_set_state: FINs and closes of adopted connections
+	ProgTCPIter     = "tcpiter"      // iter/tcp: adopts connections established before their cgroup was watched
+	ProgConnIter    = "conniter"     // iter over the conns map with bpf_rdonly_cast (Linux 6.2+)
+	ProgConnIterSkc = "conniter_skc" // the same with bpf_skc_to_tcp_sock (Linux 5.9+)
+)
+
+// Features is what the running kernel lets the BPF observer load, found by
+// loading each program once (Probe). Each program that does not load,
+// whatever the kernel's reason, has a fallback, and Fallbacks says which
+// was taken and why; only sockops, and a Snapshot pass of either kind, are
+// required.
+type Features struct {
+	// ConnIter is the program of Snapshot's pass over the job's sockets
+	// (ProgConnIter or ProgConnIterSkc: the same records), or "": each
+	// Snapshot walks the TCP table of every namespace with iter/tcp.
+	ConnIter string
+	// Adoption: iter/tcp loads. Without it the connections a process
+	// established before its cgroup was watched are not seen, nor
+	// forgotten by the kernel when their cgroup is let go (Snapshot
+	// filters those out itself).
+	Adoption bool
+	// State: the state tracepoint loads. Without it sockops notes the FINs
+	// and closes of the connections it registered, and an adopted
+	// connection's byte counts include its FINs.
+	State bool
+	// Fallbacks lists each program that did not load, in probe order.
+	Fallbacks []Fallback
+}
+
+// Fallback is a program the kernel refused and what is used instead.
+type Fallback struct {
+	Program string `json:"program"`
+	Reason  string `json:"reason"`  // the kernel's, as the loader got it (one line)
+	Instead string `json:"instead"` // what takes its place, and what that weakens
+}
+
+// ModeFull and ModeDegraded are Features.Mode's values.
+const (
+	ModeFull     = "full"
+	ModeDegraded = "degraded"
+)
+
+// Mode is ModeFull when every guarantee of docs/guarantees.md holds as
+// stated there with these programs, else ModeDegraded (Weaker says what is
+// weaker). ProgConnIterSkc is full: it reads the same records, at one more
+// cache line a socket.
+func (f Features) Mode() string {
+	if len(f.Weaker()) == 0 {
+		return ModeFull
+	}
+	return ModeDegraded
+}
+
+// Weaker lists, one line each, what holds less on this kernel than
+// docs/guarantees.md states for the full mode.
+func (f Features) Weaker() []string {
+	var w []string
+	if !f.Adoption {
+		w = append(w, "connections a rank established before mpid watched its cgroup are not in the kernel check (a rank's JOIN, before MPI_Init, comes first)")
+	}
+	if f.Adoption && !f.State {
+		w = append(w, "an adopted connection's byte counts include its FINs")
+	}
+	if f.ConnIter == "" {
+		w = append(w, "each kernel check walks the whole TCP table of every namespace the job uses (slower on a busy node)")
+	}
+	return w
+}
+
+// String is the features as one log value: the mode and the programs used.
+func (f Features) String() string {
+	progs := []string{ProgSockops}
+	if f.State {
+		progs = append(progs, ProgState)
+	}
+	if f.Adoption {
+		progs = append(progs, ProgTCPIter)
+	}
+	if f.ConnIter != "" {
+		progs = append(progs, f.ConnIter)
+	}
+	return f.Mode() + " (" + strings.Join(progs, ", ") + ")"
+}
+
+// decide turns what loaded (each program's load error, nil if it loaded;
+// a program missing from refused was not tried) into Features, or fails
+// where the BPF observer cannot work: without sockops nothing registers
+// the job's connections, and without both iterators nothing reads them.
+func decide(refused map[string]error) (Features, error) {
+	var f Features
+	reason := func(p string) string { return oneLine(refused[p]) }
+	if err := refused[ProgSockops]; err != nil {
+		return f, fmt.Errorf("%w: load %s: %s; the BPF observer needs Linux 5.10 or later with BTF", ErrBPFUnavailable, ProgSockops, reason(ProgSockops))
+	}
+	f.State = refused[ProgState] == nil
+	if !f.State {
+		f.Fallbacks = append(f.Fallbacks, Fallback{ProgState, reason(ProgState), "sockops notes the FINs and closes of the connections it registered"})
+	}
+	f.Adoption = refused[ProgTCPIter] == nil
+	if !f.Adoption {
+		f.Fallbacks = append(f.Fallbacks, Fallback{ProgTCPIter, reason(ProgTCPIter), "no adoption: only connections made after their cgroup was watched are seen"})
+	}
+	switch {
+	case refused[ProgConnIter] == nil:
+		f.ConnIter = ProgConnIter
+	case refused[ProgConnIterSkc] == nil:
+		f.ConnIter = ProgConnIterSkc
+		f.Fallbacks = append(f.Fallbacks, Fallback{ProgConnIter, reason(ProgConnIter), ProgConnIterSkc + ": the same records, one more cache line a socket"})
+	case f.Adoption:
+		f.Fallbacks = append(f.Fallbacks,
+			Fallback{ProgConnIter, reason(ProgConnIter), ProgConnIterSkc},
+			Fallback{ProgConnIterSkc, reason(ProgConnIterSkc), "an iter/tcp pass a namespace: walks the whole TCP table"})
+	default:
+		return f, fmt.Errorf("%w: load %s: %s; and %s: %s: nothing can read the job's connections", ErrBPFUnavailable,
+			ProgConnIterSkc, reason(ProgConnIterSkc), ProgTCPIter, reason(ProgTCPIter))
+	}
+	return f, nil
+}
+
+// oneLine is err's first line (a verifier error's reason; %+v on the
+// error gives its whole log).
+func oneLine(err error) string {
+	if err == nil {
+		return ""
+	}
+	s, _, _ := strings.Cut(err.Error(), "\n")
+	return s
+}
+
+var probed struct {
+	once sync.Once
+	f    Features
+	err  error
+}
+
+// Probe loads each of the observer's programs once in this process, over
+// maps of its own that it then closes, and returns what the kernel allows
+// (decide). The result is kept: the kernel does not change under a running
+// process. mpid calls it at start to say, once, what this node's kernel
+// weakens.
+func Probe() (Features, error) {
+	if refuseForTest != nil {
+		return probe()
+	}
+	probed.once.Do(func() { probed.f, probed.err = probe() })
+	return probed.f, probed.err
+}
+
+// refuseForTest makes the probe treat these programs as refused with the
+// error given, beside what the kernel refuses, so that the tests run each
+// fallback on any kernel. Nil in the product.
+var refuseForTest map[string]error
+
+func probe() (Features, error) {
+	specs, err := loadSpecs()
+	if err != nil {
+		return Features{}, err
+	}
+	maps := map[string]*ebpf.Map{}
+	defer func() {
+		for _, m := range maps {
+			m.Close()
+		}
+	}()
+	for name, spec := range map[string]*ebpf.MapSpec{pinConns: specs.sockops.Maps[pinConns], pinWatched: specs.sockops.Maps[pinWatched], pinRecords: specs.conniter.Maps[pinRecords]} {
+		m, err := ebpf.NewMap(spec)
+		if err != nil {
+			return Features{}, fmt.Errorf("%w: create map %s: %w", ErrBPFUnavailable, name, err)
+		}
+		maps[name] = m
+	}
+	refused := map[string]error{}
+	for _, p := range []struct {
+		name, prog string
+		spec       *ebpf.CollectionSpec
+	}{
+		{ProgSockops, sockopsProgMpipauseSockops, specs.sockops},
+		{ProgState, sockstatProgMpipauseState, specs.sockstat},
+		{ProgTCPIter, tcpiterProgMpipauseTcpiter, specs.tcpiter},
+		{ProgConnIter, conniterProgMpipauseConniter, specs.conniter},
+		{ProgConnIterSkc, conniterProgMpipauseConniterSkc, specs.conniter},
+	} {
+		if err := refuseForTest[p.name]; err != nil {
+			refused[p.name] = err
+			continue
+		}
+		prog, err := loadProgram(p.spec, p.prog, maps)
+		if err == nil {
+			prog.Close()
+		}
+		refused[p.name] = err
+	}
+	return decide(refused)
+}
+
+// loadProgram loads the one program prog of spec over maps (those of
+// spec's maps that maps names; the others spec creates).
+func loadProgram(spec *ebpf.CollectionSpec, prog string, maps map[string]*ebpf.Map) (*ebpf.Program, error) {
+	cs := spec.Copy()
+	for name := range cs.Programs {
+		if name != prog {
+			delete(cs.Programs, name)
+		}
+	}
+	repl := map[string]*ebpf.Map{}
+	for name, m := range maps {
+		if _, ok := cs.Maps[name]; ok {
+			repl[name] = m
+		}
+	}
+	coll, err := ebpf.NewCollectionWithOptions(cs, ebpf.CollectionOptions{MapReplacements: repl})
+	if err != nil {
+		return nil, err
+	}
+	defer coll.Close()
+	p := coll.DetachProgram(prog)
+	if p == nil {
+		return nil, errors.New("no program " + prog)
+	}
+	return p, nil
+}

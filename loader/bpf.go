@@ -16,7 +16,6 @@ import (
 	"github.com/cilium/ebpf/link"
 	"golang.org/x/sys/unix"
 
-	"github.com/mpipause/mpipause/internal/caps"
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/jobid"
 )
@@ -120,21 +119,7 @@ func OpenBPF(ctx context.Context, cfg Config) (*BPFObserver, error) {
 	if err != nil {
 		return nil, err
 	}
-	want := []caps.Cap{caps.BPF, caps.Perfmon, caps.NetAdmin}
-	if len(cfg.Netns) > 0 || cfg.FollowJob {
-		want = append(want, caps.SysAdmin) // setns(2)
-	}
-	missing, err := caps.Missing(want...)
-	if err != nil {
-		return nil, err
-	}
-	if len(missing) > 0 {
-		return nil, fmt.Errorf("%w: missing %s; run as root or grant them", ErrNotPrivileged, strings.Join(missing, ", "))
-	}
-	if _, err := os.Stat(btfPath); err != nil {
-		return nil, fmt.Errorf("%w: %v; the BPF observer needs a kernel built with CONFIG_DEBUG_INFO_BTF=y", ErrNoBTF, err)
-	}
-	features, err := Probe()
+	features, err := CheckBPF(len(cfg.Netns) > 0 || cfg.FollowJob)
 	if err != nil {
 		return nil, err
 	}

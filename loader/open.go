@@ -96,11 +96,7 @@ func Open(ctx context.Context, cfg Config) (Observer, error) {
 	// Each case returns a nil interface on error, never a typed nil.
 	switch cfg.Require {
 	case KindBPF:
-		b, err := OpenBPF(ctx, cfg)
-		if err != nil {
-			return nil, err
-		}
-		return b, nil
+		return openComplemented(ctx, cfg)
 	case KindSockDiag:
 		d, err := OpenSockDiag(ctx, cfg)
 		if err != nil {
@@ -111,7 +107,7 @@ func Open(ctx context.Context, cfg Config) (Observer, error) {
 	default:
 		return nil, fmt.Errorf("observer kind %q: want %q, %q or empty for either", cfg.Require, KindBPF, KindSockDiag)
 	}
-	b, err := OpenBPF(ctx, cfg)
+	b, err := openComplemented(ctx, cfg)
 	if err == nil {
 		return b, nil
 	}

@@ -3,10 +3,12 @@ package loader
 import (
 	"errors"
 	"fmt"
+	"os"
 	"strings"
 	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/mpipause/mpipause/internal/caps"
 )
 
 // The BPF observer's programs, by the names the probe reports them under.
@@ -28,10 +30,11 @@ type Features struct {
 	// (ProgConnIter or ProgConnIterSkc: the same records), or "": each
 	// Snapshot walks the TCP table of every namespace with iter/tcp.
 	ConnIter string
-	// Adoption: iter/tcp loads. Without it the connections a process
-	// established before its cgroup was watched are not seen, nor
-	// forgotten by the kernel when their cgroup is let go (Snapshot
-	// filters those out itself).
+	// Adoption: iter/tcp loads. Without it the programs never see the
+	// connections a process established before its cgroup was watched
+	// (Open's observer adds them from sock_diag, uncounted: Complemented),
+	// and the kernel keeps the entries of a cgroup let go until their
+	// sockets close (Snapshot leaves them out itself).
 	Adoption bool
 	// State: the state tracepoint loads. Without it sockops notes the FINs
 	// and closes of the connections it registered, and an adopted
@@ -70,7 +73,7 @@ func (f Features) Mode() string {
 func (f Features) Weaker() []string {
 	var w []string
 	if !f.Adoption {
-		w = append(w, "connections a rank established before mpid watched its cgroup are not in the kernel check (a rank's JOIN, before MPI_Init, comes first)")
+		w = append(w, "a connection made before mpid watched its cgroup is checked through sock_diag, without byte counts: bytes sent on it through a closed gate are not detected (a rank's JOIN, before MPI_Init, comes before its connections)")
 	}
 	if f.Adoption && !f.State {
 		w = append(w, "an adopted connection's byte counts include its FINs")
@@ -112,7 +115,7 @@ func decide(refused map[string]error) (Features, error) {
 	}
 	f.Adoption = refused[ProgTCPIter] == nil
 	if !f.Adoption {
-		f.Fallbacks = append(f.Fallbacks, Fallback{ProgTCPIter, reason(ProgTCPIter), "no adoption: only connections made after their cgroup was watched are seen"})
+		f.Fallbacks = append(f.Fallbacks, Fallback{ProgTCPIter, reason(ProgTCPIter), "sock_diag finds the connections made before their cgroup was watched, without byte counts"})
 	}
 	switch {
 	case refused[ProgConnIter] == nil:
@@ -139,6 +142,29 @@ func oneLine(err error) string {
 	}
 	s, _, _ := strings.Cut(err.Error(), "\n")
 	return s
+}
+
+// CheckBPF says whether the BPF observer can run here, and with what:
+// the capabilities it needs (CAP_SYS_ADMIN too to enter other network
+// namespaces: setns), the kernel's BTF, and the programs the kernel loads
+// (Probe). mpid calls it at start, so that a node below the floor is
+// refused in one line before it serves.
+func CheckBPF(setns bool) (Features, error) {
+	want := []caps.Cap{caps.BPF, caps.Perfmon, caps.NetAdmin}
+	if setns {
+		want = append(want, caps.SysAdmin)
+	}
+	missing, err := caps.Missing(want...)
+	if err != nil {
+		return Features{}, err
+	}
+	if len(missing) > 0 {
+		return Features{}, fmt.Errorf("%w: missing %s; run as root or grant them", ErrNotPrivileged, strings.Join(missing, ", "))
+	}
+	if _, err := os.Stat(btfPath); err != nil {
+		return Features{}, fmt.Errorf("%w: %v; the BPF observer needs a kernel built with CONFIG_DEBUG_INFO_BTF=y", ErrNoBTF, err)
+	}
+	return Probe()
 }
 
 var probed struct {

@@ -1,10 +1,13 @@
 package loader
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/mpipause/mpipause/internal/testutil"
 )
 
 // kernelModes are the kernels the BPF observer meets, as what each refuses
@@ -93,5 +96,33 @@ func TestDecide(t *testing.T) {
 				t.Errorf("mode %s with weaker %q", f.Mode(), f.Weaker())
 			}
 		})
+	}
+}
+
+// TestComplementedSeesOld: on a kernel without adoption (5.10's refusals,
+// forced here), Open's BPF observer still finds a connection established
+// before its cgroup was watched, through sock_diag, uncounted, beside the
+// counted ones the programs registered, each once.
+func TestComplementedSeesOld(t *testing.T) {
+	testutil.RequirePrivileged(t)
+	withRefused(t, []string{ProgConnIter, ProgState, ProgTCPIter})
+	r, client, server := newPair(t)
+	old, _ := connect(t, r, client, server)
+	o, err := Open(context.Background(), Config{Cgroup: r.cgroup, FollowJob: true, Require: KindBPF})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { o.Close() })
+	if _, ok := o.(*Complemented); !ok {
+		t.Fatalf("Open gave a %T without adoption, want *Complemented", o)
+	}
+	fresh, _ := connect(t, r, client, server)
+	client.do("write %s 1000", fresh.id)
+	cs := waitFor(t, o, "the new connection counted", has(fresh.cookie, func(c Conn) bool { return c.Counted && c.BytesSent == 1000 }))
+	if c, ok := byCookie(cs, old.cookie); !ok || c.Counted {
+		t.Errorf("the connection from before the watch: found %v, counted %v; want found, uncounted:\n%s", ok, c.Counted, dump(cs))
+	}
+	if len(cs) != 4 {
+		t.Errorf("%d connections, want the job's 4 ends, each once:\n%s", len(cs), dump(cs))
 	}
 }

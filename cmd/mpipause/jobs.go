@@ -249,6 +249,9 @@ func printJob(w io.Writer, j ctl.Job) {
 	for _, c := range j.Cgroups {
 		fmt.Fprintf(w, "  cgroup on %s (%s): %s\n", q(c.Node), q(c.Placed), q(c.Dir))
 	}
+	if j.Observer != "" {
+		fmt.Fprintf(w, "  kernel observer on %s: %s\n", q(j.Node), q(j.Observer))
+	}
 	if len(j.Phases) > 0 {
 		var ph []string
 		for _, p := range j.Phases {

@@ -7,6 +7,9 @@ package caps
 
 import (
 	"fmt"
+	"os"
+	"strconv"
+	"strings"
 
 	"golang.org/x/sys/unix"
 )
@@ -37,18 +40,44 @@ func (c Cap) String() string {
 }
 
 // Missing lists the capabilities of want, in want's order, that the calling
-// thread lacks in its effective set.
+// thread lacks in its effective set. A capability the running kernel does
+// not have (CAP_BPF and CAP_PERFMON came with Linux 5.8; before them
+// CAP_SYS_ADMIN grants what they do) is judged as CAP_SYS_ADMIN.
 func Missing(want ...Cap) ([]string, error) {
 	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
 	var data [2]unix.CapUserData
 	if err := unix.Capget(&hdr, &data[0]); err != nil {
 		return nil, fmt.Errorf("capget: %w", err)
 	}
-	var missing []string
+	return missing(want, lastCap(), func(c Cap) bool { return c < 64 && data[c/32].Effective&(1<<(c%32)) != 0 }), nil
+}
+
+// missing is Missing over the kernel's last capability and a thread's
+// effective set (has).
+func missing(want []Cap, last Cap, has func(Cap) bool) []string {
+	var out []string
 	for _, c := range want {
-		if c >= 64 || data[c/32].Effective&(1<<(c%32)) == 0 {
-			missing = append(missing, c.String())
+		switch {
+		case c <= last && !has(c):
+			out = append(out, c.String())
+		case c > last && !has(SysAdmin):
+			out = append(out, fmt.Sprintf("%s (this kernel has no %s)", SysAdmin, c))
 		}
 	}
-	return missing, nil
+	return out
+}
+
+// lastCap is the highest capability the running kernel has
+// (/proc/sys/kernel/cap_last_cap); if it cannot be read, every capability
+// named here is taken to exist.
+func lastCap() Cap {
+	b, err := os.ReadFile("/proc/sys/kernel/cap_last_cap")
+	if err != nil {
+		return BPF
+	}
+	n, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || n < 0 {
+		return BPF
+	}
+	return Cap(n)
 }

@@ -47,3 +47,28 @@ func TestString(t *testing.T) {
 		}
 	}
 }
+
+// TestMissingByKernel: a capability the running kernel predates (CAP_BPF,
+// CAP_PERFMON before 5.8) is judged as CAP_SYS_ADMIN, which granted what
+// it does there; one the kernel has is judged as itself.
+func TestMissingByKernel(t *testing.T) {
+	set := func(cs ...Cap) func(Cap) bool { return func(c Cap) bool { return slices.Contains(cs, c) } }
+	for _, tt := range []struct {
+		name string
+		last Cap
+		has  func(Cap) bool
+		want []string
+	}{
+		{"5.8+, all held", BPF, set(BPF, Perfmon, NetAdmin), nil},
+		{"5.8+, only CAP_SYS_ADMIN", BPF, set(SysAdmin, NetAdmin), []string{"CAP_PERFMON", "CAP_BPF"}},
+		{"before 5.8, CAP_SYS_ADMIN", 37, set(SysAdmin, NetAdmin), nil},
+		{"before 5.8, without CAP_SYS_ADMIN", 37, set(NetAdmin), []string{"CAP_SYS_ADMIN (this kernel has no CAP_PERFMON)", "CAP_SYS_ADMIN (this kernel has no CAP_BPF)"}},
+	} {
+		if got := missing([]Cap{Perfmon, BPF, NetAdmin}, tt.last, tt.has); !slices.Equal(got, tt.want) {
+			t.Errorf("%s: missing %q, want %q", tt.name, got, tt.want)
+		}
+	}
+	if l := lastCap(); l < BPF {
+		t.Errorf("this kernel's last capability %d, want %d or more (it runs 5.8+)", l, BPF)
+	}
+}

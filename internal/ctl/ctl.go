@@ -156,6 +156,10 @@ type Job struct {
 	Since         time.Time `json:"since,omitzero"`
 	// Unpausable, when set, says why the job cannot be paused cleanly.
 	Unpausable string `json:"unpausable,omitempty"`
+	// Observer is the answering node's kernel observer: its mode, "full"
+	// or "degraded" (what an older kernel weakens: mpid's log at start,
+	// docs/guarantees.md), and the programs it runs.
+	Observer string `json:"observer,omitempty"`
 	// Cgroups are where the job's ranks are watched and frozen: on the
 	// answering node, and on the coordinator every node's, as each node's
 	// mpid last registered them (within sweep's 10 s).

@@ -26,15 +26,16 @@ import (
 // some node did not confirm. A pause or resume of a job coordinated
 // elsewhere goes to that node's mpid.
 type coordinator struct {
-	node    string
-	reg     *registry
-	ranks   *ranks.Server
-	agent   *quiesce.Agent // this node's steps: a job's state here when another node coordinates it
-	tr      quiesce.Transport
-	store   *store
-	metrics *metrics.Metrics
-	drain   time.Duration // a pause's drain timeout unless the request names one
-	log     *slog.Logger
+	node     string
+	observer string // this node's observer mode (loader.Features), for status
+	reg      *registry
+	ranks    *ranks.Server
+	agent    *quiesce.Agent // this node's steps: a job's state here when another node coordinates it
+	tr       quiesce.Transport
+	store    *store
+	metrics  *metrics.Metrics
+	drain    time.Duration // a pause's drain timeout unless the request names one
+	log      *slog.Logger
 	// done closes when mpid stops: background work ends.
 	done <-chan struct{}
 
@@ -474,6 +475,7 @@ func (c *coordinator) view(id string) (ctl.Job, error) {
 		return ctl.Job{}, c.noJob(id)
 	}
 	v := jv.v
+	v.Observer = c.observer
 	rs := c.ranks.Ranks(id)
 	if jv.adopted && len(rs) == 0 {
 		// What the ranks told the previous mpid, from its record.

@@ -26,6 +26,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"time"
 
@@ -36,6 +37,7 @@ import (
 	"github.com/mpipause/mpipause/internal/node"
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/internal/version"
+	"github.com/mpipause/mpipause/loader"
 	"github.com/mpipause/mpipause/quiesce"
 	"golang.org/x/sync/errgroup"
 	"golang.org/x/sys/unix"
@@ -111,6 +113,9 @@ type Daemon struct {
 	// metrics is nil when metrics are off (every recording is then a
 	// no-op).
 	metrics *metrics.Metrics
+	// observer is the kernel observer's mode and programs, "" with
+	// Config.Observers given.
+	observer string
 
 	reg   *registry
 	coord *coordinator
@@ -178,6 +183,12 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 		}
 	}
 	if d.cfg.Observers == nil {
+		f, err := loader.CheckBPF(true)
+		if err != nil {
+			return fmt.Errorf("kernel observer: %w", err)
+		}
+		d.logFeatures(f)
+		d.observer = f.String()
 		d.cfg.Observers = BPFObservers{Warn: d.log.Warn}
 	}
 	if d.cfg.Nice != 0 || d.cfg.RTPriority != 0 {
@@ -306,7 +317,7 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 		agent.Forget(id)
 		rs.Forget(id)
 	}
-	d.coord = &coordinator{node: d.cfg.Node, reg: d.reg, ranks: rs, agent: agent, tr: tr, store: d.store,
+	d.coord = &coordinator{node: d.cfg.Node, observer: d.observer, reg: d.reg, ranks: rs, agent: agent, tr: tr, store: d.store,
 		metrics: d.metrics, drain: d.cfg.Drain, log: d.log, done: done}
 	d.peer = &peer{node: d.cfg.Node, key: d.cfg.ClusterKey, reg: d.reg, coord: d.coord, agent: agent, log: d.log}
 	d.ctl = &control{key: d.cfg.ClusterKey, reg: d.reg, coord: d.coord}
@@ -388,4 +399,18 @@ func schedule(nice, rt int) (rtErr, err error) {
 		}
 	}
 	return rtErr, nil
+}
+
+// logFeatures says once, at start, what this node's kernel let the
+// observer load: one line for each program it replaced, and the mode with
+// what is weaker than docs/guarantees.md's full mode.
+func (d *Daemon) logFeatures(f loader.Features) {
+	for _, fb := range f.Fallbacks {
+		d.log.Warn("BPF program refused by this kernel; using its fallback", "program", fb.Program, "reason", fb.Reason, "instead", fb.Instead)
+	}
+	if w := f.Weaker(); len(w) > 0 {
+		d.log.Warn("kernel observer degraded", "observer", f.String(), "weaker", strings.Join(w, "; "))
+		return
+	}
+	d.log.Info("kernel observer", "observer", f.String())
 }

@@ -117,9 +117,6 @@ func (o BPFObservers) Open(job string, dirs []string) (loader.Observer, error) {
 		}
 		obs, err = loader.Open(context.Background(), cfg)
 	}
-	if b, ok := obs.(*loader.BPFObserver); ok && b.ScansTCP() && o.Warn != nil {
-		o.Warn("this kernel refuses BPF map iterators: the job's kernel reads walk the whole TCP table of each of its network namespaces (slower, same figures)", "job", job)
-	}
 	return obs, err
 }
 

@@ -12,7 +12,7 @@
 #
 # Usage:
 #   boot.sh --suite bullseye|bookworm|trixie [--timeout SECONDS] [--log FILE]
-#           [--with PATH]... [--env NAME=VALUE]... [--refresh]
+#           [--with PATH]... [--env NAME=VALUE]... [--memlock LIMIT] [--refresh]
 #           -- BINARY [ARGS...] [--- BINARY [ARGS...]]...
 #
 #   --suite    the Debian suite whose kernel boots: bullseye (5.10),
@@ -25,6 +25,11 @@
 #              directory (e.g. a package's testdata)
 #   --env      a variable set for the tests; MPIPAUSE_REQUIRE_PRIV=1 always
 #              is, so privileged Go tests fail instead of skipping
+#   --memlock  the tests' RLIMIT_MEMLOCK (ulimit -l: KiB, or unlimited);
+#              without it, the kernel's default for init: 64 KiB before
+#              5.16 (8 MiB since), which before 5.11 bounds BPF maps and
+#              programs too (systemd since v250 gives services 8 MiB on
+#              such kernels; bullseye's systemd 247 leaves the 64 KiB)
 #   --refresh  update the suite's package lists now (else when a week old)
 #
 # Each BINARY (static: nothing of the host's is in the guest but ip,
@@ -56,7 +61,7 @@ die() {
 	exit 3
 }
 usage() {
-	echo "usage: $prog --suite SUITE [--timeout SECONDS] [--log FILE] [--with PATH]... [--env NAME=VALUE]... [--refresh] -- BINARY [ARGS...] [--- BINARY [ARGS...]]..." >&2
+	echo "usage: $prog --suite SUITE [--timeout SECONDS] [--log FILE] [--with PATH]... [--env NAME=VALUE]... [--memlock LIMIT] [--refresh] -- BINARY [ARGS...] [--- BINARY [ARGS...]]..." >&2
 	exit 2
 }
 
@@ -71,6 +76,7 @@ suite=
 timeout=1800
 log=
 refresh=0
+memlock=
 withs=()
 envs=()
 while [ $# -gt 0 ]; do
@@ -80,6 +86,7 @@ while [ $# -gt 0 ]; do
 	--log) log=${2:?}; shift 2 ;;
 	--with) withs+=("${2:?}"); shift 2 ;;
 	--env) envs+=("${2:?}"); shift 2 ;;
+	--memlock) memlock=${2:?}; shift 2 ;;
 	--refresh) refresh=1; shift ;;
 	--) shift; break ;;
 	*) usage ;;
@@ -88,6 +95,7 @@ done
 if [ -z "$suite" ] || [ $# -eq 0 ]; then usage; fi
 [[ $suite =~ ^[a-z]+(-[a-z]+)?$ ]] || die "bad suite name: $suite"
 [[ $timeout =~ ^[0-9]+$ ]] || die "--timeout takes seconds: $timeout"
+[[ $memlock =~ ^([0-9]+|unlimited)?$ ]] || die "--memlock takes KiB or unlimited: $memlock"
 for e in "${envs[@]}"; do
 	[[ $e =~ ^[A-Za-z_][A-Za-z0-9_]*= ]] || die "--env takes NAME=VALUE: $e"
 done
@@ -293,7 +301,9 @@ done
 	for e in "${envs[@]}"; do
 		printf 'export %s=%q\n' "${e%%=*}" "${e#*=}"
 	done
+	[ -z "$memlock" ] || echo "ulimit -l $memlock"
 	echo "echo \"$mark uname \$(uname -r)\""
+	echo "echo \"$mark memlock \$(ulimit -l)\""
 	echo "if [ -e /sys/kernel/btf/vmlinux ]; then echo \"$mark btf yes\"; else echo \"$mark btf no\"; fi"
 	echo "echo \"$mark ready\""
 } >"$tests/work/run.sh"

@@ -28,8 +28,8 @@
 #   --memlock  the tests' RLIMIT_MEMLOCK (ulimit -l: KiB, or unlimited);
 #              without it, the kernel's default for init: 64 KiB before
 #              5.16 (8 MiB since), which before 5.11 bounds BPF maps and
-#              programs too (systemd since v250 gives services 8 MiB on
-#              such kernels; bullseye's systemd 247 leaves the 64 KiB)
+#              programs too (systemd, since it followed Linux 5.16, gives
+#              services 8 MiB on older kernels; bullseye's 247 predates it)
 #   --refresh  update the suite's package lists now (else when a week old)
 #
 # Each BINARY (static: nothing of the host's is in the guest but ip,

@@ -142,10 +142,10 @@ check-kernels: ## the loader's tests (KERNEL_TESTS, a -test.run regexp: all) as 
 	for s in $(KERNEL_SUITES); do \
 		log=$(KERNEL_LOGS)/kernels-$$s.log; rm -f $$log; \
 		kernel-tests/kernels/boot.sh --suite $$s --timeout $(KERNEL_TIMEOUT) --log $$log --with loader/testdata $(KERNEL_BOOT_FLAGS) -- \
-			$(BIN)/kernels/loader.test -test.v -test.count=1 -test.timeout $$(( $(KERNEL_TIMEOUT) - 120 ))s -test.run '$(KERNEL_TESTS)' || rc=1; \
+			$(BIN)/kernels/loader.test -test.v -test.count=1 -test.timeout $$(( $(KERNEL_TIMEOUT) - 120 ))s -test.run '$(value KERNEL_TESTS)' || rc=1; \
 		grep '^boot.sh: result ' $$log | tail -1 >>$$res || echo "boot.sh: result suite=$$s rc=no-result" >>$$res; \
 	done; \
-	echo; echo "check-kernels: loader tests (-test.run '$(KERNEL_TESTS)'); logs in $(KERNEL_LOGS)/kernels-SUITE.log"; \
+	echo; echo "check-kernels: loader tests (-test.run '$(value KERNEL_TESTS)'); logs in $(KERNEL_LOGS)/kernels-SUITE.log"; \
 	awk 'BEGIN { printf "%-10s %-24s %-4s %6s %6s %7s %7s %7s  %s\n", "suite", "kernel", "BTF", "boot", "run", "passed", "failed", "skipped", "exit" } \
 		{ delete f; for (i = 3; i <= NF; i++) { split($$i, kv, "="); f[kv[1]] = kv[2] } \
 		  printf "%-10s %-24s %-4s %6s %6s %7s %7s %7s  %s\n", f["suite"], f["kernel"], f["btf"], f["boot"], f["run"], f["passed"], f["failed"], f["skipped"], f["rc"] }' $$res; \

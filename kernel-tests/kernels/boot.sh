@@ -33,7 +33,8 @@
 #   --refresh  update the suite's package lists now (else when a week old)
 #
 # Each BINARY (static: nothing of the host's is in the guest but ip,
-# setpriv and their libraries) is copied to /work/bin and run in /work
+# setpriv and their libraries) is copied to /work/bin/I/ (I: 1, 2, ...) and
+# run in /work
 # with its ARGS, one after the other, stdin /dev/null; `---` separates them.
 # In the guest: cgroup v2 alone at /sys/fs/cgroup (every controller enabled
 # at the root, as systemd does), bpffs at /sys/fs/bpf, debugfs, tracefs,
@@ -325,10 +326,12 @@ while [ $# -gt 0 ]; do
 	i=$((i + 1))
 	name=${bin##*/}
 	names+=("$name")
-	cp -L "$bin" "$tests/work/bin/$name"
+	# bin/I/NAME: two binaries may have one name.
+	mkdir -p "$tests/work/bin/$i"
+	cp -L "$bin" "$tests/work/bin/$i/$name"
 	{
 		printf 'echo "%s start %d %s"\n' "$mark" "$i" "$name"
-		printf '/work/bin/%q' "$name"
+		printf '/work/bin/%d/%q' "$i" "$name"
 		[ ${#args[@]} -eq 0 ] || printf ' %q' "${args[@]}"
 		printf ' </dev/null\n'
 		printf 'echo "%s end %d %s rc=$?"\n' "$mark" "$i" "$name"
@@ -383,8 +386,8 @@ end=$EPOCHREALTIME
 secs() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.0f", b - a }'; }
 boot_s=-
 run_s=-
-[ -n "$ready" ] && boot_s=$(secs "$start" "$ready")
-[ -n "$ready" ] && run_s=$(secs "$ready" "${done_at:-$end}")
+[ -n "$ready" ] && boot_s=$(secs "$start" "$ready")s
+[ -n "$ready" ] && run_s=$(secs "$ready" "${done_at:-$end}")s
 count() { grep -cE "^--- $1: " "$log" || true; }
 passed=$(count PASS)
 failed=$(count FAIL)
@@ -410,5 +413,5 @@ else
 	done
 fi
 [ -z "$why" ] || echo "$prog: $suite: $why" >&2
-echo "$prog: result suite=$suite kernel=$uname btf=$btf boot=${boot_s}s run=${run_s}s passed=$passed failed=$failed skipped=$skipped rc=$rc" | tee -a "$log"
+echo "$prog: result suite=$suite kernel=$uname btf=$btf boot=$boot_s run=$run_s passed=$passed failed=$failed skipped=$skipped rc=$rc" | tee -a "$log"
 exit "$rc"

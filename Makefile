@@ -120,7 +120,36 @@ test-faults-long: build ## the fault table with FAULT_LONG_TRIALS (44) trials pe
 check-vagrant: ## vagrant validate of vagrant/Vagrantfile, libvirt and virtualbox (offline, leaves nothing), and shellcheck of the cluster scripts
 	@bash vagrant/validate.sh
 	shellcheck scripts/cluster-e2e.sh scripts/demo.sh vagrant/provision.sh vagrant/provision-kernel.sh vagrant/node-exec vagrant/e2e.sh vagrant/rig-ssh-check.sh vagrant/validate.sh kernel-tests/containers/crig.sh \
-		vagrant/build-box.sh vagrant/libvirt-host.sh vagrant/boot-check.sh vagrant/qemu-tcg vagrant/provision-slurm.sh vagrant/slurm-e2e.sh vagrant/scope-e2e.sh vagrant/e2e-lib.sh
+		vagrant/build-box.sh vagrant/libvirt-host.sh vagrant/boot-check.sh vagrant/qemu-tcg vagrant/provision-slurm.sh vagrant/slurm-e2e.sh vagrant/scope-e2e.sh vagrant/e2e-lib.sh \
+		kernel-tests/kernels/boot.sh
+
+# The loader's tests on Debian's own kernels (docs/kernels.md): each suite's
+# linux-image-amd64 booted under QEMU (software emulation) with an initramfs
+# that runs the static test binary as root. KERNEL_TESTS is -test.run's
+# regexp; the console of each boot goes to KERNEL_LOGS/kernels-SUITE.log.
+KERNEL_SUITES ?= bullseye bookworm trixie
+KERNEL_TESTS ?= .
+KERNEL_TIMEOUT ?= 2400
+KERNEL_LOGS ?= $(BIN)/kernels
+# More options of boot.sh for every boot, e.g. --memlock unlimited.
+KERNEL_BOOT_FLAGS ?=
+.PHONY: check-kernels
+check-kernels: ## the loader's tests (KERNEL_TESTS, a -test.run regexp: all) as root on the Debian kernels of KERNEL_SUITES (bullseye 5.10, bookworm 6.1, trixie 6.12) under QEMU, no disk image; prints suite x kernel x BTF x passed/failed (root; not in make test)
+	@mkdir -p $(BIN)/kernels $(KERNEL_LOGS)
+	@# Static: the guest has no libraries for it.
+	CGO_ENABLED=0 $(GO) test -c -o $(BIN)/kernels/loader.test ./loader/
+	@rc=0; res=$(BIN)/kernels/results; : >$$res; \
+	for s in $(KERNEL_SUITES); do \
+		log=$(KERNEL_LOGS)/kernels-$$s.log; rm -f $$log; \
+		kernel-tests/kernels/boot.sh --suite $$s --timeout $(KERNEL_TIMEOUT) --log $$log --with loader/testdata $(KERNEL_BOOT_FLAGS) -- \
+			$(BIN)/kernels/loader.test -test.v -test.count=1 -test.timeout $$(( $(KERNEL_TIMEOUT) - 120 ))s -test.run '$(value KERNEL_TESTS)' || rc=1; \
+		grep '^boot.sh: result ' $$log | tail -1 >>$$res || echo "boot.sh: result suite=$$s rc=no-result" >>$$res; \
+	done; \
+	echo; echo "check-kernels: loader tests (-test.run '$(value KERNEL_TESTS)'); logs in $(KERNEL_LOGS)/kernels-SUITE.log"; \
+	awk 'BEGIN { printf "%-10s %-24s %-4s %6s %6s %7s %7s %7s  %s\n", "suite", "kernel", "BTF", "boot", "run", "passed", "failed", "skipped", "exit" } \
+		{ delete f; for (i = 3; i <= NF; i++) { split($$i, kv, "="); f[kv[1]] = kv[2] } \
+		  printf "%-10s %-24s %-4s %6s %6s %7s %7s %7s  %s\n", f["suite"], f["kernel"], f["btf"], f["boot"], f["run"], f["passed"], f["failed"], f["skipped"], f["rc"] }' $$res; \
+	exit $$rc
 
 # What the VMs install instead of building (vagrant/provision.sh's tools and
 # install steps): the .deb of this tree, and the test apps the cluster e2e

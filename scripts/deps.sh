@@ -20,6 +20,7 @@ pkgs=(
 	systemd-container            # make check-systemd: systemd-nspawn boots a Debian 12 with mpid's unit
 	mmdebstrap fdisk qemu-utils  # vagrant/build-box.sh: the box's root tree, partition table, qcow2
 	qemu-system-x86 libvirt-daemon-system dnsmasq-base # make check-vagrant-boot: the VM, libvirt, its networks' DHCP
+	busybox-static kmod xz-utils zstd # make check-kernels: the initramfs's busybox, depmod of a Debian kernel's modules
 )
 
 missing=()

@@ -20,7 +20,10 @@
 // one iter/tcp pass per network namespace, whatever the number of
 // cgroups. Where the kernel refuses map iterators (ScansTCP), every
 // Snapshot runs the iter/tcp pass in each namespace anyway, which reports
-// only the sockets of watched cgroups.
+// only the sockets of watched cgroups. Which programs run is the running
+// kernel's to say ([Probe], [Features]): each refused program has a
+// fallback, down to Linux 5.10, where [Open] complements the programs
+// with sock_diag ([Complemented]).
 //
 // Two observers stand behind one interface: the BPF observer (sockops, a
 // tp_btf program on state changes, iterators) and a sock_diag netlink fallback that is

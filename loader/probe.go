@@ -8,6 +8,7 @@ import (
 	"sync"
 
 	"github.com/cilium/ebpf"
+	"github.com/cilium/ebpf/rlimit"
 	"github.com/mpipause/mpipause/internal/caps"
 )
 
@@ -163,6 +164,12 @@ func CheckBPF(setns bool) (Features, error) {
 	}
 	if _, err := os.Stat(btfPath); err != nil {
 		return Features{}, fmt.Errorf("%w: %v; the BPF observer needs a kernel built with CONFIG_DEBUG_INFO_BTF=y", ErrNoBTF, err)
+	}
+	// Before 5.11 the kernel charges BPF maps to RLIMIT_MEMLOCK (64 KiB
+	// by default before 5.16): raise it, where that is needed and
+	// allowed; a no-op on kernels that charge the cgroup.
+	if err := rlimit.RemoveMemlock(); err != nil {
+		return Features{}, fmt.Errorf("%w: %v; raise RLIMIT_MEMLOCK (LimitMEMLOCK=infinity in a systemd unit, ulimit -l unlimited in a shell): this kernel charges BPF maps to it", ErrBPFUnavailable, err)
 	}
 	return Probe()
 }

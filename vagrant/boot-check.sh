@@ -167,7 +167,7 @@ say "vagrant up took $((SECONDS - t)) s; its steps began at:"
 grep -E 'Uploading base box|Starting domain|Waiting for domain to get an IP|Waiting for machine to boot|Machine booted and ready|Setting hostname|Rsyncing folder|Configuring and enabling|Running provisioner|provision node[0-9]: mpid' "$log" |
 	sed 's/^/    /'
 
-# check_node K: what node K shows over `vagrant ssh`: a kernel of 6.3 or
+# check_node K: what node K shows over `vagrant ssh`: a kernel of 5.10 or
 # later with BTF, cgroup v2, its private address, and (provisioned) mpid.
 check_node() {
 	local k=$1 n=node$1 out lines release major minor
@@ -180,8 +180,8 @@ check_node() {
 	release=${lines[0]:-}
 	major=${release%%.*} minor=${release#*.} && minor=${minor%%.*}
 	[[ $major =~ ^[0-9]+$ && $minor =~ ^[0-9]+$ ]] || fail "no kernel release from uname -r on $n: '$release'"
-	if [ "$major" -lt 6 ] || { [ "$major" -eq 6 ] && [ "$minor" -lt 3 ]; }; then
-		fail "$n runs $release; mpipause needs 6.3 or later"
+	if [ "$major" -lt 5 ] || { [ "$major" -eq 5 ] && [ "$minor" -lt 10 ]; }; then
+		fail "$n runs $release; mpipause needs 5.10 or later"
 	fi
 	[[ ${lines[1]:-} =~ ^[0-9]+$ && ${lines[1]} -gt 0 ]] || fail "$n has no BTF (/sys/kernel/btf/vmlinux: '${lines[1]:-}')"
 	[ "${lines[2]:-}" = cgroup2fs ] || fail "$n's /sys/fs/cgroup is '${lines[2]:-}', want cgroup2fs"

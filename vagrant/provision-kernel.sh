@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Vagrant provisioning, step 1 of 3 (as root, in each VM): a kernel mpid can
-# use. mpipause needs Linux 6.3 or later with BTF; Debian 12 ships 6.1, so
-# the VM gets Debian's own newer kernel from bookworm-backports. The next
-# provisioner reboots into it; provision.sh then checks what runs.
+# use. mpipause needs Linux 5.10 or later with BTF (Debian 11 ships 5.10,
+# Debian 12 6.1); an older one is replaced by Debian's own newer kernel
+# from the release's backports. The next provisioner reboots into it;
+# provision.sh then checks what runs.
 set -euo pipefail
 
 export DEBIAN_FRONTEND=noninteractive
 release=$(uname -r)
 major=${release%%.*} rest=${release#*.}
 minor=${rest%%.*}
-if [ "$major" -gt 6 ] || { [ "$major" -eq 6 ] && [ "$minor" -ge 3 ]; }; then
-	echo "provision-kernel: running $release (6.3 or later): nothing to do"
+if [ "$major" -gt 5 ] || { [ "$major" -eq 5 ] && [ "$minor" -ge 10 ]; }; then
+	echo "provision-kernel: running $release (5.10 or later): nothing to do"
 	exit 0
 fi
 codename=$(awk -F= '$1 == "VERSION_CODENAME" { print $2 }' /etc/os-release)

@@ -7,7 +7,7 @@
 #   provision.sh [--steps LIST] K N NET
 #
 # Steps, in order (all by default):
-#   check    the running kernel has BTF and is 6.3 or later
+#   check    the running kernel has BTF and is 5.10 or later
 #   hosts    the node's name is nodeK, and /etc/hosts names every node by
 #            its private address
 #   tools    Go (the version go.mod names, from go.dev) and make
@@ -74,8 +74,8 @@ step_check() {
 	local r major minor
 	r=$(uname -r)
 	major=${r%%.*} minor=${r#*.} && minor=${minor%%.*}
-	if [ "$major" -lt 6 ] || { [ "$major" -eq 6 ] && [ "$minor" -lt 3 ]; }; then
-		die "running kernel $r; mpipause needs 6.3 or later: provision-kernel.sh installs one, then reboot (vagrant reload --provision)"
+	if [ "$major" -lt 5 ] || { [ "$major" -eq 5 ] && [ "$minor" -lt 10 ]; }; then
+		die "running kernel $r; mpipause needs 5.10 or later: provision-kernel.sh installs one, then reboot (vagrant reload --provision)"
 	fi
 	[ -e /sys/kernel/btf/vmlinux ] || die "kernel $r has no BTF (/sys/kernel/btf/vmlinux); mpid's BPF programs need it"
 	say "kernel $r with BTF"

@@ -2,6 +2,7 @@ package loader
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -311,4 +312,90 @@ func BenchmarkWatchSet(b *testing.B) {
 		b.ReportMetric(p4/p1, "4/1")
 		fmt.Fprintf(os.Stderr, "bench: watchset connect+accept+close: 1 cgroup p50 %.2f µs, 4 cgroups p50 %.2f µs, ratio %.3f\n", p1, p4, p4/p1)
 	})
+}
+
+// BenchmarkSnapshotModes is what each kernel mode's observer (kernelModes,
+// the refusals forced on this kernel) costs a kernel check: a Snapshot of
+// the same 10,000 job sockets, as Open gives it to mpid (on 5.10 the
+// programs and sock_diag: Complemented), each mode against the full one in
+// the same run, in turns. Every observer must see every socket.
+func BenchmarkSnapshotModes(b *testing.B) {
+	testutil.RequirePrivileged(b)
+	dir, err := benchrec.Dir()
+	if err != nil {
+		b.Fatal(err)
+	}
+	ns := "mpt-" + randomID(b) + "-modes"
+	cg := testutil.NewCgroup(b)
+	testutil.NewNamedNetns(b, ns)
+	h := startHelper(b, ns, cg)
+	ctx := context.Background()
+	type mode struct {
+		name string
+		obs  Observer
+		ms   []float64
+	}
+	var modes []*mode
+	for _, k := range kernelModes {
+		refuse := map[string]error{}
+		for _, p := range k.refused {
+			refuse[p] = errors.New("refused by the benchmark")
+		}
+		refuseForTest = refuse
+		o, err := Open(ctx, Config{Cgroup: cg, Netns: []string{ns}, Require: KindBPF})
+		refuseForTest = nil
+		if err != nil {
+			b.Fatalf("mode %s: %v", k.name, err)
+		}
+		defer o.Close()
+		modes = append(modes, &mode{name: k.name, obs: o})
+	}
+	const sockets = 10000
+	if f := h.do("mass 127.0.0.1:0 %d", sockets/2); len(f) != 1 || f[0] != strconv.Itoa(sockets) {
+		b.Fatalf("helper holds %v sockets, want %d", f, sockets)
+	}
+	snap := func(m *mode) float64 {
+		t0 := time.Now()
+		cs, err := m.obs.Snapshot(ctx)
+		ms := float64(time.Since(t0).Nanoseconds()) / 1e6
+		if err != nil {
+			b.Fatal(err)
+		}
+		if len(cs) != sockets {
+			b.Fatalf("mode %s: %d connections, want %d", m.name, len(cs), sockets)
+		}
+		return ms
+	}
+	for _, m := range modes {
+		snap(m) // warm, and adopt where the mode adopts
+	}
+	for i := 0; b.Loop(); i++ {
+		for k := range snapshotPairs {
+			for j := range modes {
+				m := modes[(i+k+j)%len(modes)]
+				m.ms = append(m.ms, snap(m))
+			}
+		}
+	}
+	full := benchrec.Percentile(modes[0].ms, 0.5)
+	var rows []benchrec.Row
+	for _, m := range modes {
+		p50 := benchrec.Percentile(m.ms, 0.5)
+		c := fmt.Sprintf("kernel mode %s, %d sockets", m.name, sockets)
+		rows = append(rows,
+			benchrec.Row{Section: "snapshot", Case: c, Metric: "snapshot p50", Value: p50, Unit: "ms"},
+			benchrec.Row{Section: "snapshot", Case: c, Metric: "p50 / this kernel's", Value: p50 / full, Unit: "x"})
+		fmt.Fprintf(os.Stderr, "bench: snapshot mode %-24s %9.3f ms p50, %6.2fx this kernel's (%s)\n", m.name, p50, p50/full, features(m.obs))
+	}
+	if err := benchrec.Record(dir, rows...); err != nil {
+		b.Fatal(err)
+	}
+}
+
+// features is the observer's Features as a string ("" for sock_diag).
+func features(o Observer) string {
+	if f, ok := o.(interface{ Features() Features }); ok {
+		return f.Features().String()
+	}
+	return ""
 }

@@ -189,9 +189,26 @@ func Probe() (Features, error) {
 	if refuseForTest != nil {
 		return probe()
 	}
-	probed.once.Do(func() { probed.f, probed.err = probe() })
+	probed.once.Do(func() {
+		if v := os.Getenv(RefuseEnv); v != "" {
+			refuse := map[string]error{}
+			for _, p := range strings.Split(v, ",") {
+				refuse[strings.TrimSpace(p)] = errors.New("refused by " + RefuseEnv)
+			}
+			refuseForTest = refuse
+			defer func() { refuseForTest = nil }()
+		}
+		probed.f, probed.err = probe()
+	})
 	return probed.f, probed.err
 }
+
+// RefuseEnv names programs (ProgState, ProgTCPIter, ProgConnIter, ...,
+// comma-separated) that the probe of a process started with it treats as
+// refused, as an older kernel would: the rig's tests run mpid in each
+// kernel mode on any kernel with it. The process's own environment, set
+// by whoever starts mpid.
+const RefuseEnv = "MPIPAUSE_BPF_REFUSE"
 
 // refuseForTest makes the probe treat these programs as refused with the
 // error given, beside what the kernel refuses, so that the tests run each

@@ -13,7 +13,7 @@
 # Usage:
 #   boot.sh --suite bullseye|bookworm|trixie [--timeout SECONDS] [--log FILE]
 #           [--with PATH]... [--env NAME=VALUE]... [--memlock LIMIT] [--refresh]
-#           -- BINARY [ARGS...] [--- BINARY [ARGS...]]...
+#           [--host-root] -- BINARY [ARGS...] [--- BINARY [ARGS...]]...
 #
 #   --suite    the Debian suite whose kernel boots: bullseye (5.10),
 #              bookworm (6.1), trixie (6.12), or any suite or
@@ -31,6 +31,16 @@
 #              programs too (systemd, since it followed Linux 5.16, gives
 #              services 8 MiB on older kernels; bullseye's 247 predates it)
 #   --refresh  update the suite's package lists now (else when a week old)
+#   --host-root  run the binaries in this machine's own files instead of
+#              the initramfs: its / shared read-only over 9p (virtio) and
+#              switched into as root, with /tmp, /var/tmp, /run and /root on tmpfs,
+#              /etc, /var/lib and /var/log writable (overlays on tmpfs)
+#              and the guest's own /proc, /sys, /dev, cgroup v2 and bpffs.
+#              BINARY is then a path on this machine, dynamically linked
+#              or not, and /work is its working directory's copy of
+#              nothing: ARGS name this machine's paths. For the whole
+#              product (mpid, the shim, MPI, the netns rig) on the suite's
+#              kernel with this machine's userspace
 #
 # Each BINARY (static: nothing of the host's is in the guest but ip,
 # setpriv and their libraries) is copied to /work/bin/I/ (I: 1, 2, ...) and
@@ -62,7 +72,7 @@ die() {
 	exit 3
 }
 usage() {
-	echo "usage: $prog --suite SUITE [--timeout SECONDS] [--log FILE] [--with PATH]... [--env NAME=VALUE]... [--memlock LIMIT] [--refresh] -- BINARY [ARGS...] [--- BINARY [ARGS...]]..." >&2
+	echo "usage: $prog --suite SUITE [--timeout SECONDS] [--log FILE] [--with PATH]... [--env NAME=VALUE]... [--memlock LIMIT] [--refresh] [--host-root] -- BINARY [ARGS...] [--- BINARY [ARGS...]]..." >&2
 	exit 2
 }
 
@@ -71,13 +81,18 @@ usage() {
 # inet_diag, tcp_diag, udp_diag: the sock_diag observer (INET_DIAG dumps);
 # veth: the loader tests' pairs of namespaces; virtio_rng: entropy for
 # getrandom(2) from the host (-device virtio-rng-pci), and its bus.
-MODULES=(inet_diag tcp_diag udp_diag veth virtio_pci virtio_rng)
+# 9p, 9pnet_virtio, overlay: --host-root's view of this machine's files
+# (/etc and /var writable over it); bridge: the
+# netns rig's (kernel-tests/internal/rig), with sch_netem for its link
+# faults.
+MODULES=(inet_diag tcp_diag udp_diag veth virtio_pci virtio_rng 9p 9pnet_virtio overlay bridge sch_netem)
 
 suite=
 timeout=1800
 log=
 refresh=0
 memlock=
+host_root=0
 withs=()
 envs=()
 while [ $# -gt 0 ]; do
@@ -89,6 +104,7 @@ while [ $# -gt 0 ]; do
 	--env) envs+=("${2:?}"); shift 2 ;;
 	--memlock) memlock=${2:?}; shift 2 ;;
 	--refresh) refresh=1; shift ;;
+	--host-root) host_root=1; shift ;;
 	--) shift; break ;;
 	*) usage ;;
 	esac
@@ -306,6 +322,29 @@ done
 	echo "echo \"$mark uname \$(uname -r)\""
 	echo "echo \"$mark memlock \$(ulimit -l)\""
 	echo "if [ -e /sys/kernel/btf/vmlinux ]; then echo \"$mark btf yes\"; else echo \"$mark btf no\"; fi"
+	if [ "$host_root" = 1 ]; then
+		# This machine's files, read-only, with the guest's own kernel
+		# filesystems and writable scratch; every later line runs in it.
+		cat <<-'EOS'
+			mkdir -p /host
+			mount -t 9p -o trans=virtio,version=9p2000.L,ro,cache=loose,msize=262144 hostroot /host || { echo "init: no host root over 9p"; poweroff -f; }
+			for d in run tmp var/tmp root; do mount -t tmpfs tmpfs /host/$d; done
+			mkdir -p /rw && mount -t tmpfs tmpfs /rw
+			for d in etc var/lib var/log; do
+				mkdir -p "/rw/$d/u" "/rw/$d/w"
+				mount -t overlay overlay -o "lowerdir=/host/$d,upperdir=/rw/$d/u,workdir=/rw/$d/w" "/host/$d" || echo "init: /$d not writable"
+			done
+			mount --rbind /dev /host/dev
+			mount -t proc proc /host/proc
+			mount -t sysfs sysfs /host/sys
+			mount -t cgroup2 -o nsdelegate cgroup2 /host/sys/fs/cgroup
+			mount -t bpf -o mode=0700 bpf /host/sys/fs/bpf
+			mount -t debugfs debugfs /host/sys/kernel/debug 2>/dev/null
+			mount -t tracefs tracefs /host/sys/kernel/tracing 2>/dev/null
+			chmod 1777 /host/tmp /host/var/tmp
+			mkdir -p /host/run/netns /host/run/lock /host/run/user
+		EOS
+	fi
 	echo "echo \"$mark ready\""
 } >"$tests/work/run.sh"
 names=()
@@ -320,12 +359,23 @@ while [ $# -gt 0 ]; do
 	done
 	[ $# -gt 0 ] && shift # the ---
 	if [ ! -f "$bin" ] || [ ! -x "$bin" ]; then die "not an executable file: $bin"; fi
-	if readelf -l "$bin" 2>/dev/null | grep -q 'program interpreter'; then
-		die "$bin is dynamically linked: the guest has no libraries for it (build with CGO_ENABLED=0)"
-	fi
 	i=$((i + 1))
 	name=${bin##*/}
 	names+=("$name")
+	if [ "$host_root" = 1 ]; then
+		bin=$(readlink -f "$bin")
+		{
+			printf 'echo "%s start %d %s"\n' "$mark" "$i" "$name"
+			printf '/usr/bin/env -C %q PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin:/usr/local/go/bin HOME=/root TMPDIR=/tmp %q' "$(pwd)" "$bin"
+			[ ${#args[@]} -eq 0 ] || printf ' %q' "${args[@]}"
+			printf ' </dev/null\n'
+			printf 'echo "%s end %d %s rc=$?"\n' "$mark" "$i" "$name"
+		} >>"$tests/work/inner.sh"
+		continue
+	fi
+	if readelf -l "$bin" 2>/dev/null | grep -q 'program interpreter'; then
+		die "$bin is dynamically linked: the guest has no libraries for it (build with CGO_ENABLED=0)"
+	fi
 	# bin/I/NAME: two binaries may have one name.
 	mkdir -p "$tests/work/bin/$i"
 	cp -L "$bin" "$tests/work/bin/$i/$name"
@@ -337,7 +387,23 @@ while [ $# -gt 0 ]; do
 		printf 'echo "%s end %d %s rc=$?"\n' "$mark" "$i" "$name"
 	} >>"$tests/work/run.sh"
 done
-echo "echo \"$mark done\"" >>"$tests/work/run.sh"
+if [ "$host_root" = 1 ]; then
+	# The binaries run with this machine's files as the root of the
+	# guest's mount namespace (switch_root, not chroot: a process that
+	# enters another mount namespace, as the rig's nsenter does, gets
+	# that namespace's root), and the guest powers off by sysrq: this
+	# machine's poweroff is systemd's.
+	{
+		echo "echo \"$mark done\""
+		echo "echo o >/proc/sysrq-trigger; sleep 60"
+	} >>"$tests/work/inner.sh"
+	{
+		echo "cp /work/inner.sh /host/run/mpipause-inner.sh"
+		echo "exec switch_root /host /bin/sh /run/mpipause-inner.sh"
+	} >>"$tests/work/run.sh"
+else
+	echo "echo \"$mark done\"" >>"$tests/work/run.sh"
+fi
 (cd "$tests" && find . -mindepth 1 | busybox cpio -o -H newc -R 0:0 2>/dev/null | gzip -1) >"$work/tests.cpio.gz"
 # The kernel unpacks concatenated archives in order.
 cat "$base" "$work/tests.cpio.gz" >"$work/initrd"
@@ -352,8 +418,10 @@ uname=unknown
 btf=unknown
 rcs=()
 set +e
-timeout -k 10 "$timeout" qemu-system-x86_64 -accel tcg -m 2G -smp 2 -nographic -no-reboot \
-	-nic none -device virtio-rng-pci \
+virtfs=()
+[ "$host_root" = 1 ] && virtfs=(-virtfs "local,path=/,mount_tag=hostroot,security_model=passthrough,readonly=on,multidevs=remap")
+timeout -k 10 "$timeout" qemu-system-x86_64 -accel tcg -m 4G -smp 2 -nographic -no-reboot \
+	-nic none -device virtio-rng-pci "${virtfs[@]}" \
 	-kernel "$vmlinuz" -initrd "$work/initrd" \
 	-append "console=ttyS0 quiet panic=-1 rdinit=/init cgroup_no_v1=all" </dev/null 2>&1 |
 	while IFS= read -r line || [ -n "$line" ]; do

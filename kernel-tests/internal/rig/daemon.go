@@ -37,11 +37,24 @@ const CgroupParent = "mpipause-rig"
 var ErrNoMPID = errors.New("no mpid")
 
 // How long daemons get: to write their ready files (all of them, together),
-// and to exit after SIGTERM before SIGKILL. Variables for the tests.
+// and to exit after SIGTERM before SIGKILL. Variables for the tests;
+// MPIPAUSE_RIG_READY_TIMEOUT (a duration) gives a slower machine more, such
+// as a kernel booted under emulation (kernel-tests/kernels/boot.sh
+// --host-root), where mpid's check of the kernel observer at start alone
+// takes seconds.
 var (
-	readyTimeout = 15 * time.Second
+	readyTimeout = envDuration("MPIPAUSE_RIG_READY_TIMEOUT", 15*time.Second)
 	stopTimeout  = 5 * time.Second
 )
+
+// envDuration is the duration in the environment variable name, or def
+// when it is unset or not a positive duration.
+func envDuration(name string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(name)); err == nil && d > 0 {
+		return d
+	}
+	return def
+}
 
 const daemonPoll = 20 * time.Millisecond
 

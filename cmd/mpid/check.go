@@ -239,7 +239,7 @@ func (c *checker) kernel() {
 	rel, err := c.n.Release()
 	switch v, ok := kernelVersion(rel); {
 	case err != nil:
-		c.add("kernel", statusMissing, fmt.Sprintf("uname: %v", err), "")
+		c.add("kernel", statusMissing, fmt.Sprintf("uname: %v", err), "run mpid check on the node itself, as root")
 	case !ok:
 		c.add("kernel", statusDegraded, fmt.Sprintf("%s: not a version this check can read; mpid needs Linux %d.%d or later", rel, floor[0], floor[1]), "make sure the kernel is Linux 5.10 or later (the BPF programs' rows say what it loads)")
 	case v[0] < floor[0] || v[0] == floor[0] && v[1] < floor[1]:
@@ -276,7 +276,7 @@ func (c *checker) capabilities() {
 	// namespaces), judged by the running kernel.
 	bpf := []caps.Cap{caps.BPF, caps.Perfmon, caps.NetAdmin, caps.SysAdmin}
 	if missing, err := c.n.MissingCaps(bpf...); err != nil {
-		c.add("capabilities", statusMissing, err.Error(), "")
+		c.add("capabilities", statusMissing, err.Error(), "run mpid check as root")
 	} else if len(missing) > 0 {
 		c.add("capabilities", statusMissing, "missing "+strings.Join(missing, ", ")+": mpid does not start (the BPF observer and setns into the ranks' namespaces need them)",
 			"run mpid check, and mpid, as root with them (mpid.service grants them)")
@@ -284,7 +284,7 @@ func (c *checker) capabilities() {
 		c.add("capabilities", statusOK, "CAP_BPF, CAP_PERFMON, CAP_NET_ADMIN, CAP_SYS_ADMIN (as this kernel judges them)", "")
 	}
 	if missing, err := c.n.MissingCaps(caps.SysPtrace); err != nil {
-		c.add("cap-sys-ptrace", statusMissing, err.Error(), "")
+		c.add("cap-sys-ptrace", statusMissing, err.Error(), "run mpid check as root")
 	} else if len(missing) > 0 {
 		c.add("cap-sys-ptrace", statusMissing, "missing CAP_SYS_PTRACE: mpid cannot read /proc/PID/ns/net of another user's rank, so it does not find their jobs' connections",
 			"run mpid as root with CAP_SYS_PTRACE (mpid.service grants it)")
@@ -304,7 +304,7 @@ func (c *checker) scheduling() {
 	}
 	missing, err := c.n.MissingCaps(caps.SysNice)
 	if err != nil {
-		c.add("cap-sys-nice", statusMissing, err.Error(), "")
+		c.add("cap-sys-nice", statusMissing, err.Error(), "run mpid check as root")
 		return
 	}
 	if len(missing) == 0 {
@@ -383,7 +383,7 @@ func (c *checker) programs() {
 			c.add(name, statusMissing, "not probed: "+perr.Error(), "see the capabilities, btf and memlock rows")
 			continue
 		case !tried:
-			c.add(name, statusMissing, "not probed", "")
+			c.add(name, statusMissing, "not probed", "see the capabilities, btf and memlock rows")
 			continue
 		case ok:
 			c.add(name, statusOK, "loaded: "+p.what, "")
@@ -444,7 +444,7 @@ func (c *checker) bpffs() {
 func (c *checker) cgroups() string {
 	ms, err := c.n.Mounts()
 	if err != nil {
-		c.add("cgroup2", statusMissing, err.Error(), "")
+		c.add("cgroup2", statusMissing, err.Error(), "mount /proc")
 		return ""
 	}
 	var root string
@@ -550,7 +550,7 @@ func (c *checker) stateDir() {
 	st, err := c.n.Stat(dir)
 	switch {
 	case err != nil:
-		c.add("state-dir", statusMissing, fmt.Sprintf("%s: %v", dir, err), "")
+		c.add("state-dir", statusMissing, fmt.Sprintf("%s: %v", dir, err), "set state-dir to a directory root may write")
 	case st.Exists && !st.Mode.IsDir():
 		c.add("state-dir", statusMissing, fmt.Sprintf("%s exists and is not a directory", dir), "remove it, or set state-dir")
 	case st.Exists:
@@ -692,7 +692,7 @@ func (c *checker) socket(name, addr string) {
 		served, pid, comm, err := c.n.DialUnix(addr)
 		switch {
 		case err != nil:
-			c.add(name, statusMissing, fmt.Sprintf("%s: %v", addr, err), "")
+			c.add(name, statusMissing, fmt.Sprintf("%s: %v", addr, err), "set "+name+" to a path in /run/mpipause")
 		case served && comm != "mpid":
 			c.add(name, statusMissing, addr+" "+byWhom(pid, comm), "use a path in a directory only root may write")
 		case served:
@@ -713,7 +713,7 @@ func (c *checker) socket(name, addr string) {
 	st, err := c.n.Stat(addr)
 	switch {
 	case err != nil:
-		c.add(name, statusMissing, fmt.Sprintf("%s: %v", addr, err), "")
+		c.add(name, statusMissing, fmt.Sprintf("%s: %v", addr, err), "set "+name+" to a path in /run/mpipause")
 		return
 	case !st.Exists:
 		c.add(name, statusOK, addr+" free (mpid makes it)", "")
@@ -725,7 +725,7 @@ func (c *checker) socket(name, addr string) {
 	served, pid, comm, err := c.n.DialUnix(addr)
 	switch {
 	case err != nil:
-		c.add(name, statusMissing, fmt.Sprintf("%s: cannot tell whether a process serves it: %v", addr, err), "")
+		c.add(name, statusMissing, fmt.Sprintf("%s: cannot tell whether a process serves it: %v", addr, err), "remove "+addr+" if no process serves it")
 	case served && comm == "mpid":
 		c.add(name, statusOK, addr+" "+byWhom(pid, comm), "")
 	case served:
@@ -746,7 +746,7 @@ func shimPaths(exe string) []string {
 func (c *checker) shim() {
 	exe, err := c.n.Executable()
 	if err != nil {
-		c.add("shim", statusMissing, err.Error(), "")
+		c.add("shim", statusMissing, err.Error(), "run the installed mpid (PREFIX/sbin/mpid)")
 		return
 	}
 	cands := shimPaths(exe)

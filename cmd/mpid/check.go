@@ -798,8 +798,15 @@ func (c *checker) slurm() {
 			}
 		}
 	}
+	// Where make install puts it: beside the shim (in a build, bin/).
 	exe, _ := c.n.Executable()
-	installed := filepath.Join(filepath.Dir(shimPaths(exe)[1]), spankName)
+	var installed string
+	for _, p := range shimPaths(exe) {
+		installed = filepath.Join(filepath.Dir(p), spankName)
+		if st, err := c.n.Stat(installed); err == nil && st.Exists {
+			break
+		}
+	}
 	var found []plugLine
 	c.readPlugstack(plugstack, 0, &found)
 	if len(found) == 0 {

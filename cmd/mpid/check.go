@@ -435,6 +435,11 @@ func (c *checker) bpffs() {
 	case dir == "":
 		c.add("bpffs", statusDegraded, "none mounted: mpid mounts one at /sys/fs/bpf for its first job (the jobs' BPF state is pinned there, so that a restarted mpid takes them over)",
 			"mount -t bpf bpf /sys/fs/bpf (systemd mounts it at boot)")
+	case dir != "/sys/fs/bpf":
+		// findBPFFS takes the first bpffs mounted anywhere when none is
+		// at /sys/fs/bpf (a rig node's, whose /sys is its own).
+		c.add("bpffs", statusDegraded, "none at /sys/fs/bpf; mpid would pin the jobs' BPF state in the first one mounted, "+dir+", and a restarted mpid finds it only while that stays mounted",
+			"mount -t bpf bpf /sys/fs/bpf (systemd mounts it at boot)")
 	default:
 		c.add("bpffs", statusOK, "at "+dir+": the jobs' BPF state is pinned under "+filepath.Join(dir, "mpipause"), "")
 	}
@@ -803,7 +808,9 @@ func (c *checker) slurm() {
 	var installed string
 	for _, p := range shimPaths(exe) {
 		installed = filepath.Join(filepath.Dir(p), spankName)
-		if st, err := c.n.Stat(installed); err == nil && st.Exists {
+		plugin, _ := c.n.Stat(installed)
+		shim, _ := c.n.Stat(p)
+		if plugin.Exists || shim.Exists {
 			break
 		}
 	}

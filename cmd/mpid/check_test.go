@@ -478,6 +478,16 @@ func TestCheckShimAndSlurm(t *testing.T) {
 	wantRow(t, rows, "slurm-plugin", statusDegraded, "/etc/slurm/other.conf names no mpipause_spank.so")
 }
 
+func TestCheckBPFFS(t *testing.T) {
+	n := healthyNode()
+	n.bpffs = ""
+	rows, _, _ := runCheck(t, n)
+	wantRow(t, rows, "bpffs", statusDegraded, "mpid mounts one at /sys/fs/bpf")
+	n.bpffs = "/run/other/bpf"
+	rows, _, _ = runCheck(t, n)
+	wantRow(t, rows, "bpffs", statusDegraded, "none at /sys/fs/bpf; mpid would pin the jobs' BPF state in the first one mounted, /run/other/bpf")
+}
+
 func TestCheckNodeName(t *testing.T) {
 	n := healthyNode()
 	n.addrs = []string{"10.9.9.9"}

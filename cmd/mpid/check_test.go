@@ -300,6 +300,9 @@ func TestCheckKernels(t *testing.T) {
 		n.memErr = syscall.EPERM
 		rows, _, _ := runCheck(t, n)
 		wantRow(t, rows, "btf", statusMissing, "no /sys/kernel/btf/vmlinux")
+		wantRow(t, rows, "memlock", statusOK, "not needed: Linux 5.11 and later")
+		n.release = "5.10.0-35-amd64"
+		rows, _, _ = runCheck(t, n)
 		wantRow(t, rows, "memlock", statusMissing, "could not raise it")
 	})
 }

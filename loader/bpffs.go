@@ -58,6 +58,11 @@ func findBPFFS(dir string, mount bool) (string, error) {
 	return defaultBPFFS, nil
 }
 
+// BPFFS is the bpffs mpid would pin a job's state in, as a job's observer
+// finds it, without mounting one: "" when none is mounted (the observer
+// then mounts one at /sys/fs/bpf).
+func BPFFS() (string, error) { return findBPFFS("", false) }
+
 // bpffsFrom returns the mount point of the first bpf filesystem in a
 // mountinfo(5) listing, or "" if there is none.
 func bpffsFrom(r io.Reader) (string, error) {

@@ -43,6 +43,17 @@ type Features struct {
 	State bool
 	// Fallbacks lists each program that did not load, in probe order.
 	Fallbacks []Fallback
+	// Loads is each program the probe tried, in probe order, with the
+	// kernel's reason where it refused it. Probe fills it even when it
+	// fails (mpid check shows it); empty when the probe loaded nothing
+	// (it could not make the maps).
+	Loads []Load
+}
+
+// Load is one program as the probe found it.
+type Load struct {
+	Program string
+	Refused string // the kernel's reason (one line), "" if it loaded
 }
 
 // Fallback is a program the kernel refused and what is used instead.
@@ -100,6 +111,9 @@ func (f Features) String() string {
 	return f.Mode() + " (" + strings.Join(progs, ", ") + ")"
 }
 
+// probeOrder is the order Probe loads the programs in.
+var probeOrder = []string{ProgSockops, ProgState, ProgTCPIter, ProgConnIter, ProgConnIterSkc}
+
 // decide turns what loaded (each program's load error, nil if it loaded;
 // a program missing from refused was not tried) into Features, or fails
 // where the BPF observer cannot work: without sockops nothing registers
@@ -107,6 +121,11 @@ func (f Features) String() string {
 func decide(refused map[string]error) (Features, error) {
 	var f Features
 	reason := func(p string) string { return oneLine(refused[p]) }
+	for _, p := range probeOrder {
+		if err, tried := refused[p]; tried {
+			f.Loads = append(f.Loads, Load{p, oneLine(err)})
+		}
+	}
 	if err := refused[ProgSockops]; err != nil {
 		return f, fmt.Errorf("%w: load %s: %s; the BPF observer needs Linux 5.10 or later with BTF", ErrBPFUnavailable, ProgSockops, reason(ProgSockops))
 	}

@@ -85,6 +85,15 @@ func TestDecide(t *testing.T) {
 	} {
 		t.Run(tt.kernel, func(t *testing.T) {
 			f, err := decide(tt.refused)
+			// Each program tried is in Loads, with its reason, failed or not.
+			if len(f.Loads) != len(probeOrder) {
+				t.Errorf("Loads %+v: want every program of %v", f.Loads, probeOrder)
+			}
+			for _, l := range f.Loads {
+				if (l.Refused != "") != (tt.refused[l.Program] != nil) || strings.Contains(l.Refused, "\n") {
+					t.Errorf("Loads: %+v; refused: %v", l, tt.refused[l.Program])
+				}
+			}
 			if tt.err != "" {
 				if !errors.Is(err, ErrBPFUnavailable) || !strings.Contains(err.Error(), tt.err) || strings.Contains(err.Error(), "\n") {
 					t.Fatalf("err %v; want one line, ErrBPFUnavailable, saying %q", err, tt.err)

@@ -32,12 +32,13 @@ grep -q "mpid keygen" /tmp/install.log || { cat /tmp/install.log; fail "the post
 [ ! -e "$wants" ] || fail "mpid was enabled without a cluster key"
 dpkg -L mpipause > /tmp/files
 
-step "mpipause --help, mpid --help, mpid keygen --help, --version, man -w"
+step "mpipause --help, mpid --help, mpid keygen --help, mpid check --help, --version, man -w"
 # Output into a variable first: grep -q would stop reading early, and
 # pipefail would count the writer's SIGPIPE as a failure.
 help=$(mpipause --help) && [[ $help == "usage: mpipause"* ]] || fail "mpipause --help: $help"
 help=$(mpid --help) && [[ $help == "usage: mpid"* ]] || fail "mpid --help: $help"
 help=$(mpid keygen --help) && [[ $help == "usage: mpid keygen"* ]] || fail "mpid keygen --help: $help"
+help=$(mpid check --help) && [[ $help == "usage: mpid check"* ]] || fail "mpid check --help: $help"
 # The commands say the package's version.
 pkg=$(dpkg-query -W -f='${Version}' mpipause)
 [ "$(mpipause --version)" = "mpipause $pkg" ] || fail "mpipause --version: $(mpipause --version 2>&1); the package is $pkg"

@@ -37,7 +37,7 @@ type service struct {
 
 // notInFile are the options a settings file cannot set: they say which file
 // to read, or what to do instead of running.
-var notInFile = map[string]bool{"config": true, "print-config": true, "version": true, "help": true, "h": true}
+var notInFile = map[string]bool{"config": true, "print-config": true, "version": true, "help": true, "h": true, "json": true}
 
 // addFlags adds the service options to set.
 func (s *service) addFlags(set *flag.FlagSet) {

@@ -44,6 +44,9 @@ func main() {
 		}
 		return
 	}
+	if len(os.Args) > 1 && os.Args[1] == "check" {
+		os.Exit(check(os.Args[2:], os.Stdout, os.Stderr, kernelNode{}))
+	}
 	cfg, err := parseArgs(os.Args[1:], os.Stdout)
 	if errors.Is(err, flag.ErrHelp) {
 		os.Exit(0)
@@ -80,6 +83,7 @@ func main() {
 }
 
 const usage = `usage: mpid [options]
+       mpid check [--json] [options]
        mpid keygen [--next | --promote | --retire] [FILE]
 
 mpipause's node daemon: run one as root on every node of the cluster. It moves
@@ -94,6 +98,11 @@ derived from it: a peer without the key is refused, and a node that answers
 for another node's name too. 'mpid keygen --next' starts a move to a new
 key without stopping the cluster (docs/install.md).
 
+'mpid check' says whether this node has what mpid needs (the kernel, its
+BPF programs, capabilities, cgroup v2, the key, the ports, the shim), one
+row each, read with the same options and settings file; run it before
+enabling the service. It changes nothing on the node.
+
 Every option can also be set in the settings file (--config, default
 ` + DefaultConfigFile + `, read if it exists): one "name = value" per
 line; the command line wins over it. 'mpid --print-config' prints such a file
@@ -105,9 +114,19 @@ options:
 `
 
 func parseFlags(args []string, out io.Writer) (config, error) {
+	return parseCommand("mpid", usage, args, out, nil)
+}
+
+// parseCommand is parseFlags for mpid or one of its commands that take
+// mpid's options (name, e.g. "mpid check", whose --help prints help and
+// the options), with the command's own options added by extra.
+func parseCommand(name, help string, args []string, out io.Writer, extra func(*flag.FlagSet)) (config, error) {
 	var cfg config
-	fs := flag.NewFlagSet("mpid", flag.ContinueOnError)
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
+	if extra != nil {
+		extra(fs)
+	}
 	cfg.service.addFlags(fs)
 	fs.StringVar(&cfg.Node, "node", "", "this node's `name`, as peers resolve it and ranks report it (default: the hostname)")
 	fs.IntVar(&cfg.PeerPort, "peer-port", mpid.DefaultPeerPort, "TCP `port` of the pause protocol, here and on every peer")
@@ -129,15 +148,15 @@ func parseFlags(args []string, out io.Writer) (config, error) {
 	fs.Usage = func() {}
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(out, usage)
+			fmt.Fprint(out, help)
 			fs.SetOutput(out)
 			fs.PrintDefaults()
 			return cfg, err
 		}
-		return cfg, fmt.Errorf("%v; see mpid --help", err)
+		return cfg, fmt.Errorf("%v; see %s --help", err, name)
 	}
 	if fs.NArg() > 0 {
-		return cfg, fmt.Errorf("unexpected argument %q; see mpid --help", fs.Arg(0))
+		return cfg, fmt.Errorf("unexpected argument %q; see %s --help", fs.Arg(0), name)
 	}
 	if err := cfg.service.apply(fs, out); err != nil {
 		return cfg, err

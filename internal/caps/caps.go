@@ -19,17 +19,21 @@ type Cap uint
 
 // The capabilities mpipause needs.
 const (
-	NetAdmin Cap = 12 // attach to cgroups, bring links up
-	SysAdmin Cap = 21 // setns(2), mount(2)
-	Perfmon  Cap = 38 // tracing programs
-	BPF      Cap = 39 // load programs, make maps
+	NetAdmin  Cap = 12 // attach to cgroups, bring links up
+	SysPtrace Cap = 19 // /proc/PID/ns/net of another user's process
+	SysAdmin  Cap = 21 // setns(2), mount(2)
+	SysNice   Cap = 23 // a negative niceness, SCHED_RR
+	Perfmon   Cap = 38 // tracing programs
+	BPF       Cap = 39 // load programs, make maps
 )
 
 var names = map[Cap]string{
-	NetAdmin: "CAP_NET_ADMIN",
-	SysAdmin: "CAP_SYS_ADMIN",
-	Perfmon:  "CAP_PERFMON",
-	BPF:      "CAP_BPF",
+	NetAdmin:  "CAP_NET_ADMIN",
+	SysPtrace: "CAP_SYS_PTRACE",
+	SysAdmin:  "CAP_SYS_ADMIN",
+	SysNice:   "CAP_SYS_NICE",
+	Perfmon:   "CAP_PERFMON",
+	BPF:       "CAP_BPF",
 }
 
 func (c Cap) String() string {

@@ -52,6 +52,19 @@ func listenSocket(addr string) (*net.UnixListener, error) {
 	return ln, nil
 }
 
+// CheckSocketDir says whether listenSocket would accept dir as the
+// directory of a socket: nil if it would (an absent one it makes), else
+// what is wrong and what to do. It changes nothing (mpid check).
+func CheckSocketDir(dir string) error {
+	var st unix.Stat_t
+	if err := unix.Lstat(dir, &st); errors.Is(err, unix.ENOENT) {
+		return nil
+	} else if err != nil {
+		return fmt.Errorf("%s: %w", dir, err)
+	}
+	return checkSocketDir(dir, &st)
+}
+
 // checkSocketDir refuses a socket directory (st, from lstat) that someone
 // other than root could use to plant a socket in mpid's place: a symbolic
 // link, a directory another user owns, or one group or others may write.

@@ -47,7 +47,7 @@ func TestPagesSayWhatTheHelpSays(t *testing.T) {
 		helps [][]string
 	}{
 		{"mpipause.1", [][]string{{}, {"observe"}, {"run"}, {"pause"}, {"resume"}, {"status"}, {"list"}}},
-		{"mpid.8", [][]string{{}, {"keygen"}}},
+		{"mpid.8", [][]string{{}, {"check"}, {"keygen"}}},
 	} {
 		b, err := os.ReadFile(filepath.Join(out, pg.file))
 		if err != nil {

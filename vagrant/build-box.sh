@@ -149,7 +149,9 @@ customize() {
 	# every driver Debian has (MODULES=most): a fifth of its size, which a
 	# VM under software emulation reads and unpacks at every boot.
 	# (MODULES=list is set before the kernel comes: see the essential hook.)
-	printf '%s\n' virtio_blk virtio_scsi sd_mod ahci ata_piix ext4 crc32c_generic >>"$r/etc/initramfs-tools/modules"
+	# virtio_pci: a module in Debian 11's 5.10 (the disk is not found
+	# without it), built in later.
+	printf '%s\n' virtio_pci virtio_blk virtio_scsi sd_mod ahci ata_piix ext4 crc32c_generic >>"$r/etc/initramfs-tools/modules"
 	chroot "$r" update-initramfs -u -k all >/dev/null 2>&1
 	# Timers that would fetch or index in the background of a slow VM.
 	chroot "$r" systemctl mask apt-daily.timer apt-daily-upgrade.timer man-db.timer >/dev/null 2>&1 || true

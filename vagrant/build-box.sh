@@ -173,7 +173,7 @@ customize() {
 	cat >"$r/usr/local/sbin/mpipause-box-setup" <<-'EOF'
 		#!/bin/sh
 		set -e
-		export PATH=/usr/sbin:/usr/bin
+		export PATH=/usr/sbin:/usr/bin:/sbin:/bin # Debian 11: /bin is not /usr/bin
 		mountpoint -q /proc || mount -t proc proc /proc
 		mountpoint -q /sys || mount -t sysfs sysfs /sys
 		mountpoint -q /dev || mount -t devtmpfs devtmpfs /dev

@@ -40,7 +40,7 @@ nice -n 19 qemu-system-x86_64 -accel "$accel" -cpu max -m 768 -smp 1 -nodefaults
 	-monitor none -serial "file:$console" -drive "file=$work/box.img,format=qcow2,if=virtio" \
 	-nic user,model=virtio-net-pci &
 qemu=$!
-while ! grep -qa 'login: *$' "$console" 2>/dev/null; do
+while ! grep -qaE '^[a-z0-9-]+ login: ' "$console" 2>/dev/null; do
 	if ! kill -0 "$qemu" 2>/dev/null; then
 		tail -20 "$console" >&2
 		echo "box-boot: QEMU exited before a login prompt ($box)" >&2

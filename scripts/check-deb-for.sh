@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # make check-deb-for SUITE=...: the .deb that make deb-for built for a
-# Debian release (bin/deb-SUITE/) depends only on what that release has,
+# Debian release (bin/deb-SUITE/) passes lintian (this host's), depends
+# only on what that release has,
 # and on a fresh root of it made here with mmdebstrap (minbase, from
 # Debian's mirror) installs with apt, works, and purges without a trace
 # (scripts/check-deb-inside.sh runs inside it, as for make check-deb).
@@ -20,11 +21,17 @@ fail() {
 [ $# = 1 ] || fail "usage: check-deb-for.sh SUITE"
 suite=$1
 [ "$(id -u)" = 0 ] || fail "needs root (mmdebstrap --mode=root, chroot)"
-for tool in mmdebstrap dpkg-deb unshare chroot; do
+for tool in mmdebstrap dpkg-deb lintian unshare chroot; do
 	command -v "$tool" >/dev/null || fail "$tool is missing: run make deps"
 done
 deb=bin/deb-$suite/mpipause_$(scripts/version.sh)_$(dpkg --print-architecture).deb
 [ -f "$deb" ] || fail "no $deb: run make deb-for SUITE=$suite"
+# --fail-on: an error or a warning fails, as for make check-deb.
+rc=0
+out=$(lintian --no-cfg --fail-on error,warning "$deb" 2>&1) || rc=$?
+grep -v 'running with root privileges' <<< "$out" || true
+[ "$rc" = 0 ] || fail "lintian reports errors or warnings (above), exit $rc"
+echo "check-deb-for: lintian $deb: no error, no warning"
 depends=$(dpkg-deb -f "$deb" Depends)
 echo "check-deb-for: $deb: Depends: $depends"
 

@@ -2,10 +2,10 @@
 # SPDX-License-Identifier: Apache-2.0
 # make check-deb-for SUITE=...: the .deb that make deb-for built for a
 # Debian release (bin/deb-SUITE/) passes lintian (this host's), depends
-# only on what that release has,
-# and on a fresh root of it made here with mmdebstrap (minbase, from
-# Debian's mirror) installs with apt, works, and purges without a trace
-# (scripts/check-deb-inside.sh runs inside it, as for make check-deb).
+# only on what that release has, and on a fresh root of it made here with
+# mmdebstrap (minbase, from Debian's mirror) installs with apt, works, and
+# purges without a trace (scripts/check-deb-inside.sh runs inside it, as
+# for make check-deb).
 #
 #   check-deb-for.sh SUITE     SUITE: bullseye, bookworm, trixie
 #

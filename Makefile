@@ -17,7 +17,7 @@ STAMP := -X github.com/mpipause/mpipause/internal/version.stamped=$(VERSION_STR)
 
 .DEFAULT_GOAL := help
 .PHONY: help deps build generate check-generate check-format check-vagrant test-cluster-script test test-unit test-fuzz test-priv test-multinode test-security test-faults bench bench-base demo clean
-.PHONY: man install uninstall deb check-install check-deb
+.PHONY: man install uninstall deb check-install check-deb deb-for check-deb-for
 .PHONY: check-systemd test-containers vagrant-prebuilt check-vagrant-boot check-vagrant-slurm
 
 help: ## list the targets
@@ -120,8 +120,8 @@ test-faults-long: build ## the fault table with FAULT_LONG_TRIALS (44) trials pe
 check-vagrant: ## vagrant validate of vagrant/Vagrantfile, libvirt and virtualbox (offline, leaves nothing), and shellcheck of the cluster scripts
 	@bash vagrant/validate.sh
 	shellcheck scripts/cluster-e2e.sh scripts/demo.sh vagrant/provision.sh vagrant/provision-kernel.sh vagrant/node-exec vagrant/e2e.sh vagrant/rig-ssh-check.sh vagrant/validate.sh kernel-tests/containers/crig.sh \
-		vagrant/build-box.sh vagrant/libvirt-host.sh vagrant/boot-check.sh vagrant/qemu-tcg vagrant/provision-slurm.sh vagrant/slurm-e2e.sh vagrant/scope-e2e.sh vagrant/e2e-lib.sh \
-		kernel-tests/kernels/boot.sh
+		vagrant/build-box.sh vagrant/box-boot.sh vagrant/libvirt-host.sh vagrant/boot-check.sh vagrant/qemu-tcg vagrant/provision-slurm.sh vagrant/slurm-e2e.sh vagrant/scope-e2e.sh vagrant/e2e-lib.sh \
+		kernel-tests/kernels/boot.sh scripts/deb.sh scripts/deb-for.sh scripts/check-deb-for.sh
 
 # The loader's tests on Debian's own kernels (docs/kernels.md): each suite's
 # linux-image-amd64 booted under QEMU (software emulation) with an initramfs
@@ -307,6 +307,14 @@ uninstall: ## remove what make install installed (same PREFIX, DESTDIR); keeps a
 
 deb: ## bin/mpipause_VERSION_ARCH.deb, from make install into a staging directory (VERSION: scripts/version.sh)
 	@bash scripts/deb.sh
+
+# The .deb for one Debian release, or several (SUITE="bullseye bookworm trixie").
+SUITE ?= bookworm
+deb-for: ## bin/deb-SUITE/mpipause_VERSION_ARCH.deb for Debian SUITE (bullseye, bookworm, trixie): the shim and Slurm plugin compiled in a build root of that release, its Depends from it (root)
+	@for s in $(SUITE); do bash scripts/deb-for.sh $$s || exit 1; done
+
+check-deb-for: deb-for ## make deb-for's .deb of SUITE installs with apt on a fresh root of that release (mmdebstrap), works, and purges clean (root)
+	@for s in $(SUITE); do bash scripts/check-deb-for.sh $$s || exit 1; done
 
 check-install: ## make install DESTDIR=tmp installs exactly the expected files; uninstall removes them; the man pages lint clean
 	@bash scripts/check-install.sh

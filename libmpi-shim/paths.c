@@ -28,6 +28,19 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+// Debian 11's glibc 2.31 knows neither close_range (2.34) nor
+// SYS_close_range, and its kernel headers (5.10) not CLOSE_RANGE_CLOEXEC
+// (5.11): the shim still wraps the call a newer libc or a program making
+// the call itself would make. 436 is close_range on every architecture.
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+int close_range(unsigned first, unsigned last, int flags);
+void closefrom(int low);
+
 // A sendfile or splice under a closed gate is taken into the shim at most
 // this many bytes a call, as a short call (the caller calls again).
 #define CHUNK (1 << 20)
@@ -287,10 +300,20 @@ EXPORT int fflush(FILE *f)
 	return RL(fflush)(f);
 }
 
+// glibc 2.38 and later declare fclose's argument nonnull, and gcc then
+// warns of the check: a program may pass NULL all the same, and the shim
+// hands it to glibc untouched rather than dereference it.
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wnonnull-compare"
+#endif
 EXPORT int fclose(FILE *f)
 {
 	if (GATE_IS_OPEN() || f == NULL)
 		return RL(fclose)(f);
+#if defined(__GNUC__) && !defined(__clang__)
+#pragma GCC diagnostic pop
+#endif
 	flockfile(f);
 	buffered_to_gate(f);
 	funlockfile(f);

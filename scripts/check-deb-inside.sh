@@ -1,6 +1,7 @@
 #!/bin/bash
 # SPDX-License-Identifier: Apache-2.0
-# Runs inside a fresh Debian 12 root (scripts/check-deb.sh), as root, without
+# Runs inside a fresh Debian root (scripts/check-deb.sh: Debian 12;
+# scripts/check-deb-for.sh: the release of make deb-for), as root, without
 # systemd running: installs the .deb ($1) with apt, checks that it works,
 # then removes and purges it and checks that nothing of it is left. Twice:
 # without a cluster key (mpid left disabled, the postinst says how to make
@@ -10,7 +11,7 @@ deb=$1
 export DEBIAN_FRONTEND=noninteractive LC_ALL=C.UTF-8
 
 fail() {
-	echo "check-deb (in Debian 12): FAIL: $*" >&2
+	echo "check-deb (in Debian $(cat /etc/debian_version)): FAIL: $*" >&2
 	exit 1
 }
 step() { echo "check-deb: [${SECONDS}s] $*"; }
@@ -21,7 +22,7 @@ step "apt-get update; install man-db (as on most machines) to check the pages"
 apt-get update -q > /tmp/apt.log 2>&1 || { cat /tmp/apt.log; fail "apt-get update"; }
 apt-get install -y -q --no-install-recommends man-db > /tmp/apt.log 2>&1 || { cat /tmp/apt.log; fail "apt-get install man-db"; }
 
-# The Recommends resolve in Debian 12: apt would bring an MPI.
+# The Recommends resolve in this Debian: apt would bring an MPI.
 apt-get install -s "$deb" > /tmp/apt.log 2>&1 || { cat /tmp/apt.log; fail "apt-get install -s $deb"; }
 grep -Eq '^Inst (openmpi-bin|mpich) ' /tmp/apt.log || { cat /tmp/apt.log; fail "apt would not install openmpi-bin or mpich (Recommends)"; }
 
@@ -77,7 +78,9 @@ purge_clean() {
 	done < /tmp/files
 	[ ! -e /etc/mpipause ] || fail "after purge, /etc/mpipause is still there: $(ls -A /etc/mpipause)"
 	local left
-	left=$(find / -xdev \( -path /proc -o -path /tmp \) -prune -o \( -name '*mpipause*' -o -name 'mpid*' \) -print)
+	# (/var/cache/man is man-db's cache of formatted pages, not the
+	# package's: Debian 11's man writes the page there when it is read.)
+	left=$(find / -xdev \( -path /proc -o -path /tmp -o -path /var/cache/man \) -prune -o \( -name '*mpipause*' -o -name 'mpid*' \) -print)
 	[ -z "$left" ] || fail "after purge, left behind: $left"
 }
 
@@ -90,7 +93,11 @@ head -c 32 /dev/urandom > "$key"
 chmod 0600 "$key"
 apt-get install -y -q --no-install-recommends "$deb" > /tmp/install.log 2>&1 || { cat /tmp/install.log; fail "apt-get install $deb"; }
 ! grep -q "mpid keygen" /tmp/install.log || fail "the postinst asks for a cluster key that exists"
-[ "$(readlink "$wants")" = /lib/systemd/system/mpid.service ] || fail "mpid is not enabled ($wants: $(readlink "$wants"))"
+# (/usr/lib where the package puts the unit there: Debian 13's.)
+case $(readlink "$wants") in
+/lib/systemd/system/mpid.service | /usr/lib/systemd/system/mpid.service) ;;
+*) fail "mpid is not enabled ($wants: $(readlink "$wants"))" ;;
+esac
 
 step "apt-get remove keeps the config, purge then removes everything"
 apt-get remove -y -q mpipause > /tmp/remove.log 2>&1 || { cat /tmp/remove.log; fail "apt-get remove mpipause"; }

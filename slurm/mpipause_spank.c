@@ -58,6 +58,12 @@
 #include <slurm/slurm.h>
 #include <slurm/spank.h>
 
+// Debian 11's glibc 2.31 has no SYS_close_range; 436 on every architecture
+// (a kernel before 5.9 refuses it, and the loop below closes instead).
+#ifndef SYS_close_range
+#define SYS_close_range 436
+#endif
+
 SPANK_PLUGIN(mpipause, 1);
 
 #define DEFAULT_SHIM "/usr/lib/mpipause/libmpipause.so"

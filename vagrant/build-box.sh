@@ -1,14 +1,20 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # build-box.sh: the Vagrant box the cluster's VMs boot (libvirt provider),
-# built on this machine from Debian packages only, and added to Vagrant as
-# mpipause/bookworm64-6.12 (docs/vagrant.md, "The box").
+# built on this machine from Debian packages only, and added to Vagrant
+# (docs/vagrant.md, "The box", "Suites").
 #
-#   build-box.sh [--no-add]     build (or take from the cache) and add the box
-#   build-box.sh --print-path   the cached box file, if this recipe was built
+#   build-box.sh [--suite SUITE] [--no-add]    build (or take from the cache) and add the box
+#   build-box.sh [--suite SUITE] --print-path  the cached box file, if this recipe was built
 #
-# The box: Debian 12 with bookworm-backports' kernel (6.12, BTF) as its only
-# kernel, so provision-kernel.sh finds 6.3 or later and nothing is rebooted;
+# SUITE, the Debian release and its kernel, names the box:
+#   bookworm (the default)  Debian 12, bookworm-backports' 6.12  mpipause/bookworm64-6.12
+#   bookworm-stock          Debian 12, its own 6.1               mpipause/bookworm64-6.1
+#   bullseye                Debian 11, its own 5.10              mpipause/bullseye64-5.10
+#   trixie                  Debian 13, its own 6.12              mpipause/trixie64-6.12
+#
+# The box: that Debian with that kernel (BTF) as its only kernel, so
+# provision-kernel.sh finds 5.10 or later and nothing is rebooted;
 # systemd, ifupdown (DHCP on eth0, and what Vagrant's Debian guest plugin
 # writes for the private network), openssh-server, sudo, rsync, make, Open
 # MPI and MPICH with their headers, and what the mpipause .deb needs; a
@@ -23,9 +29,10 @@
 # then qemu-img makes the compressed qcow2 the box carries.
 #
 # Cached in $MPIPAUSE_BOX_CACHE (default /var/tmp/mpipause-box-cache) under
-# a key that is the hash of this script (the package list and the recipe
-# are in it): the same script never builds twice. Downloaded .debs are kept
-# there too (debs/), so a changed recipe downloads only what changed.
+# a key that is the hash of this script (the package lists and the recipe
+# are in it) and the suite: the same script never builds a suite twice.
+# Downloaded .debs are kept there too (debs-CODENAME/), so a changed recipe
+# downloads only what changed.
 #
 #   DEBIAN_MIRROR        the mirror (default: the host's apt source for Debian)
 #   MPIPAUSE_BOX_CACHE   where built boxes and .debs are kept
@@ -38,25 +45,45 @@ SECONDS=0
 self=$(readlink -f "$0")
 repo=$(cd "$(dirname "$self")/.." && pwd)
 cache=${MPIPAUSE_BOX_CACHE:-/var/tmp/mpipause-box-cache}
-box_name=mpipause/bookworm64-6.12
 size_mib=3072 # the disk's virtual size; the image itself is sparse
-suite=bookworm
-# The box's packages (with linux-image-amd64 from bookworm-backports): the
-# cache key is this file, so changing this list builds a new box.
+# The box's packages, the same names in Debian 11, 12 and 13 (each
+# checked against its mirror): the cache key is this file, so changing
+# this list builds new boxes.
 pkgs=(
 	systemd systemd-sysv dbus libpam-systemd udev kmod # init; hostnamectl (Vagrant's hostname); logind
 	initramfs-tools grub-pc-bin grub2-common           # boot (grub2-common: update-grub on kernel changes)
 	ifupdown isc-dhcp-client iproute2 netbase          # eth0 by DHCP; Vagrant's Debian guest plugin writes ifupdown
 	openssh-server openssh-client sudo rsync           # vagrant ssh, the rsync synced folder, the MPI launchers
 	ca-certificates curl make                          # provision.sh's tools step finds them present
-	openmpi-bin libopenmpi-dev mpich libmpich-dev      # Open MPI 4.1, MPICH 4.0 (what scripts/deps.sh installs)
+	openmpi-bin libopenmpi-dev mpich libmpich-dev      # 11: Open MPI 4.1.0, MPICH 3.4.1; 12: 4.1.4, 4.0.2; 13: 5.0.7, 4.2.1
 	libcap2-bin jq procps less                         # mpid's capabilities by name; scripts/cluster-e2e.sh
-	# Slurm 22.05 and munge, slurmdbd and MariaDB (sacct) for provision-slurm.sh:
+	# Slurm (11: 20.11, 12: 22.05, 13: 24.11) and munge, slurmdbd and
+	# MariaDB (sacct) for provision-slurm.sh:
 	# installed here, not configured nor started (below), since apt in a
 	# VM under software emulation takes minutes.
 	slurmd slurmctld slurm-client munge slurmdbd mariadb-server
 )
 kernel_pkg=linux-image-amd64
+
+# suite_recipe SUITE: the Debian codename, where its kernel comes from, the
+# box's name and the apt sources, for build-box.sh's SUITE.
+suite_recipe() {
+	case $1 in
+	bookworm) # Debian 12 with bookworm-backports' kernel: 6.12
+		codename=bookworm kernel_from=bookworm-backports box_name=mpipause/bookworm64-6.12
+		dists=(bookworm bookworm-updates bookworm-backports) ;;
+	bookworm-stock) # Debian 12 with its own kernel: 6.1
+		codename=bookworm kernel_from=bookworm box_name=mpipause/bookworm64-6.1
+		dists=(bookworm bookworm-updates) ;;
+	bullseye) # Debian 11 with its own kernel: 5.10 (the floor); its backports are archived
+		codename=bullseye kernel_from=bullseye box_name=mpipause/bullseye64-5.10
+		dists=(bullseye bullseye-updates) ;;
+	trixie) # Debian 13 with its own kernel: 6.12
+		codename=trixie kernel_from=trixie box_name=mpipause/trixie64-6.12
+		dists=(trixie trixie-updates) ;;
+	*) return 1 ;;
+	esac
+}
 
 say() { echo "build-box: [${SECONDS}s] $*"; }
 die() {
@@ -72,7 +99,7 @@ usage() {
 # the new root tree as ROOT (its own tools are run in it by chroot).
 customize() {
 	local r=$1
-	echo bookworm64 >"$r/etc/hostname"
+	echo "${BOX_CODENAME}64" >"$r/etc/hostname"
 	printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' >"$r/etc/hosts"
 	echo "UUID=$BOX_UUID / ext4 errors=remount-ro 0 1" >"$r/etc/fstab"
 	# eth0, as Debian's own Vagrant boxes name it (net.ifnames=0 below):
@@ -122,7 +149,9 @@ customize() {
 	# every driver Debian has (MODULES=most): a fifth of its size, which a
 	# VM under software emulation reads and unpacks at every boot.
 	# (MODULES=list is set before the kernel comes: see the essential hook.)
-	printf '%s\n' virtio_blk virtio_scsi sd_mod ahci ata_piix ext4 crc32c_generic >>"$r/etc/initramfs-tools/modules"
+	# virtio_pci: a module in Debian 11's 5.10 (the disk is not found
+	# without it), built in later.
+	printf '%s\n' virtio_pci virtio_blk virtio_scsi sd_mod ahci ata_piix ext4 crc32c_generic >>"$r/etc/initramfs-tools/modules"
 	chroot "$r" update-initramfs -u -k all >/dev/null 2>&1
 	# Timers that would fetch or index in the background of a slow VM.
 	chroot "$r" systemctl mask apt-daily.timer apt-daily-upgrade.timer man-db.timer >/dev/null 2>&1 || true
@@ -144,7 +173,7 @@ customize() {
 	cat >"$r/usr/local/sbin/mpipause-box-setup" <<-'EOF'
 		#!/bin/sh
 		set -e
-		export PATH=/usr/sbin:/usr/bin
+		export PATH=/usr/sbin:/usr/bin:/sbin:/bin # Debian 11: /bin is not /usr/bin
 		mountpoint -q /proc || mount -t proc proc /proc
 		mountpoint -q /sys || mount -t sysfs sysfs /sys
 		mountpoint -q /dev || mount -t devtmpfs devtmpfs /dev
@@ -167,19 +196,27 @@ if [ "${1:-}" = --customize ]; then
 	exit 0
 fi
 
-add=1
-case ${1:-} in
---no-add) add=0 ;;
---print-path) ;;
-"") ;;
-*) usage ;;
-esac
-[ $# -le 1 ] || usage
+add=1 print=0 suite=bookworm
+while [ $# -gt 0 ]; do
+	case $1 in
+	--no-add) add=0 ;;
+	--print-path) print=1 ;;
+	--suite)
+		[ $# -ge 2 ] || usage
+		suite=$2
+		shift
+		;;
+	--suite=*) suite=${1#--suite=} ;;
+	*) usage ;;
+	esac
+	shift
+done
+suite_recipe "$suite" || die "unknown suite '$suite' (bookworm, bookworm-stock, bullseye, trixie)"
 
-key=$(sha256sum "$self" | cut -c1-16)
-box=$cache/$key/mpipause-bookworm64.box
-if [ "${1:-}" = --print-path ]; then
-	[ -f "$box" ] || die "no box built from this recipe yet ($box): run vagrant/build-box.sh"
+key=$({ cat "$self" && echo "suite=$suite"; } | sha256sum | cut -c1-16)
+box=$cache/$key/mpipause-${box_name#mpipause/}.box
+if [ $print = 1 ]; then
+	[ -f "$box" ] || die "no box built from this recipe yet ($box): run vagrant/build-box.sh --suite $suite"
 	echo "$box"
 	exit 0
 fi
@@ -209,20 +246,22 @@ build() {
 	trap "rm -rf '$work'" EXIT
 	root=$work/root
 	uuid=$(cat /proc/sys/kernel/random/uuid)
-	mkdir -p "$cache/debs"
+	local debs=$cache/debs-$codename
+	mkdir -p "$debs"
 
-	say "mmdebstrap $suite (+ $kernel_pkg from $suite-backports) from $mirror; log: $work/mmdebstrap.log"
-	local include
+	say "mmdebstrap $suite: $codename (+ $kernel_pkg from $kernel_from) from $mirror; log: $work/mmdebstrap.log"
+	local include d sources=()
 	include=$(
 		IFS=,
-		echo "${pkgs[*]},$kernel_pkg/$suite-backports"
+		echo "${pkgs[*]},$kernel_pkg/$kernel_from"
 	)
+	for d in "${dists[@]}"; do sources+=("deb $mirror $d main"); done
 	# The .debs already downloaded are given to apt first, and what it
 	# downloads goes back to the cache (download/empty: kept until then).
 	# No manual pages, translations or documentation but the copyright
 	# files: a smaller disk, fewer triggers (man-db's) to run.
 	# shellcheck disable=SC2016 # the hooks' $1 and $BOX_SELF are mmdebstrap's to expand
-	if ! BOX_UUID=$uuid BOX_PUBKEY=$pubkey BOX_SELF=$self nice -n 19 ionice -c3 \
+	if ! BOX_UUID=$uuid BOX_PUBKEY=$pubkey BOX_SELF=$self BOX_CODENAME=$codename nice -n 19 ionice -c3 \
 		mmdebstrap --mode=root --variant=minbase --format=directory \
 		--aptopt='APT::Install-Recommends "false"' \
 		--dpkgopt='path-exclude=/usr/share/man/*' --dpkgopt='path-exclude=/usr/share/locale/*' \
@@ -231,11 +270,10 @@ build() {
 		--include="$include" --skip=download/empty \
 		--setup-hook='mkdir -p "$1/var/cache/apt/archives"' \
 		--essential-hook='mkdir -p "$1/etc/initramfs-tools/conf.d" && echo MODULES=list >"$1/etc/initramfs-tools/conf.d/mpipause-box"' \
-		--setup-hook="sync-in $cache/debs /var/cache/apt/archives" \
-		--customize-hook="sync-out /var/cache/apt/archives $cache/debs" \
+		--setup-hook="sync-in $debs /var/cache/apt/archives" \
+		--customize-hook="sync-out /var/cache/apt/archives $debs" \
 		--customize-hook='bash "$BOX_SELF" --customize "$1"' \
-		"$suite" "$root" \
-		"deb $mirror $suite main" "deb $mirror $suite-updates main" "deb $mirror $suite-backports main" \
+		"$codename" "$root" "${sources[@]}" \
 		>"$work/mmdebstrap.log" 2>&1; then
 		tail -20 "$work/mmdebstrap.log" >&2
 		die "mmdebstrap failed (above)"
@@ -272,8 +310,8 @@ build() {
 	mkdir "$work/box"
 	nice -n 19 qemu-img convert -c -O qcow2 "$disk" "$work/box/box.img"
 	printf '{"provider":"libvirt","format":"qcow2","virtual_size":%d}\n' $((size_mib / 1024)) >"$work/box/metadata.json"
-	cat >"$work/box/Vagrantfile" <<-'EOF'
-		# mpipause/bookworm64-6.12, made by vagrant/build-box.sh of mpipause.
+	cat >"$work/box/Vagrantfile" <<-EOF
+		# $box_name, made by vagrant/build-box.sh --suite $suite of mpipause.
 		Vagrant.configure("2") do |config|
 		  config.vm.provider :libvirt do |lv|
 		    lv.disk_bus = "virtio"
@@ -285,16 +323,25 @@ build() {
 	tar -C "$work/box" -cf "$work/box.box" metadata.json Vagrantfile mpipause-box-key box.img
 	mkdir -p "$cache/$key"
 	mv "$work/vmlinuz" "$cache/$key/vmlinuz"
+	echo "$kver" >"$cache/$key/kernel-release"
+	echo "$suite" >"$cache/$key/suite"
 	mv "$work/box.box" "$box"
 	rm -rf "$work"
 	trap - EXIT
-	say "built $box ($(du -h "$box" | cut -f1))"
-	# Boxes of other recipes are never used again.
-	local d
+	say "built $box ($(du -h "$box" | cut -f1), kernel $kver)"
+	# Of the suite's boxes from other recipes, the newest is kept (a
+	# checkout of another branch finds its box) and the older ones go. A
+	# box from before suites has no suite file: it was bookworm's.
+	local other=()
 	for d in "$cache"/*/; do
 		d=${d%/}
-		if [[ ${d##*/} =~ ^[0-9a-f]{16}$ && ${d##*/} != "$key" ]]; then rm -rf "$d"; fi
+		[[ ${d##*/} =~ ^[0-9a-f]{16}$ && ${d##*/} != "$key" ]] || continue
+		if [ "$(cat "$d/suite" 2>/dev/null || echo bookworm)" = "$suite" ]; then other+=("$d"); fi
 	done
+	if [ ${#other[@]} -gt 1 ]; then
+		# shellcheck disable=SC2012 # the names are the cache's own hex keys
+		ls -dt "${other[@]}" | tail -n +2 | xargs rm -rf
+	fi
 }
 
 if [ -f "$box" ]; then

@@ -108,7 +108,11 @@ func TestCheckOnThisNode(t *testing.T) {
 			missing = missing || r.Status == statusMissing
 			found := false
 			for _, l := range lines {
-				if f := strings.Fields(l); len(f) >= 2 && f[0] == r.Name && f[1] == r.Status && strings.HasSuffix(l, r.Detail) {
+				// Name and status: the two runs read a live node, whose
+				// details (the bpffs mounts other tests make) may change
+				// between them; the in-process tests compare details of
+				// one report.
+				if f := strings.Fields(l); len(f) >= 2 && f[0] == r.Name && f[1] == r.Status {
 					found = true
 				}
 			}

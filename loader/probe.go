@@ -206,18 +206,17 @@ var probed struct {
 // weakens.
 func Probe() (Features, error) {
 	if refuseForTest != nil {
-		return probe()
+		return probe(refuseForTest)
 	}
 	probed.once.Do(func() {
+		var refuse map[string]error
 		if v := os.Getenv(RefuseEnv); v != "" {
-			refuse := map[string]error{}
+			refuse = map[string]error{}
 			for _, p := range strings.Split(v, ",") {
 				refuse[strings.TrimSpace(p)] = errors.New("refused by " + RefuseEnv)
 			}
-			refuseForTest = refuse
-			defer func() { refuseForTest = nil }()
 		}
-		probed.f, probed.err = probe()
+		probed.f, probed.err = probe(refuse)
 	})
 	return probed.f, probed.err
 }
@@ -234,7 +233,9 @@ const RefuseEnv = "MPIPAUSE_BPF_REFUSE"
 // fallback on any kernel. Nil in the product.
 var refuseForTest map[string]error
 
-func probe() (Features, error) {
+// probe loads each program, treating those in refuse as refused with
+// the error given.
+func probe(refuse map[string]error) (Features, error) {
 	specs, err := loadSpecs()
 	if err != nil {
 		return Features{}, err
@@ -263,7 +264,7 @@ func probe() (Features, error) {
 		{ProgConnIter, conniterProgMpipauseConniter, specs.conniter},
 		{ProgConnIterSkc, conniterProgMpipauseConniterSkc, specs.conniter},
 	} {
-		if err := refuseForTest[p.name]; err != nil {
+		if err := refuse[p.name]; err != nil {
 			refused[p.name] = err
 			continue
 		}

@@ -148,7 +148,10 @@ func TestBPFTraffic(t *testing.T) {
 	start := time.Now()
 	cli, srv := connect(t, r, client, server)
 
-	const n, k, peekN, back = 100000, 30000, 20000, 5000
+	// n fits the receiver's initial window: the server reads nothing in
+	// the first stage, and on a slow kernel (5.10 under emulation) the
+	// window had not grown past 98,944 bytes when the test looked.
+	const n, k, peekN, back = 60000, 30000, 20000, 5000
 	// Each stage starts where the one before left the connection: after a
 	// failed one, the rest would only report its consequences.
 	for _, stage := range []struct {

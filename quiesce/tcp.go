@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"os"
 	"sync"
 	"time"
 
@@ -415,10 +416,18 @@ func (t *TCPTransport) roundTrip(ctx context.Context, addr, to string, c *tcpCon
 }
 
 // fail prefers ctx's error, since a read interrupted by cancellation reports
-// a closed connection, which would hide why.
+// a closed connection, which would hide why. The connection's deadline is
+// ctx's, and the poller can pass it a moment before ctx's own timer fires:
+// a caller then still learns that its deadline, not the peer, ended the call.
 func (t *TCPTransport) fail(ctx context.Context, to string, err error) error {
-	if ctx.Err() != nil {
-		return fmt.Errorf("call %s: %w (%v)", to, ctx.Err(), err)
+	cause := ctx.Err()
+	if cause == nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+			cause = context.DeadlineExceeded
+		}
+	}
+	if cause != nil {
+		return fmt.Errorf("call %s: %w (%v)", to, cause, err)
 	}
 	return fmt.Errorf("call %s: %w", to, err)
 }

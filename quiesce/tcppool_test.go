@@ -3,7 +3,9 @@ package quiesce
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -177,6 +179,11 @@ func TestTCPLateReplyIsNeverReused(t *testing.T) {
 			<-release
 		}
 	})
+	// Registered after the server's cleanup, so it runs first: a failure
+	// below must not leave the handler held and the server's wait hanging.
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free)
 	tr := &TCPTransport{Identity: mustIdentity(t, "client", s.keys)}
 	defer tr.CloseIdle()
 	if _, err := echoCall(t, tr, s.addr, 0, 5*time.Second); err != nil {
@@ -191,12 +198,38 @@ func TestTCPLateReplyIsNeverReused(t *testing.T) {
 	if err := <-errc; !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("held call: %v, want deadline exceeded", err)
 	}
-	close(release) // the server now writes seq 1's reply to a closed connection
+	free() // the server now writes seq 1's reply to a closed connection
 	rep, err := echoCall(t, tr, s.addr, 2, 5*time.Second)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rep.Seq != 2 {
 		t.Fatalf("got the reply to seq %d, want 2", rep.Seq)
+	}
+}
+
+// deadlineOnly is a context whose deadline has passed while its timer has
+// not fired yet: Err is still nil.
+type deadlineOnly struct {
+	context.Context
+	dl time.Time
+}
+
+func (c deadlineOnly) Deadline() (time.Time, bool) { return c.dl, true }
+
+// The connection's deadline is the call's, and the poller may pass it before
+// the context's timer fires: the call still fails with its deadline, not
+// as if the peer had gone quiet.
+func TestTCPDeadlineBeforeContextTimer(t *testing.T) {
+	tr := &TCPTransport{}
+	ctx := deadlineOnly{context.Background(), time.Now().Add(-time.Millisecond)}
+	err := tr.fail(ctx, "n1", fmt.Errorf("read tcp: %w", os.ErrDeadlineExceeded))
+	if !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("connection deadline passed with the call's: %v, want context.DeadlineExceeded", err)
+	}
+	// A connection deadline the call's has not reached is the peer's doing.
+	ctx.dl = time.Now().Add(time.Hour)
+	if err := tr.fail(ctx, "n1", fmt.Errorf("read tcp: %w", os.ErrDeadlineExceeded)); errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("deadline not reached: %v, want no context.DeadlineExceeded", err)
 	}
 }

@@ -497,6 +497,105 @@ func TestPauseUndrainedRankRollsBack(t *testing.T) {
 	}
 }
 
+// TestPauseHeldRankRollsBackAtOnce: the busy job's last rank, with bytes
+// unread, is held still by something other than the pause, as Open MPI's
+// orted does with a SIGSTOP when Slurm suspends a batch job and Slurm does
+// with a freeze of the step: neither the rank nor its shim's drain can
+// read, so the pause fails at once (long before its --timeout), naming the
+// rank and what holds it, and rolls back; once the rank is let go, a pause
+// commits and the job ends with the output of an unpaused run.
+func TestPauseHeldRankRollsBackAtOnce(t *testing.T) {
+	holds := []struct {
+		name, says  string
+		hold, leave func(t *testing.T, pid int, cg string)
+	}{
+		{"SIGSTOP", "stopped by a signal",
+			func(t *testing.T, pid int, _ string) { kill(t, pid, syscall.SIGSTOP) },
+			func(t *testing.T, pid int, _ string) { kill(t, pid, syscall.SIGCONT) }},
+		{"frozen", "frozen by its cgroup",
+			func(t *testing.T, _ int, cg string) { writeFreeze(t, cg, "1") },
+			func(t *testing.T, _ int, cg string) { writeFreeze(t, cg, "0") }},
+	}
+	for _, lib := range mpiLibs {
+		for _, h := range holds {
+			t.Run(lib.name+"/"+h.name, func(t *testing.T) {
+				sharedRig(t)
+				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+				defer cancel()
+				id := fmt.Sprintf("held-%s-%s-%d", lib.name, h.name, os.Getpid())
+				job := startBusyJob(ctx, t, lib, id)
+				defer cli(context.Background(), t, "node0", nil, "resume", id)
+				cgs := nodeJobCgroups(t, id)
+				pid := rankPidOn(t, cgs[2], 5)
+				h.hold(t, pid, cgs[2])
+				const timeout = 60 * time.Second
+				t0 := time.Now()
+				j, r := jobJSON(ctx, t, "pause", id, "--timeout", timeout.String())
+				took := time.Since(t0)
+				h.leave(t, pid, cgs[2])
+				f := j.Failure
+				if r.code != 1 || j.State != ctl.StateRunning || f == nil {
+					t.Fatalf("pause with rank 5 %s: exit %d, state %q, failure %+v; want exit 1, running, a failure report\n%s%s", h.name, r.code, j.State, f, r.stdout, r.stderr)
+				}
+				if took > timeout/2 || f.Phase != "DRAIN" || f.Rank != 5 || !strings.Contains(f.Reason, h.says) {
+					t.Errorf("pause with rank 5 %s failed after %v (--timeout %v) in %s, blaming rank %d: %s; want at once, in DRAIN, rank 5, %q",
+						h.name, took.Round(time.Millisecond), timeout, f.Phase, f.Rank, f.Reason, h.says)
+				}
+				t.Logf("%s: failed after %v: %s", h.name, took.Round(time.Millisecond), f.Reason)
+				checkFrozen(t, id, false, "after the rollback")
+				obs, check := rigReaders(ctx, t)
+				j, r = jobJSON(ctx, t, "pause", id, "--timeout", "10s")
+				if r.code != 0 {
+					t.Fatalf("pause once rank 5 was let go: exit %d: %s\n%s", r.code, r.stderr, r.stdout)
+				}
+				checkPaused(ctx, t, "pause once rank 5 was let go", j, cgs, obs, check)
+				if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
+					t.Fatalf("resume: exit %d, state %q: %s", r.code, j.State, r.stderr)
+				}
+				job.end(ctx, t, "the job after a pause that a held rank rolled back")
+			})
+		}
+	}
+}
+
+// rankPidOn is the pid of rank in cgroup cg, by the rank variable its MPI
+// library's launcher gave it.
+func rankPidOn(t *testing.T, cg string, rank int) int {
+	t.Helper()
+	pids, err := cgroupv2.Procs(cg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range pids {
+		env, err := os.ReadFile(fmt.Sprintf("/proc/%d/environ", pid))
+		if err != nil {
+			continue
+		}
+		for _, kv := range strings.Split(string(env), "\x00") {
+			if kv == fmt.Sprintf("OMPI_COMM_WORLD_RANK=%d", rank) || kv == fmt.Sprintf("PMI_RANK=%d", rank) {
+				return pid
+			}
+		}
+	}
+	t.Fatalf("no rank %d among %v in %s", rank, pids, cg)
+	return 0
+}
+
+func kill(t *testing.T, pid int, sig syscall.Signal) {
+	t.Helper()
+	if err := syscall.Kill(pid, sig); err != nil {
+		t.Fatalf("kill %d %v: %v", pid, sig, err)
+	}
+}
+
+// writeFreeze sets cgroup.freeze of cg as a scheduler would, outside mpid.
+func writeFreeze(t *testing.T, cg, v string) {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(cg, "cgroup.freeze"), []byte(v), 0o644); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // startUndrainedJob is startBusyJob with the shims' receive-side drain off
 // (MPIPAUSE_RECV_DRAIN=0): a pause of it waits in DRAIN for as long as the
 // last rank computes, which the tests of faults in mid-pause need.

@@ -278,3 +278,65 @@ func TestVerifyIgnoresProgramsOwn(t *testing.T) {
 		t.Errorf("with bytes unread on a job connection to another host: empty %v, held %v, own %v; want that one held", rep.Empty, rep.Conns, rep.Own)
 	}
 }
+
+// TestDrainFailsOnHeldRank: a rank with bytes unread on this node that
+// something else holds still (a SIGSTOP, a freeze above the job's cgroups)
+// fails the drain at once, naming the rank and what holds it, and so does
+// one with a message of its own half sent; a held rank with nothing
+// waiting for it, and a rank with bytes unread that runs, do not.
+func TestDrainFailsOnHeldRank(t *testing.T) {
+	addr := fmt.Sprintf("@mpipause-mpid-held-%d", os.Getpid())
+	s, err := ranks.Listen(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	go s.Serve(ctx)
+	var full atomic.Bool
+	fakeRank(t, addr, "j", 3, &full)
+	job := ranks.JobKey(uint32(os.Getuid()), "j")
+	if err := s.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	var how atomic.Value
+	how.Store("")
+	l := &Role{Name: "n1", Ranks: s, HeldBy: func(pid int) string {
+		if pid != os.Getpid() {
+			t.Errorf("asked about pid %d, not a rank's", pid)
+		}
+		return how.Load().(string)
+	}}
+	unread := quiesce.NodeReport{Conns: []quiesce.Conn{{Node: "n1", Rank: 3, Unread: 100}}}
+	if err := l.heldStill(job, unread, nil); err != nil {
+		t.Errorf("a running rank with bytes unread: %v, want no failure", err)
+	}
+	how.Store("stopped by a signal (state T)")
+	for _, rep := range []quiesce.NodeReport{
+		{},
+		{Conns: []quiesce.Conn{{Node: "n1", Rank: 3, SendQueue: 100}}},
+		{Conns: []quiesce.Conn{{Node: "n1", Rank: -1, Unread: 100}}},
+		{Conns: []quiesce.Conn{{Node: "n1", Rank: 2, Unread: 100}}},
+	} {
+		if err := l.heldStill(job, rep, map[int]bool{2: true}); err != nil {
+			t.Errorf("held rank 3, report %+v: %v, want no failure (nothing unread is rank 3's)", rep, err)
+		}
+	}
+	err = l.heldStill(job, unread, nil)
+	if !errors.Is(err, ErrHeld) {
+		t.Fatalf("held rank with bytes unread: %v, want ErrHeld", err)
+	}
+	// A message of its own half sent waits for it as much.
+	if err := l.heldStill(job, quiesce.NodeReport{}, map[int]bool{3: true}); !errors.Is(err, ErrHeld) {
+		t.Errorf("held rank with its gate closing: %v, want ErrHeld", err)
+	}
+	var rf quiesce.RankFault
+	if !errors.As(err, &rf) || rf.Fault().Code != FaultHeld || rf.Fault().Rank != 3 {
+		t.Errorf("held rank's failure %v blames %+v; want %s of rank 3", err, rf, FaultHeld)
+	}
+	for _, want := range []string{"rank 3", "on n1", "stopped by a signal", "rolls back now"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+}

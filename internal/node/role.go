@@ -31,6 +31,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/metrics"
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/loader"
@@ -59,6 +60,9 @@ type Role struct {
 		Freeze(ctx context.Context, dir string) error
 		Thaw(ctx context.Context, dir string) error
 	}
+	// HeldBy, if set, says what holds process pid still other than the
+	// pause, or ""; nil reads the kernel (heldByKernel).
+	HeldBy func(pid int) string
 	// Unready, if set, says why a job known here cannot be gated yet
 	// although some of its ranks may be registered (an mpid restarted and
 	// not all of them have registered again): a pause of it fails here.
@@ -131,12 +135,35 @@ func (e *StashFullError) Fault() quiesce.Fault {
 	return quiesce.Fault{Code: FaultStashFull, Rank: e.Rank}
 }
 
+// ErrHeld: something other than the pause holds a rank still, so it reads
+// nothing that was sent to it until that lets it go.
+var ErrHeld = errors.New("held still by something other than the pause")
+
+// HeldError is ErrHeld of one rank, on node Node; How says what holds it.
+type HeldError struct {
+	Rank, Pid int
+	Node, How string
+}
+
+func (e *HeldError) Error() string {
+	return fmt.Sprintf("rank %d (pid %d) on %s is %s, with bytes sent to it unread or a message of its own half sent: no drain can finish until it runs again, so the pause rolls back now",
+		e.Rank, e.Pid, e.Node, e.How)
+}
+
+func (e *HeldError) Is(target error) bool { return target == ErrHeld }
+
+// Fault is quiesce.RankFault's: the coordinator names the rank.
+func (e *HeldError) Fault() quiesce.Fault {
+	return quiesce.Fault{Code: FaultHeld, Rank: e.Rank}
+}
+
 // The codes of the faults a node's failed step blames on a rank
 // (quiesce.Fault.Code), read by the coordinator's mpid: FaultRankGone makes
 // a pause's failure ctl.CodeRankGone.
 const (
 	FaultRankGone  = "rank-gone"
 	FaultStashFull = "stash-full"
+	FaultHeld      = "held"
 )
 
 // side is whose a connection of the job's cgroup is, as far as the node
@@ -605,6 +632,8 @@ func (l *Role) Drain(ctx context.Context, job string) (quiesce.NodeReport, error
 		return rep, err
 	}
 	var ungated atomic.Int64
+	var mu sync.Mutex
+	closing := map[int]bool{}
 	t0 := time.Now()
 	err := l.eachRank(job, "gate state", func(r *ranks.Rank) error {
 		if r.Quiet() {
@@ -612,6 +641,11 @@ func (l *Role) Drain(ctx context.Context, job string) (quiesce.NodeReport, error
 		}
 		g, err := r.State(ctx)
 		ungated.Add(int64(g.Closing))
+		if g.Closing > 0 {
+			mu.Lock()
+			closing[r.Rank] = true
+			mu.Unlock()
+		}
 		return err
 	})
 	rep.Ungated = int(ungated.Load())
@@ -622,6 +656,9 @@ func (l *Role) Drain(ctx context.Context, job string) (quiesce.NodeReport, error
 	var kr kernelRead
 	rep, kr, err = l.kernelReport(ctx, job, rep, rep.Ungated == 0)
 	if err == nil {
+		err = l.heldStill(job, rep, closing)
+	}
+	if err == nil {
 		err = l.startDrains(job, kr.d, kr.sides.jobConns(kr.conns), false)
 	}
 	// A drain round is a few milliseconds; one that is not delays every
@@ -631,6 +668,75 @@ func (l *Role) Drain(ctx context.Context, job string) (quiesce.NodeReport, error
 			"gates_ms", t1.Sub(t0).Milliseconds(), "kernel_ms", time.Since(t1).Milliseconds(), "error", err)
 	}
 	return rep, err
+}
+
+// heldStill fails the drain of job at once when a rank with bytes unread on
+// this node, or with a message still going out (closing: its gate waits
+// for the send to end), is held still by something other than the pause: stopped by a
+// signal (Open MPI's orted turns the SIGTSTP of a scheduler's suspend into
+// a SIGSTOP of its ranks; a debugger) or frozen by a cgroup above the ones
+// the pause freezes (Slurm's freeze of the step, 2 s after its SIGTSTP).
+// Neither the rank nor its shim's drain runs again until that lets go, so
+// waiting would only spend the drain's deadline and then roll back the
+// same; the report says what holds the rank instead of "not reading". Only
+// ranks the kernel report names are looked at: a drain going well reads
+// nothing more.
+func (l *Role) heldStill(job string, rep quiesce.NodeReport, closing map[int]bool) error {
+	waiting := maps.Clone(closing)
+	if waiting == nil {
+		waiting = map[int]bool{}
+	}
+	for _, c := range rep.Conns {
+		if c.Unread > 0 && c.Rank >= 0 {
+			waiting[c.Rank] = true
+		}
+	}
+	if len(waiting) == 0 {
+		return nil
+	}
+	heldBy := l.HeldBy
+	if heldBy == nil {
+		heldBy = heldByKernel
+	}
+	var errs []error
+	for _, r := range l.Ranks.Ranks(job) {
+		if !waiting[r.Rank] {
+			continue
+		}
+		if how := heldBy(r.Pid); how != "" {
+			errs = append(errs, &HeldError{Rank: r.Rank, Pid: r.Pid, Node: l.Name, How: how})
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// heldByKernel says what holds process pid still, from /proc and its
+// cgroup's events, or "" if nothing does (or it cannot tell). During a
+// drain the pause has frozen nothing (a rethaw is confirmed before the
+// drain goes on), so a frozen cgroup is someone else's freeze, of it or
+// of a cgroup above it.
+func heldByKernel(pid int) string {
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid)); err == nil && statusStopped(string(b)) {
+		return "stopped by a signal (state T: a SIGSTOP, from the scheduler, the MPI launcher or a debugger)"
+	}
+	if dir, err := cgroupv2.Of(pid); err == nil {
+		if frozen, err := cgroupv2.Frozen(dir); err == nil && frozen {
+			return "frozen by its cgroup or one above it (" + dir + "; a scheduler's suspend?)"
+		}
+	}
+	return ""
+}
+
+// statusStopped says whether a /proc/PID/status text is of a process in a
+// job-control stop ("T (stopped)"). A tracer's stop ("t") is left to the
+// drain's deadline: strace's stops at each system call pass by themselves.
+func statusStopped(s string) bool {
+	for _, line := range strings.Split(s, "\n") {
+		if v, ok := strings.CutPrefix(line, "State:"); ok {
+			return strings.HasPrefix(strings.TrimSpace(v), "T")
+		}
+	}
+	return false
 }
 
 // slowStep is how long a node's drain step may take before it is logged.

@@ -3,6 +3,8 @@ package node
 import (
 	"os"
 	"os/exec"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -87,4 +89,61 @@ func TestViolations(t *testing.T) {
 	if _, v = violations(sent, []loader.Conn{counted(10, 1<<33+10)}); len(v) != 1 || v[0].bytes != 10 {
 		t.Fatalf("10 bytes sent: violations %+v; want 10 bytes", v)
 	}
+}
+
+func TestStatusStopped(t *testing.T) {
+	for _, tc := range []struct {
+		name, status string
+		want         bool
+	}{
+		{"running", "Name:\txchg\nState:\tR (running)\n", false},
+		{"sleeping, frozen or not", "State:\tS (sleeping)\n", false},
+		{"SIGSTOP", "Name:\txchg\nState:\tT (stopped)\nTgid:\t7\n", true},
+		{"a tracer's stop passes", "State:\tt (tracing stop)\n", false},
+		{"no state", "Name:\txchg\n", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := statusStopped(tc.status); got != tc.want {
+				t.Errorf("statusStopped(%q) = %v, want %v", tc.status, got, tc.want)
+			}
+		})
+	}
+}
+
+// TestHeldByKernel: a real child stopped by SIGSTOP reads as held, and as
+// not held once SIGCONT lets it go; the test process itself is not held.
+func TestHeldByKernel(t *testing.T) {
+	if how := heldByKernel(os.Getpid()); how != "" {
+		t.Fatalf("the test process reads as held: %s", how)
+	}
+	cmd := exec.Command("sleep", "60")
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	pid := cmd.Process.Pid
+	waitHeld := func(want bool) string {
+		t.Helper()
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			how := heldByKernel(pid)
+			if (how != "") == want {
+				return how
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("child %d: held %q, want held %v", pid, how, want)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		t.Fatal(err)
+	}
+	if how := waitHeld(true); !strings.Contains(how, "stopped by a signal") {
+		t.Errorf("stopped child: %q, want it to say it is stopped by a signal", how)
+	}
+	if err := cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		t.Fatal(err)
+	}
+	waitHeld(false)
 }

@@ -679,11 +679,11 @@ int mpp_join_line(char *b, size_t n, const char *id, long pid, const char *key)
 	return r > 0 && (size_t)r < n ? r : -1;
 }
 
-// is_rank: the launchers put one of these in the environment of each MPI
+// mpp_is_rank: the launchers put one of these in the environment of each MPI
 // process they start; their own daemons (orted, hydra_pmi_proxy) run
 // without them, except under Slurm: srun gives SLURM_PROCID to whatever it
 // starts, daemons included.
-static int is_rank(void)
+int mpp_is_rank(void)
 {
 	static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"};
 	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
@@ -839,7 +839,7 @@ void mpp_ctl_join(void)
 	const char *name;
 	int saved = errno;
 
-	if (!id || !*id || !is_rank())
+	if (!id || !*id || !mpp_is_rank())
 		return;
 	if (!key) {
 		warn("mpipause: this rank has no job key (MPIPAUSE_JOBKEY): launch the job with `mpipause run`; "

@@ -147,6 +147,9 @@ void mpp_ctl_stop(void);
 #define JOIN_TIMEOUT_S 10
 #define JOIN_TIMEOUT_MAX_S 600
 void mpp_ctl_join(void);
+// mpp_is_rank: this process is an MPI process a launcher started (its rank
+// variable is set), not the launcher or one of its daemons.
+int mpp_is_rank(void);
 int mpp_valid_jobid(const char *id);
 int mpp_join_line(char *b, size_t n, const char *id, long pid, const char *key);
 // MPP_KEY_MAX is the longest job key (ranks.MaxKey).

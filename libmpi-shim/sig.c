@@ -18,6 +18,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
@@ -28,6 +29,7 @@ static _Atomic int installed;
 
 static int (*real_sigaction)(int, const struct sigaction *, struct sigaction *);
 static sighandler_t (*real_signal)(int, sighandler_t);
+static int (*real_kill)(pid_t, int);
 
 static int slot(int sig)
 {
@@ -125,4 +127,46 @@ EXPORT sighandler_t signal(int sig, sighandler_t h)
 	app[i].sa_handler = h;
 	app[i].sa_flags = SA_RESTART;
 	return prev;
+}
+
+// Open MPI's launcher and its daemons (mpirun, orted; PRRTE's prterun and
+// prted in Open MPI 5) turn the SIGTSTP they are sent (a scheduler's
+// suspend, Ctrl-Z) into a SIGSTOP of their ranks' process groups
+// (odls' send_signal: "Convert SIGTSTP to SIGSTOP so we can suspend
+// a.out"). A stopped rank cannot drain, so the job could only be stopped
+// mid-message, never paused. In those processes, and only when they run
+// a job of mpipause's (MPIPAUSE_JOBID), the shim hands the ranks the
+// SIGTSTP itself: each rank's shim turns it into a request to pause the
+// whole job, as when the scheduler signals the ranks directly, and a
+// process without the shim stops on it as before. No other signal, and no
+// other program's kill, is touched: a script's `kill -STOP` stays one.
+static _Atomic int launcher = -1;
+
+static int is_launcher(void)
+{
+	static const char *const names[] = {"mpirun", "mpiexec", "orterun", "orted", "prterun", "prted"};
+	int v = atomic_load(&launcher);
+	if (v >= 0)
+		return v;
+	const char *id = getenv("MPIPAUSE_JOBID");
+	v = 0;
+	if (id && *id && !mpp_is_rank()) {
+		// Debian names them mpirun.openmpi and so on.
+		const char *n = program_invocation_short_name;
+		size_t len = strcspn(n, ".");
+		for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+			if (strlen(names[i]) == len && !strncmp(n, names[i], len))
+				v = 1;
+	}
+	atomic_store(&launcher, v);
+	return v;
+}
+
+EXPORT int kill(pid_t pid, int sig)
+{
+	if (!real_kill)
+		real_kill = dlsym(RTLD_NEXT, "kill");
+	if (sig == SIGSTOP && is_launcher())
+		sig = SIGTSTP;
+	return real_kill(pid, sig);
 }

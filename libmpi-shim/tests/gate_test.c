@@ -544,6 +544,105 @@ static void test_signals(void)
 	CHECK(app_tstp == 1, "a SIG_DFL application handler ran");
 }
 
+// launcher_stop runs, as a process named name with the shim and env
+// added to the environment, kill(target, SIGSTOP) of a child that handles
+// SIGTSTP, and returns what the child got: 'T' (SIGTSTP, handled), 'S'
+// (stopped by SIGSTOP), or '?'.
+static void on_tstp_note(int sig)
+{
+	(void)sig;
+	(void)!write(3, "T", 1);
+}
+
+static char launcher_stop(const char *dir, const char *name, const char *const add[], const char *drop)
+{
+	char path[512], self[512], pidstr[16];
+	int p[2];
+	ssize_t n = readlink("/proc/self/exe", self, sizeof(self) - 1);
+	if (n < 0 || pipe(p) < 0)
+		die("launcher_stop setup");
+	self[n] = 0;
+	snprintf(path, sizeof(path), "%s/%s", dir, name);
+	unlink(path);
+	if (symlink(self, path) < 0)
+		die("symlink");
+	pid_t target = fork();
+	if (target == 0) {
+		dup2(p[1], 3);
+		struct sigaction sa = {.sa_handler = on_tstp_note};
+		sigaction(SIGTSTP, &sa, NULL);
+		(void)!write(3, "R", 1);
+		for (;;)
+			pause();
+	}
+	char c = 0;
+	if (read(p[0], &c, 1) != 1 || c != 'R')
+		die("target not ready");
+	snprintf(pidstr, sizeof(pidstr), "%d", (int)target);
+	pid_t killer = fork();
+	if (killer == 0) {
+		if (drop)
+			unsetenv(drop);
+		for (int i = 0; add[i]; i++)
+			putenv((char *)add[i]);
+		execl(path, name, "--kill", pidstr, (char *)NULL);
+		_exit(127);
+	}
+	int st;
+	waitpid(killer, &st, 0);
+	char got = '?';
+	struct pollfd pf = {.fd = p[0], .events = POLLIN};
+	for (int i = 0; i < 500 && got == '?'; i++) {
+		if (waitpid(target, &st, WUNTRACED | WNOHANG) == target && WIFSTOPPED(st) && WSTOPSIG(st) == SIGSTOP)
+			got = 'S';
+		else if (poll(&pf, 1, 10) == 1 && read(p[0], &c, 1) == 1 && c == 'T')
+			got = 'T';
+	}
+	kill(target, SIGKILL);
+	waitpid(target, &st, 0);
+	close(p[0]);
+	close(p[1]);
+	unlink(path);
+	return got;
+}
+
+// Open MPI's launcher and daemons turn a SIGTSTP into a SIGSTOP of their
+// ranks (sig.c): in a job of mpipause's, the shim in them sends SIGTSTP
+// instead; any other program, a launcher outside such a job, and a rank
+// itself send what they asked for.
+static void test_launcher_stop(void)
+{
+	char dir[] = "/tmp/mpipause-launcher-XXXXXX";
+	if (!mkdtemp(dir))
+		die("mkdtemp");
+	const char *job[] = {"MPIPAUSE_JOBID=j", NULL};
+	const char *rank[] = {"MPIPAUSE_JOBID=j", "OMPI_COMM_WORLD_RANK=0", NULL};
+	const char *none[] = {NULL};
+	const struct {
+		const char *name;
+		const char *const *add;
+		const char *drop;
+		char want;
+	} cases[] = {
+		{"orted", job, NULL, 'T'},
+		{"mpirun.openmpi", job, NULL, 'T'},
+		{"prted", job, NULL, 'T'},
+		{"orted", none, "MPIPAUSE_JOBID", 'S'},
+		{"slurm_script", job, NULL, 'S'},
+		{"orted", rank, NULL, 'S'},
+	};
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char got = launcher_stop(dir, cases[i].name, (const char *const *)cases[i].add, cases[i].drop);
+		if (got != cases[i].want) {
+			rmdir(dir);
+			CHECK(got == cases[i].want, "kill(SIGSTOP) from %s (%s%s): the target got %c, want %c", cases[i].name,
+			      cases[i].add[0] ? cases[i].add[0] : "no job", cases[i].add[0] && cases[i].add[1] ? ", a rank" : "",
+			      got, cases[i].want);
+		}
+	}
+	rmdir(dir);
+}
+
 // The early JOIN (rankchan.c): the formatting and the job id rules.
 static void test_join_line(void)
 {
@@ -1121,6 +1220,8 @@ int main(int argc, char **argv)
 {
 	if (argc == 3 && strcmp(argv[1], "--child") == 0)
 		return child(argv[2]);
+	if (argc == 3 && strcmp(argv[1], "--kill") == 0)
+		return kill(atoi(argv[2]), SIGSTOP) == 0 ? 0 : 1;
 	gate_close = (void (*)(void))dlsym(RTLD_DEFAULT, "mpipause_gate_close");
 	gate_open = (void (*)(struct mpp_gate_stats *))dlsym(RTLD_DEFAULT, "mpipause_gate_open");
 	gate_state = (void (*)(struct mpp_gate_stats *))dlsym(RTLD_DEFAULT, "mpipause_gate_state");
@@ -1138,6 +1239,7 @@ int main(int argc, char **argv)
 		{"close_with_held", test_close_with_held},
 		{"signal_during_blocked_send", test_signal_during_blocked_send},
 		{"signals", test_signals},
+		{"launcher_stop", test_launcher_stop},
 		{"join_line", test_join_line},
 		{"join_ok", test_join_ok},
 		{"join_refused", test_join_refused},

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"slices"
@@ -227,7 +228,7 @@ func ppid(pid int) int {
 func (r *registry) settleLocked(j *job, p *ranks.Proc, pl placement) error {
 	if pl.Move {
 		if err := r.cgroups.Create(pl.Dir); err != nil {
-			return err
+			return placeError(pl, err)
 		}
 		if err := r.cgroups.Move(p, pl.Dir); err != nil {
 			return err
@@ -313,4 +314,16 @@ func (r *registry) pruneLocked(j *job) {
 			}
 		}
 	}
+}
+
+// placeError says what to do when mpid may not make its cgroup inside the
+// one the ranks share with something else because the ranks' manager gave
+// that cgroup to the job's user: Slurm's cgroup/v2 task cgroups are the
+// user's (mode 755), and mpid's unit drops CAP_DAC_OVERRIDE.
+func placeError(pl placement, err error) error {
+	if pl.Mode != PlaceInner || !errors.Is(err, fs.ErrPermission) {
+		return err
+	}
+	return fmt.Errorf("%w: %s is not root's to write and mpid's unit has no CAP_DAC_OVERRIDE, which it needs where ranks share a cgroup of their user's with their launcher (mpirun inside sbatch: docs/slurm.md, \"Launching MPI under Slurm\")",
+		err, filepath.Dir(pl.Dir))
 }

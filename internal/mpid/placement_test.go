@@ -1,6 +1,9 @@
 package mpid
 
 import (
+	"errors"
+	"fmt"
+	"os"
 	"strings"
 	"testing"
 )
@@ -77,5 +80,30 @@ func TestPlace(t *testing.T) {
 				t.Fatalf("place moved the rank from %s out to %s", in.Cg, got.Dir)
 			}
 		})
+	}
+}
+
+// TestPlaceErrorSaysWhatToDo: a cgroup of mpid's inside one its user owns
+// (Slurm's task cgroup shared with mpirun's orted) refused for permission
+// names the cgroup and the capability to grant; other refusals are left
+// as they are.
+func TestPlaceErrorSaysWhatToDo(t *testing.T) {
+	task := "/sys/fs/cgroup/system.slice/slurmstepd.scope/job_6/step_0/user/task_0"
+	denied := fmt.Errorf("create cgroup %s/mpipause-1000:6.batch: %w", task, os.ErrPermission)
+	err := placeError(placement{Dir: task + "/mpipause-1000:6.batch", Mode: PlaceInner, Move: true}, denied)
+	if !errors.Is(err, os.ErrPermission) {
+		t.Errorf("%v: lost the cause", err)
+	}
+	for _, want := range []string{task + " is not root's", "CAP_DAC_OVERRIDE", "docs/slurm.md"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%v: lacks %q", err, want)
+		}
+	}
+	if err := placeError(placement{Dir: "/sys/fs/cgroup/mpipause/1000:j", Mode: PlaceCreated, Move: true}, denied); err != denied {
+		t.Errorf("mpid's own parent refused: %v, want the error as it was", err)
+	}
+	other := errors.New("no such file")
+	if err := placeError(placement{Dir: task + "/x", Mode: PlaceInner, Move: true}, other); err != other {
+		t.Errorf("another error: %v, want it as it was", err)
 	}
 }

@@ -11,12 +11,18 @@
 # libvirt's daemons stopped if this started them (vagrant/libvirt-host.sh).
 # Prints how long each step took and the QEMU processes' peak RSS.
 #
-#   boot-check.sh [--nodes N] [--no-e2e] [--slurm] [--no-provision] [-- E2E-OPTIONS]
+#   boot-check.sh [--nodes N] [--no-e2e] [--slurm] [--hold FILE] [--no-provision] [-- E2E-OPTIONS]
 #
 # --nodes N (default 3): the cluster's size; 1 boots node0 alone (no e2e).
 # --slurm: then Slurm on the VMs (vagrant provision --provision-with slurm:
 # cgroup confinement, the SPANK plugin) and vagrant/slurm-e2e.sh on node0,
 # then vagrant/scope-e2e.sh (a job in a systemd scope with MemoryMax).
+# --hold FILE (with --slurm): once Slurm is provisioned, write to FILE the
+# environment that reaches the VMs (VAGRANT_DOTFILE_PATH and the rest, for
+# `vagrant ssh` from vagrant/) and wait while FILE exists, instead of running
+# the Slurm and scope e2e: a quicker way to iterate on an e2e (vagrant rsync,
+# then vagrant ssh node0 -c 'bash /vagrant/vagrant/slurm-e2e.sh ...'). Remove
+# FILE to go on to the destroy.
 # --no-provision boots the box as it is (no mpid, so no e2e).
 # E2E-OPTIONS go to scripts/cluster-e2e.sh (default --pauses 2).
 #
@@ -30,15 +36,20 @@ cd "$(dirname "$0")"
 here=$PWD
 
 usage() {
-	echo "usage: boot-check.sh [--nodes N] [--no-e2e] [--slurm] [--no-provision] [-- E2E-OPTIONS]" >&2
+	echo "usage: boot-check.sh [--nodes N] [--no-e2e] [--slurm] [--hold FILE] [--no-provision] [-- E2E-OPTIONS]" >&2
 	exit 2
 }
-provision=1 e2e=1 slurm=0 nodes=3 e2e_args=(--pauses 2)
+provision=1 e2e=1 slurm=0 nodes=3 e2e_args=(--pauses 2) hold=
 while [ $# -gt 0 ]; do
 	case $1 in
 	--slurm) slurm=1 && shift ;;
 	--no-provision) provision=0 e2e=0 && shift ;;
 	--no-e2e) e2e=0 && shift ;;
+	--hold)
+		[ $# -ge 2 ] || usage
+		hold=$2
+		shift 2
+		;;
 	--nodes)
 		{ [ $# -ge 2 ] && [[ $2 =~ ^[1-9]$ ]]; } || usage
 		nodes=$2
@@ -50,6 +61,7 @@ while [ $# -gt 0 ]; do
 done
 [ "$nodes" -ge 2 ] || e2e=0
 [ $provision = 1 ] || [ $slurm = 0 ] || usage
+[ -z "$hold" ] || [ $slurm = 1 ] || usage
 
 say() { echo "check-vagrant-boot: [${SECONDS}s] $*"; }
 fail() {
@@ -235,9 +247,17 @@ if [ $slurm = 1 ]; then
 	done
 	say "Slurm provisioned in $((SECONDS - t)) s:"
 	grep 'provision-slurm node' "$log" | sed 's/^/    /'
+	if [ -n "$hold" ]; then
+		printf 'cd %q && export VAGRANT_DOTFILE_PATH=%q VAGRANT_CHECKPOINT_DISABLE=1 MPIPAUSE_VM_NODES=%q MPIPAUSE_VM_PREFIX=%q MPIPAUSE_VM_MEMORY=%q\n' \
+			"$here" "$VAGRANT_DOTFILE_PATH" "$nodes" "$prefix" "${MPIPAUSE_VM_MEMORY:-}" >"$hold"
+		say "holding the VMs while $hold exists (it holds the environment for vagrant ssh)"
+		while [ -e "$hold" ]; do sleep 5; done
+		say "$hold removed: no Slurm e2e here"
+	else
 	streamed "the Slurm e2e on the VMs" vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/slurm-e2e.sh --nodes $nodes"
 	# The same citizenship for a job in a systemd scope of its own.
 	streamed "the systemd scope e2e on node0" vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/scope-e2e.sh"
+	fi
 fi
 
 total=0

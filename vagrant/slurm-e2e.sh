@@ -19,20 +19,26 @@
 # time limit, a task over its memory limit (Slurm's cgroup OOM-kills it),
 # sstat's and sacct's CPU counts, and --cpu-bind. One line per check, PASS or FAIL, then "N passed, N failed".
 #
-#   slurm-e2e.sh [--nodes N] [--pauses N] [--bin DIR] [--libs LIST]
+# Then the same 3 x 2 job launched the way most users do, by the library's
+# own launcher inside an sbatch script (Open MPI's mpirun, MPICH's mpiexec
+# with Hydra's slurm launcher): scontrol suspend of the batch job pauses it,
+# every connection empty, and resume gives the unpaused result (sbatch_run).
+#
+#   slurm-e2e.sh [--nodes N] [--pauses N] [--bin DIR] [--libs LIST] [--only sbatch]
 # shellcheck disable=SC2317 # the checks are run by until_ok (e2e-lib.sh)
 set -uo pipefail
 
-nodes=3 pauses=2 bin=/vagrant/bin libs=openmpi,mpich
+nodes=3 pauses=2 bin=/vagrant/bin libs=openmpi,mpich only=''
 usage() {
-	echo "usage: slurm-e2e.sh [--nodes N] [--pauses N] [--bin DIR] [--libs openmpi,mpich]" >&2
+	echo "usage: slurm-e2e.sh [--nodes N] [--pauses N] [--bin DIR] [--libs openmpi,mpich] [--only sbatch]" >&2
 	exit 2
 }
 while [ $# -gt 0 ]; do
 	case $1 in
-	--nodes | --pauses | --bin | --libs)
+	--nodes | --pauses | --bin | --libs | --only)
 		[ $# -ge 2 ] || usage
 		case $1 in
+		--only) only=$2 ;;
 		--nodes) nodes=$2 ;;
 		--pauses) pauses=$2 ;;
 		--bin) bin=$2 ;;
@@ -43,7 +49,7 @@ while [ $# -gt 0 ]; do
 	*) usage ;;
 	esac
 done
-[[ $nodes =~ ^[1-9]$ && $pauses =~ ^[0-9]+$ ]] || usage
+[[ $nodes =~ ^[1-9]$ && $pauses =~ ^[0-9]+$ && $only =~ ^(|sbatch)$ ]] || usage
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=vagrant/e2e-lib.sh
 . "$here/e2e-lib.sh"
@@ -312,9 +318,153 @@ lib_run() {
 	rm -f "$out"
 }
 
+
+# rank_envs: "NODE:PID:STAT:MPIPAUSE_JOBID:LD_PRELOAD has the shim:CGROUP"
+# of each of the test app's processes on every node (what a check of an
+# sbatch job that failed saw).
+rank_envs() {
+	local n
+	for ((k = 0; k < nodes; k++)); do
+		n=node$k
+		# shellcheck disable=SC2016 # the node's shell expands them
+		on "$n" sh -c 'for p in $(pgrep -u "$1" -f "$2"); do e=$(tr "\0" "\n" <"/proc/$p/environ" 2>/dev/null); j=$(echo "$e" | sed -n "s/^MPIPAUSE_JOBID=//p"); case $(echo "$e" | sed -n "s/^LD_PRELOAD=//p") in *libmpipause*) s=shim ;; *) s=noshim ;; esac; c=$(cat "/proc/$p/cgroup" 2>/dev/null); echo "$3:$p:$(ps -o stat= -p "$p"):${j:-none}:$s:${c#0::}"; done' sh "$(id -u)" "^[^ ]*/apps/xchg[.]" "$n" | tr '\n' ' '
+	done
+}
+
+# sbatch_run LIB: LIB's 3 x 2 job started by the library's own launcher in an
+# sbatch script (Open MPI: mpirun, whose orted daemons srun starts as the
+# tasks of step 0; MPICH: mpiexec with Hydra's slurm launcher, whose proxies
+# are the tasks of step 0), suspended and resumed by scontrol, --pauses
+# times; the result is the serial one.
+sbatch_run() {
+	local lib=$1 script out sid id i t st j base now late launch
+	case $lib in
+	openmpi) launch="mpirun.openmpi -np $ranks --map-by ppr:2:node" ;;
+	mpich)
+		# libucxfinalize.so (MPICH 4.0 ch4:ucx's hang in MPI_Finalize
+		# over TCP) in the script's environment: Hydra hands it on.
+		launch="env LD_PRELOAD=$bin/libucxfinalize.so mpiexec.mpich -launcher slurm -n $ranks -ppn 2"
+		;;
+	esac
+	rm -f "$stop/stop"
+	script=$stop/job-$lib.sh out=$stop/job-$lib.out
+	printf '#!/bin/bash\n%s %s -m a2a -s 256K -n 100000000 -E %s\n' "$launch" "$bin/apps/xchg.$lib" "$stop" >"$script"
+	if ! sid=$(sbatch --parsable -J "slurm-e2e-$$-sbatch" -N"$nodes" -n"$ranks" --ntasks-per-node=2 -O --mem=400M -o "$out" "$script" 2>&1); then
+		fail "sbatch $lib: sbatch: $sid"
+		return
+	fi
+	sid=${sid%%;*}
+	# The job id mpipause knows the job by: what the ranks were given.
+	id=''
+	all_up() {
+		case $(job_state "$sid") in PENDING | CONFIGURING | RUNNING) ;; *) return 2 ;; esac
+		local e
+		e=$(rank_envs)
+		[ "$(echo "$e" | wc -w)" -ge "$ranks" ]
+	}
+	if ! until_ok all_up; then
+		fail "sbatch $lib: job $sid: not $ranks ranks running: Slurm $(job_state "$sid"); ranks: $(rank_envs); $(tail -3 "$out" 2>/dev/null | tr '\n' ' ')"
+		return
+	fi
+	local envs ids
+	envs=$(rank_envs)
+	ids=$(echo "$envs" | tr ' ' '\n' | awk -F: 'NF { print $4 }' | sort -u | xargs)
+	echo "     sbatch $lib: job $sid: steps $(squeue -h -s -j "$sid" -o '%i:%j' | xargs); ranks (node:pid:stat:MPIPAUSE_JOBID:preload:cgroup): $envs"
+	case $ids in
+	none | *" "* | "")
+		fail "sbatch $lib: job $sid: the ranks do not all name one mpipause job: MPIPAUSE_JOBID ${ids:-none} (mpipause list: $(mpipause list 2>&1 | tr '\n' ' '))"
+		id=''
+		;;
+	*) id=$ids ;;
+	esac
+	if [ -n "$id" ]; then
+		reg() { mpipause status --json "$id" 2>/dev/null | jq -e --argjson r "$ranks" '.ranks == $r' >/dev/null; }
+		if until_ok reg; then
+			pass "sbatch $lib: job $sid (mpipause $id): $ranks ranks registered, placed $(places "$id")"
+		else
+			fail "sbatch $lib: job $sid (mpipause $id): not $ranks ranks registered: $(mpipause status --json "$id" 2>&1 | jq -c '{state, ranks, local_ranks, nodes}' 2>&1)"
+			id=''
+		fi
+	fi
+	for ((i = 1; i <= pauses; i++)); do
+		t=$SECONDS
+		if [ -n "$id" ]; then
+			exchanging() { base=$(sent0 "$id") && [ "$base" -gt 0 ]; }
+			until_ok exchanging || {
+				fail "sbatch $lib: no bytes exchanged"
+				break
+			}
+		fi
+		sudo -n scontrol suspend "$sid" || {
+			fail "sbatch $lib: scontrol suspend $sid"
+			break
+		}
+		if [ -z "$id" ]; then
+			# What Slurm's suspend did to the ranks, mpipause aside.
+			sleep 8
+			echo "     sbatch $lib: suspend $i (no mpipause job): Slurm $(job_state "$sid"); ranks: $(rank_envs)"
+			fail "sbatch $lib: suspend $i: no mpipause job to pause"
+			sudo -n scontrol resume "$sid"
+			continue
+		fi
+		settled() { st=$(state "$id") && { [ "$st" = paused ] || { [ "$st" = failed ] && [ "$(job_state "$sid")" = SUSPENDED ]; }; }; }
+		if ! until_ok settled; then
+			fail "sbatch $lib: suspend $i: not paused: mpipause $(state "$id"), Slurm $(job_state "$sid"); ranks: $(rank_envs)"
+			sudo -n scontrol resume "$sid"
+			continue
+		fi
+		late=''
+		if [ "$st" = paused ]; then
+			if ! j=$(empty_everywhere "$id"); then
+				fail "sbatch $lib: suspend $i: $j"
+				sudo -n scontrol resume "$sid"
+				continue
+			fi
+			clean[sbatch-$lib]=$((${clean[sbatch-$lib]:-0} + 1))
+			pass "sbatch $lib: suspend $i: paused within $((SECONDS - t)) s, Slurm $(job_state "$sid"); connections empty on$j"
+		else
+			late=$(mpipause status --json "$id" | jq -r '.failure | "\(.phase): \(.reason)"')
+			echo "     sbatch $lib: suspend $i: the pause failed: $late; ranks: $(rank_envs)"
+		fi
+		base=$(sent0 "$id")
+		sudo -n scontrol resume "$sid" || {
+			fail "sbatch $lib: scontrol resume $sid"
+			break
+		}
+		moved() { [ "$(state "$id")" = running ] && now=$(sent0 "$id") && [ "$now" -gt "$base" ]; }
+		if ! until_ok moved; then
+			fail "sbatch $lib: suspend $i: resume: no new bytes: mpipause $(state "$id"), Slurm $(job_state "$sid"); ranks: $(rank_envs)"
+			break
+		fi
+		pass "sbatch $lib: suspend $i: resumed${late:+ (after a pause that failed: $late)}: running and exchanging, Slurm $(job_state "$sid")"
+	done
+	touch "$stop/stop"
+	local got want iters
+	st=$(end_state "$sid")
+	got=$(grep -m1 '^xchg mode=' "$out")
+	iters=$(echo "$got" | sed -n 's/.* iters=\([0-9]*\) .*/\1/p')
+	want=$("$bin/apps/xchg.$lib" -m a2a -s 256K -n "${iters:-0}" -x "$ranks")
+	if [ "$st" != COMPLETED ] || [ -z "$got" ] || [ "$got" != "$want" ]; then
+		fail "sbatch $lib: end: Slurm $st, '$got', an unpaused (serial) run '$want'; the job's output: $(tail -5 "$out" | tr '\n' ' ')"
+		return
+	fi
+	pass "sbatch $lib: end: COMPLETED, the same result as an unpaused run ($iters iterations)"
+}
+
 IFS=, read -r -a lib_list <<<"$libs"
 # clean[LIB]: the suspends of LIB's jobs that paused before Slurm's SIGSTOP.
 declare -A clean
+if [ "$only" = sbatch ]; then
+	for l in "${lib_list[@]}"; do
+		sbatch_run "$l"
+		scancel -u "$(id -u)" 2>/dev/null
+	done
+	for l in "${lib_list[@]}"; do
+		[ "${clean[sbatch-$l]:-0}" -gt 0 ] || fail "sbatch $l: no suspend paused before Slurm's SIGSTOP"
+	done
+	summary
+	exit
+fi
 for l in "${lib_list[@]}" "${lib_list[0]} preempt"; do
 	# shellcheck disable=SC2086 # LIB [HOW]
 	lib_run $l
@@ -322,10 +472,15 @@ for l in "${lib_list[@]}" "${lib_list[0]} preempt"; do
 	scancel -u "$(id -u)" 2>/dev/null
 	[ -z "${srun_pid:-}" ] || wait "$srun_pid" 2>/dev/null
 done
+for l in "${lib_list[@]}"; do
+	sbatch_run "$l"
+	scancel -u "$(id -u)" 2>/dev/null
+done
 # A suspend may lose the race with Slurm's SIGSTOP now and then (above),
 # not every one of a library's.
 for l in "${lib_list[@]}"; do
 	[ "${clean[$l]:-0}" -gt 0 ] || fail "$l: no suspend of its jobs paused before Slurm's SIGSTOP"
+	[ "${clean[sbatch-$l]:-0}" -gt 0 ] || fail "sbatch $l: no suspend paused before Slurm's SIGSTOP"
 done
 
 # What Slurm does to a step, with mpipause and without (--mpipause=no).

@@ -331,24 +331,35 @@ rank_envs() {
 	done
 }
 
+# procs: "NODE:PID:PPID:STAT:COMM" of each of the user's processes on
+# every node.
+procs() {
+	for ((k = 0; k < nodes; k++)); do
+		on "node$k" ps -u "$(id -u)" -o pid=,ppid=,stat=,comm= | awk -v n="node$k" '{ printf "%s:%s:%s:%s:%s ", n, $1, $2, $3, $4 }'
+	done
+}
+
 # sbatch_run LIB: LIB's 3 x 2 job started by the library's own launcher in an
 # sbatch script (Open MPI: mpirun, whose orted daemons srun starts as the
 # tasks of step 0; MPICH: mpiexec with Hydra's slurm launcher, whose proxies
 # are the tasks of step 0), suspended and resumed by scontrol, --pauses
 # times; the result is the serial one.
 sbatch_run() {
-	local lib=$1 script out sid id i t st j base now late launch
+	local lib=$1 script out sid id i t st j base now late launch env_line=''
 	case $lib in
 	openmpi) launch="mpirun.openmpi -np $ranks --map-by ppr:2:node" ;;
 	mpich)
 		# libucxfinalize.so (MPICH 4.0 ch4:ucx's hang in MPI_Finalize
-		# over TCP) in the script's environment: Hydra hands it on.
-		launch="env LD_PRELOAD=$bin/libucxfinalize.so mpiexec.mpich -launcher slurm -n $ranks -ppn 2"
+		# over TCP) first in the script's LD_PRELOAD, before what the
+		# script has (the shim): Hydra hands mpiexec's environment on
+		# to the ranks.
+		env_line="export LD_PRELOAD=$bin/libucxfinalize.so\${LD_PRELOAD:+:\$LD_PRELOAD}"
+		launch="mpiexec.mpich -launcher slurm -n $ranks -ppn 2"
 		;;
 	esac
 	rm -f "$stop/stop"
 	script=$stop/job-$lib.sh out=$stop/job-$lib.out
-	printf '#!/bin/bash\n%s %s -m a2a -s 256K -n 100000000 -E %s\n' "$launch" "$bin/apps/xchg.$lib" "$stop" >"$script"
+	printf '#!/bin/bash\n%s\n%s %s -m a2a -s 256K -n 100000000 -E %s\n' "$env_line" "$launch" "$bin/apps/xchg.$lib" "$stop" >"$script"
 	if ! sid=$(sbatch --parsable -J "slurm-e2e-$$-sbatch" -N"$nodes" -n"$ranks" --ntasks-per-node=2 -O --mem=400M -o "$out" "$script" 2>&1); then
 		fail "sbatch $lib: sbatch: $sid"
 		return
@@ -370,6 +381,7 @@ sbatch_run() {
 	envs=$(rank_envs)
 	ids=$(echo "$envs" | tr ' ' '\n' | awk -F: 'NF { print $4 }' | sort -u | xargs)
 	echo "     sbatch $lib: job $sid: steps $(squeue -h -s -j "$sid" -o '%i:%j' | xargs); ranks (node:pid:stat:MPIPAUSE_JOBID:preload:cgroup): $envs"
+	echo "     sbatch $lib: processes (node:pid:ppid:stat:comm): $(procs)"
 	case $ids in
 	none | *" "* | "")
 		fail "sbatch $lib: job $sid: the ranks do not all name one mpipause job: MPIPAUSE_JOBID ${ids:-none} (mpipause list: $(mpipause list 2>&1 | tr '\n' ' '))"
@@ -403,13 +415,14 @@ sbatch_run() {
 			# What Slurm's suspend did to the ranks, mpipause aside.
 			sleep 8
 			echo "     sbatch $lib: suspend $i (no mpipause job): Slurm $(job_state "$sid"); ranks: $(rank_envs)"
+			echo "     sbatch $lib: processes: $(procs)"
 			fail "sbatch $lib: suspend $i: no mpipause job to pause"
 			sudo -n scontrol resume "$sid"
 			continue
 		fi
 		settled() { st=$(state "$id") && { [ "$st" = paused ] || { [ "$st" = failed ] && [ "$(job_state "$sid")" = SUSPENDED ]; }; }; }
 		if ! until_ok settled; then
-			fail "sbatch $lib: suspend $i: not paused: mpipause $(state "$id"), Slurm $(job_state "$sid"); ranks: $(rank_envs)"
+			fail "sbatch $lib: suspend $i: not paused: mpipause $(state "$id"), Slurm $(job_state "$sid"); ranks: $(rank_envs); processes: $(procs)"
 			sudo -n scontrol resume "$sid"
 			continue
 		fi

@@ -360,7 +360,7 @@ sbatch_run() {
 	rm -f "$stop/stop"
 	script=$stop/job-$lib.sh out=$stop/job-$lib.out
 	printf '#!/bin/bash\n%s\n%s %s -m a2a -s 256K -n 100000000 -E %s\n' "$env_line" "$launch" "$bin/apps/xchg.$lib" "$stop" >"$script"
-	if ! sid=$(sbatch --parsable -J "slurm-e2e-$$-sbatch" -N"$nodes" -n"$ranks" --ntasks-per-node=2 -O --mem=400M -o "$out" "$script" 2>&1); then
+	if ! sid=$(sbatch --parsable -J "slurm-e2e-$$-sbatch" -N"$nodes" -n"$ranks" -O --mem=400M -o "$out" "$script" 2>&1); then
 		fail "sbatch $lib: sbatch: $sid"
 		return
 	fi

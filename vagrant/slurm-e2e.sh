@@ -368,12 +368,14 @@ sbatch_run() {
 	# The job id mpipause knows the job by: what the ranks were given.
 	id=''
 	all_up() {
-		case $(job_state "$sid") in PENDING | CONFIGURING | RUNNING) ;; *) return 2 ;; esac
+		case $(job_state "$sid") in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL | OUT_OF_MEMORY) return 2 ;; esac
 		local e
 		e=$(rank_envs)
 		[ "$(echo "$e" | wc -w)" -ge "$ranks" ]
 	}
-	if ! until_ok all_up; then
+	# A launcher's start takes longer than a step's (the batch script, then
+	# the daemons' step, then the ranks) on the emulated VMs.
+	if ! step_timeout=$((step_timeout * 3)) until_ok all_up; then
 		fail "sbatch $lib: job $sid: not $ranks ranks running: Slurm $(job_state "$sid"); ranks: $(rank_envs); $(tail -3 "$out" 2>/dev/null | tr '\n' ' ')"
 		return
 	fi

@@ -682,11 +682,16 @@ int mpp_join_line(char *b, size_t n, const char *id, long pid, const char *key)
 // mpp_is_rank: the launchers put one of these in the environment of each MPI
 // process they start; their own daemons (orted, hydra_pmi_proxy) run
 // without them, except under Slurm: srun gives SLURM_PROCID to whatever it
-// starts, daemons included.
+// starts, daemons included. MPIPAUSE_JOIN=ranks (the SPANK plugin's, in a
+// batch script and in the steps of the MPI launcher's daemons it runs)
+// leaves SLURM_PROCID out: there the script, mpirun, mpiexec and the
+// daemons are no ranks, and only the MPI processes join.
 int mpp_is_rank(void)
 {
 	static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"};
-	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]); i++) {
+	const char *j = getenv("MPIPAUSE_JOIN");
+	size_t nv = sizeof(vars) / sizeof(vars[0]) - (j && !strcmp(j, "ranks"));
+	for (size_t i = 0; i < nv; i++) {
 		const char *v = getenv(vars[i]);
 		if (v && *v)
 			return 1;

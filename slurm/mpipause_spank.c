@@ -8,7 +8,8 @@
 //
 //	optional /usr/lib/mpipause/mpipause_spank.so [shim=PATH] [ctl=ADDR] [default=on|off]
 //
-// For every step (not the batch script, the extern or the interactive step)
+// For every step (not the extern or the interactive step; the batch script
+// and an MPI launcher's daemons: docs/slurm.md, "Launching MPI under Slurm")
 // it puts the shim (libmpipause.so) into the tasks' LD_PRELOAD and sets
 // MPIPAUSE_JOBID=<SLURM_JOB_ID>.<SLURM_STEP_ID>, as `mpipause run` does with
 // the launcher's options: each rank then joins its job's cgroup on its node
@@ -134,29 +135,68 @@ int slurm_spank_init(spank_t sp, int ac, char **av)
 	return 0;
 }
 
-// step_id gives the step's mpipause job id, "JOBID.STEPID"; -1 for the steps
-// that run no MPI program of the user's (batch script, extern, interactive).
-static int step_id(spank_t sp, char *id, size_t n)
+// What a step is to mpipause (step_kind).
+enum {
+	STEP_NONE = -1,	  // extern, interactive: left alone
+	STEP_PLAIN = 0,	  // an srun step: its tasks are the ranks, job JOBID.STEPID
+	STEP_BATCH = 1,	  // the batch script: job JOBID.batch, for what mpirun or mpiexec starts in it
+	STEP_DAEMONS = 2, // an MPI launcher's daemons, started by srun from the batch script: its job
+};
+
+// launcher_daemons: the step runs an MPI launcher's daemons (Open MPI's
+// orted or prted, MPICH's hydra_pmi_proxy), as mpirun and mpiexec start
+// them with srun inside an sbatch script. Their ranks are their children.
+static int launcher_daemons(spank_t sp)
 {
-	uint32_t job, step;
-	if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS ||
-	    spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS)
-		return -1;
-	if (step == SLURM_BATCH_SCRIPT || step == SLURM_EXTERN_CONT || step == SLURM_INTERACTIVE_STEP)
-		return -1;
-	snprintf(id, n, "%u.%u", job, step);
+	int argc = 0;
+	char **argv = NULL;
+	static const char *const names[] = {"orted", "prted", "hydra_pmi_proxy"};
+
+	if (spank_get_item(sp, S_JOB_ARGV, &argc, &argv) != ESPANK_SUCCESS || argc < 1 || !argv || !argv[0])
+		return 0;
+	const char *b = strrchr(argv[0], '/');
+	b = b ? b + 1 : argv[0];
+	for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+		if (!strcmp(b, names[i]))
+			return 1;
 	return 0;
 }
 
-// wanted: the step asked for it (or did not say no), and is one to pause.
+// step_kind gives the step's mpipause job id in id: "JOBID.STEPID" for an
+// srun step (STEP_PLAIN); "JOBID.batch" for the batch script (STEP_BATCH),
+// and for a step of an MPI launcher's daemons that the batch script started
+// (STEP_DAEMONS: the batch script's id and job key are in its environment,
+// and the ranks under mpirun or mpiexec on the batch script's node are of
+// that job too); STEP_NONE for the extern and the interactive step.
+static int step_kind(spank_t sp, char *id, size_t n)
+{
+	uint32_t job, step;
+	char have[IDLEN], key[8];
+	if (spank_get_item(sp, S_JOB_ID, &job) != ESPANK_SUCCESS ||
+	    spank_get_item(sp, S_JOB_STEPID, &step) != ESPANK_SUCCESS)
+		return STEP_NONE;
+	if (step == SLURM_EXTERN_CONT || step == SLURM_INTERACTIVE_STEP)
+		return STEP_NONE;
+	snprintf(id, n, "%u.batch", job);
+	if (step == SLURM_BATCH_SCRIPT)
+		return STEP_BATCH;
+	if (launcher_daemons(sp) && spank_getenv(sp, "MPIPAUSE_JOBID", have, sizeof(have)) == ESPANK_SUCCESS &&
+	    !strcmp(have, id) && spank_getenv(sp, "MPIPAUSE_JOBKEY", key, sizeof(key)) != ESPANK_ENV_NOEXIST)
+		return STEP_DAEMONS;
+	snprintf(id, n, "%u.%u", job, step);
+	return STEP_PLAIN;
+}
+
+// wanted: the step asked for it (or did not say no), and is one to pause:
+// its kind (step_kind), or STEP_NONE.
 static int wanted(spank_t sp, char *id, size_t n)
 {
 	char *arg = NULL;
 	if (broken)
-		return 0;
+		return STEP_NONE;
 	if (spank_option_getopt(sp, &spank_options[0], &arg) == ESPANK_SUCCESS && opt_cb(0, arg, 1) < 0)
-		return 0;
-	return enabled && step_id(sp, id, n) == 0;
+		return STEP_NONE;
+	return enabled ? step_kind(sp, id, n) : STEP_NONE;
 }
 
 // preload_with appends the shim to a colon- or space-separated list, once.
@@ -190,8 +230,19 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 	(void)av;
 	char id[IDLEN];
 
-	if (!spank_remote(sp) || !wanted(sp, id, sizeof(id)) || access(shim, R_OK) != 0)
+	if (!spank_remote(sp) || access(shim, R_OK) != 0)
 		return 0;
+	switch (wanted(sp, id, sizeof(id))) {
+	case STEP_NONE:
+		return 0;
+	case STEP_DAEMONS:
+		// The batch script's job key, in the step's environment.
+		if (spank_getenv(sp, "MPIPAUSE_JOBKEY", step_key, sizeof(step_key)) == ESPANK_SUCCESS && step_key[0])
+			step_key_ok = 1;
+		else
+			step_key_ok = -1, snprintf(step_key, sizeof(step_key), "no MPIPAUSE_JOBKEY from the batch script");
+		return 0;
+	}
 	step_key_ok = job_key(sp, id, step_key, sizeof(step_key)) < 0 ? -1 : 1;
 	return 0;
 }
@@ -202,7 +253,10 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 	(void)av;
 	char id[IDLEN], have[8192] = "", pre[8192 + 4096 + 2];
 
-	if (!spank_remote(sp) || !wanted(sp, id, sizeof(id)))
+	if (!spank_remote(sp))
+		return 0;
+	int kind = wanted(sp, id, sizeof(id));
+	if (kind == STEP_NONE)
 		return 0;
 	if (access(shim, R_OK) != 0) {
 		slurm_error("mpipause: no shim at %s (%s): step %s runs without it and cannot be paused cleanly; "
@@ -225,6 +279,15 @@ int slurm_spank_user_init(spank_t sp, int ac, char **av)
 	if (spank_setenv(sp, "LD_PRELOAD", pre, 1) != ESPANK_SUCCESS ||
 	    spank_setenv(sp, "MPIPAUSE_JOBID", id, 1) != ESPANK_SUCCESS ||
 	    spank_setenv(sp, "MPIPAUSE_JOBKEY", key, 1) != ESPANK_SUCCESS) {
+		slurm_error("mpipause: cannot set the environment of step %s", id);
+		return 0;
+	}
+	// In the batch script and the steps of the launcher's daemons only
+	// the MPI processes are ranks (SLURM_PROCID is the script's and the
+	// daemons'); an srun step's tasks are ranks, whatever the script had.
+	if (kind == STEP_PLAIN)
+		spank_unsetenv(sp, "MPIPAUSE_JOIN");
+	else if (spank_setenv(sp, "MPIPAUSE_JOIN", "ranks", 1) != ESPANK_SUCCESS) {
 		slurm_error("mpipause: cannot set the environment of step %s", id);
 		return 0;
 	}
@@ -356,6 +419,10 @@ static int job_key(spank_t sp, const char *id, char *key, size_t n)
 	for (size_t i = 0; i < sizeof(vars) / sizeof(vars[0]) && !nodes[0]; i++)
 		if (spank_getenv(sp, vars[i], nodes, sizeof(nodes)) != ESPANK_SUCCESS)
 			nodes[0] = 0;
+	// The batch script's node coordinates what mpirun or mpiexec starts
+	// from it (the first of the job's nodes, where Slurm runs the script).
+	if (!nodes[0] && gethostname(nodes, sizeof(nodes) - 1) == 0)
+		nodes[strcspn(nodes, ".")] = 0;
 	// A host list is names, brackets, ranges and commas: nothing to escape.
 	if (!nodes[0] || strspn(nodes, "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-.,[]") != strlen(nodes)) {
 		snprintf(key, n, "the step's node list (SLURM_STEP_NODELIST) is missing or not a host list");
@@ -411,11 +478,39 @@ static void resume(const char *id)
 	}
 }
 
+// task_stopped: 1 if process pid is stopped by a signal (state T in
+// /proc/PID/stat), 0 if not, -1 if it cannot be read.
+static int task_stopped(pid_t pid)
+{
+	char path[64], b[512];
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)pid);
+	int fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0)
+		return -1;
+	ssize_t r = read(fd, b, sizeof(b) - 1);
+	close(fd);
+	if (r <= 0)
+		return -1;
+	b[r] = 0;
+	// "PID (COMM) STATE ...": COMM may hold anything, up to the last ')'.
+	const char *p = strrchr(b, ')');
+	return p && p[1] == ' ' && p[2] == 'T' ? 1 : 0;
+}
+
 // watch is the watcher's life: see the comment at the top.
+//
+// A task that is an MPI launcher's daemon (Open MPI's orted, MPICH's
+// hydra_pmi_proxy: mpirun or mpiexec inside sbatch starts them with srun)
+// is stopped by the SIGTSTP of scontrol suspend, which under
+// proctrack/cgroup reaches the step's tasks alone, not their children, the
+// ranks. The watcher sees its task stopped (state T, on two ticks in a row)
+// and asks the node's mpid to pause the job itself; it asks to resume it
+// when the task runs again (Slurm's SIGCONT). A rank that is a task handles
+// its SIGTSTP (the shim) and is never stopped by it.
 static void watch(const char *id, pid_t task)
 {
 	sigset_t set;
-	int suspended = 0;
+	int suspended = 0, stops = 0, asked = 0;
 
 	prctl(PR_SET_NAME, "mpipause-watch");
 	// Gone with the task: the kernel's signal at its death, and a check of
@@ -442,11 +537,24 @@ static void watch(const char *id, pid_t task)
 	sigaddset(&set, SIGHUP);
 	sigprocmask(SIG_SETMASK, &set, NULL);
 	for (;;) {
-		struct timespec tick = {.tv_nsec = 250 * 1000 * 1000};
+		struct timespec tick = {.tv_nsec = 100 * 1000 * 1000};
 		int s = sigtimedwait(&set, NULL, &tick);
 		if (s < 0) {
 			if (getppid() != task)
 				_exit(0);
+			int st = task_stopped(task);
+			if (st == 1 && !asked && ++stops >= 2) {
+				char rep[2048];
+				asked = 1;
+				if (ctl_do("pause", id, rep, sizeof(rep)) < 0)
+					say("step %s: its task %d was stopped, but the job could not be paused: %s", id,
+					    (int)task, rep);
+			} else if (st == 0) {
+				stops = 0;
+				if (asked)
+					resume(id);
+				asked = 0;
+			}
 			continue;
 		}
 		switch (s) {
@@ -472,7 +580,7 @@ int slurm_spank_task_init(spank_t sp, int ac, char **av)
 	char id[IDLEN];
 	int task;
 
-	if (!wanted(sp, id, sizeof(id)) || access(shim, R_OK) != 0)
+	if (wanted(sp, id, sizeof(id)) == STEP_NONE || access(shim, R_OK) != 0)
 		return 0;
 	if (spank_get_item(sp, S_TASK_ID, &task) != ESPANK_SUCCESS || task != 0)
 		return 0;

@@ -18,7 +18,7 @@ STAMP := -X github.com/mpipause/mpipause/internal/version.stamped=$(VERSION_STR)
 .DEFAULT_GOAL := help
 .PHONY: help deps build generate check-generate check-format check-vagrant test-cluster-script test test-unit test-fuzz test-priv test-multinode test-security test-faults bench bench-base demo clean
 .PHONY: man install uninstall deb check-install check-deb deb-for check-deb-for
-.PHONY: check-systemd test-containers vagrant-prebuilt check-vagrant-boot check-vagrant-slurm
+.PHONY: check-systemd test-containers vagrant-prebuilt check-vagrant-boot check-vagrant-slurm check-vagrant-sbatch
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -165,6 +165,9 @@ vagrant-prebuilt: build deb ## copy the .deb, bin/apps and bin/libucxfinalize.so
 
 check-vagrant-slurm: vagrant-prebuilt ## on the 3 Vagrant VMs: Slurm with cgroup confinement (proctrack/cgroup, task/cgroup, cgroup/v2): scontrol suspend/resume, preemption (SUSPEND,GANG), then scancel, time limit, memory limit, sstat, sacct, --cpu-bind with mpipause as without; and a job in a systemd scope with MemoryMax (root; make test runs it within check-vagrant-boot)
 	@bash vagrant/boot-check.sh --slurm --no-e2e
+
+check-vagrant-sbatch: vagrant-prebuilt ## on the 3 Vagrant VMs with Slurm: Open MPI's mpirun and MPICH's mpiexec inside sbatch scripts, scontrol suspend and resume, with mpid given CAP_DAC_OVERRIDE as docs/slurm.md says (root; not in make test)
+	@bash vagrant/boot-check.sh --slurm --no-e2e --sbatch
 
 # One pause of the cluster e2e, not two: the Slurm e2e after it suspends and
 # resumes each library's job twice on the same VMs, and make test stays

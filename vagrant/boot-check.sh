@@ -11,12 +11,14 @@
 # libvirt's daemons stopped if this started them (vagrant/libvirt-host.sh).
 # Prints how long each step took and the QEMU processes' peak RSS.
 #
-#   boot-check.sh [--nodes N] [--no-e2e] [--slurm] [--hold FILE] [--no-provision] [-- E2E-OPTIONS]
+#   boot-check.sh [--nodes N] [--no-e2e] [--slurm] [--sbatch] [--hold FILE] [--no-provision] [-- E2E-OPTIONS]
 #
 # --nodes N (default 3): the cluster's size; 1 boots node0 alone (no e2e).
 # --slurm: then Slurm on the VMs (vagrant provision --provision-with slurm:
 # cgroup confinement, the SPANK plugin) and vagrant/slurm-e2e.sh on node0,
 # then vagrant/scope-e2e.sh (a job in a systemd scope with MemoryMax).
+# --sbatch (with --slurm): instead of those two, slurm-e2e.sh --only sbatch
+# (mpirun and mpiexec inside sbatch scripts, suspended and resumed).
 # --hold FILE (with --slurm): once Slurm is provisioned, write to FILE the
 # environment that reaches the VMs (VAGRANT_DOTFILE_PATH and the rest, for
 # `vagrant ssh` from vagrant/) and wait while FILE exists, instead of running
@@ -36,13 +38,14 @@ cd "$(dirname "$0")"
 here=$PWD
 
 usage() {
-	echo "usage: boot-check.sh [--nodes N] [--no-e2e] [--slurm] [--hold FILE] [--no-provision] [-- E2E-OPTIONS]" >&2
+	echo "usage: boot-check.sh [--nodes N] [--no-e2e] [--slurm] [--sbatch] [--hold FILE] [--no-provision] [-- E2E-OPTIONS]" >&2
 	exit 2
 }
-provision=1 e2e=1 slurm=0 nodes=3 e2e_args=(--pauses 2) hold=
+provision=1 e2e=1 slurm=0 sbatch=0 nodes=3 e2e_args=(--pauses 2) hold=
 while [ $# -gt 0 ]; do
 	case $1 in
 	--slurm) slurm=1 && shift ;;
+	--sbatch) sbatch=1 && shift ;;
 	--no-provision) provision=0 e2e=0 && shift ;;
 	--no-e2e) e2e=0 && shift ;;
 	--hold)
@@ -62,6 +65,7 @@ done
 [ "$nodes" -ge 2 ] || e2e=0
 [ $provision = 1 ] || [ $slurm = 0 ] || usage
 [ -z "$hold" ] || [ $slurm = 1 ] || usage
+[ $sbatch = 0 ] || [ $slurm = 1 ] || usage
 
 say() { echo "check-vagrant-boot: [${SECONDS}s] $*"; }
 fail() {
@@ -253,6 +257,8 @@ if [ $slurm = 1 ]; then
 		say "holding the VMs while $hold exists (it holds the environment for vagrant ssh)"
 		while [ -e "$hold" ]; do sleep 5; done
 		say "$hold removed: no Slurm e2e here"
+	elif [ $sbatch = 1 ]; then
+		streamed "the sbatch e2e on the VMs" vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/slurm-e2e.sh --nodes $nodes --only sbatch"
 	else
 	streamed "the Slurm e2e on the VMs" vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/slurm-e2e.sh --nodes $nodes"
 	# The same citizenship for a job in a systemd scope of its own.

@@ -51,6 +51,83 @@ func TestSlurmSuspendResume(t *testing.T) {
 		t.Run(lib.name, func(t *testing.T) { testSlurmSuspendResume(ctx, t, slurm, lib.name, lib.mpi) })
 	}
 	t.Run("cancel", func(t *testing.T) { testSlurmCancel(ctx, t, slurm) })
+	t.Run("sbatch-mpirun", func(t *testing.T) { testSlurmSbatchMpirun(ctx, t, slurm) })
+}
+
+// testSlurmSbatchMpirun: Open MPI's mpirun inside an sbatch script, as most
+// Open MPI users run: mpirun starts orted on the other nodes with srun and
+// the ranks of its own node itself. Every rank, on every node, registers
+// as one job, JOBID.batch; scontrol suspend pauses it with every connection
+// empty (orted's SIGSTOP of its ranks made a SIGTSTP by the shim in it),
+// scontrol resume resumes it, and it ends with an unpaused run's output.
+func testSlurmSbatchMpirun(ctx context.Context, t *testing.T, slurm *slurmCluster) {
+	bin := binDir(t)
+	app := filepath.Join(bin, "apps", "xchg.openmpi")
+	stop := t.TempDir()
+	args := []string{"-m", "a2a", "-s", "256K"}
+	script, out := filepath.Join(stop, "job.sh"), filepath.Join(stop, "job.out")
+	text := fmt.Sprintf("#!/bin/sh\nexec mpirun.openmpi -np %d --map-by ppr:2:node %s %s -n 1000000 -E %s\n",
+		2*jobNodes, app, strings.Join(args, " "), stop)
+	if err := os.WriteFile(script, []byte(text), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	jobID := strings.TrimSpace(slurm.must(ctx, t, "sbatch", "--parsable", "-N", fmt.Sprint(jobNodes),
+		"-n", fmt.Sprint(2*jobNodes), "-O", "-o", out, script))
+	id := jobID + ".batch"
+	t.Cleanup(func() { slurm.run(context.Background(), "scancel", jobID) })
+	killJobOnCleanup(t, id)
+	defer cli(context.Background(), t, "node0", nil, "resume", id)
+	jobOut := func() string { b, _ := os.ReadFile(out); return string(b) }
+	waitForWhy(t, "every rank of "+id+" to register with mpid", 2*time.Minute, nil, func() (bool, string) {
+		ok, why := allRegistered(ctx, t, id)
+		return ok, why + "\n" + jobOut()
+	})
+	j, _ := jobJSON(ctx, t, "status", id)
+	var cgs []string
+	for _, c := range j.Cgroups {
+		cgs = append(cgs, c.Dir)
+	}
+	var readers []loader.Observer
+	for _, kind := range []string{loader.KindBPF, loader.KindSockDiag} {
+		o, err := loader.Open(ctx, loader.Config{Cgroups: cgs, FollowJob: true, Require: kind, Unbounded: true})
+		if err != nil {
+			t.Fatalf("the test's %s reader of %v: %v", kind, cgs, err)
+		}
+		t.Cleanup(func() { o.Close() })
+		readers = append(readers, o)
+	}
+	waitProgress(ctx, t, readers[0], nil, 0, 8<<20)
+
+	slurm.must(ctx, t, "scontrol", "suspend", jobID)
+	waitForWhy(t, "scontrol suspend to pause "+id, time.Minute, nil, func() (bool, string) {
+		j, _ = jobJSON(ctx, t, "status", id)
+		return j.State == ctl.StatePaused, fmt.Sprintf("%s %+v", j.State, j.Failure)
+	})
+	checkPaused(ctx, t, "scontrol suspend of the batch job", j, cgs, readers...)
+	before := sentBytes(ctx, readers[0])
+	slurm.must(ctx, t, "scontrol", "resume", jobID)
+	waitForWhy(t, "scontrol resume to resume "+id, time.Minute, nil, func() (bool, string) {
+		j, _ = jobJSON(ctx, t, "status", id)
+		return j.State == ctl.StateRunning, j.State
+	})
+	waitProgress(ctx, t, readers[0], nil, before, 4<<20)
+
+	if err := os.WriteFile(filepath.Join(stop, "stop"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitForWhy(t, "the batch job to end", 2*time.Minute, nil, func() (bool, string) {
+		q, _ := slurm.run(ctx, "squeue", "-h", "-j", jobID)
+		return strings.TrimSpace(q) == "", q
+	})
+	m := itersRE.FindStringSubmatch(jobOut())
+	if m == nil {
+		t.Fatalf("the batch job printed no result:\n%s", jobOut())
+	}
+	want := serial(t, app, 2*jobNodes, append(args, "-n", m[1])...)
+	if got, w := checksum(jobOut()), checksum(want); got == "" || got != w {
+		t.Fatalf("the batch job printed %q after %s iterations; an unpaused run %q\n%s", got, m[1], w, jobOut())
+	}
+	t.Logf("batch job %s (%s iterations) suspended and resumed by Slurm: paused with every connection empty, output unchanged", id, m[1])
 }
 
 func testSlurmSuspendResume(ctx context.Context, t *testing.T, slurm *slurmCluster, lib, mpi string) {

@@ -58,8 +58,17 @@ check-format: ## fail if a Go file is not gofmt-formatted, go vet reports a prob
 	@p=$$($(GO) list -deps ./cmd/... | grep -E '/kernel-tests(/|$$)|vishvananda'); \
 		[ -z "$$p" ] || { echo "the commands link test or tooling packages: $$p" >&2; exit 1; }
 
-test: deps build check-generate check-format check-vagrant check-deb check-systemd test-unit test-fuzz test-priv test-kernels test-multinode test-security demo test-cluster-script check-vagrant-boot ## install what is missing and run every test tier, the demo included
-	@echo "make test: all tiers passed"
+# make test's tiers, in order; after each, its time (scripts/tier-clock.sh),
+# and at the end all of them: what the CI budget is measured by.
+TEST_TIERS := deps build check-generate check-format check-vagrant check-deb check-systemd test-unit test-fuzz test-priv test-kernels test-multinode test-security demo test-cluster-script check-vagrant-boot
+TIER_CLOCK := $(BIN)/test-tiers.tsv
+test: tier-clock-start $(foreach t,$(TEST_TIERS),$(t) tier-clock-$(t)) ## install what is missing and run every test tier, the demo included; prints each tier's time
+	@bash scripts/tier-clock.sh $(TIER_CLOCK) report
+
+tier-clock-start:
+	@bash scripts/tier-clock.sh $(TIER_CLOCK) start
+tier-clock-%:
+	@bash scripts/tier-clock.sh $(TIER_CLOCK) $*
 
 test-unit: ## tier 1: unit tests with every capability dropped (must pass unprivileged), and the shim's C tests
 	env -u CI -u MPIPAUSE_REQUIRE_PRIV setpriv --inh-caps=-all --bounding-set=-all -- $(GO) test -count=1 $(GOPKGS)
@@ -121,7 +130,7 @@ check-vagrant: ## vagrant validate of vagrant/Vagrantfile, libvirt and virtualbo
 	@bash vagrant/validate.sh
 	shellcheck scripts/cluster-e2e.sh scripts/demo.sh vagrant/provision.sh vagrant/provision-kernel.sh vagrant/node-exec vagrant/e2e.sh vagrant/rig-ssh-check.sh vagrant/validate.sh kernel-tests/containers/crig.sh \
 		vagrant/build-box.sh vagrant/box-boot.sh vagrant/libvirt-host.sh vagrant/boot-check.sh vagrant/qemu-tcg vagrant/provision-slurm.sh vagrant/slurm-e2e.sh vagrant/scope-e2e.sh vagrant/e2e-lib.sh \
-		kernel-tests/kernels/boot.sh scripts/deb.sh scripts/deb-for.sh scripts/check-deb-for.sh
+		kernel-tests/kernels/boot.sh scripts/deb.sh scripts/deb-for.sh scripts/check-deb-for.sh scripts/tier-clock.sh
 
 # The loader's tests on Debian's own kernels (docs/kernels.md): each suite's
 # linux-image-amd64 booted under QEMU (software emulation) with an initramfs

@@ -179,7 +179,7 @@ check-vagrant-slurm: vagrant-prebuilt ## on the 3 Vagrant VMs: Slurm with cgroup
 # resumes each library's job twice on the same VMs, and make test stays
 # under an hour.
 check-vagrant-boot: vagrant-prebuilt ## the 3-VM Vagrant cluster booted under vagrant-libvirt from the box vagrant/build-box.sh builds, provisioned, checked over vagrant ssh, the cluster e2e on it (vagrant/e2e.sh), then Slurm with cgroup confinement and a systemd scope on the same VMs (as check-vagrant-slurm), destroyed; nothing left (root)
-	@bash vagrant/boot-check.sh --slurm -- --pauses 1
+	@bash vagrant/boot-check.sh --slurm -- --pauses 1 --libs openmpi
 
 # The cluster e2e script (what vagrant/e2e.sh runs on the VMs) on a 3-node
 # netns rig of its own (not test-multinode's).

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
-# make apps-for SUITE=...: the MPI test programs (kernel-tests/apps) and
+# make apps-for SUITE=...: the MPI test programs in C (kernel-tests/apps) and
 # libucxfinalize.so, compiled in a build root of a Debian release against
 # that release's Open MPI and MPICH, in bin/apps-SUITE/ (libucxfinalize.so
 # beside them): what the distribution matrix's VMs of that release run
@@ -57,7 +57,12 @@ echo "apps-for: build root in ${SECONDS} s: $(chroot "$root" dpkg-query -W -f='$
 
 mkdir -p "$root/src"
 cp -r kernel-tests/apps kernel-tests/ucx-finalize "$root/src/"
-nice -n 19 chroot "$root" make -s -C /src/apps OUT=/out/apps
+# The C programs the VMs' e2e run, for each library (the Fortran one is
+# the rig's: bullseye's Open MPI has no mpifort wrapper data without its
+# Fortran development packages).
+progs=()
+for p in xchg pingpong mt sideio; do progs+=("/out/apps/$p.openmpi" "/out/apps/$p.mpich"); done
+nice -n 19 chroot "$root" make -s -C /src/apps OUT=/out/apps "${progs[@]}"
 nice -n 19 chroot "$root" make -s -C /src/ucx-finalize OUT=/out
 out=bin/apps-$suite
 rm -rf "$out"

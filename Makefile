@@ -17,7 +17,7 @@ STAMP := -X github.com/mpipause/mpipause/internal/version.stamped=$(VERSION_STR)
 
 .DEFAULT_GOAL := help
 .PHONY: help deps build generate check-generate check-format check-vagrant test-cluster-script test test-unit test-fuzz test-priv test-multinode test-security test-faults bench bench-base demo clean
-.PHONY: man install uninstall deb check-install check-deb deb-for check-deb-for
+.PHONY: man install uninstall deb check-install check-deb deb-for check-deb-for apps-for
 .PHONY: check-systemd test-containers vagrant-prebuilt check-vagrant-boot check-vagrant-slurm
 
 help: ## list the targets
@@ -130,7 +130,7 @@ check-vagrant: ## vagrant validate of vagrant/Vagrantfile, libvirt and virtualbo
 	@bash vagrant/validate.sh
 	shellcheck scripts/cluster-e2e.sh scripts/demo.sh vagrant/provision.sh vagrant/provision-kernel.sh vagrant/node-exec vagrant/e2e.sh vagrant/rig-ssh-check.sh vagrant/validate.sh kernel-tests/containers/crig.sh \
 		vagrant/build-box.sh vagrant/box-boot.sh vagrant/libvirt-host.sh vagrant/boot-check.sh vagrant/qemu-tcg vagrant/provision-slurm.sh vagrant/slurm-e2e.sh vagrant/scope-e2e.sh vagrant/e2e-lib.sh \
-		kernel-tests/kernels/boot.sh scripts/deb.sh scripts/deb-for.sh scripts/check-deb-for.sh scripts/tier-clock.sh
+		kernel-tests/kernels/boot.sh scripts/deb.sh scripts/deb-for.sh scripts/check-deb-for.sh scripts/apps-for.sh scripts/tier-clock.sh
 
 # The loader's tests on Debian's own kernels (docs/kernels.md): each suite's
 # linux-image-amd64 booted under QEMU (software emulation) with an initramfs
@@ -321,6 +321,9 @@ deb: ## bin/mpipause_VERSION_ARCH.deb, from make install into a staging director
 SUITE ?= bookworm
 deb-for: ## bin/deb-SUITE/mpipause_VERSION_ARCH.deb for Debian SUITE (bullseye, bookworm, trixie): the shim and Slurm plugin compiled in a build root of that release, its Depends from it (root)
 	@for s in $(SUITE); do bash scripts/deb-for.sh $$s || exit 1; done
+
+apps-for: ## bin/apps-SUITE/: the MPI test programs and libucxfinalize.so compiled in a build root of Debian SUITE against its Open MPI and MPICH, for that release's VMs (root)
+	@for s in $(SUITE); do bash scripts/apps-for.sh $$s || exit 1; done
 
 check-deb-for: deb-for ## make deb-for's .deb of SUITE installs with apt on a fresh root of that release (mmdebstrap), works, and purges clean (root)
 	@for s in $(SUITE); do bash scripts/check-deb-for.sh $$s || exit 1; done

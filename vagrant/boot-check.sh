@@ -74,6 +74,15 @@ export VAGRANT_DOTFILE_PATH=$work/dot VAGRANT_CHECKPOINT_DISABLE=1 MPIPAUSE_VM_N
 # 768 MiB; the Slurm e2e's job asks 400 MiB a node, the preempting one 256.
 [ $slurm = 0 ] || export MPIPAUSE_VM_MEMORY=${MPIPAUSE_VM_MEMORY:-1024}
 log=$work/vagrant.log
+# Each VM's serial console, shown when the check fails (a VM that stops
+# answering says why there, if anywhere). QEMU writes it as libvirt's
+# QEMU user where there is one.
+export MPIPAUSE_VM_CONSOLE_DIR=$work/console
+mkdir "$MPIPAUSE_VM_CONSOLE_DIR"
+if id -u libvirt-qemu >/dev/null 2>&1; then
+	chmod 0711 "$work"
+	chown libvirt-qemu "$MPIPAUSE_VM_CONSOLE_DIR"
+fi
 ours_libvirtd=0
 up=0        # vagrant up was started
 destroyed=0 # vagrant destroy was run
@@ -91,8 +100,20 @@ vagrant_run() {
 	done >>"$log"
 }
 
+# consoles: the last lines of each VM's console, control characters
+# dropped.
+consoles() {
+	local f
+	for f in "$MPIPAUSE_VM_CONSOLE_DIR"/*.log; do
+		[ -s "$f" ] || continue
+		echo "check-vagrant-boot: the last lines of $(basename "$f" .log)'s console ($f):" >&2
+		tail -n 25 "$f" | sed -e 's/\x1b\[[0-9;?]*[A-Za-z]//g' | tr -d '\r' | tr -c '[:print:]\n' '?' | sed 's/^/    /' >&2
+	done
+}
+
 cleanup() {
 	local rc=$? left=() v p
+	[ $rc = 0 ] || consoles
 	if [ $up = 1 ] && [ $destroyed = 0 ] && ! vagrant_run destroy -f; then
 		echo "check-vagrant-boot: vagrant destroy failed (its log: $log)" >&2
 		rc=1

@@ -17,7 +17,7 @@ STAMP := -X github.com/mpipause/mpipause/internal/version.stamped=$(VERSION_STR)
 
 .DEFAULT_GOAL := help
 .PHONY: help deps build generate check-generate check-format check-vagrant test-cluster-script test test-unit test-fuzz test-priv test-multinode test-security test-faults bench bench-base demo clean
-.PHONY: man install uninstall deb check-install check-deb deb-for check-deb-for
+.PHONY: man install uninstall deb check-install check-deb deb-for check-deb-for apps-for
 .PHONY: check-systemd test-containers vagrant-prebuilt check-vagrant-boot check-vagrant-slurm check-vagrant-sbatch
 
 help: ## list the targets
@@ -58,8 +58,17 @@ check-format: ## fail if a Go file is not gofmt-formatted, go vet reports a prob
 	@p=$$($(GO) list -deps ./cmd/... | grep -E '/kernel-tests(/|$$)|vishvananda'); \
 		[ -z "$$p" ] || { echo "the commands link test or tooling packages: $$p" >&2; exit 1; }
 
-test: deps build check-generate check-format check-vagrant check-deb check-systemd test-unit test-fuzz test-priv test-kernels test-multinode test-security demo test-cluster-script check-vagrant-boot ## install what is missing and run every test tier, the demo included
-	@echo "make test: all tiers passed"
+# make test's tiers, in order; after each, its time (scripts/tier-clock.sh),
+# and at the end all of them: what the CI budget is measured by.
+TEST_TIERS := deps build check-generate check-format check-vagrant check-deb check-systemd test-unit test-fuzz test-priv test-kernels test-multinode test-security demo test-cluster-script check-vagrant-boot
+TIER_CLOCK := $(BIN)/test-tiers.tsv
+test: tier-clock-start $(foreach t,$(TEST_TIERS),$(t) tier-clock-$(t)) ## install what is missing and run every test tier, the demo included; prints each tier's time
+	@bash scripts/tier-clock.sh $(TIER_CLOCK) report
+
+tier-clock-start:
+	@bash scripts/tier-clock.sh $(TIER_CLOCK) start
+tier-clock-%:
+	@bash scripts/tier-clock.sh $(TIER_CLOCK) $*
 
 test-unit: ## tier 1: unit tests with every capability dropped (must pass unprivileged), and the shim's C tests
 	env -u CI -u MPIPAUSE_REQUIRE_PRIV setpriv --inh-caps=-all --bounding-set=-all -- $(GO) test -count=1 $(GOPKGS)
@@ -121,7 +130,7 @@ check-vagrant: ## vagrant validate of vagrant/Vagrantfile, libvirt and virtualbo
 	@bash vagrant/validate.sh
 	shellcheck scripts/cluster-e2e.sh scripts/demo.sh vagrant/provision.sh vagrant/provision-kernel.sh vagrant/node-exec vagrant/e2e.sh vagrant/rig-ssh-check.sh vagrant/validate.sh kernel-tests/containers/crig.sh \
 		vagrant/build-box.sh vagrant/box-boot.sh vagrant/libvirt-host.sh vagrant/boot-check.sh vagrant/qemu-tcg vagrant/provision-slurm.sh vagrant/slurm-e2e.sh vagrant/scope-e2e.sh vagrant/e2e-lib.sh \
-		kernel-tests/kernels/boot.sh scripts/deb.sh scripts/deb-for.sh scripts/check-deb-for.sh
+		kernel-tests/kernels/boot.sh scripts/deb.sh scripts/deb-for.sh scripts/check-deb-for.sh scripts/apps-for.sh scripts/tier-clock.sh
 
 # The loader's tests on Debian's own kernels (docs/kernels.md): each suite's
 # linux-image-amd64 booted under QEMU (software emulation) with an initramfs
@@ -173,7 +182,7 @@ check-vagrant-sbatch: vagrant-prebuilt ## on the 3 Vagrant VMs with Slurm: Open 
 # resumes each library's job twice on the same VMs, and make test stays
 # under an hour.
 check-vagrant-boot: vagrant-prebuilt ## the 3-VM Vagrant cluster booted under vagrant-libvirt from the box vagrant/build-box.sh builds, provisioned, checked over vagrant ssh, the cluster e2e on it (vagrant/e2e.sh), then Slurm with cgroup confinement and a systemd scope on the same VMs (as check-vagrant-slurm), destroyed; nothing left (root)
-	@bash vagrant/boot-check.sh --slurm -- --pauses 1
+	@bash vagrant/boot-check.sh --slurm -- --pauses 1 --libs openmpi
 
 # The cluster e2e script (what vagrant/e2e.sh runs on the VMs) on a 3-node
 # netns rig of its own (not test-multinode's).
@@ -315,6 +324,9 @@ deb: ## bin/mpipause_VERSION_ARCH.deb, from make install into a staging director
 SUITE ?= bookworm
 deb-for: ## bin/deb-SUITE/mpipause_VERSION_ARCH.deb for Debian SUITE (bullseye, bookworm, trixie): the shim and Slurm plugin compiled in a build root of that release, its Depends from it (root)
 	@for s in $(SUITE); do bash scripts/deb-for.sh $$s || exit 1; done
+
+apps-for: ## bin/apps-SUITE/: the MPI test programs and libucxfinalize.so compiled in a build root of Debian SUITE against its Open MPI and MPICH, for that release's VMs (root)
+	@for s in $(SUITE); do bash scripts/apps-for.sh $$s || exit 1; done
 
 check-deb-for: deb-for ## make deb-for's .deb of SUITE installs with apt on a fresh root of that release (mmdebstrap), works, and purges clean (root)
 	@for s in $(SUITE); do bash scripts/check-deb-for.sh $$s || exit 1; done

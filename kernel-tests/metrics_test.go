@@ -21,6 +21,7 @@ import (
 	"github.com/mpipause/mpipause/internal/metrics"
 	"github.com/mpipause/mpipause/internal/testutil"
 	"github.com/mpipause/mpipause/kernel-tests/internal/rig"
+	"github.com/mpipause/mpipause/quiesce"
 )
 
 // rigMetricsAddr is where every mpid of the tests' rig serves its metrics,
@@ -246,6 +247,34 @@ func TestMetricsScrape(t *testing.T) {
 					t.Errorf("node%d: node_step_duration_seconds_count{step=\"open\"} moved by %v after a resume, want 1", k, d)
 				}
 			}
+		}},
+		// The connections a pause's rounds take are kept warm for the
+		// job's life: after longer quiet than a pooled connection may idle,
+		// a pause and a resume dial none, on any node.
+		{"a pause after quiet connects to nobody", func(t *testing.T) {
+			quiet := quiesce.DefaultIdleTimeout + time.Second
+			select {
+			case <-time.After(quiet):
+			case <-job.done:
+				t.Fatalf("the job ended during %v of quiet", quiet)
+			}
+			all := []int{0, 1, 2}
+			b := map[int]metrics.Samples{}
+			for _, k := range all {
+				b[k] = scrapeNode(t, k)
+			}
+			if j, r := jobJSON(ctx, t, "pause", id); r.code != 0 || j.State != ctl.StatePaused {
+				t.Fatalf("pause: exit %d, state %q: %s", r.code, j.State, r.stderr)
+			}
+			if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
+				t.Fatalf("resume: exit %d, state %q: %s", r.code, j.State, r.stderr)
+			}
+			for _, k := range all {
+				if d := moved(b[k], scrapeNode(t, k), metrics.Series("mpipause_peer_dials_total")); d != 0 {
+					t.Errorf("node%d: peer_dials_total moved by %v over a pause and a resume after %v of quiet, want 0: a round connected first", k, d, quiet)
+				}
+			}
+			resumed = scrapeNode(t, 0)
 		}},
 		// Refused (exit 5), and counted so.
 		{"resume of a running job", func(t *testing.T) {

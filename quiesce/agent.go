@@ -151,6 +151,9 @@ func (a *Agent) Handle(ctx context.Context, req Message) (Message, error) {
 		// order of the pause's steps.
 		return a.answerOutcome(req), nil
 	}
+	if req.Kind == KindWarm {
+		return a.warm(ctx, &req), nil
+	}
 	js, f, dup, why := a.admit(&req)
 	if why != "" {
 		return refusal(&req, why), nil
@@ -173,6 +176,32 @@ func (a *Agent) Handle(ctx context.Context, req Message) (Message, error) {
 	case <-ctx.Done():
 		return Message{}, fmt.Errorf("%s %s of job %s: %w", req.Nodes[0], req.Kind, req.Job, ctx.Err())
 	}
+}
+
+// warm serves a WARM: it sends the request on over the same tree a
+// pause's rounds over req.Nodes take, which leaves each of those
+// connections authenticated in this node's pool, and answers for its
+// subtree. It runs no step and keeps nothing of the job, so it cannot
+// disturb a pause under way; a retransmission is served again, which costs
+// a round of small messages and no handshake.
+func (a *Agent) warm(ctx context.Context, req *Message) Message {
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, DefaultRoundDeadline)
+		defer cancel()
+	}
+	var wg sync.WaitGroup
+	parts, cancel := a.launch(ctx, req, &wg)
+	defer cancel()
+	rep := new(Report)
+	rep.Add(NodeReport{Node: req.Nodes[0], Empty: true})
+	wg.Wait()
+	for _, p := range parts {
+		rep.Merge(p)
+	}
+	m := replyTo(req)
+	m.Report = rep
+	return m
 }
 
 // admit finds the flight of req: the one serving it already (dup), or a

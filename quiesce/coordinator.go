@@ -199,24 +199,32 @@ type run struct {
 }
 
 func (c *Coordinator) newRun(job string, nodes []string) (*run, error) {
+	if err := checkRun(job, nodes); err != nil {
+		return nil, err
+	}
+	r := &run{c: c, job: job, nodes: nodes, epoch: c.nextEpoch(), start: time.Now()}
+	r.res = Result{Job: job, Epoch: r.epoch, Nodes: len(nodes)}
+	return r, nil
+}
+
+// checkRun refuses a job id or node list no round can be sent over.
+func checkRun(job string, nodes []string) error {
 	if job == "" {
-		return nil, errors.New("quiesce: empty job id")
+		return errors.New("quiesce: empty job id")
 	}
 	if len(nodes) == 0 {
-		return nil, fmt.Errorf("quiesce: job %s has no nodes", job)
+		return fmt.Errorf("quiesce: job %s has no nodes", job)
 	}
 	// A name twice would make a node serve its own subtree twice and
 	// coalesce the two requests into one reply.
 	seen := make(map[string]bool, len(nodes))
 	for _, n := range nodes {
 		if n == "" || seen[n] {
-			return nil, fmt.Errorf("quiesce: job %s: node list has an empty or repeated name %q", job, n)
+			return fmt.Errorf("quiesce: job %s: node list has an empty or repeated name %q", job, n)
 		}
 		seen[n] = true
 	}
-	r := &run{c: c, job: job, nodes: nodes, epoch: c.nextEpoch(), start: time.Now()}
-	r.res = Result{Job: job, Epoch: r.epoch, Nodes: len(nodes)}
-	return r, nil
+	return nil
 }
 
 // round runs one request over the whole tree. It returns an error only when
@@ -584,6 +592,30 @@ func allRefused(pending []NodeReport) bool {
 		}
 	}
 	return len(pending) > 0
+}
+
+// Warm sends WARM over the tree a pause or resume of job over nodes takes,
+// so that every connection those rounds use is open and authenticated
+// before they need it, and returns an error naming the nodes it did not
+// reach. It takes no epoch and changes nothing on any node: a daemon calls
+// it whenever it likes (mpid: when a node registers ranks of a job it
+// coordinates, and then more often than its pool lets a connection idle).
+func (c *Coordinator) Warm(ctx context.Context, job string, nodes []string) error {
+	if err := checkRun(job, nodes); err != nil {
+		return err
+	}
+	req := Message{Version: ProtocolVersion, Job: job, Kind: KindWarm, Nodes: nodes, Fanout: c.opt.Fanout, Coordinator: nodes[0]}
+	rep, err := call(ctx, c.tr, c.opt.Retry, nodes[0], &req)
+	if err != nil {
+		return fmt.Errorf("WARM round: %w", err)
+	}
+	if rep.Report == nil || !rep.Report.Complete(len(nodes)) {
+		return fmt.Errorf("WARM round: %w: reply accounts for %d of %d nodes", ErrIncomplete, reportNodes(rep.Report), len(nodes))
+	}
+	if failed := rep.Report.Failed(); len(failed) > 0 {
+		return fmt.Errorf("WARM round: %d of %d nodes not reached, first %s: %s", len(failed), len(nodes), failed[0].Node, failed[0].Err)
+	}
+	return nil
 }
 
 // Resume thaws the job on every node and then reopens its gates. It is

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"time"
 )
 
 // fakeNode is an in-memory Node. Its bytes drain only while its gates are
@@ -17,13 +18,14 @@ type fakeNode struct {
 	mu        sync.Mutex
 	gatesOpen bool
 	frozen    bool
-	left      int    // drain rounds with closed gates until empty
-	stuck     bool   // never drains (a rank computing, not reading)
-	dirty     bool   // drains, but the kernel check after freeze finds bytes
-	violate   bool   // ... and bytes sent through closed gates
-	fail      Kind   // this step always fails
-	blame     *Fault // ... blaming a rank (RankFault)
-	thawFails int    // the first thawFails Thaws fail
+	left      int           // drain rounds with closed gates until empty
+	stuck     bool          // never drains (a rank computing, not reading)
+	dirty     bool          // drains, but the kernel check after freeze finds bytes
+	violate   bool          // ... and bytes sent through closed gates
+	fail      Kind          // this step always fails
+	blame     *Fault        // ... blaming a rank (RankFault)
+	thawFails int           // the first thawFails Thaws fail
+	slow      time.Duration // each Drain takes this long (a busy node)
 	// late bytes arrive right after the node's first empty DRAIN answer
 	// (another node's last bytes, crossing): its next late checks find
 	// them, and a freeze before they are read leaves them for VERIFY.
@@ -81,6 +83,15 @@ func (f *fakeNode) Prepare(ctx context.Context, job string) error {
 }
 
 func (f *fakeNode) Drain(ctx context.Context, job string) (NodeReport, error) {
+	f.mu.Lock()
+	slow := f.slow
+	f.mu.Unlock()
+	if slow > 0 {
+		select {
+		case <-time.After(slow):
+		case <-ctx.Done():
+		}
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.enter("drain", KindDrain); err != nil {

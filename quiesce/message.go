@@ -34,6 +34,11 @@ const (
 	KindThaw      Kind = "THAW"    // VERIFY found bytes: thaw, gates stay closed, drain again
 	KindAbort     Kind = "ABORT"   // roll back: thaw, then reopen gates
 	KindResume    Kind = "RESUME"  // thaw, then reopen gates
+	// WARM is no step of a pause: each node forwards it down its subtree
+	// and answers, so that every connection a pause's rounds over the same
+	// nodes will take is made and authenticated before a pause needs it
+	// (Coordinator.Warm). It touches no job state.
+	KindWarm Kind = "WARM"
 )
 
 // Valid reports whether k is one of the protocol's kinds. A daemon may
@@ -42,7 +47,7 @@ const (
 // before its agent sees them.
 func (k Kind) Valid() bool {
 	switch k {
-	case KindPrepare, KindDrain, KindFreeze, KindVerify, KindThaw, KindCommit, KindDecide, KindCommitted, KindOutcome, KindAbort, KindResume:
+	case KindPrepare, KindDrain, KindFreeze, KindVerify, KindThaw, KindCommit, KindDecide, KindCommitted, KindOutcome, KindAbort, KindResume, KindWarm:
 		return true
 	}
 	return false

@@ -201,6 +201,9 @@ type TCPTransport struct {
 	// DefaultIdleTimeout. It is shorter than a server's, so that a pooled
 	// connection is seldom one the server has already closed.
 	IdleTimeout time.Duration
+	// OnDial, if set, hears every connection opened and authenticated (a
+	// TCP and, with an Identity, a TLS handshake paid).
+	OnDial func(to string)
 
 	mu   sync.Mutex
 	idle map[peerAddr][]*tcpConn // most recently used last
@@ -363,6 +366,9 @@ func (t *TCPTransport) dial(ctx context.Context, to, addr string) (c *tcpConn, e
 	}
 	if h.Magic != HelloMagic || h.Version != ProtocolVersion || h.Err != "" {
 		return nil, permanentError{fmt.Errorf("%s: %w: hello magic %q version %d: %s", to, ErrVersion, h.Magic, h.Version, h.Err)}
+	}
+	if t.OnDial != nil {
+		t.OnDial(to)
 	}
 	return &tcpConn{conn: conn, fr: framer{w: rw, r: br}, deadline: dl}, nil
 }

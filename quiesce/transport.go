@@ -40,6 +40,15 @@ type RetryPolicy struct {
 // DefaultRetry suits a LAN of daemons: a lost message is noticed in 50 ms.
 var DefaultRetry = RetryPolicy{Initial: 50 * time.Millisecond, Max: time.Second}
 
+// TCPRetry suits TCPTransport. Over TCP a request is lost only with its
+// connection, and Call redials at once a pooled connection that fails
+// before a reply's first byte; a timed retransmission helps only when a
+// connection hangs without failing (a peer host gone silent). Each one
+// takes a connection of its own, a TCP and TLS handshake on the round's
+// path if the pool has none spare, and DefaultRetry's would start whenever
+// a round took 50 ms (a node holding its DRAIN answer, a busy node).
+var TCPRetry = RetryPolicy{Initial: time.Second, Max: 4 * time.Second}
+
 func (p RetryPolicy) normalized() RetryPolicy {
 	if p.Initial <= 0 {
 		p.Initial = DefaultRetry.Initial

@@ -90,6 +90,15 @@ export VAGRANT_DOTFILE_PATH=$work/dot VAGRANT_CHECKPOINT_DISABLE=1 MPIPAUSE_VM_N
 # 768 MiB; the Slurm e2e's job asks 400 MiB a node, the preempting one 256.
 [ $slurm = 0 ] || export MPIPAUSE_VM_MEMORY=${MPIPAUSE_VM_MEMORY:-1024}
 log=$work/vagrant.log
+# Each VM's serial console, shown when the check fails (a VM that stops
+# answering says why there, if anywhere). QEMU writes it as libvirt's
+# QEMU user where there is one.
+export MPIPAUSE_VM_CONSOLE_DIR=$work/console
+mkdir "$MPIPAUSE_VM_CONSOLE_DIR"
+if id -u libvirt-qemu >/dev/null 2>&1; then
+	chmod 0711 "$work"
+	chown libvirt-qemu "$MPIPAUSE_VM_CONSOLE_DIR"
+fi
 ours_libvirtd=0
 up=0        # vagrant up was started
 destroyed=0 # vagrant destroy was run
@@ -107,8 +116,20 @@ vagrant_run() {
 	done >>"$log"
 }
 
+# consoles: the last lines of each VM's console, control characters
+# dropped.
+consoles() {
+	local f
+	for f in "$MPIPAUSE_VM_CONSOLE_DIR"/*.log; do
+		[ -s "$f" ] || continue
+		echo "check-vagrant-boot: the last lines of $(basename "$f" .log)'s console ($f):" >&2
+		tail -n 25 "$f" | sed -e 's/\x1b\[[0-9;?]*[A-Za-z]//g' | tr -d '\r' | tr -c '[:print:]\n' '?' | sed 's/^/    /' >&2
+	done
+}
+
 cleanup() {
 	local rc=$? left=() v p
+	[ $rc = 0 ] || consoles
 	if [ $up = 1 ] && [ $destroyed = 0 ] && ! vagrant_run destroy -f; then
 		echo "check-vagrant-boot: vagrant destroy failed (its log: $log)" >&2
 		rc=1
@@ -207,7 +228,21 @@ check_node() {
 		out=$(vagrant ssh "$n" --no-tty -c 'systemctl is-active mpid; sudo mpipause list >/dev/null && echo answers' 2>>"$log" | tr -d '\r') || true
 		[ "$out" = $'active\nanswers' ] || fail "mpid on $n: '$out' (want active, and mpipause list answering)"
 		say "mpid active on $n, mpipause list answers"
+		mpid_check "$k" "provisioned"
 	fi
+}
+
+# mpid_check K WHEN: mpid check's table on node K (kept in this check's
+# output), which fails the check unless it finds the node ready (exit 0;
+# degraded rows, what the VM's kernel or set-up allows, are ready and say
+# so; 1 is something missing, 2 a usage error).
+mpid_check() {
+	local n=node$1 out rc
+	out=$(vagrant ssh "$n" --no-tty -c 'sudo mpid check; echo "exit $?"' 2>>"$log" | tr -d '\r') || true
+	rc=${out##*exit }
+	say "mpid check on $n ($2): exit $rc"
+	sed -e '$d' -e 's/^/    /' <<<"$out"
+	[ "$rc" = 0 ] || fail "mpid check on $n ($2): not ready (above)"
 }
 for ((k = 0; k < nodes; k++)); do check_node "$k"; done
 
@@ -251,6 +286,7 @@ if [ $slurm = 1 ]; then
 	done
 	say "Slurm provisioned in $((SECONDS - t)) s:"
 	grep 'provision-slurm node' "$log" | sed 's/^/    /'
+	for ((k = 0; k < nodes; k++)); do mpid_check "$k" "with Slurm"; done
 	if [ -n "$hold" ]; then
 		printf 'cd %q && export VAGRANT_DOTFILE_PATH=%q VAGRANT_CHECKPOINT_DISABLE=1 MPIPAUSE_VM_NODES=%q MPIPAUSE_VM_PREFIX=%q MPIPAUSE_VM_MEMORY=%q\n' \
 			"$here" "$VAGRANT_DOTFILE_PATH" "$nodes" "$prefix" "${MPIPAUSE_VM_MEMORY:-}" >"$hold"
@@ -260,9 +296,9 @@ if [ $slurm = 1 ]; then
 	elif [ $sbatch = 1 ]; then
 		streamed "the sbatch e2e on the VMs" vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/slurm-e2e.sh --nodes $nodes --only sbatch"
 	else
-	streamed "the Slurm e2e on the VMs" vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/slurm-e2e.sh --nodes $nodes"
-	# The same citizenship for a job in a systemd scope of its own.
-	streamed "the systemd scope e2e on node0" vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/scope-e2e.sh"
+		streamed "the Slurm e2e on the VMs" vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/slurm-e2e.sh --nodes $nodes"
+		# The same citizenship for a job in a systemd scope of its own.
+		streamed "the systemd scope e2e on node0" vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/scope-e2e.sh"
 	fi
 fi
 

@@ -76,6 +76,7 @@ type Metrics struct {
 	stepDuration    *prometheus.HistogramVec
 	stepErrors      *prometheus.CounterVec
 	leaseExpiries   prometheus.Counter
+	peerDials       prometheus.Counter
 	refusedConns    *prometheus.CounterVec
 	violations      prometheus.Counter
 	snapshot        prometheus.Histogram
@@ -126,6 +127,10 @@ func New() *Metrics {
 		Namespace: Namespace, Name: "node_lease_expiries_total",
 		Help: "Pauses this node rolled back on its own because their coordinator sent no next step in time (dead, or cut off).",
 	})
+	m.peerDials = prometheus.NewCounter(prometheus.CounterOpts{
+		Namespace: Namespace, Name: "peer_dials_total",
+		Help: "Connections this mpid opened to other nodes' mpids and authenticated (a TCP and a TLS handshake each). Jobs' connections are made when their nodes register and kept warm: a rise with every pause means its rounds had to connect first.",
+	})
 	m.refusedConns = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Namespace: Namespace, Name: "connections_refused_total",
 		Help: "Connections this mpid closed at accept (past a per-peer or total bound, or its heap near its limit) and accept errors it waited out (out of descriptors or buffers), by socket; the peer port's also counts clients refused in their handshake. mpid's log says why, a line per cause.",
@@ -162,7 +167,7 @@ func New() *Metrics {
 		m.resumeDuration.WithLabelValues(o)
 	}
 	m.reg.MustRegister(m.pauses, m.resumes, m.pauseDuration, m.resumeDuration, m.phaseDuration, m.drained,
-		m.stepDuration, m.stepErrors, m.leaseExpiries, m.refusedConns, m.violations, m.snapshot,
+		m.stepDuration, m.stepErrors, m.leaseExpiries, m.peerDials, m.refusedConns, m.violations, m.snapshot,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }
@@ -304,6 +309,14 @@ func (m *Metrics) LeaseExpired() {
 		return
 	}
 	m.leaseExpiries.Inc()
+}
+
+// PeerDialled counts a connection opened to a peer mpid.
+func (m *Metrics) PeerDialled() {
+	if m == nil {
+		return
+	}
+	m.peerDials.Inc()
 }
 
 // Sockets are the values of connections_refused_total's socket label.

@@ -90,7 +90,7 @@ func TestNames(t *testing.T) {
 		"mpipause_jobs", "mpipause_node_lease_expiries_total", "mpipause_node_step_duration_seconds",
 		"mpipause_node_step_errors_total", "mpipause_observer_snapshot_duration_seconds", "mpipause_pause_drained_bytes",
 		"mpipause_pause_duration_seconds", "mpipause_pause_phase_duration_seconds", "mpipause_pauses_total",
-		"mpipause_ranks", "mpipause_resume_duration_seconds", "mpipause_resumes_total",
+		"mpipause_peer_dials_total", "mpipause_ranks", "mpipause_resume_duration_seconds", "mpipause_resumes_total",
 	}
 	if d := cmp.Diff(want, names); d != "" {
 		t.Errorf("metric names (-want +got):\n%s", d)
@@ -126,6 +126,8 @@ func TestRecord(t *testing.T) {
 	m.Step("OPEN", time.Millisecond, errors.New("rank gone"))
 	m.Step("BOGUS", time.Millisecond, errors.New("x"))
 	m.LeaseExpired()
+	m.PeerDialled()
+	m.PeerDialled()
 	m.ConnectionRefused("ctl")
 	m.ConnectionRefused("ctl")
 	m.Violations(100)
@@ -161,6 +163,7 @@ func TestRecord(t *testing.T) {
 		Series("mpipause_node_step_errors_total", "step", "open"):                     1,
 		Series("mpipause_node_step_errors_total", "step", "drain"):                    0,
 		Series("mpipause_node_lease_expiries_total"):                                  1,
+		Series("mpipause_peer_dials_total"):                                           2,
 		Series("mpipause_connections_refused_total", "socket", "ctl"):                 2,
 		Series("mpipause_connections_refused_total", "socket", "peer"):                0,
 		Series("mpipause_gate_violation_bytes_total"):                                 100,
@@ -199,6 +202,8 @@ func TestNil(t *testing.T) {
 	m.ResumeRefused()
 	m.Step("drain", time.Second, nil)
 	m.LeaseExpired()
+	m.PeerDialled()
+	m.PeerDialled()
 	m.ConnectionRefused("ctl")
 	m.Violations(1)
 	m.Snapshot(time.Second)

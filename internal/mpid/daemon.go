@@ -222,7 +222,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 		if pl, err = net.Listen("tcp", d.cfg.PeerListen); err != nil {
 			return fmt.Errorf("peer port %s: %w", d.cfg.PeerListen, err)
 		}
-		tcp := &quiesce.TCPTransport{Resolve: d.resolve, Identity: id}
+		tcp := &quiesce.TCPTransport{Resolve: d.resolve, Identity: id, OnDial: func(string) { d.metrics.PeerDialled() }}
 		defer tcp.CloseIdle()
 		tr = tcp
 	}
@@ -266,6 +266,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 		d.log.Info("serving metrics", "url", "http://"+ml.Addr().String()+metrics.Path)
 	}
 	g.Go(func() error { return d.reg.sweep(ctx) })
+	g.Go(func() error { return d.coord.keepWarm(ctx, d.reg.treeChanged) })
 	d.log.Info("serving", "node", d.cfg.Node, "ranks", d.cfg.RankSocket, "control", d.cfg.CtlSocket,
 		"peers", peers, "cgroups", d.cgroupParent(), "version", version.String())
 	var first error
@@ -288,12 +289,16 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 	d.store = &store{dir: d.cfg.StateDir, log: d.log}
 	d.reg = &registry{node: d.cfg.Node, key: d.cfg.ClusterKey, parent: d.cgroupParent(), fixed: d.cfg.FixedCgroup,
 		cgroups: d.cfg.Cgroups, observers: d.cfg.Observers, ranks: rs, tr: tr, log: d.log,
-		refusals: newLogLimiter(refusalQuiet), jobs: map[string]*job{}, done: done}
+		refusals: newLogLimiter(refusalQuiet), jobs: map[string]*job{}, done: done, treeChanged: make(chan struct{}, 1)}
 	local := node.NewSteps(&node.Role{Name: d.cfg.Node, Ranks: rs, Observer: d.reg.observer, Cgroups: d.reg.cgroupsOf, Freezer: d.cfg.Cgroups,
 		Metrics: d.metrics, Unready: d.reg.unready, Log: d.log}, d.log)
 	local.Committed, local.Thawing, local.Job = d.reg.noteCommitted, d.reg.noteResumed, d.reg.withJob
 	local.Records = commitRecords{d.store}
-	agent := quiesce.NewAgent(local, tr, quiesce.DefaultRetry)
+	retry := quiesce.DefaultRetry
+	if _, ok := tr.(*quiesce.TCPTransport); ok {
+		retry = quiesce.TCPRetry
+	}
+	agent := quiesce.NewAgent(local, tr, retry)
 	agent.Self = d.cfg.Node
 	agent.OnExpire = func(job string, err error) {
 		// The coordinator died or lost this node mid-pause: the agent
@@ -318,7 +323,7 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 		rs.Forget(id)
 	}
 	d.coord = &coordinator{node: d.cfg.Node, observer: d.observer, reg: d.reg, ranks: rs, agent: agent, tr: tr, store: d.store,
-		metrics: d.metrics, drain: d.cfg.Drain, log: d.log, done: done}
+		metrics: d.metrics, drain: d.cfg.Drain, retry: retry, log: d.log, done: done}
 	d.peer = &peer{node: d.cfg.Node, key: d.cfg.ClusterKey, reg: d.reg, coord: d.coord, agent: agent, log: d.log}
 	d.ctl = &control{key: d.cfg.ClusterKey, reg: d.reg, coord: d.coord}
 	rs.Admit = d.reg.admit

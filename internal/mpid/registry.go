@@ -122,6 +122,9 @@ type registry struct {
 	// SIGCONT pending (watchContinue); done closes when mpid stops.
 	continued func(r *ranks.Rank)
 	done      <-chan struct{}
+	// treeChanged hears (without blocking, buffered by one) that a node
+	// registered ranks of a job this node coordinates (keepWarm).
+	treeChanged chan struct{}
 	// parentOf, if set, stands for the look at a process's parent
 	// (tests: their processes are made up).
 	parentOf func(pid int) int
@@ -197,6 +200,7 @@ func (r *registry) newJobLocked(uid uint32, name, coord string) (*job, error) {
 	j := &job{id: key, name: name, dir: r.jobDir(key), owner: uid, coordinator: coord, state: ctl.StateRunning, since: time.Now()}
 	if coord == r.node {
 		j.remotes = map[string]bool{}
+		r.noteTreeLocked()
 	}
 	r.jobs[key] = j
 	return j, nil
@@ -400,18 +404,58 @@ func (r *registry) view(id string) (jobView, bool) {
 		adopted: j.adopted, nodes: j.nodes, size: j.size, localRanks: j.localRanks}
 	v.Nodes = []string{r.node}
 	if jv.coordinated {
-		remotes := make([]string, 0, len(j.remotes))
-		for n := range j.remotes {
-			remotes = append(remotes, n)
-		}
-		slices.Sort(remotes)
-		v.Nodes = append(v.Nodes, remotes...)
-		for _, n := range remotes {
+		v.Nodes = r.nodesLocked(j)
+		for _, n := range v.Nodes[1:] {
 			v.Cgroups = append(v.Cgroups, j.remotePlaces[n]...)
 		}
 	}
 	jv.v = v
 	return jv, true
+}
+
+// nodesLocked is the node list of a pause or resume of j, which this node
+// coordinates: this node first, then the nodes that registered ranks of
+// it, sorted. The rounds' tree is a function of it (quiesce.Subtree).
+func (r *registry) nodesLocked(j *job) []string {
+	nodes := make([]string, 0, 1+len(j.remotes))
+	nodes = append(nodes, r.node)
+	for n := range j.remotes {
+		nodes = append(nodes, n)
+	}
+	slices.Sort(nodes[1:])
+	return nodes
+}
+
+// noteTreeLocked tells keepWarm that a job this node coordinates has a new
+// edge in its tree, whose connection is best made now rather than in the
+// job's first pause.
+func (r *registry) noteTreeLocked() {
+	select {
+	case r.treeChanged <- struct{}{}:
+	default:
+	}
+}
+
+// warmable lists, once per node list, the jobs this node coordinates that
+// no pause or resume is busy with, with their node lists: the trees whose
+// connections keepWarm keeps ready.
+func (r *registry) warmable() map[string][]string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := map[string][]string{}
+	seen := map[string]bool{}
+	for id, j := range r.jobs {
+		if j.coordinator != r.node || j.busy {
+			continue
+		}
+		nodes := r.nodesLocked(j)
+		k := strings.Join(nodes, "\x00")
+		if !seen[k] {
+			seen[k] = true
+			out[id] = nodes
+		}
+	}
+	return out
 }
 
 // begin marks the job busy for op if its state allows op.
@@ -891,6 +935,7 @@ func (r *registry) remote(key string, uid uint32, name, node string, size int, p
 	}
 	if !j.remotes[node] {
 		r.log.Info("node registered ranks of the job", "job", key, "node", node)
+		r.noteTreeLocked()
 	}
 	j.remotes[node] = true
 	if j.remotePlaces == nil {

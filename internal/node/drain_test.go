@@ -46,6 +46,26 @@ func conn(cookie uint64, local, remote string) loader.Conn {
 	return loader.Conn{Cookie: cookie, Local: netip.MustParseAddrPort(local), Remote: netip.MustParseAddrPort(remote), State: loader.StateEstablished}
 }
 
+// oneRank serves a rank socket of the test's own (name tells it apart) with
+// one fake rank 3 of job "j" registered on it; it returns the test's
+// context, the server, the job's key and the lines the rank gets.
+func oneRank(t *testing.T, name string, full *atomic.Bool) (context.Context, *ranks.Server, string, <-chan string) {
+	t.Helper()
+	addr := fmt.Sprintf("@mpipause-mpid-%s-%d", name, os.Getpid())
+	s, err := ranks.Listen(addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	go s.Serve(ctx)
+	lines := fakeRank(t, addr, "j", 3, full)
+	if err := s.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, s, ranks.JobKey(uint32(os.Getuid()), "j"), lines
+}
+
 // TestJobConns: a connection whose other end is on this node is the job's
 // only if that end is a socket of the job too; one to another host is the
 // job's if its port is one of the job's ports on some node, and neither
@@ -145,20 +165,9 @@ func expectLines(t *testing.T, lines <-chan string, want ...string) {
 // during the pause is named in a new DRAIN at the next round; a shim whose stash is full fails the pause at the next round,
 // and the failure report names its rank and says why.
 func TestNodeRoleDrainSet(t *testing.T) {
-	addr := fmt.Sprintf("@mpipause-mpid-drain-%d", os.Getpid())
-	s, err := ranks.Listen(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	go s.Serve(ctx)
 	var full atomic.Bool
-	lines := fakeRank(t, addr, "j", 3, &full)
-	job := ranks.JobKey(uint32(os.Getuid()), "j")
-	if err := s.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
-		t.Fatal(err)
-	}
+	ctx, s, job, lines := oneRank(t, "drain", &full)
+	var err error
 	obs := &fakeObserver{conns: []loader.Conn{
 		conn(0x11, "10.0.0.1:5000", "10.0.0.1:6000"),
 		conn(0x12, "10.0.0.1:6000", "10.0.0.1:5000"),
@@ -285,20 +294,7 @@ func TestVerifyIgnoresProgramsOwn(t *testing.T) {
 // one with a message of its own half sent; a held rank with nothing
 // waiting for it, and a rank with bytes unread that runs, do not.
 func TestDrainFailsOnHeldRank(t *testing.T) {
-	addr := fmt.Sprintf("@mpipause-mpid-held-%d", os.Getpid())
-	s, err := ranks.Listen(addr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	go s.Serve(ctx)
-	var full atomic.Bool
-	fakeRank(t, addr, "j", 3, &full)
-	job := ranks.JobKey(uint32(os.Getuid()), "j")
-	if err := s.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
-		t.Fatal(err)
-	}
+	_, s, job, _ := oneRank(t, "held", new(atomic.Bool))
 	var how atomic.Value
 	how.Store("")
 	l := &Role{Name: "n1", Ranks: s, HeldBy: func(pid int) string {
@@ -322,7 +318,7 @@ func TestDrainFailsOnHeldRank(t *testing.T) {
 			t.Errorf("held rank 3, report %+v: %v, want no failure (nothing unread is rank 3's)", rep, err)
 		}
 	}
-	err = l.heldStill(job, unread, nil)
+	err := l.heldStill(job, unread, nil)
 	if !errors.Is(err, ErrHeld) {
 		t.Fatalf("held rank with bytes unread: %v, want ErrHeld", err)
 	}

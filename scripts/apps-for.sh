@@ -25,33 +25,10 @@ case $suite in
 bullseye | bookworm | trixie) ;;
 *) die "unknown suite '$suite' (bullseye, bookworm, trixie)" ;;
 esac
-[ "$(id -u)" = 0 ] || die "needs root (mmdebstrap --mode=root, chroot)"
-command -v mmdebstrap >/dev/null || die "mmdebstrap is missing: run make deps"
-
-mirror=$(scripts/debian-mirror.sh) || die "no Debian mirror (above)"
-mirror=${mirror%/}
-cache=${MPIPAUSE_DEB_CACHE:-/var/tmp/mpipause-deb-cache}/debs-$suite
-mkdir -p "$cache"
-root=$(mktemp -d /var/tmp/mpipause-apps-root.XXXXXX)
-trap 'rm -rf "$root"' EXIT
-
+# shellcheck source=scripts/release-root.sh
+. scripts/release-root.sh
 SECONDS=0
-echo "apps-for: build root of $suite from $mirror"
-# shellcheck disable=SC2016 # the hooks' $1 is mmdebstrap's to expand
-nice -n 19 mmdebstrap --mode=root --variant=minbase --format=directory \
-	--aptopt='APT::Install-Recommends "false"' \
-	--include=gcc,gfortran,libc6-dev,make,libopenmpi-dev,openmpi-bin,libmpich-dev,mpich \
-	--skip=download/empty \
-	--setup-hook='mkdir -p "$1/var/cache/apt/archives"' \
-	--setup-hook="sync-in $cache /var/cache/apt/archives" \
-	--customize-hook="sync-out /var/cache/apt/archives $cache" \
-	"$suite" "$root" "deb $mirror $suite main" "deb $mirror $suite-updates main" \
-	>"$root.log" 2>&1 || {
-	tail -20 "$root.log" >&2
-	rm -f "$root.log"
-	die "mmdebstrap $suite failed (above)"
-}
-rm -f "$root.log"
+release_root apps-for "$suite" gcc,gfortran,libc6-dev,make,libopenmpi-dev,openmpi-bin,libmpich-dev,mpich
 # shellcheck disable=SC2016 # dpkg-query's ${Package} and ${Version}
 echo "apps-for: build root in ${SECONDS} s: $(chroot "$root" dpkg-query -W -f='${Package} ${Version}\n' libopenmpi-dev libmpich-dev | paste -sd ' ')"
 

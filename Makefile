@@ -94,8 +94,11 @@ test-fuzz: ## fuzz every decoder FUZZ_TIME (100000 inputs) each, and the shim's 
 	@echo "fuzz libmpi-shim request decoder (libFuzzer)"
 	@setpriv --inh-caps=-all --bounding-set=-all -- $(MAKE) -s -C libmpi-shim OUT=$(BIN) fuzz
 
+# One package at a time (-p 1): privileged tests share the machine's bpffs
+# mounts, pins and cgroup trees, and a package that checks them (no pin
+# left by a refused `mpipause observe`) saw another package's pins appear.
 test-priv: ## tier 2: privileged kernel tests (BPF, sock_diag, cgroups, netns, the rig's own); fail, not skip, without root
-	$(PRIV) $(GO) test -count=1 -timeout 15m ./loader/... ./internal/... ./cmd/... ./kernel-tests/internal/... ./kernel-tests/cmd/...
+	$(PRIV) $(GO) test -p 1 -count=1 -timeout 15m ./loader/... ./internal/... ./cmd/... ./kernel-tests/internal/... ./kernel-tests/cmd/...
 
 test-multinode: build ## tier 3: real Open MPI and MPICH jobs on the netns rig
 	$(PRIV) MPIPAUSE_BIN=$(BIN) $(GO) test -count=1 -timeout 50m -v -skip '^TestSecurity$$' ./kernel-tests/ 2>&1 | tee /tmp/mpipause-multinode.log | grep -E '^(=== RUN|--- |PASS|FAIL|ok|panic)|_test.go:'; exit $${PIPESTATUS[0]}

@@ -18,7 +18,7 @@ STAMP := -X github.com/mpipause/mpipause/internal/version.stamped=$(VERSION_STR)
 .DEFAULT_GOAL := help
 .PHONY: help deps build generate check-generate check-format check-vagrant test-cluster-script test test-unit test-fuzz test-priv test-multinode test-security test-faults bench bench-base demo clean
 .PHONY: man install uninstall deb check-install check-deb deb-for check-deb-for apps-for
-.PHONY: check-systemd test-containers vagrant-prebuilt check-vagrant-boot check-vagrant-slurm check-vagrant-sbatch
+.PHONY: check-systemd test-containers vagrant-prebuilt check-vagrant-boot check-vagrant-slurm check-vagrant-sbatch check-matrix
 
 help: ## list the targets
 	@grep -hE '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-16s %s\n", $$1, $$2}'
@@ -133,7 +133,7 @@ check-vagrant: ## vagrant validate of vagrant/Vagrantfile, libvirt and virtualbo
 	@bash vagrant/validate.sh
 	shellcheck scripts/cluster-e2e.sh scripts/demo.sh vagrant/provision.sh vagrant/provision-kernel.sh vagrant/node-exec vagrant/e2e.sh vagrant/rig-ssh-check.sh vagrant/validate.sh kernel-tests/containers/crig.sh \
 		vagrant/build-box.sh vagrant/box-boot.sh vagrant/libvirt-host.sh vagrant/boot-check.sh vagrant/qemu-tcg vagrant/provision-slurm.sh vagrant/slurm-e2e.sh vagrant/scope-e2e.sh vagrant/e2e-lib.sh \
-		kernel-tests/kernels/boot.sh scripts/deb.sh scripts/deb-for.sh scripts/check-deb-for.sh scripts/apps-for.sh scripts/release-root.sh scripts/tier-clock.sh
+		kernel-tests/kernels/boot.sh scripts/deb.sh scripts/deb-for.sh scripts/check-deb-for.sh scripts/apps-for.sh scripts/release-root.sh scripts/tier-clock.sh vagrant/matrix.sh
 
 # The loader's tests on Debian's own kernels (docs/kernels.md): each suite's
 # linux-image-amd64 booted under QEMU (software emulation) with an initramfs
@@ -174,12 +174,18 @@ vagrant-prebuilt: build deb ## copy the .deb, bin/apps and bin/libucxfinalize.so
 	@rm -rf vagrant/.prebuilt && mkdir vagrant/.prebuilt
 	cp $(BIN)/mpipause_$(VERSION_STR)_$$(dpkg --print-architecture).deb $(BIN)/libucxfinalize.so vagrant/.prebuilt/
 	cp -r $(BIN)/apps vagrant/.prebuilt/apps
+	echo bookworm >vagrant/.prebuilt/release
 
 check-vagrant-slurm: vagrant-prebuilt ## on the 3 Vagrant VMs: Slurm with cgroup confinement (proctrack/cgroup, task/cgroup, cgroup/v2): scontrol suspend/resume, preemption (SUSPEND,GANG), then scancel, time limit, memory limit, sstat, sacct, --cpu-bind with mpipause as without; and a job in a systemd scope with MemoryMax (root; make test runs it within check-vagrant-boot)
 	@bash vagrant/boot-check.sh --slurm --no-e2e
 
 check-vagrant-sbatch: vagrant-prebuilt ## on the 3 Vagrant VMs with Slurm: Open MPI's mpirun and MPICH's mpiexec inside sbatch scripts, scontrol suspend and resume, with mpid given CAP_DAC_OVERRIDE as docs/slurm.md says (root; not in make test)
 	@bash vagrant/boot-check.sh --slurm --no-e2e --sbatch
+
+# Not in make test: three clusters one after the other, about 70 minutes.
+MATRIX_SUITES ?= bullseye bookworm-stock trixie
+check-matrix: build ## the distribution matrix: for each of MATRIX_SUITES (Debian 11 with 5.10, 12 with its 6.1, 13 with 6.12 and Slurm 24.11), 3 VMs of that release with its own .deb and apps, mpid check, the cluster e2e with both libraries, on 13 the Slurm, scope and sbatch e2e; one table (vagrant/matrix.sh; root)
+	@bash vagrant/matrix.sh --suites "$(MATRIX_SUITES)"
 
 # One pause of the cluster e2e, not two: the Slurm e2e after it suspends and
 # resumes each library's job twice on the same VMs, and make test stays

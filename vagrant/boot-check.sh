@@ -11,20 +11,31 @@
 # libvirt's daemons stopped if this started them (vagrant/libvirt-host.sh).
 # Prints how long each step took and the QEMU processes' peak RSS.
 #
-#   boot-check.sh [--nodes N] [--no-e2e] [--slurm] [--sbatch] [--hold FILE] [--no-provision] [-- E2E-OPTIONS]
+#   boot-check.sh [--suite SUITE] [--nodes N] [--no-e2e] [--degraded PROGRAMS] [--slurm] [--sbatch | --sbatch-too] [--hold FILE] [--no-provision] [-- E2E-OPTIONS]
 #
+# --suite SUITE (default bookworm): the box of vagrant/build-box.sh --suite
+# SUITE (bullseye, bookworm, bookworm-stock, trixie), provisioned from
+# vagrant/.prebuilt made for that Debian release (make vagrant-prebuilt for
+# bookworm's; vagrant/matrix.sh for the others): its own .deb and test apps.
 # --nodes N (default 3): the cluster's size; 1 boots node0 alone (no e2e).
 # --slurm: then Slurm on the VMs (vagrant provision --provision-with slurm:
 # cgroup confinement, the SPANK plugin) and vagrant/slurm-e2e.sh on node0,
 # then vagrant/scope-e2e.sh (a job in a systemd scope with MemoryMax).
 # --sbatch (with --slurm): instead of those two, slurm-e2e.sh --only sbatch
-# (mpirun and mpiexec inside sbatch scripts, suspended and resumed).
-# --hold FILE (with --slurm): once Slurm is provisioned, write to FILE the
-# environment that reaches the VMs (VAGRANT_DOTFILE_PATH and the rest, for
-# `vagrant ssh` from vagrant/) and wait while FILE exists, instead of running
-# the Slurm and scope e2e: a quicker way to iterate on an e2e (vagrant rsync,
-# then vagrant ssh node0 -c 'bash /vagrant/vagrant/slurm-e2e.sh ...'). Remove
-# FILE to go on to the destroy.
+# (mpirun and mpiexec inside sbatch scripts, suspended and resumed);
+# --sbatch-too: that after them.
+# --hold FILE: once everything asked for is provisioned (Slurm too, with
+# --slurm), write to FILE the environment that reaches the VMs
+# (VAGRANT_DOTFILE_PATH and the rest, for `vagrant ssh` from vagrant/) and
+# wait while FILE exists, instead of running the e2e that would come next
+# (the cluster e2e; with --slurm, the Slurm and scope e2e): a quicker way to
+# iterate on an e2e (vagrant rsync, then vagrant ssh node0 -c 'bash
+# /vagrant/vagrant/slurm-e2e.sh ...'). Remove FILE to go on to the destroy.
+# --degraded PROGRAMS: after the cluster e2e, the same again with every
+# node's mpid refusing those BPF programs as an older kernel would
+# (MPIPAUSE_BPF_REFUSE in a drop-in, removed after), and both runs' pause
+# times from node0's mpid: the degraded observer against the full one on
+# the same VMs.
 # --no-provision boots the box as it is (no mpid, so no e2e).
 # E2E-OPTIONS go to scripts/cluster-e2e.sh (default --pauses 2).
 #
@@ -38,14 +49,25 @@ cd "$(dirname "$0")"
 here=$PWD
 
 usage() {
-	echo "usage: boot-check.sh [--nodes N] [--no-e2e] [--slurm] [--sbatch] [--hold FILE] [--no-provision] [-- E2E-OPTIONS]" >&2
+	echo "usage: boot-check.sh [--suite SUITE] [--nodes N] [--no-e2e] [--degraded PROGRAMS] [--slurm] [--sbatch | --sbatch-too] [--hold FILE] [--no-provision] [-- E2E-OPTIONS]" >&2
 	exit 2
 }
-provision=1 e2e=1 slurm=0 sbatch=0 nodes=3 e2e_args=(--pauses 2) hold=
+provision=1 e2e=1 slurm=0 sbatch=0 nodes=3 e2e_args=(--pauses 2) hold="" suite=bookworm degraded=""
 while [ $# -gt 0 ]; do
 	case $1 in
 	--slurm) slurm=1 && shift ;;
 	--sbatch) sbatch=1 && shift ;;
+	--sbatch-too) sbatch=2 && shift ;;
+	--suite)
+		[ $# -ge 2 ] || usage
+		suite=$2
+		shift 2
+		;;
+	--degraded)
+		{ [ $# -ge 2 ] && [[ $2 =~ ^[a-z_]+(,[a-z_]+)*$ ]]; } || usage
+		degraded=$2
+		shift 2
+		;;
 	--no-provision) provision=0 e2e=0 && shift ;;
 	--no-e2e) e2e=0 && shift ;;
 	--hold)
@@ -64,7 +86,7 @@ while [ $# -gt 0 ]; do
 done
 [ "$nodes" -ge 2 ] || e2e=0
 [ $provision = 1 ] || [ $slurm = 0 ] || usage
-[ -z "$hold" ] || [ $slurm = 1 ] || usage
+[ -z "$hold" ] || [ $provision = 1 ] || usage
 [ $sbatch = 0 ] || [ $slurm = 1 ] || usage
 
 say() { echo "check-vagrant-boot: [${SECONDS}s] $*"; }
@@ -77,13 +99,19 @@ for t in vagrant virsh qemu-system-x86_64; do
 	command -v "$t" >/dev/null || fail "$t is missing: run make deps"
 done
 vagrant plugin list 2>/dev/null | grep -q vagrant-libvirt || fail "no vagrant-libvirt plugin: run make deps"
-if [ $provision = 1 ] && ! compgen -G ".prebuilt/mpipause_*.deb" >/dev/null; then
-	fail "no vagrant/.prebuilt/mpipause_*.deb: run make vagrant-prebuilt (or --no-provision)"
+# The Debian release whose packages the suite's box has, and so whose
+# .deb and test apps vagrant/.prebuilt must hold.
+release=${suite%-stock}
+if [ $provision = 1 ]; then
+	compgen -G ".prebuilt/mpipause_*.deb" >/dev/null ||
+		fail "no vagrant/.prebuilt/mpipause_*.deb: run make vagrant-prebuilt (or --no-provision)"
+	built_for=$(cat .prebuilt/release 2>/dev/null) || fail "vagrant/.prebuilt says for no Debian release (no .prebuilt/release): run make vagrant-prebuilt"
+	[ "$built_for" = "$release" ] ||
+		fail "vagrant/.prebuilt was made for Debian $built_for, the $suite box is $release: vagrant/matrix.sh --suites $suite makes it (make vagrant-prebuilt for bookworm)"
 fi
 
 prefix=mpipause-check-
 uri=qemu:///system
-box_vol=mpipause-VAGRANTSLASH-bookworm64-6.12_vagrant_box_image_
 work=$(mktemp -d /var/tmp/mpipause-vagrant-boot.XXXXXX)
 export VAGRANT_DOTFILE_PATH=$work/dot VAGRANT_CHECKPOINT_DISABLE=1 MPIPAUSE_VM_NODES=$nodes MPIPAUSE_VM_PREFIX=$prefix
 # Slurm's daemons, slurmdbd and MariaDB on node0 need more than mpid's
@@ -174,8 +202,13 @@ cleanup() {
 trap cleanup EXIT
 trap 'echo "check-vagrant-boot: FAIL: line $LINENO: $BASH_COMMAND" >&2' ERR
 
-say "box"
-"$here/build-box.sh"
+say "box ($suite)"
+"$here/build-box.sh" --suite "$suite"
+box_file=$("$here/build-box.sh" --suite "$suite" --print-path)
+box_file=$(basename "$box_file" .box)
+export MPIPAUSE_VM_BOX=mpipause/${box_file#mpipause-}
+# The volume vagrant-libvirt uploads the box to (/ is VAGRANTSLASH).
+box_vol=mpipause-VAGRANTSLASH-${box_file#mpipause-}_vagrant_box_image_
 if ! virsh -c "$uri" version >/dev/null 2>&1; then
 	ours_libvirtd=1
 fi
@@ -264,9 +297,57 @@ streamed() {
 	say "$what took $((SECONDS - t)) s"
 }
 
-if [ $e2e = 1 ]; then
+# hold_vms WHAT: with --hold FILE, the environment for vagrant ssh in FILE,
+# and a wait while FILE exists; WHAT is what does not run here then.
+hold_vms() {
+	printf 'cd %q && export VAGRANT_DOTFILE_PATH=%q VAGRANT_CHECKPOINT_DISABLE=1 MPIPAUSE_VM_NODES=%q MPIPAUSE_VM_PREFIX=%q MPIPAUSE_VM_MEMORY=%q MPIPAUSE_VM_BOX=%q\n' \
+		"$here" "$VAGRANT_DOTFILE_PATH" "$nodes" "$prefix" "${MPIPAUSE_VM_MEMORY:-}" "$MPIPAUSE_VM_BOX" >"$hold"
+	say "holding the VMs while $hold exists (it holds the environment for vagrant ssh)"
+	while [ -e "$hold" ]; do sleep 5; done
+	say "$hold removed: no $1 here"
+}
+
+# What the matrix's table names of this cluster: the packages of node0.
+# shellcheck disable=SC2016 # dpkg-query's ${Version}, on the node
+out=$(vagrant ssh node0 --no-tty -c 'printf "kernel=%s " "$(uname -r)"; for p in openmpi-bin mpich slurmd mpipause; do printf "%s=%s " $p "$(dpkg-query -W -f="\${Version}" $p 2>/dev/null || echo none)"; done' 2>>"$log" | tr -d '\r') || true
+say "versions on node0 ($suite): $out"
+
+# pause_ms: the total_ms of each pause node0's mpid coordinated since it
+# started, one a line.
+pause_ms() {
+	# shellcheck disable=SC2016 # node0's shell expands it
+	vagrant ssh node0 --no-tty -c 'sudo journalctl -u mpid -o cat _PID=$(systemctl show -p MainPID --value mpid)' 2>>"$log" |
+		tr -d '\r' | sed -n 's/.*msg=paused .*total_ms=\([0-9.]*\).*/\1/p'
+}
+# ms_summary: "N pauses, p50 X ms, max Y ms" of the figures on stdin.
+ms_summary() { sort -n | awk '{ v[NR] = $1 } END { if (NR == 0) print "no pauses"; else printf "%d pauses, p50 %.0f ms, max %.0f ms", NR, v[int((NR + 1) / 2)], v[NR] }'; }
+# refuse_on K LIST: node K's mpid restarted refusing LIST (none: as the
+# kernel allows).
+refuse_on() {
+	local cmd='sudo rm -f /etc/systemd/system/mpid.service.d/refuse.conf'
+	[ "$2" = none ] || cmd="sudo mkdir -p /etc/systemd/system/mpid.service.d && printf '[Service]\nEnvironment=MPIPAUSE_BPF_REFUSE=%s\n' $2 | sudo tee /etc/systemd/system/mpid.service.d/refuse.conf >/dev/null"
+	vagrant ssh "node$1" --no-tty -c "$cmd && sudo systemctl daemon-reload && sudo systemctl restart mpid && until sudo mpipause list >/dev/null 2>&1; do sleep 0.2; done" >>"$log" 2>&1 ||
+		fail "node$1: mpid not restarted with MPIPAUSE_BPF_REFUSE=$2 (its log: $log)"
+}
+# degraded_run: the cluster e2e again with the observer degraded on every
+# node, and each mode's pause times.
+degraded_run() {
+	local full deg k
+	full=$(pause_ms | ms_summary)
+	for ((k = 0; k < nodes; k++)); do refuse_on "$k" "$degraded"; done
+	for ((k = 0; k < nodes; k++)); do mpid_check "$k" "refusing $degraded"; done
+	streamed "the cluster e2e on the VMs, the observer degraded ($degraded refused)" "$here/e2e.sh" --nodes "$nodes" "${e2e_args[@]}"
+	deg=$(pause_ms | ms_summary)
+	for ((k = 0; k < nodes; k++)); do refuse_on "$k" none; done
+	say "pause times at node0, full observer: $full; degraded ($degraded refused): $deg"
+}
+
+if [ $e2e = 1 ] && [ -n "$hold" ] && [ $slurm = 0 ]; then
+	hold_vms "cluster e2e"
+elif [ $e2e = 1 ]; then
 	say "the cluster e2e on ${all[*]}: vagrant/e2e.sh ${e2e_args[*]}"
 	streamed "the cluster e2e on the VMs" "$here/e2e.sh" --nodes "$nodes" "${e2e_args[@]}"
+	[ -z "$degraded" ] || degraded_run
 fi
 
 if [ $slurm = 1 ]; then
@@ -288,17 +369,15 @@ if [ $slurm = 1 ]; then
 	grep 'provision-slurm node' "$log" | sed 's/^/    /'
 	for ((k = 0; k < nodes; k++)); do mpid_check "$k" "with Slurm"; done
 	if [ -n "$hold" ]; then
-		printf 'cd %q && export VAGRANT_DOTFILE_PATH=%q VAGRANT_CHECKPOINT_DISABLE=1 MPIPAUSE_VM_NODES=%q MPIPAUSE_VM_PREFIX=%q MPIPAUSE_VM_MEMORY=%q\n' \
-			"$here" "$VAGRANT_DOTFILE_PATH" "$nodes" "$prefix" "${MPIPAUSE_VM_MEMORY:-}" >"$hold"
-		say "holding the VMs while $hold exists (it holds the environment for vagrant ssh)"
-		while [ -e "$hold" ]; do sleep 5; done
-		say "$hold removed: no Slurm e2e here"
+		hold_vms "Slurm e2e"
 	elif [ $sbatch = 1 ]; then
 		streamed "the sbatch e2e on the VMs" vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/slurm-e2e.sh --nodes $nodes --only sbatch"
 	else
 		streamed "the Slurm e2e on the VMs" vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/slurm-e2e.sh --nodes $nodes"
 		# The same citizenship for a job in a systemd scope of its own.
 		streamed "the systemd scope e2e on node0" vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/scope-e2e.sh"
+		[ $sbatch = 0 ] ||
+			streamed "the sbatch e2e on the VMs" vagrant ssh node0 --no-tty -c "bash /vagrant/vagrant/slurm-e2e.sh --nodes $nodes --only sbatch"
 	fi
 fi
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # Vagrant provisioning for Slurm (as root, in node K of an N-node cluster
-# whose node J has the address NET.(10+J)), after provision.sh: Debian 12's
-# Slurm 22.05 set up as SchedMD recommends, with cgroup confinement on the
+# whose node J has the address NET.(10+J)), after provision.sh: the
+# release's Slurm (Debian 12's 22.05, Debian 13's 24.11; Debian 11's 20.11
+# has no cgroup/v2 plugin) set up as SchedMD recommends, with cgroup confinement on the
 # VM's pure cgroup v2 hierarchy, and mpipause's SPANK plugin on:
 #   ProctrackType=proctrack/cgroup, TaskPlugin=task/cgroup,task/affinity,
 #   CgroupPlugin=cgroup/v2 with ConstrainCores and ConstrainRAMSpace,
@@ -104,6 +105,16 @@ if [ "$k" = 0 ]; then
 	printf '[mysqld]\ninnodb_buffer_pool_size=32M\n' >/etc/mysql/mariadb.conf.d/90-slurmdbd.cnf
 	systemctl enable -q mariadb
 	systemctl restart mariadb
+	# Debian's mariadb.service upgrades the system tables in the
+	# background after a start (/etc/mysql/debian-start), the first start
+	# of a VM included; slurmdbd's first queries during it failed on
+	# Debian 13 ("mysql_query failed: 5027 Number of columns in result
+	# ... exceeds maximum allowed number of columns (=0)", then exit).
+	t0=$SECONDS
+	while pgrep -x mariadb-upgrade >/dev/null || pgrep -f /etc/mysql/debian-start >/dev/null; do
+		[ $((SECONDS - t0)) -lt 180 ] || die "MariaDB's upgrade of its tables (debian-start) still runs after 180 s"
+		sleep 1
+	done
 	# slurmdbd logs in as the slurm user over MariaDB's socket, no password.
 	mariadb -e "CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED VIA unix_socket;
 		GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
@@ -147,4 +158,4 @@ while [ $((SECONDS - t0)) -lt 5 ]; do
 	}
 	sleep 1
 done
-say "munge, slurmd$([ "$k" = 0 ] && echo ", slurmctld, slurmdbd") running: proctrack/cgroup, task/cgroup,task/affinity, cgroup/v2 ($hw)"
+say "Slurm $(slurmd -V | awk '{ print $2 }'): munge, slurmd$([ "$k" = 0 ] && echo ", slurmctld, slurmdbd") running: proctrack/cgroup, task/cgroup,task/affinity, cgroup/v2 ($hw)"

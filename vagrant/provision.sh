@@ -191,13 +191,21 @@ step_mpi() {
 	local ifc
 	ifc=$(ip -o -4 addr show to "$net.0/24" | awk '{ print $2; exit }')
 	[ -n "$ifc" ] || die "no interface with an address in $net.0/24: is the private network up?"
-	# Open MPI 4.1: system-wide MCA parameters, what the netns rig sets in
+	# Open MPI: system-wide MCA parameters, what the netns rig sets in
 	# the environment (docs/rig.md): all rank traffic over TCP (also
 	# between two ranks of one node), on the private network only.
 	put_block "$root/etc/openmpi/openmpi-mca-params.conf" "pml = ob1
 btl = tcp,self
 btl_tcp_if_include = $net.0/24
 oob_tcp_if_include = $net.0/24"
+	# Open MPI 5 launches with PRRTE, whose daemons read their own file
+	# (4.1's ORTE read the one above). PRRTE binds each rank to a core and
+	# refuses to start two ranks on one: a VM has one CPU for its two
+	# (4.1 stopped binding when a node had more ranks than cores).
+	if [ -e "$root/etc/openmpi/prte-mca-params.conf" ]; then
+		put_block "$root/etc/openmpi/prte-mca-params.conf" "prte_if_include = $net.0/24
+hwloc_default_binding_policy = none"
+	fi
 	# MPICH 4.0 (Hydra, ch4:ucx): no configuration file; pam_env gives every
 	# ssh session (the launcher's and its remote proxies') these variables.
 	put_block "$root/etc/environment" "HYDRA_IFACE=$ifc

@@ -71,6 +71,11 @@ if ! until_ok idle; then
 	exit
 fi
 pass "slurm: $nodes nodes idle; $(scontrol show config | awk '$1 ~ /^(ProctrackType|TaskPlugin)$/ { printf "%s=%s ", $1, $3 }')$(grep -h '^CgroupPlugin' /etc/slurm/cgroup.conf)"
+# How long Slurm waits between its SIGTSTP (mpipause's pause) and its
+# SIGSTOP: from 23.02 PreemptParameters' suspend_grace_time (2 s unless
+# set), before it a fixed 2 s (docs/slurm.md).
+grace=$(scontrol show config | sed -n 's/^PreemptParameters *= *.*suspend_grace_time=\([0-9]*\).*/\1/p')
+echo "INFO slurm: $(sinfo -V), SIGSTOP ${grace:-2} s after SIGTSTP ($([ -n "$grace" ] && echo "PreemptParameters suspend_grace_time" || echo "Slurm's default"))"
 
 # state ID: mpipause's state of job ID, as its owner asks.
 state() { mpipause status --json "$1" 2>/dev/null | jq -r .state; }

@@ -328,6 +328,14 @@ refuse_on() {
 	[ "$2" = none ] || cmd="sudo mkdir -p /etc/systemd/system/mpid.service.d && printf '[Service]\nEnvironment=MPIPAUSE_BPF_REFUSE=%s\n' $2 | sudo tee /etc/systemd/system/mpid.service.d/refuse.conf >/dev/null"
 	vagrant ssh "node$1" --no-tty -c "$cmd && sudo systemctl daemon-reload && sudo systemctl restart mpid && until sudo mpipause list >/dev/null 2>&1; do sleep 0.2; done" >>"$log" 2>&1 ||
 		fail "node$1: mpid not restarted with MPIPAUSE_BPF_REFUSE=$2 (its log: $log)"
+	[ "$2" != none ] || return 0
+	# What the running mpid says of its observer (mpid check probes in a
+	# process of its own, without the unit's environment).
+	local said
+	# shellcheck disable=SC2016 # node K's shell expands it
+	said=$(vagrant ssh "node$1" --no-tty -c 'sudo journalctl -u mpid -o cat _PID=$(systemctl show -p MainPID --value mpid) | grep -m1 "kernel observer degraded"' 2>>"$log" | tr -d '\r') ||
+		fail "node$1: mpid restarted with MPIPAUSE_BPF_REFUSE=$2 logs no degraded observer"
+	say "node$1's mpid: $said"
 }
 # degraded_run: the cluster e2e again with the observer degraded on every
 # node, and each mode's pause times.
@@ -335,7 +343,6 @@ degraded_run() {
 	local full deg k
 	full=$(pause_ms | ms_summary)
 	for ((k = 0; k < nodes; k++)); do refuse_on "$k" "$degraded"; done
-	for ((k = 0; k < nodes; k++)); do mpid_check "$k" "refusing $degraded"; done
 	streamed "the cluster e2e on the VMs, the observer degraded ($degraded refused)" "$here/e2e.sh" --nodes "$nodes" "${e2e_args[@]}"
 	deg=$(pause_ms | ms_summary)
 	for ((k = 0; k < nodes; k++)); do refuse_on "$k" none; done

@@ -139,14 +139,28 @@ observe() {
 	onroot "$1" "${mpipause_at[$1]}" observe "${args[@]}" --json
 }
 # sent NODE ID: bytes the job's connections on NODE have sent and received
-# (BPF counters); on failure, what went wrong (and status 1).
+# (BPF counters); on failure, what went wrong (and status 1). A degraded
+# observer (a kernel without iter/tcp: docs/guarantees.md, "On older
+# kernels") counts nothing of a connection made before it attached, which
+# is every connection of the job for a new `mpipause observe`: then the
+# kernel's own tcp_info counters of the job's cgroups, as ss reads them
+# (acknowledged and received bytes: they grow while the job exchanges).
 sent() {
-	local j
+	local j cg n=0 m
 	if ! j=$(observe "$1" "$2" 2>&1); then
 		echo "$j"
 		return 1
 	fi
-	echo "$j" | jq '[.connections[] | .bytes_sent + .bytes_received] | add // 0'
+	if ! echo "$j" | jq -e 'any(.connections[]; .counted | not)' >/dev/null; then
+		echo "$j" | jq '[.connections[] | .bytes_sent + .bytes_received] | add // 0'
+		return
+	fi
+	for cg in ${job_cgs[$1]}; do
+		m=$(onroot "$1" ss -tinH cgroup "${cg#/sys/fs/cgroup}" | { grep -oE 'bytes_(acked|received):[0-9]+' || true; } |
+			awk -F: '{ s += $2 } END { print s + 0 }') || return 1
+		n=$((n + m))
+	done
+	echo "$n"
 }
 
 # until_ok CMD...: run CMD every 0.2 s until it succeeds, at most the

@@ -300,8 +300,8 @@ streamed() {
 # hold_vms WHAT: with --hold FILE, the environment for vagrant ssh in FILE,
 # and a wait while FILE exists; WHAT is what does not run here then.
 hold_vms() {
-	printf 'cd %q && export VAGRANT_DOTFILE_PATH=%q VAGRANT_CHECKPOINT_DISABLE=1 MPIPAUSE_VM_NODES=%q MPIPAUSE_VM_PREFIX=%q MPIPAUSE_VM_MEMORY=%q MPIPAUSE_VM_BOX=%q\n' \
-		"$here" "$VAGRANT_DOTFILE_PATH" "$nodes" "$prefix" "${MPIPAUSE_VM_MEMORY:-}" "$MPIPAUSE_VM_BOX" >"$hold"
+	printf 'cd %q && export VAGRANT_DOTFILE_PATH=%q VAGRANT_CHECKPOINT_DISABLE=1 MPIPAUSE_VM_NODES=%q MPIPAUSE_VM_PREFIX=%q MPIPAUSE_VM_BOX=%q%s\n' \
+		"$here" "$VAGRANT_DOTFILE_PATH" "$nodes" "$prefix" "$MPIPAUSE_VM_BOX" "${MPIPAUSE_VM_MEMORY:+ MPIPAUSE_VM_MEMORY=$MPIPAUSE_VM_MEMORY}" >"$hold"
 	say "holding the VMs while $hold exists (it holds the environment for vagrant ssh)"
 	while [ -e "$hold" ]; do sleep 5; done
 	say "$hold removed: no $1 here"

@@ -127,7 +127,7 @@ done
 
 echo
 echo "check-matrix: commit $commit, $(date -u +%Y-%m-%d), $((SECONDS - start)) s; logs in $logs"
-echo "| distribution | kernel | Open MPI | MPICH | Slurm | observer | pauses clean | result equal | checks (cluster; Slurm; scope; sbatch) | |"
+echo "| distribution | kernel | Open MPI | MPICH | Slurm | observer | pauses clean | result equal | e2e checks, in order | |"
 echo "|---|---|---|---|---|---|---|---|---|---|"
 printf '%s\n' "${rows[@]}"
 for s in $suites; do

@@ -182,7 +182,7 @@ check-vagrant-slurm: vagrant-prebuilt ## on the 3 Vagrant VMs: Slurm with cgroup
 check-vagrant-sbatch: vagrant-prebuilt ## on the 3 Vagrant VMs with Slurm: Open MPI's mpirun and MPICH's mpiexec inside sbatch scripts, scontrol suspend and resume, with mpid given CAP_DAC_OVERRIDE as docs/slurm.md says (root; not in make test)
 	@bash vagrant/boot-check.sh --slurm --no-e2e --sbatch
 
-# Not in make test: three clusters one after the other, about 70 minutes.
+# Not in make test: three clusters one after the other, about 85 minutes (docs/vagrant.md).
 MATRIX_SUITES ?= bullseye bookworm-stock trixie
 check-matrix: build ## the distribution matrix: for each of MATRIX_SUITES (Debian 11 with 5.10, 12 with its 6.1, 13 with 6.12 and Slurm 24.11), 3 VMs of that release with its own .deb and apps, mpid check, the cluster e2e with both libraries, on 13 the Slurm, scope and sbatch e2e; one table (vagrant/matrix.sh; root)
 	@bash vagrant/matrix.sh --suites "$(MATRIX_SUITES)"

@@ -67,9 +67,12 @@ func attackCosts(args []string) error {
 			if err != nil {
 				return err
 			}
+			// The line right after the connect, as a shim writes it:
+			// mpid serves a uid's connections past MaxPendingPerUID
+			// only if their line is there already.
+			fmt.Fprintf(c, "JOIN 2 job=%s pid=%d key=%s\n", job, os.Getpid(), key)
 			wg.Go(func() {
 				defer c.Close()
-				fmt.Fprintf(c, "JOIN 2 job=%s pid=%d key=%s\n", job, os.Getpid(), key)
 				c.SetReadDeadline(time.Now().Add(2 * time.Minute))
 				l, _ := bufio.NewReader(c).ReadString('\n')
 				mu.Lock()

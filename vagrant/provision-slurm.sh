@@ -107,9 +107,7 @@ if [ "$k" = 0 ]; then
 	systemctl restart mariadb
 	# Debian's mariadb.service upgrades the system tables in the
 	# background after a start (/etc/mysql/debian-start), the first start
-	# of a VM included; slurmdbd's first queries during it failed on
-	# Debian 13 ("mysql_query failed: 5027 Number of columns in result
-	# ... exceeds maximum allowed number of columns (=0)", then exit).
+	# of a VM included: slurmdbd creates its tables after that.
 	t0=$SECONDS
 	while pgrep -x mariadb-upgrade >/dev/null || pgrep -f /etc/mysql/debian-start >/dev/null; do
 		[ $((SECONDS - t0)) -lt 180 ] || die "MariaDB's upgrade of its tables (debian-start) still runs after 180 s"
@@ -131,11 +129,27 @@ PidFile=/run/slurmdbd.pid
 LogFile=/var/log/slurm/slurmdbd.log
 EOF
 	systemctl enable -q slurmdbd
-	systemctl restart slurmdbd
-	t0=$SECONDS
-	until sacctmgr -n -P list cluster format=cluster >/dev/null 2>&1; do
-		[ $((SECONDS - t0)) -lt 60 ] || die "slurmdbd does not answer after 60 s: $(tail -3 /var/log/slurm/slurmdbd.log 2>/dev/null | tr '\n' ' ')"
-		sleep 1
+	# On Debian 13's first boot slurmdbd 24.11 has exited at its first
+	# query ("mysql_query failed: 5027 Number of columns in result (=1)
+	# set exceeds maximum allowed number of columns (=0)", in
+	# _check_mysql_concat_is_sane) with MariaDB's table upgrade already
+	# over, and started at the next provisioning: the cause is not known
+	# here. A slurmdbd that exits is started again, MariaDB first, three
+	# times at most, each saying why.
+	for try in 1 2 3; do
+		systemctl restart slurmdbd
+		t0=$SECONDS
+		until sacctmgr -n -P list cluster format=cluster >/dev/null 2>&1; do
+			state=$(systemctl show -p ActiveState --value slurmdbd)
+			if { [ "$state" = failed ] || [ "$state" = inactive ]; } && [ "$try" -lt 3 ]; then
+				say "slurmdbd exited (start $try of 3): $(tail -2 /var/log/slurm/slurmdbd.log 2>/dev/null | tr '\n' ' '); MariaDB and slurmdbd again"
+				systemctl restart mariadb
+				continue 2
+			fi
+			[ $((SECONDS - t0)) -lt 60 ] || die "slurmdbd does not answer after 60 s: $(tail -3 /var/log/slurm/slurmdbd.log 2>/dev/null | tr '\n' ' ')"
+			sleep 1
+		done
+		break
 	done
 	# The job's user with an account: sacct lists its jobs.
 	sacctmgr -n -P list cluster format=cluster | grep -qx vagrant || sacctmgr -i add cluster vagrant >/dev/null

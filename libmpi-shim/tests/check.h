@@ -11,7 +11,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-static int failures;
+static int failures __attribute__((unused));
 #define CHECK(cond, ...)                                                                   \
 	do {                                                                               \
 		if (!(cond)) {                                                             \
@@ -59,7 +59,7 @@ struct test {
 
 // run_tests runs each test, prints "ok" or "FAIL" with its name, and
 // returns the exit status: 1 if any failed.
-static int run_tests(const struct test *t, size_t n)
+static inline int run_tests(const struct test *t, size_t n)
 {
 	for (size_t i = 0; i < n; i++) {
 		int before = failures;

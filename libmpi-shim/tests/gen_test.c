@@ -1,0 +1,376 @@
+// SPDX-License-Identifier: Apache-2.0
+//
+// The shim's model-based torture test: random programs that reach one TCP
+// socket by many routes (dup, dup2, dup3, fcntl F_DUPFD and
+// F_DUPFD_CLOEXEC, a descriptor passed with SCM_RIGHTS, a stdio stream of
+// fdopen) and write it by every call the shim wraps (send, sendto,
+// sendmsg, sendmmsg, write, writev, sendfile, splice, fwrite), with the
+// gate closed and opened at random points. The model: the peer must read
+// exactly the bytes each call reported written, in call order, whatever
+// was held under the closed gate. Each call writes bytes of its own, so a
+// reorder shows as the first byte that differs.
+//
+// Seeded and replayable: program i of a run with seed S is seeded S + i;
+// a failure prints its seed, its calls, and the command that reruns it
+// alone. Run with libmpipause.so preloaded (make -C libmpi-shim gen-test):
+//   GEN_SEED (default: the time)  GEN_PROGRAMS (default 2000)  GEN_VERBOSE=1
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "shim.h"
+#include "check.h"
+
+static void (*gate_close)(void);
+static void (*gate_open)(struct mpp_gate_stats *);
+
+enum { MAX_ALIASES = 8, MAX_OPS = 40, MAX_CHUNK = 1500, MAX_STREAM = MAX_OPS * MAX_CHUNK };
+
+// rng: xorshift64*, one state a program.
+static uint64_t rng_state;
+static uint64_t rnd(void)
+{
+	uint64_t x = rng_state;
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	rng_state = x;
+	return x * 0x2545F4914F6CDD1DULL;
+}
+static unsigned pick(unsigned n)
+{
+	return (unsigned)(rnd() % n);
+}
+
+// A program's state: the descriptors that refer to the socket, the stream
+// the model says the peer is owed, and the calls made (for the report).
+static int alias[MAX_ALIASES], naliases;
+static unsigned char owed[MAX_STREAM], got[MAX_STREAM + 1];
+static size_t nowed;
+static char trace[MAX_OPS * 96];
+static size_t ntrace;
+static int gate_closed, chunk_no;
+
+static void note(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void note(const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int n = vsnprintf(trace + ntrace, sizeof(trace) - ntrace, fmt, ap);
+	va_end(ap);
+	if (n > 0 && (size_t)n < sizeof(trace) - ntrace)
+		ntrace += (size_t)n;
+}
+
+// chunk fills b with n bytes no other call of the program writes (its
+// number, then a pattern of it).
+static void chunk(unsigned char *b, size_t n)
+{
+	int c = ++chunk_no;
+	for (size_t i = 0; i < n; i++)
+		b[i] = (unsigned char)(c * 131 + i * 7 + (i >> 8));
+}
+
+// wrote adds what a call reported written to the stream the peer is owed.
+static void wrote(const unsigned char *b, ssize_t r)
+{
+	if (r > 0) {
+		memcpy(owed + nowed, b, (size_t)r);
+		nowed += (size_t)r;
+	}
+}
+
+static int any_alias(void)
+{
+	return alias[pick((unsigned)naliases)];
+}
+
+// fresh_number: a descriptor number not in use, for dup2 and dup3.
+static int fresh_number(void)
+{
+	for (;;) {
+		int n = 200 + (int)pick(300);
+		if (fcntl(n, F_GETFD) < 0 && errno == EBADF)
+			return n;
+	}
+}
+
+static int pass_fd(int fd)
+{
+	int sv[2];
+	if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) < 0)
+		die("socketpair");
+	char c = 'f', cb[CMSG_SPACE(sizeof(int))];
+	struct iovec iov = {.iov_base = &c, .iov_len = 1};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = cb, .msg_controllen = sizeof(cb)};
+	struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+	h->cmsg_level = SOL_SOCKET;
+	h->cmsg_type = SCM_RIGHTS;
+	h->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(h), &fd, sizeof(int));
+	if (sendmsg(sv[0], &m, 0) != 1)
+		die("sendmsg SCM_RIGHTS");
+	memset(cb, 0, sizeof(cb));
+	m.msg_controllen = sizeof(cb);
+	if (recvmsg(sv[1], &m, 0) != 1)
+		die("recvmsg SCM_RIGHTS");
+	h = CMSG_FIRSTHDR(&m);
+	int nfd = -1;
+	if (h && h->cmsg_type == SCM_RIGHTS)
+		memcpy(&nfd, CMSG_DATA(h), sizeof(int));
+	close(sv[0]);
+	close(sv[1]);
+	return nfd;
+}
+
+static void add_alias(int fd, const char *how)
+{
+	if (fd < 0)
+		die(how);
+	alias[naliases++] = fd;
+	note("%s->%d ", how, fd);
+}
+
+// one_op makes one random call of the program.
+static void one_op(void)
+{
+	static unsigned char b[MAX_CHUNK];
+	size_t n = 1 + pick(MAX_CHUNK);
+	int fd = any_alias(), flags = (int[]){0, MSG_NOSIGNAL, MSG_MORE, MSG_DONTWAIT}[pick(4)];
+	ssize_t r;
+	unsigned op = pick(20);
+	if (op >= 17)
+		op = pick(8); // writes are the common case
+	switch (op) {
+	case 0:
+		chunk(b, n);
+		r = send(fd, b, n, flags);
+		note("send(%d,%zu,%#x)=%zd ", fd, n, flags, r);
+		wrote(b, r);
+		break;
+	case 1:
+		chunk(b, n);
+		r = sendto(fd, b, n, flags, NULL, 0);
+		note("sendto(%d,%zu)=%zd ", fd, n, r);
+		wrote(b, r);
+		break;
+	case 2: {
+		chunk(b, n);
+		struct iovec v[3];
+		size_t k = 1 + pick(3), off = 0;
+		for (size_t i = 0; i < k; i++) {
+			size_t l = i == k - 1 ? n - off : pick((unsigned)(n - off + 1));
+			v[i] = (struct iovec){.iov_base = b + off, .iov_len = l};
+			off += l;
+		}
+		struct msghdr m = {.msg_iov = v, .msg_iovlen = k};
+		r = sendmsg(fd, &m, flags);
+		note("sendmsg(%d,%zu iov,%zu)=%zd ", fd, k, n, r);
+		wrote(b, r);
+		break;
+	}
+	case 3: {
+		chunk(b, n);
+		size_t h = n / 2;
+		struct iovec v[2] = {{.iov_base = b, .iov_len = h}, {.iov_base = b + h, .iov_len = n - h}};
+		struct mmsghdr mm[2] = {{.msg_hdr = {.msg_iov = &v[0], .msg_iovlen = 1}},
+					{.msg_hdr = {.msg_iov = &v[1], .msg_iovlen = 1}}};
+		int k = sendmmsg(fd, mm, 2, flags);
+		note("sendmmsg(%d,2,%zu)=%d ", fd, n, k);
+		for (int i = 0; i < k; i++)
+			wrote(i == 0 ? b : b + h, (ssize_t)mm[i].msg_len);
+		break;
+	}
+	case 4:
+		chunk(b, n);
+		r = write(fd, b, n);
+		note("write(%d,%zu)=%zd ", fd, n, r);
+		wrote(b, r);
+		break;
+	case 5: {
+		chunk(b, n);
+		size_t h = pick((unsigned)n + 1);
+		struct iovec v[2] = {{.iov_base = b, .iov_len = h}, {.iov_base = b + h, .iov_len = n - h}};
+		r = writev(fd, v, 2);
+		note("writev(%d,%zu)=%zd ", fd, n, r);
+		wrote(b, r);
+		break;
+	}
+	case 6: {
+		chunk(b, n);
+		FILE *t = tmpfile();
+		if (!t || fwrite(b, 1, n, t) != n || fflush(t) != 0)
+			die("tmpfile");
+		off_t off = 0;
+		r = sendfile(fd, fileno(t), &off, n);
+		note("sendfile(%d,%zu)=%zd ", fd, n, r);
+		wrote(b, r);
+		fclose(t);
+		break;
+	}
+	case 7: {
+		chunk(b, n);
+		int p[2];
+		if (pipe(p) < 0 || write(p[1], b, n) != (ssize_t)n)
+			die("pipe");
+		r = splice(p[0], NULL, fd, NULL, n, 0);
+		note("splice(%d,%zu)=%zd ", fd, n, r);
+		wrote(b, r);
+		close(p[0]);
+		close(p[1]);
+		break;
+	}
+	case 8: {
+		if (naliases == MAX_ALIASES)
+			break;
+		int how = (int)pick(6);
+		switch (how) {
+		case 0:
+			add_alias(dup(fd), "dup");
+			break;
+		case 1:
+			add_alias(dup2(fd, fresh_number()), "dup2");
+			break;
+		case 2:
+			add_alias(dup3(fd, fresh_number(), O_CLOEXEC), "dup3");
+			break;
+		case 3:
+			add_alias(fcntl(fd, F_DUPFD, 100), "F_DUPFD");
+			break;
+		case 4:
+			add_alias(fcntl(fd, F_DUPFD_CLOEXEC, 100), "F_DUPFD_CLOEXEC");
+			break;
+		default:
+			add_alias(pass_fd(fd), "SCM_RIGHTS");
+			break;
+		}
+		break;
+	}
+	case 9: {
+		if (naliases == 1)
+			break;
+		unsigned i = pick((unsigned)naliases);
+		note("close(%d) ", alias[i]);
+		close(alias[i]);
+		alias[i] = alias[--naliases];
+		break;
+	}
+	case 10: {
+		// stdio through a stream of its own descriptor, closed with it.
+		chunk(b, n);
+		int d = dup(fd);
+		FILE *f = d < 0 ? NULL : fdopen(d, "w");
+		if (!f)
+			die("fdopen");
+		size_t w = fwrite(b, 1, n, f);
+		int e = fflush(f);
+		note("fwrite(dup %d of %d,%zu)=%zu,%d ", d, fd, n, w, e);
+		if (e == 0)
+			wrote(b, (ssize_t)w);
+		fclose(f);
+		break;
+	}
+	case 11:
+	case 12:
+		if (!gate_closed) {
+			gate_close();
+			gate_closed = 1;
+			note("CLOSE-GATE ");
+		}
+		break;
+	default:
+		if (gate_closed) {
+			struct mpp_gate_stats st;
+			gate_open(&st);
+			gate_closed = 0;
+			note("OPEN-GATE ");
+		}
+		break;
+	}
+}
+
+// run_program runs the program of seed and checks the peer's stream.
+static int run_program(uint64_t seed, int verbose)
+{
+	int s[2];
+	rng_state = seed * 2654435761ULL + 0x9E3779B97F4A7C15ULL;
+	if (!rng_state)
+		rng_state = 1;
+	nowed = ntrace = 0;
+	chunk_no = 0;
+	trace[0] = 0;
+	tcp_pair(s, 0);
+	alias[0] = s[0];
+	naliases = 1;
+	unsigned ops = 1 + pick(MAX_OPS);
+	for (unsigned i = 0; i < ops; i++)
+		one_op();
+	if (gate_closed) {
+		struct mpp_gate_stats st;
+		gate_open(&st);
+		gate_closed = 0;
+		note("OPEN-GATE ");
+	}
+	for (int i = 0; i < naliases; i++)
+		close(alias[i]);
+	size_t n = 0;
+	for (;;) {
+		struct pollfd p = {.fd = s[1], .events = POLLIN};
+		if (poll(&p, 1, 10000) <= 0)
+			break;
+		ssize_t r = recv(s[1], got + n, sizeof(got) - n, 0);
+		if (r <= 0)
+			break;
+		n += (size_t)r;
+	}
+	close(s[1]);
+	size_t d = 0;
+	while (d < n && d < nowed && got[d] == owed[d])
+		d++;
+	if (n == nowed && d == n) {
+		if (verbose)
+			printf("ok   seed %llu: %zu bytes: %s\n", (unsigned long long)seed, n, trace);
+		return 0;
+	}
+	printf("FAIL seed %llu: the peer read %zu bytes, the program wrote %zu; first difference at byte %zu\n"
+	       "     calls: %s\n",
+	       (unsigned long long)seed, n, nowed, d, trace);
+	return 1;
+}
+
+int main(void)
+{
+	gate_close = (void (*)(void))dlsym(RTLD_DEFAULT, "mpipause_gate_close");
+	gate_open = (void (*)(struct mpp_gate_stats *))dlsym(RTLD_DEFAULT, "mpipause_gate_open");
+	if (!gate_close || !gate_open) {
+		fprintf(stderr, "FAIL: libmpipause.so is not preloaded (run: make -C libmpi-shim gen-test)\n");
+		return 1;
+	}
+	signal(SIGPIPE, SIG_IGN);
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	const char *e = getenv("GEN_SEED");
+	uint64_t seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
+	e = getenv("GEN_PROGRAMS");
+	long programs = e ? atol(e) : 2000;
+	int verbose = getenv("GEN_VERBOSE") != NULL, failed = 0;
+	for (long i = 0; i < programs; i++) {
+		if (run_program(seed + (uint64_t)i, verbose) && ++failed == 1)
+			printf("     rerun: make -C libmpi-shim gen-test GEN_SEED=%llu GEN_PROGRAMS=1 GEN_VERBOSE=1\n",
+			       (unsigned long long)(seed + (uint64_t)i));
+	}
+	printf("%s %ld programs from seed %llu: %d failed\n", failed ? "FAIL" : "ok  ", programs,
+	       (unsigned long long)seed, failed);
+	return failed ? 1 : 0;
+}

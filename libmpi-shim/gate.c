@@ -8,6 +8,12 @@
 // byte store recording whether the call was short. Nothing else, so that the
 // return value and errno of every call are exactly the real call's.
 //
+// What is held belongs to the socket, not to the descriptor or the call
+// that wrote it: every descriptor of one socket (dup, dup2, dup3, fcntl's
+// F_DUPFD, SCM_RIGHTS, fdopen) maps to the socket's one state, found by
+// the kernel's identity of the socket (SO_COOKIE) on the slow path, so a
+// write by any route queues behind what another route left held.
+//
 // Closed gate, per TCP socket (G2, docs/guarantees.md): a socket whose last
 // send call was short (the kernel took fewer bytes than asked: the library is
 // in the middle of a message and will call again with the rest) stays open
@@ -64,28 +70,33 @@ struct held {
 	char data[];
 };
 
-struct fdstate {
+// One TCP socket's state: its gate and its held bytes. Made on the slow
+// path for the socket of a descriptor, shared by every descriptor of that
+// socket the slow path has seen, and never given to another socket.
+struct sock {
 	pthread_mutex_t mu;
+	// The socket (SO_COOKIE, set at creation): a descriptor's number may
+	// name another socket later, if the application closed it by a call
+	// the shim does not see.
+	uint64_t cookie;
 	int gated;    // this socket has passed its call boundary under a closed gate
-	int orphan;   // the application closed its fd; this one is the shim's dup
-	int fd;       // the descriptor the bytes go to (moves on close)
+	int orphan;   // the application closed its descriptors; fd is the shim's dup
+	int fd;       // the descriptor the bytes go to (moves on close), -1: none known
 	int flushing; // the control thread is sending its held bytes
 	int shut;     // a shutdown(SHUT_WR) waits for the held bytes (paths.c)
-	// The socket the held bytes belong to (SO_COOKIE, set when the queue
-	// starts): the number may name another socket by the time they are
-	// sent, if the application closed it by a call the shim does not see.
-	uint64_t cookie;
+	int refs;     // fd_tab entries naming it (under tab_mu)
 	struct held *head, *tail;
 	size_t held;
 };
 
-// Per-fd tables, sized from RLIMIT_NOFILE at load (at most MAX_FDS). An fd
+// Per-fd tables, sized from RLIMIT_NOFILE at load (at most MAX_FDS): the
+// fast path's "last call short" flag, and each descriptor's socket. An fd
 // beyond them is never gated: it passes through, and is counted.
 #define MAX_FDS (1 << 20)
-unsigned char *mpp_fd_short;            // last send call on fd was short
-int mpp_nfds;                           // size of the tables
-static struct fdstate *_Atomic *fd_tab; // created on first gated use
-static int tab_hi;                      // fd_tab is empty from here on (under tab_mu)
+unsigned char *mpp_fd_short;         // last send call on fd was short
+int mpp_nfds;                        // size of the tables
+static struct sock *_Atomic *fd_tab; // made on the slow path
+static int tab_hi;                   // fd_tab is empty from here on (under tab_mu)
 #define fd_short mpp_fd_short
 #define nfds mpp_nfds
 static pthread_mutex_t tab_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -156,24 +167,57 @@ int mpp_is_tcp(int fd)
 	return ok;
 }
 
-static struct fdstate *fdstate(int fd)
+// find_sock is the state of socket c that another descriptor found, or
+// NULL. Called with tab_mu held.
+static struct sock *find_sock(uint64_t c)
 {
-	struct fdstate *s;
+	for (int i = 0; i < tab_hi; i++) {
+		struct sock *t = atomic_load_explicit(&fd_tab[i], memory_order_relaxed);
+		if (t && t->cookie == c)
+			return t;
+	}
+	return NULL;
+}
 
-	if ((unsigned)fd >= (unsigned)nfds)
+// bind_fd makes fd's entry name t. Called with tab_mu held. A state no
+// entry names any more stays allocated: a thread may still hold it (it is
+// never another socket's), and it is at most one per socket the process
+// wrote with the gate not open.
+static void bind_fd(int fd, struct sock *t)
+{
+	struct sock *old = atomic_load_explicit(&fd_tab[fd], memory_order_relaxed);
+	if (old == t)
+		return;
+	if (old)
+		old->refs--;
+	if (t)
+		t->refs++;
+	atomic_store_explicit(&fd_tab[fd], t, memory_order_release);
+	if (t && fd >= tab_hi)
+		tab_hi = fd + 1;
+}
+
+// sock_of is the state of socket c (fd's, by mpp_sock_cookie), made if no
+// descriptor's entry has it yet; NULL if fd is beyond the tables or out of
+// memory, or create is 0 and none has it.
+static struct sock *sock_of(int fd, uint64_t c, int create)
+{
+	struct sock *s;
+
+	if ((unsigned)fd >= (unsigned)nfds || c == 0)
 		return NULL;
 	s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire);
-	if (s)
+	if (s && s->cookie == c)
 		return s;
 	pthread_mutex_lock(&tab_mu);
-	s = atomic_load_explicit(&fd_tab[fd], memory_order_relaxed);
-	if (!s && (s = calloc(1, sizeof(*s)))) {
+	s = find_sock(c);
+	if (!s && create && (s = calloc(1, sizeof(*s)))) {
 		pthread_mutex_init(&s->mu, NULL);
+		s->cookie = c;
 		s->fd = fd;
-		atomic_store_explicit(&fd_tab[fd], s, memory_order_release);
-		if (fd >= tab_hi)
-			tab_hi = fd + 1;
 	}
+	if (s)
+		bind_fd(fd, s);
 	pthread_mutex_unlock(&tab_mu);
 	return s;
 }
@@ -186,13 +230,41 @@ static struct mpp_page *page;
 static unsigned char *page_gated;
 static uint64_t *page_held;
 
-// publish mirrors s into the page. Called with s->mu held.
-static void publish(struct fdstate *s)
+// publish mirrors s into the page, at the descriptor its bytes go to.
+// Called with s->mu held.
+static void publish(struct sock *s)
 {
 	if (page && (unsigned)s->fd < (unsigned)nfds) {
 		__atomic_store_n(&page_gated[s->fd], (unsigned char)s->gated, __ATOMIC_RELAXED);
 		__atomic_store_n(&page_held[s->fd], (uint64_t)s->held, __ATOMIC_RELAXED);
 	}
+}
+
+// set_fd makes fd (-1: none) the descriptor s's bytes go to, and moves
+// its place in the page. Called with s->mu held.
+static void set_fd(struct sock *s, int fd)
+{
+	if (page && (unsigned)s->fd < (unsigned)nfds && s->fd != fd) {
+		__atomic_store_n(&page_gated[s->fd], 0, __ATOMIC_RELAXED);
+		__atomic_store_n(&page_held[s->fd], 0, __ATOMIC_RELAXED);
+	}
+	s->fd = fd;
+	publish(s);
+}
+
+// other_fd is a descriptor of s's socket other than not whose entry names
+// s, checked with the kernel, or -1. Called with s->mu held.
+static int other_fd(struct sock *s, int not)
+{
+	int hi;
+	pthread_mutex_lock(&tab_mu);
+	hi = tab_hi;
+	pthread_mutex_unlock(&tab_mu);
+	for (int i = 0; i < hi; i++)
+		if (i != not && atomic_load_explicit(&fd_tab[i], memory_order_acquire) == s &&
+		    mpp_sock_cookie(i) == s->cookie)
+			return i;
+	return -1;
 }
 
 static void publish_gate(int g)
@@ -246,7 +318,7 @@ uint64_t mpp_sock_cookie(int fd)
 }
 
 // drop_held frees s's held queue unsent. Called with s->mu held.
-static size_t drop_held(struct fdstate *s)
+static size_t drop_held(struct sock *s)
 {
 	size_t n = s->held;
 	while (s->head) {
@@ -264,7 +336,7 @@ static size_t drop_held(struct fdstate *s)
 // the shim did not see (a raw close system call): they cannot be sent, and
 // the fd number may already be another socket, which must not get them.
 // Called with s->mu held; the caller gives the room back.
-static size_t gone(struct fdstate *s)
+static size_t gone(struct sock *s)
 {
 	size_t n = drop_held(s);
 	atomic_fetch_add_explicit(&lost, n, memory_order_relaxed);
@@ -275,25 +347,17 @@ static size_t gone(struct fdstate *s)
 	return n;
 }
 
-// append copies the call's bytes to the socket's held queue. Called with
-// s->mu held. Bytes held for a socket that is no longer fd's go first
-// (gone): a queue belongs to one socket.
-static int append(struct fdstate *s, int fd, const struct iovec *iov, int iovcnt, size_t total, int oob)
+// append copies the call's bytes, written through fd, to the socket's
+// held queue. Called with s->mu held.
+static int append(struct sock *s, int fd, const struct iovec *iov, int iovcnt, size_t total, int oob)
 {
 	struct held *h = malloc(sizeof(*h) + total);
 	size_t off = 0;
-	uint64_t c = mpp_sock_cookie(fd);
 
 	if (!h)
 		return -1;
-	if (s->head && s->cookie != c) {
-		size_t n = gone(s);
-		pthread_mutex_unlock(&s->mu);
-		hold_release(n);
-		pthread_mutex_lock(&s->mu);
-	}
-	if (!s->head)
-		s->cookie = c;
+	if (s->fd < 0)
+		set_fd(s, fd);
 	for (int i = 0; i < iovcnt; i++) {
 		memcpy(h->data + off, iov[i].iov_base, iov[i].iov_len);
 		off += iov[i].iov_len;
@@ -358,14 +422,14 @@ static int passes(int fd, int flags)
 // returns what the call returns.
 ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, int flags, ssize_t (*real)(void *), void *arg)
 {
-	struct fdstate *s;
+	struct sock *s;
 	size_t total;
 	ssize_t r;
 	int g, first;
 
 	if (!mpp_is_tcp(fd))
 		return real(arg);
-	s = fdstate(fd);
+	s = sock_of(fd, mpp_sock_cookie(fd), 1);
 	if (!s) {
 		atomic_fetch_add_explicit(&untracked, 1, memory_order_relaxed);
 		return real(arg);
@@ -506,13 +570,14 @@ long long mpp_now_ms(void)
 	return (long long)t.tv_sec * 1000 + t.tv_nsec / 1000000;
 }
 
-// flush_fd sends fd's held bytes in order. New sends to fd are appended
-// behind them meanwhile (s->flushing), so order holds. It stops between
+// flush_fd sends the socket's held bytes in order. New sends to it, by any
+// of its descriptors, are appended behind them meanwhile (s->flushing), so
+// order holds. It stops between
 // chunks once the gate word is no longer word (a newer close; word -1:
 // never): what is left stays held, the socket gated, for that pause's
 // resume. Bytes go only to the socket they were held for: if the number
 // names another one now, they are reported lost (gone), never sent there.
-static void flush_fd(struct fdstate *s, struct mpp_gate_stats *st, int word, long long deadline)
+static void flush_fd(struct sock *s, struct mpp_gate_stats *st, int word, long long deadline)
 {
 	pthread_mutex_lock(&s->mu);
 	s->flushing = 1;
@@ -528,7 +593,14 @@ static void flush_fd(struct fdstate *s, struct mpp_gate_stats *st, int word, lon
 		}
 
 		int to = s->fd; // read under the lock: a close may move it
-		if (mpp_sock_cookie(to) != s->cookie) {
+		if (to < 0 || mpp_sock_cookie(to) != s->cookie) {
+			// That descriptor went by a call the shim does not see:
+			// another of the socket's, if it has one.
+			to = other_fd(s, to);
+			if (to >= 0)
+				set_fd(s, to);
+		}
+		if (to < 0) {
 			size_t n = gone(s);
 			st->flush_errors++;
 			st->flush_errno = EBADF;
@@ -558,7 +630,7 @@ static void flush_fd(struct fdstate *s, struct mpp_gate_stats *st, int word, lon
 	if (s->shut) {
 		// The shutdown the application asked for, after its bytes.
 		s->shut = 0;
-		if (mpp_real.shutdown(s->fd, SHUT_WR) < 0 && errno != ENOTCONN) {
+		if (s->fd >= 0 && mpp_real.shutdown(s->fd, SHUT_WR) < 0 && errno != ENOTCONN) {
 			st->flush_errors++;
 			st->flush_errno = errno;
 		}
@@ -567,8 +639,13 @@ static void flush_fd(struct fdstate *s, struct mpp_gate_stats *st, int word, lon
 	if (s->orphan) {
 		// Delivered what the application wrote before it closed: now the
 		// close it asked for, and the slot is free again.
+		int keep = s->fd;
 		s->orphan = 0;
-		mpp_real.close(s->fd);
+		set_fd(s, -1);
+		pthread_mutex_lock(&tab_mu);
+		bind_fd(keep, NULL);
+		pthread_mutex_unlock(&tab_mu);
+		mpp_real.close(keep);
 	}
 	pthread_mutex_unlock(&s->mu);
 }
@@ -619,7 +696,7 @@ void mpp_gate_flush(struct mpp_gate_stats *st, int word)
 {
 	memset(st, 0, sizeof(*st));
 	for (int fd = 0; fd < nfds; fd++) {
-		struct fdstate *s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire);
+		struct sock *s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire);
 		if (s)
 			flush_fd(s, st, word, 0);
 	}
@@ -645,17 +722,20 @@ void mpp_gate_state(struct mpp_gate_stats *st)
 	memset(st, 0, sizeof(*st));
 	st->gate = GATE_STATE(atomic_load_explicit(&mpp_gate, memory_order_acquire));
 	for (int fd = 0; fd < nfds; fd++) {
-		struct fdstate *s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire);
-		int gated = 0;
+		struct sock *s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire);
+		int gated = 0, counted = 0;
 
 		if (s) {
+			// A socket counts once, at the descriptor its bytes go to.
 			pthread_mutex_lock(&s->mu);
-			st->held += s->held;
+			counted = s->fd == fd;
+			if (counted)
+				st->held += s->held;
 			gated = s->gated;
 			pthread_mutex_unlock(&s->mu);
 		}
 		if (gated)
-			st->gated++;
+			st->gated += counted;
 		else if (st->gate == GATE_CLOSED && fd_short[fd] && mpp_is_tcp(fd))
 			st->closing++; // mid-message: not at a call boundary yet
 	}
@@ -663,25 +743,31 @@ void mpp_gate_state(struct mpp_gate_stats *st)
 	st->lost = atomic_load_explicit(&lost, memory_order_relaxed);
 }
 
-// mpp_keep_held moves fd's held bytes, if it has any, to a descriptor of
-// the shim's own (a dup of the same socket, so the application's number is
-// free for reuse at once) before the application's fd goes: the kernel
-// would deliver bytes written before a close, so the shim must too, and
-// the reopen flushes them and then closes the dup. Any call that ends fd
-// calls it first (close, dup2 over fd, close_range, fclose). It returns
-// the dup, or -1: nothing was held (or the held bytes went now, when no
-// descriptor was left to keep them under).
+// mpp_keep_held is called before the application's fd goes (close, dup2
+// over fd, close_range, fclose): the kernel would deliver bytes written
+// before a close, so the shim must too. If fd is the descriptor its
+// socket's held bytes go to, they move to another descriptor of the socket
+// the application still has, or else to a descriptor of the shim's own (a
+// dup, so the application's number is free for reuse at once), which the
+// reopen flushes and then closes. It returns that dup, or -1: nothing was
+// held, another descriptor has them, or they went now, when no descriptor
+// was left to keep them under.
 int mpp_keep_held(int fd)
 {
-	struct fdstate *s, *other;
+	struct sock *s;
 	int keep;
 
 	if ((unsigned)fd >= (unsigned)nfds || !(s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire)))
 		return -1;
 	pthread_mutex_lock(&s->mu);
-	if (!s->head && !s->flushing && !s->shut) {
-		s->gated = 0;
-		publish(s);
+	if (s->fd == fd && (keep = other_fd(s, fd)) >= 0)
+		set_fd(s, keep);
+	if (s->fd != fd || (!s->head && !s->flushing && !s->shut)) {
+		if (s->fd == fd)
+			set_fd(s, -1);
+		pthread_mutex_lock(&tab_mu);
+		bind_fd(fd, NULL);
+		pthread_mutex_unlock(&tab_mu);
 		pthread_mutex_unlock(&s->mu);
 		return -1;
 	}
@@ -696,23 +782,14 @@ int mpp_keep_held(int fd)
 		return -1;
 	}
 	pthread_mutex_lock(&tab_mu);
-	other = atomic_load_explicit(&fd_tab[keep], memory_order_relaxed);
-	atomic_store_explicit(&fd_tab[keep], s, memory_order_release);
-	atomic_store_explicit(&fd_tab[fd], other, memory_order_release);
-	if (keep >= tab_hi)
-		tab_hi = keep + 1;
+	bind_fd(keep, s);
+	bind_fd(fd, NULL);
 	pthread_mutex_unlock(&tab_mu);
-	s->fd = keep;
-	publish(s);
-	if (other) {
-		pthread_mutex_lock(&other->mu);
-		other->fd = fd;
-		publish(other);
-		pthread_mutex_unlock(&other->mu);
-	} else if (page) {
+	if (page) {
 		page_gated[fd] = 0;
 		page_held[fd] = 0;
 	}
+	set_fd(s, keep);
 	s->orphan = 1;
 	fd_short[keep] = 0;
 	pthread_mutex_unlock(&s->mu);
@@ -723,7 +800,7 @@ int mpp_keep_held(int fd)
 // keep a closed socket's held bytes (close_range must leave it open).
 int mpp_kept(int fd)
 {
-	struct fdstate *s;
+	struct sock *s;
 	if ((unsigned)fd >= (unsigned)nfds || !(s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire)))
 		return 0;
 	pthread_mutex_lock(&s->mu);
@@ -753,16 +830,16 @@ int mpp_close_held(int fd)
 	return mpp_real.close(fd);
 }
 
-// mpp_defer_shutdown is shutdown(fd, SHUT_WR) while fd has held bytes: the
+// mpp_defer_shutdown is shutdown(fd, SHUT_WR) while fd's socket has held bytes: the
 // FIN must follow them, so it is sent by the flush, after the last one.
 // Returns 1 if deferred, 0 if nothing is held (the shutdown goes now).
 int mpp_defer_shutdown(int fd)
 {
-	struct fdstate *s;
-	if ((unsigned)fd >= (unsigned)nfds || !(s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire)))
+	struct sock *s = sock_of(fd, mpp_sock_cookie(fd), 0);
+	if (!s)
 		return 0;
 	pthread_mutex_lock(&s->mu);
-	int defer = (s->head || s->flushing) && s->cookie == mpp_sock_cookie(fd);
+	int defer = s->head || s->flushing;
 	if (defer)
 		s->shut = 1;
 	pthread_mutex_unlock(&s->mu);
@@ -788,7 +865,7 @@ void mpp_gate_end(const char *why)
 	memset(&st, 0, sizeof(st));
 	long long deadline = mpp_now_ms() + ms;
 	for (int fd = 0; fd < nfds; fd++) {
-		struct fdstate *s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire);
+		struct sock *s = atomic_load_explicit(&fd_tab[fd], memory_order_acquire);
 		if (s)
 			flush_fd(s, &st, -1, deadline);
 	}
@@ -826,7 +903,7 @@ void mpp_gate_child(void)
 	// Only the forking thread lives on: tab_hi needs no lock (and the one it
 	// had may have been held by another thread at the fork).
 	for (int fd = 0; fd < tab_hi; fd++) {
-		struct fdstate *s = atomic_load_explicit(&fd_tab[fd], memory_order_relaxed);
+		struct sock *s = atomic_load_explicit(&fd_tab[fd], memory_order_relaxed);
 		if (!s)
 			continue;
 		pthread_mutex_init(&s->mu, NULL);
@@ -878,7 +955,7 @@ int mpp_state_page(void)
 	p->gate = atomic_load(&mpp_gate);
 	page = p;
 	for (int i = 0; i < nfds; i++) {
-		struct fdstate *s = atomic_load_explicit(&fd_tab[i], memory_order_acquire);
+		struct sock *s = atomic_load_explicit(&fd_tab[i], memory_order_acquire);
 		if (s) {
 			pthread_mutex_lock(&s->mu);
 			publish(s);

@@ -16,7 +16,7 @@ VERSION_STR := $(shell scripts/version.sh)
 STAMP := -X github.com/mpipause/mpipause/internal/version.stamped=$(VERSION_STR)
 
 .DEFAULT_GOAL := help
-.PHONY: help deps build generate check-generate check-format check-vagrant test-cluster-script test test-unit test-fuzz test-priv test-multinode test-security test-faults bench bench-base demo clean
+.PHONY: help deps build generate check-generate check-format check-vagrant test-cluster-script test test-unit test-fuzz test-gen test-priv test-multinode test-security test-faults bench bench-base demo clean
 .PHONY: man install uninstall deb check-install check-deb deb-for check-deb-for apps-for
 .PHONY: check-systemd test-containers vagrant-prebuilt check-vagrant-boot check-vagrant-slurm check-vagrant-sbatch check-matrix
 
@@ -83,6 +83,12 @@ FUZZ_TARGETS := internal/ranks:FuzzParseHello internal/ranks:FuzzParseJoin inter
 # "context deadline exceeded" when a worker is busy at the deadline
 # (go.dev/issue/75804), which would be a CI failure with no input behind it.
 FUZZ_TIME ?= 100000x
+
+# The shim's generated programs at length (make test runs 50,000 within
+# test-unit): GEN_PROGRAMS from GEN_SEED (the time if unset).
+GEN_PROGRAMS ?= 1000000
+test-gen: build ## the shim's generated torture programs (libmpi-shim/tests/gen_test.c), GEN_PROGRAMS (1,000,000) of them from GEN_SEED; a failure prints its seed and the command that reruns it (not in make test)
+	@setpriv --inh-caps=-all --bounding-set=-all -- $(MAKE) -s -C libmpi-shim OUT=$(BIN) gen-test GEN_PROGRAMS=$(GEN_PROGRAMS) GEN_SEED=$(GEN_SEED)
 
 test-fuzz: ## fuzz every decoder FUZZ_TIME (100000 inputs) each, and the shim's with libFuzzer, unprivileged; new failures land in testdata/fuzz
 	@for t in $(FUZZ_TARGETS); do \

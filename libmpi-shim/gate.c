@@ -414,6 +414,33 @@ static int passes(int fd, int flags)
 	return 0;
 }
 
+static void flush_fd(struct sock *s, struct mpp_gate_stats *st, int word, long long deadline);
+
+// mpp_unheld is called, with the gate not open, before a call on fd that
+// goes to the kernel because it cannot be held without changing its
+// meaning (what: which call): the socket's held bytes go first, now, so
+// that nothing is reordered. Bytes on a job connection reach the kernel
+// under a closed gate, which the pause's kernel check reports: the pause
+// fails rather than commit (G1), and stderr names the call.
+void mpp_unheld(int fd, const char *what)
+{
+	struct sock *s = sock_of(fd, mpp_sock_cookie(fd), 0);
+	struct mpp_gate_stats st = {0};
+	size_t n;
+
+	if (!s)
+		return;
+	pthread_mutex_lock(&s->mu);
+	n = s->held;
+	pthread_mutex_unlock(&s->mu);
+	if (n == 0)
+		return;
+	if (!getenv("MPIPAUSE_QUIET"))
+		fprintf(stderr, "mpipause: %s on fd %d cannot be held: its socket's %zu held bytes go to the kernel first, under the closed gate\n",
+			what, fd, n);
+	flush_fd(s, &st, -1, 0);
+}
+
 // mpp_gated is the slow path of every wrapper: the gate is not open. real
 // makes the caller's own call unchanged (for pass-through); iov describes
 // its bytes (for holding); flags are the call's MSG_ flags, and
@@ -436,6 +463,11 @@ ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, int flags, ssize_
 	}
 	total = iov_total(iov, iovcnt);
 	pthread_mutex_lock(&s->mu);
+	// The descriptor the bytes go to may have gone by a call the shim does
+	// not see (a close while the gate was open takes the fast path): this
+	// caller's is the socket's, checked just now.
+	if (s->fd != fd && (s->fd < 0 || mpp_sock_cookie(s->fd) != s->cookie))
+		set_fd(s, fd);
 	if (s->shut) {
 		// The application shut the socket down behind its held bytes:
 		// the kernel will refuse this call once they are sent, so the
@@ -449,6 +481,7 @@ ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, int flags, ssize_
 	}
 	if (passes(fd, flags)) {
 		pthread_mutex_unlock(&s->mu);
+		mpp_unheld(fd, flags & MSG_ZEROCOPY ? "a send with MSG_ZEROCOPY" : "a send with MSG_FASTOPEN");
 		return real(arg);
 	}
 	g = atomic_load_explicit(&mpp_gate, memory_order_acquire);
@@ -580,6 +613,13 @@ long long mpp_now_ms(void)
 static void flush_fd(struct sock *s, struct mpp_gate_stats *st, int word, long long deadline)
 {
 	pthread_mutex_lock(&s->mu);
+	// One flusher a socket: another sending the same chunk would send it
+	// twice.
+	while (s->flushing) {
+		pthread_mutex_unlock(&s->mu);
+		poll(NULL, 0, 1);
+		pthread_mutex_lock(&s->mu);
+	}
 	s->flushing = 1;
 	while (s->head) {
 		struct held *h = s->head;

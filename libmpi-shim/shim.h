@@ -93,6 +93,7 @@ int mpp_keep_held(int fd);
 int mpp_kept(int fd);
 int mpp_kept_in(unsigned first, unsigned last, int *out, int max);
 int mpp_defer_shutdown(int fd);
+void mpp_unheld(int fd, const char *what);
 void mpp_gate_end(const char *why);
 void mpp_gate_child(void);
 uint64_t mpp_sock_cookie(int fd);

@@ -125,8 +125,10 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 			mpp_note_short(fd, r, iov_len(msg->msg_iov, msg->msg_iovlen));
 		return r;
 	}
-	// Ancillary data (fd passing, ...) only travels with a real call; a TCP
-	// socket has none that could be held, so such calls pass through.
+	// Ancillary data (timestamping, ...) means something at the moment of
+	// the call: it passes, behind what the socket has held.
+	if (msg != NULL && msg->msg_controllen > 0)
+		mpp_unheld(fd, "sendmsg with ancillary data");
 	if (msg == NULL || msg->msg_controllen > 0 || msg->msg_iovlen > IOV_MAX)
 		return REAL(sendmsg)(fd, msg, flags);
 	struct vec_args a = {fd, msg->msg_iov, (int)msg->msg_iovlen, msg, flags};

@@ -148,7 +148,7 @@ static void one_op(void)
 {
 	static unsigned char b[MAX_CHUNK];
 	size_t n = 1 + pick(MAX_CHUNK);
-	int fd = any_alias(), flags = (int[]){0, MSG_NOSIGNAL, MSG_MORE, MSG_DONTWAIT}[pick(4)];
+	int fd = any_alias(), flags = (int[]){0, MSG_NOSIGNAL, MSG_MORE, MSG_DONTWAIT, MSG_ZEROCOPY}[pick(5)];
 	ssize_t r;
 	unsigned op = pick(20);
 	if (op >= 17)
@@ -176,8 +176,24 @@ static void one_op(void)
 			off += l;
 		}
 		struct msghdr m = {.msg_iov = v, .msg_iovlen = k};
+		// Sometimes with ancillary data a TCP socket takes: a
+		// timestamping request (no flags: nothing is recorded).
+		union {
+			char b[CMSG_SPACE(sizeof(uint32_t))];
+			struct cmsghdr align;
+		} cb;
+		int anc = pick(3) == 0;
+		if (anc) {
+			memset(&cb, 0, sizeof(cb));
+			m.msg_control = cb.b;
+			m.msg_controllen = sizeof(cb.b);
+			struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+			c->cmsg_level = SOL_SOCKET;
+			c->cmsg_type = SO_TIMESTAMPING;
+			c->cmsg_len = CMSG_LEN(sizeof(uint32_t));
+		}
 		r = sendmsg(fd, &m, flags);
-		note("sendmsg(%d,%zu iov,%zu)=%zd ", fd, k, n, r);
+		note("sendmsg(%d,%zu iov,%zu%s)=%zd ", fd, k, n, anc ? ",cmsg" : "", r);
 		wrote(b, r);
 		break;
 	}
@@ -350,6 +366,14 @@ static int run_program(uint64_t seed, int verbose)
 	return 1;
 }
 
+// env is the variable's value, NULL if unset or empty (make passes its
+// unset variables as empty).
+static const char *env(const char *name)
+{
+	const char *v = getenv(name);
+	return v && *v ? v : NULL;
+}
+
 int main(void)
 {
 	gate_close = (void (*)(void))dlsym(RTLD_DEFAULT, "mpipause_gate_close");
@@ -360,11 +384,11 @@ int main(void)
 	}
 	signal(SIGPIPE, SIG_IGN);
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	const char *e = getenv("GEN_SEED");
+	const char *e = env("GEN_SEED");
 	uint64_t seed = e ? strtoull(e, NULL, 10) : (uint64_t)time(NULL);
-	e = getenv("GEN_PROGRAMS");
+	e = env("GEN_PROGRAMS");
 	long programs = e ? atol(e) : 2000;
-	int verbose = getenv("GEN_VERBOSE") != NULL, failed = 0;
+	int verbose = env("GEN_VERBOSE") != NULL, failed = 0;
 	for (long i = 0; i < programs; i++) {
 		if (run_program(seed + (uint64_t)i, verbose) && ++failed == 1)
 			printf("     rerun: make -C libmpi-shim gen-test GEN_SEED=%llu GEN_PROGRAMS=1 GEN_VERBOSE=1\n",

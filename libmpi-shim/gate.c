@@ -85,9 +85,25 @@ struct sock {
 	int flushing; // the control thread is sending its held bytes
 	int shut;     // a shutdown(SHUT_WR) waits for the held bytes (paths.c)
 	int refs;     // fd_tab entries naming it (under tab_mu)
+	int slot;     // its entry in the shared table while it holds bytes, or -1
+	int await;    // in a forked child: the parent's entry to wait for, or -1
 	struct held *head, *tail;
 	size_t held;
 };
+
+// The shared table: which sockets hold bytes, and how many, in a mapping a
+// forked child shares with its parent. A child's write to a socket whose
+// bytes its parent holds must come after them: the child waits until the
+// parent's entry for that socket is gone (mpp_gate_child, child_wait).
+enum { SHARED_SLOTS = 4096 };
+struct shared_entry {
+	_Atomic uint64_t cookie; // 0: free
+	_Atomic uint64_t held;
+};
+static struct shared_entry *shared;        // this process's entries
+static struct shared_entry *parent_shared; // in a forked child: its parent's
+static pid_t parent_pid;                   // in a forked child
+static _Atomic int awaiting;               // in a forked child: sockets waiting for the parent
 
 // Per-fd tables, sized from RLIMIT_NOFILE at load (at most MAX_FDS): the
 // fast path's "last call short" flag, and each descriptor's socket. An fd
@@ -132,6 +148,13 @@ void mpp_resolve(void)
 	mpp_real.recvmmsg = next_sym("recvmmsg");
 }
 
+static struct shared_entry *new_shared(void)
+{
+	void *p = mmap(NULL, SHARED_SLOTS * sizeof(struct shared_entry), PROT_READ | PROT_WRITE,
+		       MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
 void mpp_gate_init(void)
 {
 	struct rlimit rl;
@@ -152,6 +175,7 @@ void mpp_gate_init(void)
 	}
 	if ((e = getenv("MPIPAUSE_HOLD_MAX_MB")) && atol(e) > 0)
 		hold_max = (size_t)atol(e) << 20;
+	shared = new_shared();
 }
 
 // mpp_is_tcp reports whether fd is a TCP socket (IPv4 or IPv6), leaving errno
@@ -215,6 +239,8 @@ static struct sock *sock_of(int fd, uint64_t c, int create)
 		pthread_mutex_init(&s->mu, NULL);
 		s->cookie = c;
 		s->fd = fd;
+		s->slot = -1;
+		s->await = -1;
 	}
 	if (s)
 		bind_fd(fd, s);
@@ -230,10 +256,37 @@ static struct mpp_page *page;
 static unsigned char *page_gated;
 static uint64_t *page_held;
 
-// publish mirrors s into the page, at the descriptor its bytes go to.
-// Called with s->mu held.
+// share mirrors s's held bytes into the shared table, taking an entry
+// when it starts to hold and giving it back when it stops. Called with
+// s->mu held. With no free entry, a child forked meanwhile does not wait
+// for this socket.
+static void share(struct sock *s)
+{
+	if (!shared)
+		return;
+	if (s->held > 0 && s->slot < 0) {
+		for (int i = 0; i < SHARED_SLOTS; i++) {
+			uint64_t free = 0;
+			if (atomic_compare_exchange_strong(&shared[i].cookie, &free, s->cookie)) {
+				s->slot = i;
+				break;
+			}
+		}
+	}
+	if (s->slot < 0)
+		return;
+	atomic_store(&shared[s->slot].held, s->held);
+	if (s->held == 0) {
+		atomic_store(&shared[s->slot].cookie, 0);
+		s->slot = -1;
+	}
+}
+
+// publish mirrors s into the page, at the descriptor its bytes go to, and
+// into the shared table. Called with s->mu held.
 static void publish(struct sock *s)
 {
+	share(s);
 	if (page && (unsigned)s->fd < (unsigned)nfds) {
 		__atomic_store_n(&page_gated[s->fd], (unsigned char)s->gated, __ATOMIC_RELAXED);
 		__atomic_store_n(&page_held[s->fd], (uint64_t)s->held, __ATOMIC_RELAXED);
@@ -416,6 +469,51 @@ static int passes(int fd, int flags)
 
 static void flush_fd(struct sock *s, struct mpp_gate_stats *st, int word, long long deadline);
 
+// parent_done reports whether the parent no longer holds bytes for s's
+// socket (or is gone: then they are lost, as when a process dies).
+static int parent_done(struct sock *s)
+{
+	return atomic_load(&parent_shared[s->await].cookie) != s->cookie || getppid() != parent_pid;
+}
+
+// child_wait, in a forked child whose parent held bytes for some sockets
+// at the fork, waits, before a write to such a socket, until the parent has
+// sent them, like a sender on a full socket; and opens the child's gate
+// once no socket waits.
+static void child_wait(struct sock *s)
+{
+	// The other sockets the parent is done with stop waiting too, so the
+	// gate opens without a write to each.
+	for (int i = 0; i < tab_hi; i++) {
+		struct sock *t = atomic_load_explicit(&fd_tab[i], memory_order_acquire);
+		if (t && t != s) {
+			pthread_mutex_lock(&t->mu);
+			if (t->await >= 0 && parent_done(t)) {
+				t->await = -1;
+				if (atomic_fetch_sub(&awaiting, 1) == 1) {
+					int w = GATE_WORD(GATE_FLUSHING, 0);
+					atomic_compare_exchange_strong(&mpp_gate, &w, GATE_OPEN);
+				}
+			}
+			pthread_mutex_unlock(&t->mu);
+		}
+	}
+	pthread_mutex_lock(&s->mu);
+	if (s->await >= 0) {
+		while (!parent_done(s)) {
+			pthread_mutex_unlock(&s->mu);
+			poll(NULL, 0, 1);
+			pthread_mutex_lock(&s->mu);
+		}
+		s->await = -1;
+		if (atomic_fetch_sub(&awaiting, 1) == 1) {
+			int w = GATE_WORD(GATE_FLUSHING, 0);
+			atomic_compare_exchange_strong(&mpp_gate, &w, GATE_OPEN);
+		}
+	}
+	pthread_mutex_unlock(&s->mu);
+}
+
 // mpp_unheld is called, with the gate not open, before a call on fd that
 // goes to the kernel because it cannot be held without changing its
 // meaning (what: which call): the socket's held bytes go first, now, so
@@ -462,6 +560,8 @@ ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, int flags, ssize_
 		return real(arg);
 	}
 	total = iov_total(iov, iovcnt);
+	if (atomic_load_explicit(&awaiting, memory_order_relaxed))
+		child_wait(s);
 	pthread_mutex_lock(&s->mu);
 	// The descriptor the bytes go to may have gone by a call the shim does
 	// not see (a close while the gate was open takes the fast path): this
@@ -918,10 +1018,18 @@ void mpp_gate_end(const char *why)
 // the parent, so the child gets an open gate on a private page, private
 // "last call short" flags (not the parent's state page), and none of the
 // parent's held bytes, which are the parent's to send (the child's copies
-// of the dups that keep closed sockets' bytes are closed). Only the forking
-// thread lives on in the child, so the locks are made anew.
+// of the dups that keep closed sockets' bytes are closed). A socket whose
+// bytes the parent holds waits for them before the child's first write to
+// it (child_wait); until none waits, the child's gate says flushing, so its
+// writes take the slow path. Only the forking thread lives on in the child,
+// so the locks are made anew.
 void mpp_gate_child(void)
 {
+	int waits = 0;
+
+	parent_shared = shared;
+	parent_pid = getppid();
+	shared = new_shared();
 	if (mmap(&mpp_gate_pg, sizeof(mpp_gate_pg), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
 		 -1, 0) != MAP_FAILED)
 		atomic_store(&mpp_gate, GATE_OPEN);
@@ -947,6 +1055,11 @@ void mpp_gate_child(void)
 		if (!s)
 			continue;
 		pthread_mutex_init(&s->mu, NULL);
+		if (s->slot >= 0 && parent_shared && s->await < 0) {
+			s->await = s->slot;
+			waits++;
+		}
+		s->slot = -1;
 		drop_held(s);
 		s->gated = 0;
 		s->flushing = 0;
@@ -954,6 +1067,10 @@ void mpp_gate_child(void)
 			s->orphan = 0;
 			mpp_real.close(fd);
 		}
+	}
+	if (waits) {
+		atomic_store(&awaiting, waits);
+		atomic_store(&mpp_gate, GATE_WORD(GATE_FLUSHING, 0));
 	}
 }
 

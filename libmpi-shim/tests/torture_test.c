@@ -355,7 +355,9 @@ static void test_fork(void)
 	if (pid == 0) {
 		struct mpp_gate_stats st;
 		gate_state(&st);
-		if (st.gate != GATE_OPEN || st.held != 0)
+		// Not closed: flushing while the parent holds bytes for one of
+		// its sockets (test_fork_order), and none of them the child's.
+		if (st.gate == GATE_CLOSED || st.held != 0)
 			_exit(10);
 		int c = socket(AF_INET, SOCK_STREAM, 0);
 		if (connect(c, (void *)&a, sizeof(a)) < 0 || send(c, "CHILD-0123", 10, 0) != 10)
@@ -386,6 +388,46 @@ static void test_fork(void)
 	close(ln);
 	close(full[0]);
 	close(full[1]);
+}
+
+// T4: a forked child's write to a socket whose bytes its parent holds
+// comes after them: the child waits, as on a full socket, until the
+// parent's gate reopens and sends them.
+static void test_fork_order(void)
+{
+	int s[2], ready[2];
+	char b[64];
+	tcp_pair(s, 0);
+	if (pipe(ready) < 0)
+		die("pipe");
+	gate_close();
+	CHECK(send(s[0], "PARENT", 6, 0) == 6, "held send");
+	pid_t pid = fork();
+	if (pid == 0) {
+		close(ready[0]);
+		if (write(ready[1], "r", 1) != 1 || send(s[0], "CHILD", 5, 0) != 5)
+			_exit(11);
+		_exit(0);
+	}
+	close(ready[1]);
+	struct pollfd p = {.fd = ready[0], .events = POLLIN};
+	CHECK(poll(&p, 1, 10000) == 1, "the child did not start");
+	// The child is at its send: nothing may reach the peer while the
+	// parent's bytes are held (a second, long enough for a send that does
+	// not wait to arrive).
+	p = (struct pollfd){.fd = s[1], .events = POLLIN};
+	int early = poll(&p, 1, 1000);
+	opened();
+	int status = 0;
+	waitpid(pid, &status, 0);
+	close(s[0]);
+	ssize_t n = read_all(s[1], b, sizeof(b));
+	CHECK(early == 0, "the child's write reached the peer while its parent held bytes for the socket");
+	CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0, "child: status %#x", status);
+	CHECK(n == 11 && memcmp(b, "PARENTCHILD", 11) == 0, "the peer read \"%.*s\", want PARENTCHILD",
+	      (int)(n > 0 ? n : 0), b);
+	close(s[1]);
+	close(ready[0]);
 }
 
 struct watchdog {
@@ -577,6 +619,7 @@ int main(void)
 		{"T5 MSG_ZEROCOPY", test_zerocopy},
 		{"L2 exit with held bytes", test_exit},
 		{"L2 exec with held bytes", test_exec},
+		{"T4 fork: the child writes after its parent's held bytes", test_fork_order},
 		{"T4 fork", test_fork}, // last: it shares the gate and state pages
 	};
 	return RUN_TESTS(tests);

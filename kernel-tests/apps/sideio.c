@@ -18,6 +18,14 @@
 // it; the parent's also the number of children it forked), then
 // shutdown(SHUT_WR), and the parent reads until the server closes.
 //
+// The parent's records go through several descriptors of its one connection
+// (the socket's own, a dup, an fcntl F_DUPFD_CLOEXEC copy, one received
+// over a unix socket with SCM_RIGHTS), a record's header and body through
+// the one chosen for it at random, and every 16 records one of the copies
+// is closed and made again: held bytes belong to the socket whatever
+// descriptor wrote them (libmpi-shim/README.md), so the stream stays in
+// order across pauses.
+//
 // With -B the server also talks back: it sends a numbered stream on every
 // rank's own connection, all the time, paused or not, and a third thread of
 // the rank reads it with raw syscall(SYS_read) and syscall(SYS_recvfrom),
@@ -183,8 +191,11 @@ struct side {
 };
 
 // conn is one connection's sending state.
+enum { ALIASES = 4 };
+
 struct conn {
 	int fd;
+	int alias[ALIASES]; // descriptors of fd's socket (alias[0] is fd); all 0 in a child's connection: fd alone
 	int rank;
 	uint32_t child;
 	uint64_t seq;
@@ -261,16 +272,22 @@ static int send_rec(struct conn *c, struct rec *h, const unsigned char *body, in
 	h->rank = (uint16_t)c->rank;
 	h->child = c->child;
 	h->seq = c->seq;
+	int fd = c->fd;
+	if (c->alias[1] > 0) {
+		int a = c->alias[next_rand(&c->rng) % ALIASES];
+		if (a >= 0)
+			fd = a;
+	}
 	switch (how) {
 	case K_SENDFILE:
-		rc = put_all(c->fd, h, sizeof(*h), K_WRITE) || put_file(c->fd, file, (off_t)h->arg, h->len);
+		rc = put_all(fd, h, sizeof(*h), K_WRITE) || put_file(fd, file, (off_t)h->arg, h->len);
 		break;
 	case K_WRITEV:
 	case K_SENDMSG:
-		rc = put_vec(c->fd, h, body, h->len, how);
+		rc = put_vec(fd, h, body, h->len, how);
 		break;
 	default:
-		rc = put_all(c->fd, h, sizeof(*h), how) || put_all(c->fd, body, h->len, how);
+		rc = put_all(fd, h, sizeof(*h), how) || put_all(fd, body, h->len, how);
 	}
 	if (rc == 0) {
 		c->seq++;
@@ -296,6 +313,48 @@ static int one_record(struct conn *c, int file)
 	}
 	fill(c->body, h.len, body_seed(c->rank, c->child, c->seq));
 	return send_rec(c, &h, c->body, how, -1);
+}
+
+// passed is a copy of fd made by sending it to ourselves over a unix
+// socket (SCM_RIGHTS), or -1.
+static int passed(int fd)
+{
+	int sv[2], got = -1;
+	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
+		return -1;
+	char c = 'f';
+	union {
+		char b[CMSG_SPACE(sizeof(int))];
+		struct cmsghdr align;
+	} u;
+	struct iovec iov = {&c, 1};
+	struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = u.b, .msg_controllen = sizeof(u.b)};
+	struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+	h->cmsg_level = SOL_SOCKET;
+	h->cmsg_type = SCM_RIGHTS;
+	h->cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(h), &fd, sizeof(int));
+	if (sendmsg(sv[0], &m, 0) == 1) {
+		m.msg_controllen = sizeof(u.b);
+		if (recvmsg(sv[1], &m, MSG_CMSG_CLOEXEC) == 1 && (h = CMSG_FIRSTHDR(&m)) && h->cmsg_type == SCM_RIGHTS)
+			memcpy(&got, CMSG_DATA(h), sizeof(int));
+	}
+	close(sv[0]);
+	close(sv[1]);
+	return got;
+}
+
+// alias makes copy i (1..ALIASES-1) of c's descriptor, each its own way.
+static int alias(struct conn *c, int i)
+{
+	switch (i) {
+	case 1:
+		return c->alias[1] = dup(c->fd);
+	case 2:
+		return c->alias[2] = fcntl(c->fd, F_DUPFD_CLOEXEC, 64);
+	default:
+		return c->alias[3] = passed(c->fd);
+	}
 }
 
 static int dial(const struct side *s)
@@ -520,12 +579,27 @@ static void *side_main(void *arg)
 		back = 1;
 		what = "connect";
 	}
+	c.alias[0] = c.fd;
+	what = "copies of the descriptor";
+	for (int i = 1; i < ALIASES; i++)
+		if (alias(&c, i) < 0)
+			goto fail;
 	if (hello(&c) != 0)
 		goto fail;
 	what = "send";
 	while (!atomic_load(&s->stop)) {
 		if (one_record(&c, s->file) != 0)
 			goto fail;
+		if (c.seq % 16 == 0) {
+			// A copy closed (its held bytes, if any, stay the
+			// socket's) and made again.
+			int i = 1 + (int)(next_rand(&c.rng) % (ALIASES - 1));
+			close(c.alias[i]);
+			what = "copies of the descriptor";
+			if (alias(&c, i) < 0)
+				goto fail;
+			what = "send";
+		}
 		if (s->fork_every > 0 && c.seq % (uint64_t)s->fork_every == 0) {
 			what = "fork";
 			if (spawn(s) != 0)
@@ -559,6 +633,8 @@ static void *side_main(void *arg)
 		s->failed = 1;
 	}
 done:
+	for (int i = 1; i < ALIASES; i++)
+		close(c.alias[i]);
 	close(c.fd);
 	reap(s, 1);
 	s->records = c.seq, s->bytes = c.sent;

@@ -88,6 +88,7 @@ static void at_child(void)
 {
 	owner = getpid();
 	mpp_gate_child();
+	mpp_stash_child();
 	// The child is not a rank: Ctrl-Z stops it as it would without the shim.
 	mpp_signals_restore();
 }
@@ -336,6 +337,17 @@ static void before_exec(void)
 {
 	if (!GATE_IS_OPEN() && owner == getpid())
 		mpp_gate_end("exec");
+	// Stashed bytes cannot go back into the kernel: a socket that stays
+	// open across the exec loses them, and the log says so.
+	size_t lost = mpp_stash_exec_lost();
+	if (lost > 0) {
+		char m[160];
+		int n = snprintf(m, sizeof(m), "mpipause: exec drops %zu received bytes the drain stashed for a socket that stays open\n", lost);
+		if (n > 0) {
+			ssize_t w = write(2, m, (size_t)n);
+			(void)w;
+		}
+	}
 }
 
 EXPORT int execve(const char *path, char *const argv[], char *const envp[])

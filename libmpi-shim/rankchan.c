@@ -187,6 +187,10 @@ static struct pollfd drain_fds[DRAIN_MAX];
 static ino_t drain_ino[DRAIN_MAX];
 static unsigned char drain_skip[DRAIN_MAX];
 static int drain_n;
+// drain_socks counts the sockets among them: descriptors of one socket
+// share its stash (stash.c), and each is watched.
+static uint64_t drain_ck[DRAIN_MAX];
+static int drain_socks;
 static int (*real_poll)(struct pollfd *, nfds_t, int);
 // The set of the DRAIN being read: "DRAIN <n>" and then n cookies in
 // COOKIES lines ("C <hex> ..."), sorted once complete.
@@ -210,7 +214,7 @@ static int in_set(uint64_t c)
 static void drain_scan(void)
 {
 	DIR *d = opendir("/proc/self/fd");
-	drain_n = 0;
+	drain_n = drain_socks = 0;
 	if (!d)
 		return;
 	struct dirent *e;
@@ -235,6 +239,11 @@ static void drain_scan(void)
 		struct stat st;
 		if (fstat((int)fd, &st) < 0)
 			continue;
+		int seen = 0;
+		for (int i = 0; i < drain_n && !seen; i++)
+			seen = drain_ck[i] == ck;
+		drain_socks += !seen;
+		drain_ck[drain_n] = ck;
 		drain_skip[drain_n] = 0;
 		drain_ino[drain_n] = st.st_ino;
 		drain_fds[drain_n++] = (struct pollfd){.fd = (int)fd, .events = POLLIN};
@@ -294,7 +303,8 @@ static void drain_start(char *out, size_t n)
 	mpp_stash_full(1);
 	full_told = 0;
 	drain_scan();
-	snprintf(out, n, "DRAINING sockets=%d stashed=%zd\n", drain_n, drain_pass());
+	ssize_t stashed = drain_pass();
+	snprintf(out, n, "DRAINING sockets=%d stashed=%zd\n", drain_socks, stashed);
 }
 
 // answer serves one request line of mpid: -1 if the channel failed.

@@ -177,12 +177,12 @@ void mpp_quickack(int fd);
 
 // stash.c: the receive-side drain. While a pause is in progress the
 // control thread reads what waits in the receive queues of the rank's TCP
-// sockets into a per-fd stash in process memory, so that the kernel reports
+// sockets into a stash per socket in process memory, so that the kernel reports
 // them empty whether or not the application reads; the wrapped reads give
 // those bytes back first, in order, and the wrapped waits (waits.h) report
 // the fd readable while its stash holds bytes.
 //
-// mpp_stash_live counts the fds whose stash holds bytes: a wrapped wait
+// mpp_stash_live counts the stashes that hold bytes: a wrapped wait
 // loads it first and makes the real call unchanged when it is 0.
 extern _Atomic int mpp_stash_live;
 // mpp_stash_ready is nonzero while fd's stash holds bytes (or an error to
@@ -191,14 +191,20 @@ int mpp_stash_ready(int fd);
 // mpp_stash_edge changes each time fd's stash goes from empty to holding
 // bytes: an edge-triggered (EPOLLET) registration reports fd once per value.
 unsigned mpp_stash_edge(int fd);
-// mpp_stash_fd moves what waits in fd's receive queue into its stash, unless
-// an application thread is reading fd right now (that thread gets the
-// bytes) or fd is no longer the file with inode ino (0: any). Returns the
-// bytes moved, 0 if none, -1 if skipped.
+// mpp_stash_fd moves what waits in fd's receive queue into its socket's
+// stash, unless an application thread is reading a descriptor of the socket
+// right now (that thread gets the bytes) or fd is no longer the file with
+// inode ino (0: any). Returns the bytes moved, 0 if none, -1 if skipped.
 ssize_t mpp_stash_fd(int fd, ino_t ino);
-// mpp_stash_forget drops fd's stash; mpp_stash_closing and mpp_stash_closed
-// go around anything that closes fd (stash.c).
+// mpp_stash_forget detaches fd from its socket's stash (the bytes stay for
+// the socket's other descriptors); mpp_stash_closing and mpp_stash_closed
+// go around anything that closes fd; mpp_stash_adopt follows anything that
+// makes a new descriptor of a socket (stash.c).
 void mpp_stash_forget(int fd);
+void mpp_stash_adopt(int fd);
+void mpp_stash_adopt_rights(const struct msghdr *msg);
+void mpp_stash_child(void);
+size_t mpp_stash_exec_lost(void);
 int mpp_stash_closing(int fd);
 int mpp_stash_enter(int fd);
 void mpp_stash_closed(int fd, int counted);

@@ -5,39 +5,60 @@
 // waits somewhere other than in MPI, reads nothing: its queues, and then its
 // peers' send queues, stay full. So while a pause is in progress the
 // control thread reads what waits in the rank's TCP receive queues into a
-// stash per fd, in process memory, which the freeze keeps with the rest of
-// the process (DMTCP drains sockets the same way before a checkpoint). The
-// wrapped reads give those bytes back before anything the kernel holds, in
-// order, and the wrapped waits (waits.h) report the fd readable while its
+// stash per socket, in process memory, which the freeze keeps with the rest
+// of the process (DMTCP drains sockets the same way before a checkpoint).
+// The wrapped reads give those bytes back before anything the kernel holds,
+// in order, and the wrapped waits (waits.h) report the fd readable while its
 // stash is not empty.
+//
+// A stash belongs to the socket (its inode), not to a descriptor: every
+// descriptor of the socket the process has is attached to the one stash
+// (tab[fd]), so a read by any of them gets the stashed bytes first. The
+// drain attaches the descriptors it finds in /proc/self/fd; one made later
+// by a wrapped call (dup, dup2, dup3, fcntl's F_DUPFD, SCM_RIGHTS) is
+// attached by mpp_stash_adopt; closing one detaches it, and the bytes stay
+// for the others. fd_gen counts the wrapped calls that change which socket
+// a number names, so a drain that raced one starts again.
 //
 // Order is the whole difficulty: the control thread and an application
 // thread must never both read one socket at once, or bytes could reach the
 // application out of order. Each fd has a count of application threads
 // inside a wrapped read of it ("busy") and a flag that sends reads to the
-// slow path ("slow": SLOW_DRAIN while a drain is taking from the fd,
-// SLOW_HELD while its stash holds bytes). A reader increments busy and then loads slow; the drain sets slow
-// and then loads busy; both sequentially consistent, so at least one of
-// them sees the other (Dekker). A reader that sees slow takes the fd's
+// slow path ("slow": SLOW_DRAIN while a drain is taking from the socket,
+// SLOW_HELD while its stash holds bytes). A reader increments busy and then
+// loads slow; the drain sets slow on every descriptor of the socket and then
+// loads their busy counts; both sequentially consistent, so at least one of
+// them sees the other (Dekker). A reader that sees slow takes the stash's
 // mutex, under which the drain reads, and gets the stash first. A drain
-// that sees busy leaves the fd alone: the thread reading it gets the bytes.
-// The fast path of a read is therefore one atomic increment, one load and
-// one decrement around the real call.
+// that sees busy leaves the socket alone: the thread reading it gets the
+// bytes. The fast path of a read is therefore one atomic increment, one load
+// and one decrement around the real call.
 #include "shim.h"
+#include <dirent.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 struct stash {
 	pthread_mutex_t mu;
 	char *buf;
 	size_t off, len, cap; // buf[off, len) waits for the application
 	int err;              // an error the drain's read got, given after the bytes
+	// The socket (its inode) while the stash is in use, 0 while free: set
+	// under tab_mu (claim), cleared under tab_mu and mu (release); atomic,
+	// since a reader checks it under mu alone.
+	_Atomic(ino_t) ino;
+	int *fds; // the descriptors attached (tab[fd] == this), nfd of capfd
+	int nfd, capfd;
 };
 
 // Per-fd arrays, as large as gate.c's tables (mpp_nfds); calloc'd, so the
@@ -47,7 +68,14 @@ _Atomic int *mpp_read_busy;
 _Atomic unsigned char *mpp_read_slow;
 static _Atomic(struct stash *) *tab;
 static _Atomic unsigned *edge;
+// Every stash made, free ones included: never freed (a reader may hold a
+// pointer to one while it is detached), one at most per socket in use, so
+// at most mpp_nfds.
+static struct stash **pool;
+static int npool;
 static pthread_mutex_t tab_mu = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic unsigned fd_gen;
+static _Atomic int in_use; // stashes whose ino is set
 _Atomic int mpp_stash_live;
 enum { SLOW_NONE, SLOW_DRAIN, SLOW_HELD };
 
@@ -102,15 +130,18 @@ void mpp_stash_init(void)
 	mpp_read_slow = calloc(mpp_nfds, sizeof(*mpp_read_slow));
 	tab = calloc(mpp_nfds, sizeof(*tab));
 	edge = calloc(mpp_nfds, sizeof(*edge));
-	if (!mpp_read_busy || !mpp_read_slow || !tab || !edge) {
+	pool = calloc(mpp_nfds, sizeof(*pool));
+	if (!mpp_read_busy || !mpp_read_slow || !tab || !edge || !pool) {
 		free(mpp_read_busy);
 		free((void *)mpp_read_slow);
 		free(tab);
 		free(edge);
+		free(pool);
 		mpp_read_busy = NULL;
 		mpp_read_slow = NULL;
 		tab = NULL;
 		edge = NULL;
+		pool = NULL;
 	}
 }
 
@@ -119,24 +150,113 @@ static int tracked(int fd)
 	return tab != NULL && (unsigned)fd < (unsigned)mpp_nfds;
 }
 
-static struct stash *get(int fd, int create)
-{
-	struct stash *s = atomic_load_explicit(&tab[fd], memory_order_acquire);
-	if (s || !create)
-		return s;
-	pthread_mutex_lock(&tab_mu);
-	s = atomic_load_explicit(&tab[fd], memory_order_relaxed);
-	if (!s && (s = calloc(1, sizeof(*s)))) {
-		pthread_mutex_init(&s->mu, NULL);
-		atomic_store_explicit(&tab[fd], s, memory_order_release);
-	}
-	pthread_mutex_unlock(&tab_mu);
-	return s;
-}
-
 static int holding(const struct stash *s)
 {
 	return s->len > s->off || s->err != 0;
+}
+
+// find is the stash of the socket with inode ino, or NULL; under tab_mu.
+static struct stash *find(ino_t ino)
+{
+	for (int i = 0; i < npool; i++)
+		if (pool[i]->ino == ino)
+			return pool[i];
+	return NULL;
+}
+
+// claim takes a free stash (or makes one) for the socket ino; under tab_mu.
+// The caller locks it before anything else can: a free stash is locked
+// only for a moment, by a reader finding it detached.
+static struct stash *claim(ino_t ino)
+{
+	struct stash *s = NULL;
+	for (int i = 0; i < npool && !s; i++)
+		if (pool[i]->ino == 0)
+			s = pool[i];
+	if (!s && npool < mpp_nfds && (s = calloc(1, sizeof(*s)))) {
+		pthread_mutex_init(&s->mu, NULL);
+		pool[npool++] = s;
+	}
+	if (s) {
+		s->ino = ino;
+		atomic_fetch_add_explicit(&in_use, 1, memory_order_seq_cst);
+	}
+	return s;
+}
+
+// release frees s once no descriptor is attached and it holds nothing;
+// with s->mu held.
+static void release(struct stash *s)
+{
+	pthread_mutex_lock(&tab_mu);
+	s->ino = 0;
+	atomic_fetch_sub_explicit(&in_use, 1, memory_order_seq_cst);
+	pthread_mutex_unlock(&tab_mu);
+}
+
+static int attached(const struct stash *s, int fd)
+{
+	for (int i = 0; i < s->nfd; i++)
+		if (s->fds[i] == fd)
+			return 1;
+	return 0;
+}
+
+// attach makes fd one of s's descriptors, with slow as its flag; with s->mu
+// held. 0 if there was no memory for it.
+static int attach(struct stash *s, int fd, int slow)
+{
+	if (attached(s, fd))
+		return 1;
+	if (s->nfd == s->capfd) {
+		int c = s->capfd ? s->capfd * 2 : 4;
+		int *f = realloc(s->fds, (size_t)c * sizeof(*f));
+		if (!f)
+			return 0;
+		s->fds = f;
+		s->capfd = c;
+	}
+	s->fds[s->nfd++] = fd;
+	atomic_store_explicit(&tab[fd], s, memory_order_seq_cst);
+	if (slow == SLOW_HELD)
+		atomic_fetch_add_explicit(&edge[fd], 1, memory_order_release);
+	atomic_store_explicit(&mpp_read_slow[fd], (unsigned char)slow, memory_order_seq_cst);
+	return 1;
+}
+
+static void set_slow(struct stash *s, int slow)
+{
+	for (int i = 0; i < s->nfd; i++) {
+		if (slow == SLOW_HELD)
+			atomic_fetch_add_explicit(&edge[s->fds[i]], 1, memory_order_release);
+		atomic_store_explicit(&mpp_read_slow[s->fds[i]], (unsigned char)slow, memory_order_seq_cst);
+	}
+}
+
+// detach_all ends the slow path of every descriptor of s and frees it;
+// with s->mu held, and s holding nothing.
+static void detach_all(struct stash *s)
+{
+	for (int i = 0; i < s->nfd; i++) {
+		atomic_store_explicit(&mpp_read_slow[s->fds[i]], SLOW_NONE, memory_order_seq_cst);
+		atomic_store_explicit(&tab[s->fds[i]], NULL, memory_order_relaxed);
+	}
+	s->nfd = 0;
+	release(s);
+}
+
+// emptied ends the slow path once the stash, which held something, is
+// empty again (or dropped). Called with s->mu held: a drain that refills it
+// attaches the descriptors again under the same mutex.
+static void emptied(struct stash *s)
+{
+	atomic_fetch_sub_explicit(&stash_bytes, s->len - s->off, memory_order_relaxed);
+	free(s->buf);
+	s->buf = NULL;
+	s->off = s->len = s->cap = 0;
+	s->err = 0;
+	atomic_fetch_sub_explicit(&mpp_stash_live, 1, memory_order_relaxed);
+	detach_all(s);
 }
 
 // mpp_stash_ready takes no lock: a wait must not block behind a thread
@@ -151,45 +271,83 @@ unsigned mpp_stash_edge(int fd)
 	return tracked(fd) ? atomic_load_explicit(&edge[fd], memory_order_acquire) : 0;
 }
 
-// emptied ends fd's slow path once its stash, which held something, is
-// empty again. Called with s->mu held: a drain that refills it sets slow
-// again under the same mutex.
-static void emptied(int fd, struct stash *s)
+static int names(int fd, ino_t ino)
 {
-	free(s->buf);
-	s->buf = NULL;
-	s->off = s->len = s->cap = 0;
-	atomic_fetch_sub_explicit(&mpp_stash_live, 1, memory_order_relaxed);
-	atomic_store_explicit(&mpp_read_slow[fd], SLOW_NONE, memory_order_seq_cst);
+	struct stat st;
+	return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_ino == ino;
+}
+
+// attach_found attaches, with SLOW_DRAIN, every descriptor of the socket
+// ino the process has now (mpp_nfds at most: the table's size). 0 if one
+// could not be.
+static int attach_found(struct stash *s, ino_t ino)
+{
+	DIR *d = opendir("/proc/self/fd");
+	if (!d)
+		return 0;
+	int ok = 1;
+	struct dirent *e;
+	while (ok && (e = readdir(d))) {
+		char *end;
+		long fd = strtol(e->d_name, &end, 10);
+		if (*end || e->d_name[0] == '.' || fd == dirfd(d) || !tracked((int)fd))
+			continue;
+		if (names((int)fd, ino))
+			ok = attach(s, (int)fd, SLOW_DRAIN);
+	}
+	closedir(d);
+	return ok;
 }
 
 ssize_t mpp_stash_fd(int fd, ino_t ino)
 {
-	if (!tracked(fd))
+	struct stat st;
+	if (!tracked(fd) || pool == NULL)
 		return 0;
-	struct stash *s = get(fd, 1);
+	if (ino == 0) {
+		if (fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode))
+			return 0;
+		ino = st.st_ino;
+	}
+	pthread_mutex_lock(&tab_mu);
+	struct stash *s = find(ino);
+	int fresh = s == NULL;
+	if (fresh)
+		s = claim(ino);
+	pthread_mutex_unlock(&tab_mu);
 	if (!s)
-		return 0;
-	if (pthread_mutex_trylock(&s->mu) != 0)
-		return -1; // an application thread reads fd under the mutex
+		return 0; // the bytes stay in the kernel; the pause will say so
+	if (fresh)
+		pthread_mutex_lock(&s->mu);
+	else if (pthread_mutex_trylock(&s->mu) != 0)
+		return -1; // an application thread reads the socket under the mutex
+	if (s->ino != ino) {
+		pthread_mutex_unlock(&s->mu); // emptied and freed meanwhile: next time
+		return -1;
+	}
 	int was = holding(s);
 	if (!was) {
-		atomic_store_explicit(&mpp_read_slow[fd], SLOW_DRAIN, memory_order_seq_cst);
-		if (atomic_load_explicit(&mpp_read_busy[fd], memory_order_seq_cst) != 0) {
-			atomic_store_explicit(&mpp_read_slow[fd], SLOW_NONE, memory_order_seq_cst);
+		// Every descriptor of the socket to the slow path, then none may
+		// be in a read, and none may have been made or closed since the
+		// count was read: else the drain tries again in a moment.
+		unsigned gen = atomic_load_explicit(&fd_gen, memory_order_seq_cst);
+		int ok = attach_found(s, ino);
+		for (int i = 0; ok && i < s->nfd; i++)
+			ok = atomic_load_explicit(&mpp_read_busy[s->fds[i]], memory_order_seq_cst) == 0;
+		if (!ok || atomic_load_explicit(&fd_gen, memory_order_seq_cst) != gen) {
+			detach_all(s);
 			pthread_mutex_unlock(&s->mu);
 			return -1;
 		}
 	}
-	// From here until the unlock no wrapped close of fd can finish (see
-	// mpp_stash_closing), so the number names one file throughout: the
-	// socket the drain found, or, if the application closed that since and
-	// the number came back, another file whose bytes are not the drain's
-	// to take (a pipe's would even come back as ENOTSOCK from recv).
-	struct stat st;
-	if (ino != 0 && (fstat(fd, &st) < 0 || st.st_ino != ino)) {
+	// From here until the unlock no wrapped close of a descriptor of the
+	// socket can finish (see mpp_stash_closing), so fd names one file
+	// throughout: the socket the drain found, or, if the application closed
+	// that since and the number came back, another file whose bytes are not
+	// the drain's to take (a pipe's would even come back as ENOTSOCK).
+	if (!names(fd, ino)) {
 		if (!was)
-			atomic_store_explicit(&mpp_read_slow[fd], SLOW_NONE, memory_order_seq_cst);
+			detach_all(s);
 		pthread_mutex_unlock(&s->mu);
 		return 0;
 	}
@@ -238,14 +396,13 @@ ssize_t mpp_stash_fd(int fd, ino_t ino)
 		break;
 	}
 	errno = saved;
-	if (holding(s) && !was) {
-		atomic_fetch_add_explicit(&edge[fd], 1, memory_order_release);
-		atomic_store_explicit(&mpp_read_slow[fd], SLOW_HELD, memory_order_seq_cst);
+	int woke = holding(s) && !was;
+	if (woke) {
+		set_slow(s, SLOW_HELD);
 		atomic_fetch_add_explicit(&mpp_stash_live, 1, memory_order_release);
 	} else if (!was) {
-		atomic_store_explicit(&mpp_read_slow[fd], SLOW_NONE, memory_order_seq_cst);
+		detach_all(s);
 	}
-	int woke = holding(s) && !was;
 	pthread_mutex_unlock(&s->mu);
 	// As a wrapped read under a closed gate does: the ACK of what was just
 	// moved goes now, not at the delayed-ACK timer (up to 8 ms under the
@@ -257,24 +414,49 @@ ssize_t mpp_stash_fd(int fd, ino_t ino)
 	return moved;
 }
 
+// detach takes fd out of its socket's stash, as a close of it does: the
+// bytes stay for the socket's other descriptors, and go with the last.
+static void detach(int fd)
+{
+	struct stash *s = atomic_load_explicit(&tab[fd], memory_order_acquire);
+	if (!s)
+		return;
+	pthread_mutex_lock(&s->mu);
+	for (int i = 0; i < s->nfd; i++)
+		if (s->fds[i] == fd) {
+			s->fds[i] = s->fds[--s->nfd];
+			atomic_store_explicit(&mpp_read_slow[fd], SLOW_NONE, memory_order_seq_cst);
+			atomic_store_explicit(&tab[fd], NULL, memory_order_relaxed);
+			break;
+		}
+	if (s->nfd == 0 && s->ino != 0) {
+		if (holding(s))
+			emptied(s);
+		else
+			release(s);
+	}
+	pthread_mutex_unlock(&s->mu);
+}
+
 // mpp_stash_closing starts a close of fd (dup2 and dup3 over fd use
 // mpp_stash_enter, below). It counts as a reader of fd until
-// mpp_stash_closed, so no drain starts on fd meanwhile, and it forgets the
-// stash, waiting for a drain already under way. Without the count a drain
-// could begin between the forget and the real close, stash the closing
-// socket's last bytes, and hand them to the number's next socket as the
-// first bytes of its stream. Returns whether mpp_stash_closed must undo it.
+// mpp_stash_closed, so no drain starts on its socket meanwhile, and it
+// detaches fd from the stash, waiting for a drain already under way.
+// Without the count a drain could begin between the detach and the real
+// close, stash the closing socket's last bytes, and hand them to the
+// number's next socket as the first bytes of its stream. Returns whether
+// mpp_stash_closed must undo it.
 int mpp_stash_closing(int fd)
 {
 	if (!mpp_stash_enter(fd))
 		return 0;
 	if (atomic_load_explicit(&mpp_read_slow[fd], memory_order_seq_cst) != SLOW_NONE)
-		mpp_stash_forget(fd);
+		detach(fd);
 	return 1;
 }
 
 // mpp_stash_enter is the count alone, for dup2 and dup3, which may fail
-// and leave fd as it was: they forget the stash only once they succeeded.
+// and leave fd as it was: they detach it once they succeeded.
 int mpp_stash_enter(int fd)
 {
 	if (!tracked(fd))
@@ -283,27 +465,118 @@ int mpp_stash_enter(int fd)
 	return 1;
 }
 
+// mpp_stash_closed ends a close: the number may name another file now,
+// which a drain under way must learn (fd_gen) before its count goes.
 void mpp_stash_closed(int fd, int counted)
 {
-	if (counted)
-		atomic_fetch_sub_explicit(&mpp_read_busy[fd], 1, memory_order_release);
+	if (!counted)
+		return;
+	atomic_fetch_add_explicit(&fd_gen, 1, memory_order_seq_cst);
+	atomic_fetch_sub_explicit(&mpp_read_busy[fd], 1, memory_order_release);
 }
 
 void mpp_stash_forget(int fd)
 {
+	if (tracked(fd))
+		detach(fd);
+}
+
+// mpp_stash_adopt follows a wrapped call that made fd a new descriptor of
+// a socket (dup, dup2, dup3, F_DUPFD, SCM_RIGHTS): if the socket's stash
+// holds bytes, fd reads them first too. A drain under way either sees
+// fd_gen move and starts again, or is seen here (in_use) and waited for.
+void mpp_stash_adopt(int fd)
+{
 	if (!tracked(fd))
 		return;
-	struct stash *s = get(fd, 0);
+	atomic_fetch_add_explicit(&fd_gen, 1, memory_order_seq_cst);
+	if (atomic_load_explicit(&in_use, memory_order_seq_cst) == 0)
+		return;
+	struct stat st;
+	if (fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode))
+		return;
+	pthread_mutex_lock(&tab_mu);
+	struct stash *s = find(st.st_ino);
+	pthread_mutex_unlock(&tab_mu);
 	if (!s)
 		return;
 	pthread_mutex_lock(&s->mu);
-	if (holding(s)) {
-		s->err = 0;
-		atomic_fetch_sub_explicit(&stash_bytes, s->len - s->off, memory_order_relaxed);
-		s->off = s->len;
-		emptied(fd, s);
+	if (s->ino == st.st_ino && holding(s) && !attach(s, fd, SLOW_HELD)) {
+		static const char m[] = "mpipause: no memory to follow a new descriptor of a drained socket: its reads may overtake\n";
+		ssize_t w = write(2, m, sizeof(m) - 1);
+		(void)w;
 	}
 	pthread_mutex_unlock(&s->mu);
+}
+
+// mpp_stash_adopt_rights adopts every descriptor a message carried
+// (SCM_RIGHTS): one of them may be a socket whose stash holds bytes.
+void mpp_stash_adopt_rights(const struct msghdr *msg)
+{
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(msg); c; c = CMSG_NXTHDR((struct msghdr *)msg, c)) {
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		for (size_t i = 0; i < n; i++) {
+			int fd;
+			memcpy(&fd, CMSG_DATA(c) + i * sizeof(int), sizeof(fd));
+			mpp_stash_adopt(fd);
+		}
+	}
+}
+
+// mpp_stash_child: a forked child is not the process that drained the
+// stashes, and the parent keeps their bytes: the child's descriptors read
+// the kernel's queue. Only the forking thread runs in the child, so no lock
+// is taken (one may have been held by a thread that is not there).
+void mpp_stash_child(void)
+{
+	if (pool == NULL)
+		return;
+	for (int i = 0; i < npool; i++) {
+		struct stash *s = pool[i];
+		for (int j = 0; j < s->nfd; j++) {
+			atomic_store(&mpp_read_slow[s->fds[j]], SLOW_NONE);
+			atomic_store(&mpp_read_busy[s->fds[j]], 0);
+			atomic_store(&tab[s->fds[j]], NULL);
+		}
+		pthread_mutex_init(&s->mu, NULL);
+		free(s->buf);
+		s->buf = NULL;
+		s->off = s->len = s->cap = 0;
+		s->err = 0;
+		s->nfd = 0;
+		s->ino = 0;
+	}
+	pthread_mutex_init(&tab_mu, NULL);
+	atomic_store(&in_use, 0);
+	atomic_store(&mpp_stash_live, 0);
+	atomic_store(&stash_bytes, 0);
+}
+
+// mpp_stash_exec_lost is what an exec now would lose: the bytes of stashes
+// with a descriptor that stays open across it.
+size_t mpp_stash_exec_lost(void)
+{
+	size_t lost = 0;
+	if (pool == NULL || atomic_load(&mpp_stash_live) == 0)
+		return 0;
+	// pool[0, n) never changes once made; a stash's mutex is never taken
+	// under tab_mu (release takes them in the other order).
+	pthread_mutex_lock(&tab_mu);
+	int n = npool;
+	pthread_mutex_unlock(&tab_mu);
+	for (int i = 0; i < n; i++) {
+		struct stash *s = pool[i];
+		pthread_mutex_lock(&s->mu);
+		for (int j = 0; j < s->nfd; j++)
+			if (s->ino != 0 && !(fcntl(s->fds[j], F_GETFD) & FD_CLOEXEC)) {
+				lost += s->len - s->off;
+				break;
+			}
+		pthread_mutex_unlock(&s->mu);
+	}
+	return lost;
 }
 
 // copy_out moves up to the iovec's room from the stash into it (or copies,
@@ -323,18 +596,10 @@ static size_t copy_out(struct stash *s, const struct iovec *iov, int iovcnt, int
 	return done;
 }
 
-// mpp_stash_read is a read of fd that found its slow flag set. It serves
-// the stash, then, for a read that wants more (MSG_WAITALL) or found the
-// stash empty, the kernel, all under the fd's mutex so that no drain reads
-// in between. real makes the application's call on the part of the iovec
-// not yet filled (rest, restcnt).
-ssize_t mpp_stash_read(int fd, const struct iovec *iov, int iovcnt, int flags,
-		       ssize_t (*real)(void *arg, const struct iovec *rest, int restcnt), void *arg)
+// serve is a read of s's socket with s->mu held: the stash first.
+static ssize_t serve(struct stash *s, const struct iovec *iov, int iovcnt, int flags,
+		     ssize_t (*real)(void *arg, const struct iovec *rest, int restcnt), void *arg)
 {
-	struct stash *s = get(fd, 0);
-	if (!s)
-		return real(arg, iov, iovcnt);
-	pthread_mutex_lock(&s->mu);
 	int was = holding(s);
 	size_t want = 0;
 	for (int i = 0; i < iovcnt; i++)
@@ -373,9 +638,49 @@ ssize_t mpp_stash_read(int fd, const struct iovec *iov, int iovcnt, int flags,
 		r = real(arg, iov, iovcnt);
 	}
 	if (was && !holding(s))
-		emptied(fd, s);
-	pthread_mutex_unlock(&s->mu);
+		emptied(s);
 	return r;
+}
+
+// mpp_stash_read is a read of fd that found its slow flag set. It serves
+// the stash, then, for a read that wants more (MSG_WAITALL) or found the
+// stash empty, the kernel, all under the stash's mutex so that no drain
+// reads in between. real makes the application's call on the part of the
+// iovec not yet filled (rest, restcnt). If fd is no longer attached (its
+// stash was emptied through another descriptor meanwhile), the read starts
+// over as a fast-path read would.
+ssize_t mpp_stash_read(int fd, const struct iovec *iov, int iovcnt, int flags,
+		       ssize_t (*real)(void *arg, const struct iovec *rest, int restcnt), void *arg)
+{
+	for (;;) {
+		struct stash *s = tracked(fd) ? atomic_load_explicit(&tab[fd], memory_order_acquire) : NULL;
+		if (s) {
+			pthread_mutex_lock(&s->mu);
+			if (s->ino != 0 && attached(s, fd)) {
+				if (!names(fd, s->ino)) {
+					// Closed by a call the shim does not see, and the
+					// number reused: these bytes are not this file's.
+					pthread_mutex_unlock(&s->mu);
+					detach(fd);
+					continue;
+				}
+				ssize_t r = serve(s, iov, iovcnt, flags, real, arg);
+				pthread_mutex_unlock(&s->mu);
+				return r;
+			}
+			pthread_mutex_unlock(&s->mu);
+		}
+		if (!tracked(fd))
+			return real(arg, iov, iovcnt);
+		atomic_fetch_add_explicit(&mpp_read_busy[fd], 1, memory_order_seq_cst);
+		if (atomic_load_explicit(&mpp_read_slow[fd], memory_order_seq_cst) == SLOW_NONE) {
+			ssize_t r = real(arg, iov, iovcnt);
+			atomic_fetch_sub_explicit(&mpp_read_busy[fd], 1, memory_order_release);
+			return r;
+		}
+		atomic_fetch_sub_explicit(&mpp_read_busy[fd], 1, memory_order_release);
+		sched_yield(); // a drain is attaching the socket's descriptors
+	}
 }
 
 

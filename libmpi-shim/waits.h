@@ -50,6 +50,8 @@ struct wait_real {
 	int (*dup)(int);
 	int (*dup2)(int, int);
 	int (*dup3)(int, int, int);
+	int (*fcntl)(int, int, ...);
+	int (*fcntl64)(int, int, ...);
 	int (*poll_chk)(struct pollfd *, nfds_t, int, size_t);
 	int (*ppoll_chk)(struct pollfd *, nfds_t, const struct timespec *, const sigset_t *, size_t);
 	int (*sigaction)(int, const struct sigaction *, struct sigaction *);

@@ -65,6 +65,8 @@ void mpp_wait_resolve(void)
 	R(dup, "dup");
 	R(dup2, "dup2");
 	R(dup3, "dup3");
+	R(fcntl, "fcntl");
+	R(fcntl64, "fcntl64");
 	R(poll_chk, "__poll_chk");
 	R(ppoll_chk, "__ppoll_chk");
 	R(sigaction, "sigaction");

@@ -286,12 +286,25 @@ EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockadd
 	return mpp_stash_read(fd, &v, 1, flags, do_read, &a);
 }
 
+// A message may carry descriptors (SCM_RIGHTS), one of them of a socket
+// whose stash holds bytes: its reads must get them first too.
+#define ADOPT_RIGHTS(msg)                                                          \
+	do {                                                                       \
+		if (__builtin_expect((msg) != NULL && (msg)->msg_controllen >= sizeof(struct cmsghdr), 0)) { \
+			int saved_ = errno;                                        \
+			mpp_stash_adopt_rights(msg);                               \
+			errno = saved_;                                            \
+		}                                                                  \
+	} while (0)
+
 EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)
 {
 	if (read_enter(fd)) {
 		ssize_t r = REAL(recvmsg)(fd, msg, flags);
 		read_leave(fd);
 		RECEIVED(fd, r);
+		if (r >= 0)
+			ADOPT_RIGHTS(msg);
 		return r;
 	}
 	if (msg == NULL || msg->msg_iovlen > IOV_MAX)
@@ -339,6 +352,8 @@ EXPORT int recvmmsg(int fd, struct mmsghdr *vec, unsigned int vlen, int flags, s
 	if (read_enter(fd)) {
 		int r = REAL(recvmmsg)(fd, vec, vlen, flags, timeout);
 		read_leave(fd);
+		for (int i = 0; i < r; i++)
+			ADOPT_RIGHTS(&vec[i].msg_hdr);
 		return r;
 	}
 	if (vec == NULL || vlen == 0)

@@ -10,11 +10,15 @@
 //   its cookie. The drain stashes the job socket's bytes and leaves the
 //   other's in the kernel, so a raw read(2) there (a call the shim does not
 //   wrap) sees its stream in order: "FIRST-" before "SECOND".
+// - aliases: a job socket read by several descriptors (dup, F_DUPFD, one
+//   made after the drain) with the one the drain read through closed: the
+//   stash belongs to the socket, so each read gets the stream in order.
 // - cap: past MPIPAUSE_STASH_MAX_MB the drain takes nothing more, the rest
 //   stays in the kernel, and the shim tells mpid ("EVENT stash full"); after
 //   the reopen every byte reaches the program in order.
 #include <dlfcn.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
 #include <signal.h>
@@ -180,6 +184,45 @@ static void test_only_job_sockets(void)
 	close(job[0]), close(job[1]), close(own[0]), close(own[1]);
 }
 
+// aliases: three descriptors of one job socket (its own, dup, fcntl's
+// F_DUPFD_CLOEXEC) when the DRAIN comes, a fourth made while its stash
+// holds bytes, and the one the drain read through closed: every read, by
+// any of them, gets the stream in order, nothing twice, nothing lost.
+static void test_aliases(void)
+{
+	int job[2];
+	char b[64], out[256];
+	tcp_pair(job, 0);
+	int b1 = dup(job[1]), b2 = fcntl(job[1], F_DUPFD_CLOEXEC, 0);
+	CHECK(b1 >= 0 && b2 >= 0, "dup");
+	CHECK(say("CLOSE\n") == 0 && line("CLOSED", out, sizeof(out)) == 0 && strstr(out, "gate=closed"),
+	      "close: %s", out);
+	CHECK(peer_send(job[0], "one-", 4) == 4 && delivered(job[0]), "send");
+	uint64_t ck = cookie(job[1]);
+	CHECK(drain(&ck, 1, out, sizeof(out)) == 0, "no DRAINING answer");
+	char answer[256];
+	snprintf(answer, sizeof(answer), "%s", out);
+	CHECK(unread(job[1]) == 0, "the job socket still holds %d bytes", unread(job[1]));
+	int b3 = dup(b2);
+	CHECK(b3 >= 0, "dup");
+	close(job[1]);
+	CHECK(say("OPEN\n") == 0 && line("OPENED", out, sizeof(out)) == 0, "open: %s", out);
+	CHECK(peer_send(job[0], "two-", 4) == 4 && delivered(job[0]), "send");
+	// two- is in the kernel, one- in the stash: each descriptor must give
+	// one- first.
+	ssize_t r = recv(b3, b, 2, 0);
+	CHECK(r == 2 && memcmp(b, "on", 2) == 0, "the descriptor made after the drain read %zd bytes: %.*s, want on", r,
+	      (int)(r > 0 ? r : 0), b);
+	r = read(b1, b, 2);
+	CHECK(r == 2 && memcmp(b, "e-", 2) == 0, "dup read %zd bytes: %.*s, want e-", r, (int)(r > 0 ? r : 0), b);
+	r = recv(b2, b, sizeof(b), 0);
+	CHECK(r == 4 && memcmp(b, "two-", 4) == 0, "F_DUPFD read %zd bytes: %.*s, want two-", r, (int)(r > 0 ? r : 0),
+	      b);
+	CHECK(stash_bytes() == 0, "%zu bytes left in the stashes", stash_bytes());
+	CHECK(strcmp(answer, "DRAINING sockets=1 stashed=4") == 0, "answer %s, want one socket, 4 bytes", answer);
+	close(job[0]), close(b1), close(b2), close(b3);
+}
+
 struct sender {
 	int fd;
 	size_t n;
@@ -313,6 +356,7 @@ int main(void)
 	}
 	const struct test tests[] = {
 		{"only_job_sockets", test_only_job_sockets},
+		{"aliases", test_aliases},
 		{"cap", test_cap},
 		{"bad_sets", test_bad_sets},
 	};

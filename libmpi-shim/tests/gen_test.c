@@ -10,6 +10,11 @@
 // was held under the closed gate. Each call writes bytes of its own, so a
 // reorder shows as the first byte that differs.
 //
+// Each seed also runs a receive program (run_recv_program): descriptors of
+// one socket made by the same routes, the drain stashing through any of
+// them at random points, reads through any of them, each byte checked
+// against the stream the peer sent.
+//
 // Seeded and replayable: program i of a run with seed S is seeded S + i;
 // a failure prints its seed, its calls, and the command that reruns it
 // alone. Run with libmpipause.so preloaded (make -C libmpi-shim gen-test):
@@ -105,6 +110,17 @@ static int fresh_number(void)
 		if (fcntl(n, F_GETFD) < 0 && errno == EBADF)
 			return n;
 	}
+}
+
+// close_abort closes fd with a reset once its stream was checked: a
+// program's pair then leaves no TIME_WAIT socket behind, and a run of many
+// thousand programs does not take the machine's ephemeral ports (other
+// tests bind port 0 after it).
+static void close_abort(int fd)
+{
+	struct linger l = {.l_onoff = 1, .l_linger = 0};
+	setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof(l));
+	close(fd);
 }
 
 static int pass_fd(int fd)
@@ -351,7 +367,7 @@ static int run_program(uint64_t seed, int verbose)
 			break;
 		n += (size_t)r;
 	}
-	close(s[1]);
+	close_abort(s[1]); // the program's end, in FIN_WAIT2, goes with it
 	size_t d = 0;
 	while (d < n && d < nowed && got[d] == owed[d])
 		d++;
@@ -363,6 +379,182 @@ static int run_program(uint64_t seed, int verbose)
 	printf("FAIL seed %llu: the peer read %zu bytes, the program wrote %zu; first difference at byte %zu\n"
 	       "     calls: %s\n",
 	       (unsigned long long)seed, n, nowed, d, trace);
+	return 1;
+}
+
+// The receive side: programs that read one socket by many descriptors
+// (the same routes) while the drain stashes its bytes at random points
+// through any of them (mpipause_test_stash, as the control thread does in
+// a pause), and close descriptors. The model: the reads, in call order,
+// get exactly the bytes the peer sent, each once; MSG_PEEK sees the next
+// ones. The socket is non-blocking, so a read that bypassed the stash
+// shows as EAGAIN while bytes are owed, not as a hang.
+static ssize_t (*test_stash)(int, unsigned long);
+static unsigned char sent[MAX_STREAM];
+static size_t nsent, nread;
+
+static int recv_check(const unsigned char *b, ssize_t r, int peek, const char *call, int fd)
+{
+	size_t owed_now = nsent - nread;
+	if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+		if (owed_now == 0)
+			return 0;
+		// On loopback the peer's bytes are queued by the time its send
+		// returns; a moment for the kernel all the same.
+		struct pollfd p = {.fd = fd, .events = POLLIN};
+		if (poll(&p, 1, 1000) > 0)
+			return 0; // the next read will tell
+		note("%s(%d): EAGAIN with %zu bytes owed ", call, fd, owed_now);
+		return 1;
+	}
+	if (r < 0) {
+		note("%s(%d): %s ", call, fd, strerror(errno));
+		return 1;
+	}
+	if ((size_t)r > owed_now || memcmp(b, sent + nread, (size_t)r) != 0) {
+		size_t d = 0;
+		while (d < (size_t)r && nread + d < nsent && b[d] == sent[nread + d])
+			d++;
+		note("%s(%d)=%zd: differs at stream byte %zu ", call, fd, r, nread + d);
+		return 1;
+	}
+	if (!peek)
+		nread += (size_t)r;
+	return 0;
+}
+
+// recv_op makes one random call of a receive program: 1 if the model saw
+// a wrong byte.
+static int recv_op(int peer)
+{
+	static unsigned char b[3 * MAX_CHUNK];
+	int fd = any_alias();
+	ssize_t r;
+	size_t want = 1 + pick(sizeof(b));
+	switch (pick(12)) {
+	case 0:
+	case 1: {
+		size_t n = 1 + pick(MAX_CHUNK);
+		if (nsent + n > sizeof(sent))
+			return 0;
+		chunk(sent + nsent, n);
+		r = send(peer, sent + nsent, n, 0);
+		note("peer(%zu)=%zd ", n, r);
+		if (r != (ssize_t)n)
+			die("peer send");
+		nsent += n;
+		return 0;
+	}
+	case 2:
+	case 3:
+		r = test_stash(fd, 0);
+		note("STASH(%d)=%zd ", fd, r);
+		return 0;
+	case 4:
+		r = read(fd, b, want);
+		note("read(%d,%zu)=%zd ", fd, want, r);
+		return recv_check(b, r, 0, "read", fd);
+	case 5: {
+		int peek = pick(3) == 0;
+		r = recv(fd, b, want, peek ? MSG_PEEK : 0);
+		note("recv(%d,%zu%s)=%zd ", fd, want, peek ? ",PEEK" : "", r);
+		return recv_check(b, r, peek, "recv", fd);
+	}
+	case 6: {
+		struct iovec v[2] = {{b, want / 2}, {b + want / 2, want - want / 2}};
+		struct msghdr m = {.msg_iov = v, .msg_iovlen = 2};
+		if (pick(2)) {
+			r = recvmsg(fd, &m, 0);
+			note("recvmsg(%d,%zu)=%zd ", fd, want, r);
+			return recv_check(b, r, 0, "recvmsg", fd);
+		}
+		r = readv(fd, v, 2);
+		note("readv(%d,%zu)=%zd ", fd, want, r);
+		return recv_check(b, r, 0, "readv", fd);
+	}
+	case 7:
+	case 8: {
+		unsigned how = pick(6);
+		int nfd = -1;
+		if (naliases == MAX_ALIASES)
+			return 0;
+		switch (how) {
+		case 0:
+			nfd = dup(fd);
+			break;
+		case 1:
+			nfd = dup2(fd, fresh_number());
+			break;
+		case 2:
+			nfd = dup3(fd, fresh_number(), O_CLOEXEC);
+			break;
+		case 3:
+			nfd = fcntl(fd, F_DUPFD, 100);
+			break;
+		case 4:
+			nfd = fcntl(fd, F_DUPFD_CLOEXEC, 100);
+			break;
+		default:
+			nfd = pass_fd(fd);
+			break;
+		}
+		add_alias(nfd, (const char *[]){"dup", "dup2", "dup3", "F_DUPFD", "F_DUPFD_CLOEXEC", "SCM_RIGHTS"}[how]);
+		return 0;
+	}
+	default: {
+		if (naliases < 2)
+			return 0;
+		unsigned i = pick((unsigned)naliases);
+		note("close(%d) ", alias[i]);
+		close(alias[i]);
+		alias[i] = alias[--naliases];
+		return 0;
+	}
+	}
+}
+
+// run_recv_program runs the receive program of seed: 1 if it failed.
+static int run_recv_program(uint64_t seed, int verbose)
+{
+	int s[2], bad = 0;
+	static unsigned char b[MAX_STREAM];
+	rng_state = seed * 2654435761ULL + 0x632BE59BD9B4E019ULL;
+	if (!rng_state)
+		rng_state = 1;
+	nsent = nread = ntrace = 0;
+	chunk_no = 0;
+	trace[0] = 0;
+	tcp_pair(s, 0);
+	// s[1] reads here; s[0] is the peer.
+	if (fcntl(s[1], F_SETFL, O_NONBLOCK) < 0)
+		die("O_NONBLOCK");
+	alias[0] = s[1];
+	naliases = 1;
+	unsigned ops = 1 + pick(MAX_OPS);
+	for (unsigned i = 0; i < ops && !bad; i++)
+		bad = recv_op(s[0]);
+	// The rest, through any descriptor.
+	for (int tries = 0; !bad && nread < nsent && tries < 1000; tries++) {
+		int fd = any_alias();
+		ssize_t r = recv(fd, b, sizeof(b), 0);
+		note("recv(%d)=%zd ", fd, r);
+		bad = recv_check(b, r, 0, "recv", fd);
+	}
+	if (!bad && nread < nsent) {
+		note("end: %zu of %zu bytes read ", nread, nsent);
+		bad = 1;
+	}
+	close_abort(s[0]);
+	for (int i = 0; i < naliases; i++)
+		close(alias[i]);
+	if (!bad) {
+		if (verbose)
+			printf("ok   seed %llu (receive): %zu bytes: %s\n", (unsigned long long)seed, nsent, trace);
+		return 0;
+	}
+	printf("FAIL seed %llu (receive): the program read %zu of %zu bytes in order, then:\n"
+	       "     calls: %s\n",
+	       (unsigned long long)seed, nread, nsent, trace);
 	return 1;
 }
 
@@ -378,7 +570,8 @@ int main(void)
 {
 	gate_close = (void (*)(void))dlsym(RTLD_DEFAULT, "mpipause_gate_close");
 	gate_open = (void (*)(struct mpp_gate_stats *))dlsym(RTLD_DEFAULT, "mpipause_gate_open");
-	if (!gate_close || !gate_open) {
+	test_stash = (ssize_t(*)(int, unsigned long))dlsym(RTLD_DEFAULT, "mpipause_test_stash");
+	if (!gate_close || !gate_open || !test_stash) {
 		fprintf(stderr, "FAIL: libmpipause.so is not preloaded (run: make -C libmpi-shim gen-test)\n");
 		return 1;
 	}
@@ -390,7 +583,9 @@ int main(void)
 	long programs = e ? atol(e) : 2000;
 	int verbose = env("GEN_VERBOSE") != NULL, failed = 0;
 	for (long i = 0; i < programs; i++) {
-		if (run_program(seed + (uint64_t)i, verbose) && ++failed == 1)
+		int f = run_program(seed + (uint64_t)i, verbose);
+		f |= run_recv_program(seed + (uint64_t)i, verbose);
+		if (f && ++failed == 1)
 			printf("     rerun: make -C libmpi-shim gen-test GEN_SEED=%llu GEN_PROGRAMS=1 GEN_VERBOSE=1\n",
 			       (unsigned long long)(seed + (uint64_t)i));
 	}

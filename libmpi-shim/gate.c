@@ -519,9 +519,12 @@ static void child_wait(struct sock *s)
 // meaning (what: which call): the socket's held bytes go first, now, so
 // that nothing is reordered. Bytes on a job connection reach the kernel
 // under a closed gate, which the pause's kernel check reports: the pause
-// fails rather than commit (G1), and stderr names the call.
-void mpp_unheld(int fd, const char *what)
+// fails rather than commit (G1), naming the call (mpp_report_unheld), and
+// stderr names it too.
+void mpp_unheld(int fd, const char *what, char call)
 {
+	if (mpp_is_tcp(fd))
+		mpp_report_unheld(fd, call);
 	struct sock *s = sock_of(fd, mpp_sock_cookie(fd), 0);
 	struct mpp_gate_stats st = {0};
 	size_t n;
@@ -581,7 +584,10 @@ ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, int flags, ssize_
 	}
 	if (passes(fd, flags)) {
 		pthread_mutex_unlock(&s->mu);
-		mpp_unheld(fd, flags & MSG_ZEROCOPY ? "a send with MSG_ZEROCOPY" : "a send with MSG_FASTOPEN");
+		if (flags & MSG_ZEROCOPY)
+			mpp_unheld(fd, "a send with MSG_ZEROCOPY", MPP_UNHELD_ZEROCOPY);
+		else
+			mpp_unheld(fd, "a send with MSG_FASTOPEN", MPP_UNHELD_FASTOPEN);
 		return real(arg);
 	}
 	g = atomic_load_explicit(&mpp_gate, memory_order_acquire);

@@ -456,11 +456,17 @@ static void serve_conn(int sigfd)
 			goto gone;
 		if (sigfd >= 0 && (p[1].revents & POLLIN)) {
 			struct mpp_sig rec;
-			char out[64];
+			char out[128];
 			while (read(sigfd, &rec, sizeof(rec)) == (ssize_t)sizeof(rec)) {
 				// at=0: the clock failed in the handler; mpid then takes
 				// the request as it comes.
-				if (rec.ns > 0)
+				if (rec.sig == 'U')
+					snprintf(out, sizeof(out), "EVENT unheld call=%s fd=%d cookie=%llx\n",
+						 rec.call == MPP_UNHELD_ANCILLARY  ? "sendmsg-ancillary"
+						 : rec.call == MPP_UNHELD_ZEROCOPY ? "msg-zerocopy"
+										   : "msg-fastopen",
+						 (int)rec.fd, (unsigned long long)rec.ns);
+				else if (rec.ns > 0)
 					snprintf(out, sizeof(out), "EVENT %s at=%lld\n", rec.sig == 'T' ? "pause" : "resume",
 						 (long long)rec.ns);
 				else

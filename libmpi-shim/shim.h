@@ -93,7 +93,7 @@ int mpp_keep_held(int fd);
 int mpp_kept(int fd);
 int mpp_kept_in(unsigned first, unsigned last, int *out, int max);
 int mpp_defer_shutdown(int fd);
-void mpp_unheld(int fd, const char *what);
+void mpp_unheld(int fd, const char *what, char call);
 void mpp_gate_end(const char *why);
 void mpp_gate_child(void);
 uint64_t mpp_sock_cookie(int fd);
@@ -162,9 +162,17 @@ const char *mpp_job_key(void);
 // ns is CLOCK_MONOTONIC when the handler ran: mpid, on the same machine,
 // leaves alone a request that a resume (or pause) has answered since.
 struct mpp_sig {
-	int64_t ns;
-	char sig; // 'T' SIGTSTP, 'C' SIGCONT
+	int64_t ns;  // for 'U': the socket's cookie
+	char sig;    // 'T' SIGTSTP, 'C' SIGCONT, 'U' a call the gate cannot hold
+	char call;   // for 'U': MPP_UNHELD_*
+	int32_t fd;  // for 'U'
 };
+enum { MPP_UNHELD_ANCILLARY = 'A', MPP_UNHELD_ZEROCOPY = 'Z', MPP_UNHELD_FASTOPEN = 'F' };
+// mpp_report_unheld tells mpid (through the signal pipe and the control
+// thread: "EVENT unheld") of a call on a TCP socket that passed the closed
+// gate unheld, the first few of each closing: a job connection's pause then
+// fails naming it.
+void mpp_report_unheld(int fd, char call);
 
 // SIGTSTP/SIGCONT (sig.c): install returns the pipe the handler writes to.
 int mpp_signals_install(void);

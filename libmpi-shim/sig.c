@@ -69,6 +69,31 @@ static void resolve(void)
 		real_signal = dlsym(RTLD_NEXT, "signal");
 }
 
+// The first MPP_UNHELD_REPORTS unheld calls of each closing are reported
+// (reported_gen: the gate generation + 1 they belong to): enough that a
+// program's own connections do not hide a job connection's, and bounded
+// whatever the program does under a closed gate.
+#define MPP_UNHELD_REPORTS 8
+static _Atomic unsigned reported_gen;
+static _Atomic int reported_n;
+
+void mpp_report_unheld(int fd, char call)
+{
+	unsigned gen = GATE_GEN(atomic_load(&mpp_gate)) + 1;
+	if (mpp_sig_pipe[1] < 0)
+		return;
+	if (atomic_load(&reported_gen) != gen) {
+		atomic_store(&reported_n, 0);
+		atomic_store(&reported_gen, gen);
+	}
+	if (atomic_fetch_add(&reported_n, 1) >= MPP_UNHELD_REPORTS)
+		return;
+	struct mpp_sig rec = {.sig = 'U', .call = call, .fd = fd, .ns = (int64_t)mpp_sock_cookie(fd)};
+	int saved = errno;
+	(void)!mpp_real.write(mpp_sig_pipe[1], &rec, sizeof(rec));
+	errno = saved;
+}
+
 // mpp_signals_install takes over SIGTSTP and SIGCONT. It returns the pipe's
 // read end, or -1 (and the signals are left alone).
 int mpp_signals_install(void)

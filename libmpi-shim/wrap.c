@@ -128,7 +128,7 @@ EXPORT ssize_t sendmsg(int fd, const struct msghdr *msg, int flags)
 	// Ancillary data (timestamping, ...) means something at the moment of
 	// the call: it passes, behind what the socket has held.
 	if (msg != NULL && msg->msg_controllen > 0)
-		mpp_unheld(fd, "sendmsg with ancillary data");
+		mpp_unheld(fd, "sendmsg with ancillary data", MPP_UNHELD_ANCILLARY);
 	if (msg == NULL || msg->msg_controllen > 0 || msg->msg_iovlen > IOV_MAX)
 		return REAL(sendmsg)(fd, msg, flags);
 	struct vec_args a = {fd, msg->msg_iov, (int)msg->msg_iovlen, msg, flags};

@@ -66,6 +66,7 @@ func TestFailureReportViolations(t *testing.T) {
 func TestFailureBlamesRank(t *testing.T) {
 	gone := &node.RankGoneError{Rank: 4, Pid: 99, At: "gate state"}
 	full := &node.StashFullError{Rank: 2, Pid: 98, Node: "n2", Bytes: 1 << 20, Max: 1 << 20}
+	unheld := &node.UnheldError{Rank: 5, Pid: 97, Node: "n2", Call: "a send with MSG_ZEROCOPY", Fd: 9, Cookie: 0x12}
 	failed := func(err quiesce.RankFault, unconfirmed bool) *quiesce.NodeError {
 		fa := err.Fault()
 		return &quiesce.NodeError{Failed: 2, Unconfirmed: unconfirmed,
@@ -84,6 +85,7 @@ func TestFailureBlamesRank(t *testing.T) {
 	}{
 		{"rank gone", abort(failed(gone, false)), nil, 4, true, "rank 4 (pid 99) exited during the pause (at gate state)"},
 		{"stash full", abort(failed(full, false)), nil, 2, false, "its shim's stash is full"},
+		{"unheld", abort(failed(unheld, false)), nil, 5, false, "a send with MSG_ZEROCOPY on fd 9"},
 		{"caller gone", abort(fmt.Errorf("%w (caller: %v)", failed(gone, false), context.Canceled)), context.Canceled, 4, true, "exited during the pause"},
 		{"coordinator's own reason", abort(failed(gone, false)), errors.New("only 5 of the job's 6 ranks"), -1, false, "only 5 of"},
 		// It cut the drain short: no drain timed out, and what the report

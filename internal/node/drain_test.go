@@ -49,7 +49,7 @@ func conn(cookie uint64, local, remote string) loader.Conn {
 // oneRank serves a rank socket of the test's own (name tells it apart) with
 // one fake rank 3 of job "j" registered on it; it returns the test's
 // context, the server, the job's key and the lines the rank gets.
-func oneRank(t *testing.T, name string, full *atomic.Bool) (context.Context, *ranks.Server, string, <-chan string) {
+func oneRank(t *testing.T, name string, event *atomic.Pointer[string]) (context.Context, *ranks.Server, string, <-chan string) {
 	t.Helper()
 	addr := fmt.Sprintf("@mpipause-mpid-%s-%d", name, os.Getpid())
 	s, err := ranks.Listen(addr)
@@ -59,7 +59,7 @@ func oneRank(t *testing.T, name string, full *atomic.Bool) (context.Context, *ra
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	go s.Serve(ctx)
-	lines := fakeRank(t, addr, "j", 3, full)
+	lines := fakeRank(t, addr, "j", 3, event)
 	if err := s.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
 		t.Fatal(err)
 	}
@@ -108,9 +108,9 @@ func TestJobConns(t *testing.T) {
 }
 
 // fakeShim registers as a rank with pid, answers CLOSE and STATE, and
-// sends every line it is asked on lines; with full set, it reports a full
-// stash before its next STATE answer.
-func fakeRank(t *testing.T, addr, job string, rank int, full *atomic.Bool) <-chan string {
+// sends every line it is asked on lines; with event set, it sends that
+// line (an EVENT) before each STATE answer.
+func fakeRank(t *testing.T, addr, job string, rank int, event *atomic.Pointer[string]) <-chan string {
 	t.Helper()
 	c, err := net.Dial("unix", addr)
 	if err != nil {
@@ -132,8 +132,8 @@ func fakeRank(t *testing.T, addr, job string, rank int, full *atomic.Bool) <-cha
 			case l == "CLOSE":
 				fmt.Fprint(c, "CLOSED gate=closed gated=0 closing=0 held=0\n")
 			case l == "STATE":
-				if full.Load() {
-					fmt.Fprint(c, "EVENT stash full bytes=268435456 max=268435456\n")
+				if ev := event.Load(); ev != nil {
+					fmt.Fprint(c, *ev+"\n")
 				}
 				fmt.Fprint(c, "STATE gate=closed gated=0 closing=0 held=0\n")
 			case strings.HasPrefix(l, "DRAIN "):
@@ -165,7 +165,7 @@ func expectLines(t *testing.T, lines <-chan string, want ...string) {
 // during the pause is named in a new DRAIN at the next round; a shim whose stash is full fails the pause at the next round,
 // and the failure report names its rank and says why.
 func TestNodeRoleDrainSet(t *testing.T) {
-	var full atomic.Bool
+	var full atomic.Pointer[string]
 	ctx, s, job, lines := oneRank(t, "drain", &full)
 	var err error
 	obs := &fakeObserver{conns: []loader.Conn{
@@ -200,7 +200,8 @@ func TestNodeRoleDrainSet(t *testing.T) {
 	}
 	expectLines(t, lines, "STATE", "STATE", "DRAIN 4", "C 11 12 13 17")
 
-	full.Store(true)
+	ev := "EVENT stash full bytes=268435456 max=268435456"
+	full.Store(&ev)
 	if _, err := l.Drain(ctx, job); err != nil { // the event arrives with this round's STATE answer
 		t.Fatal(err)
 	}
@@ -223,7 +224,60 @@ func TestNodeRoleDrainSet(t *testing.T) {
 		}
 	}
 	// A new pause starts with a clear report.
-	full.Store(false)
+	full.Store(nil)
+	if err := l.Prepare(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := l.Drain(ctx, job); err != nil {
+		t.Errorf("the next pause's drain: %v", err)
+	}
+}
+
+// TestNodeRoleUnheld: a shim's report of a call it could not hold under
+// the closed gate fails the pause at the next round when the call was on a
+// job connection, naming the rank, the call, the descriptor and the
+// socket; on the program's own connection it changes nothing.
+func TestNodeRoleUnheld(t *testing.T) {
+	var event atomic.Pointer[string]
+	ctx, s, job, lines := oneRank(t, "unheld", &event)
+	obs := &fakeObserver{conns: []loader.Conn{
+		conn(0x11, "10.0.0.1:5000", "10.0.0.1:6000"),
+		conn(0x12, "10.0.0.1:6000", "10.0.0.1:5000"),
+		conn(0x14, "10.0.0.1:5002", "10.0.0.1:5432"), // the program's own database client
+	}}
+	l := &Role{Name: "n1", Ranks: s, Observer: func(string) (loader.Observer, error) { return obs, nil },
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if err := l.Prepare(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	expectLines(t, lines, "CLOSE", "DRAIN 2", "C 11 12")
+	own := "EVENT unheld call=msg-zerocopy fd=5 cookie=14"
+	event.Store(&own)
+	for i := 0; i < 2; i++ { // the event arrives with the first round's STATE answer
+		if _, err := l.Drain(ctx, job); err != nil {
+			t.Fatalf("an unheld call on the program's own connection: %v", err)
+		}
+	}
+	mine := "EVENT unheld call=sendmsg-ancillary fd=9 cookie=12"
+	event.Store(&mine)
+	if _, err := l.Drain(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	_, err := l.Drain(ctx, job)
+	if !errors.Is(err, ErrUnheld) {
+		t.Fatalf("Drain after an unheld call on a job connection: %v, want ErrUnheld", err)
+	}
+	var rf quiesce.RankFault
+	if !errors.As(err, &rf) || rf.Fault() != (quiesce.Fault{Code: FaultUnheld, Rank: 3}) {
+		t.Errorf("error %v blames %+v, want %s of rank 3", err, rf, FaultUnheld)
+	}
+	for _, want := range []string{"rank 3", "sendmsg with ancillary data on fd 9", "cookie 0x12", "rolls back"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
+	// A new pause starts with no report.
+	event.Store(nil)
 	if err := l.Prepare(ctx, job); err != nil {
 		t.Fatal(err)
 	}
@@ -294,7 +348,7 @@ func TestVerifyIgnoresProgramsOwn(t *testing.T) {
 // one with a message of its own half sent; a held rank with nothing
 // waiting for it, and a rank with bytes unread that runs, do not.
 func TestDrainFailsOnHeldRank(t *testing.T) {
-	_, s, job, _ := oneRank(t, "held", new(atomic.Bool))
+	_, s, job, _ := oneRank(t, "held", new(atomic.Pointer[string]))
 	var how atomic.Value
 	how.Store("")
 	l := &Role{Name: "n1", Ranks: s, HeldBy: func(pid int) string {

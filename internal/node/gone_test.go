@@ -257,7 +257,7 @@ func killedRank(t *testing.T, order []string, before int, killFirst bool) {
 	go s.Serve(ctx)
 	const job = "j"
 	key := ranks.JobKey(uint32(os.Getuid()), job)
-	survivor := fakeRank(t, addr, job, 0, new(atomic.Bool))
+	survivor := fakeRank(t, addr, job, 0, new(atomic.Pointer[string]))
 	go func() {
 		for range survivor {
 		}

@@ -11,7 +11,8 @@
 // interfaces (Role's Observer, Cgroups, Unready; Steps' Committed, Thawing,
 // Job and Records), so this package does not import mpid, and mpid's
 // coordinator reads what a failed step blamed on a rank through
-// quiesce.Fault and the codes below (FaultRankGone, FaultStashFull).
+// quiesce.Fault and the codes below (FaultRankGone, FaultStashFull,
+// FaultHeld, FaultUnheld).
 package node
 
 import (
@@ -135,6 +136,32 @@ func (e *StashFullError) Fault() quiesce.Fault {
 	return quiesce.Fault{Code: FaultStashFull, Rank: e.Rank}
 }
 
+// ErrUnheld: a rank sent on a job connection, under its closed gate, with
+// a call that cannot be held without changing its meaning.
+var ErrUnheld = errors.New("sent through the closed gate with a call that cannot be held")
+
+// UnheldError is ErrUnheld of one rank, on node Node: Call on descriptor
+// Fd, of the job connection with socket cookie Cookie.
+type UnheldError struct {
+	Rank, Pid int
+	Node      string
+	Call      string
+	Fd        int
+	Cookie    uint64
+}
+
+func (e *UnheldError) Error() string {
+	return fmt.Sprintf("rank %d (pid %d) on %s %v: %s on fd %d (a job connection, socket cookie %#x), which means something at the moment of the call (a timestamp, a completion for the caller's buffer), so the shim passed it and the stream is not at rest; nothing was reordered, and the pause rolls back (a pause of this job must come when its ranks do not make that call)",
+		e.Rank, e.Pid, e.Node, ErrUnheld, e.Call, e.Fd, e.Cookie)
+}
+
+func (e *UnheldError) Is(target error) bool { return target == ErrUnheld }
+
+// Fault is quiesce.RankFault's: the coordinator names the rank.
+func (e *UnheldError) Fault() quiesce.Fault {
+	return quiesce.Fault{Code: FaultUnheld, Rank: e.Rank}
+}
+
 // ErrHeld: something other than the pause holds a rank still, so it reads
 // nothing that was sent to it until that lets it go.
 var ErrHeld = errors.New("held still by something other than the pause")
@@ -164,6 +191,7 @@ const (
 	FaultRankGone  = "rank-gone"
 	FaultStashFull = "stash-full"
 	FaultHeld      = "held"
+	FaultUnheld    = "unheld"
 )
 
 // side is whose a connection of the job's cgroup is, as far as the node
@@ -346,6 +374,30 @@ func (l *Role) stashFull(job string) error {
 	for _, r := range l.Ranks.Ranks(job) {
 		if f := r.StashFullSince(); f != nil {
 			errs = append(errs, &StashFullError{Rank: r.Rank, Pid: r.Pid, Node: l.Name, Bytes: f.Bytes, Max: f.Max})
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// unheld names the ranks whose shims passed a call they cannot hold on one
+// of the job's connections here (a cookie the pause's DRAIN named) since
+// the gate closed: the kernel check would fail the pause for the bytes,
+// and this says which call sent them. Reports on a program's own
+// connections are not the pause's concern.
+func (l *Role) unheld(job string) error {
+	l.mu.Lock()
+	var sent map[uint64]bool
+	if d := l.drains[job]; d != nil {
+		sent = d.sent
+	}
+	l.mu.Unlock()
+	var errs []error
+	for _, r := range l.Ranks.Ranks(job) {
+		for _, u := range r.UnheldSince() {
+			if sent[u.Cookie] {
+				errs = append(errs, &UnheldError{Rank: r.Rank, Pid: r.Pid, Node: l.Name, Call: u.Call, Fd: u.Fd, Cookie: u.Cookie})
+				break // one a rank says why
+			}
 		}
 	}
 	return errors.Join(errs...)
@@ -629,6 +681,9 @@ func (l *Role) Drain(ctx context.Context, job string) (quiesce.NodeReport, error
 		return rep, err
 	}
 	if err := l.stashFull(job); err != nil {
+		return rep, err
+	}
+	if err := l.unheld(job); err != nil {
 		return rep, err
 	}
 	var ungated atomic.Int64

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -323,13 +324,76 @@ func ParseStashFull(ev string) (StashFull, error) {
 	return f, nil
 }
 
+// Unheld is the shim's "EVENT unheld call=<call> fd=<n> cookie=<hex>": a
+// call that cannot be held without changing its meaning (sendmsg with
+// ancillary data, MSG_ZEROCOPY, MSG_FASTOPEN) went to the kernel under the
+// closed gate, on the TCP socket with that cookie. The shim reports the
+// first few of each closing (on any of its TCP sockets: mpid tells the
+// job's connections from the program's own).
+type Unheld struct {
+	Call   string
+	Fd     int
+	Cookie uint64
+}
+
+// unheldCalls are the calls a shim names, and what they are called here.
+var unheldCalls = map[string]string{
+	"sendmsg-ancillary": "sendmsg with ancillary data",
+	"msg-zerocopy":      "a send with MSG_ZEROCOPY",
+	"msg-fastopen":      "a send with MSG_FASTOPEN",
+}
+
+// ParseUnheld parses the event "unheld call=<call> fd=<n> cookie=<hex>".
+func ParseUnheld(ev string) (Unheld, error) {
+	rest, ok := strings.CutPrefix(ev, "unheld ")
+	if !ok {
+		return Unheld{}, fmt.Errorf("not an unheld report: %q", ev)
+	}
+	kv, err := fields("UNHELD "+rest, "UNHELD")
+	if err != nil {
+		return Unheld{}, err
+	}
+	call, ok := unheldCalls[kv["call"]]
+	fd, e1 := strconv.Atoi(kv["fd"])
+	ck, e2 := strconv.ParseUint(kv["cookie"], 16, 64)
+	if !ok || e1 != nil || e2 != nil || fd < 0 {
+		return Unheld{}, fmt.Errorf("malformed unheld report %q", ev)
+	}
+	return Unheld{Call: call, Fd: fd, Cookie: ck}, nil
+}
+
+// MaxUnheld is how many reports of unheld calls a rank keeps a pause: the
+// shim sends no more than that a closing.
+const MaxUnheld = 8
+
+// UnheldSince is the shim's reports of unheld calls since ClearStashFull,
+// the first MaxUnheld.
+func (r *Rank) UnheldSince() []Unheld {
+	r.unheldMu.Lock()
+	defer r.unheldMu.Unlock()
+	return slices.Clone(r.unheld)
+}
+
+func (r *Rank) noteUnheld(u Unheld) {
+	r.unheldMu.Lock()
+	if len(r.unheld) < MaxUnheld {
+		r.unheld = append(r.unheld, u)
+	}
+	r.unheldMu.Unlock()
+}
+
 // StashFullSince is the shim's last report of a full stash since
 // ClearStashFull (nil: none).
 func (r *Rank) StashFullSince() *StashFull { return r.full.Load() }
 
-// ClearStashFull forgets the last report of a full stash: a new pause
-// begins.
-func (r *Rank) ClearStashFull() { r.full.Store(nil) }
+// ClearStashFull forgets the last reports of a full stash and of an
+// unheld call: a new pause begins.
+func (r *Rank) ClearStashFull() {
+	r.full.Store(nil)
+	r.unheldMu.Lock()
+	r.unheld = nil
+	r.unheldMu.Unlock()
+}
 
 // flags are the page's per-fd "last call short" and "gated" bytes. Called
 // under p.mu with p.mem mapped.

@@ -293,6 +293,24 @@ func TestDrainRequest(t *testing.T) {
 	}
 }
 
+func TestParseUnheld(t *testing.T) {
+	for ev, want := range map[string]Unheld{
+		"unheld call=msg-zerocopy fd=7 cookie=1f":              {"a send with MSG_ZEROCOPY", 7, 0x1f},
+		"unheld call=sendmsg-ancillary fd=0 cookie=ffffffffff": {"sendmsg with ancillary data", 0, 0xffffffffff},
+		"unheld call=msg-fastopen fd=3 cookie=1":               {"a send with MSG_FASTOPEN", 3, 1},
+	} {
+		if u, err := ParseUnheld(ev); err != nil || u != want {
+			t.Errorf("%q: %+v %v, want %+v", ev, u, err, want)
+		}
+	}
+	for _, bad := range []string{"unheld call=write fd=7 cookie=1", "unheld call=msg-zerocopy fd=-1 cookie=1",
+		"unheld call=msg-zerocopy fd=7 cookie=zz", "unheld call=msg-zerocopy fd=7", "unheld", "stash full bytes=1 max=2"} {
+		if _, err := ParseUnheld(bad); err == nil {
+			t.Errorf("%q accepted", bad)
+		}
+	}
+}
+
 func TestParseStashFull(t *testing.T) {
 	if f, err := ParseStashFull("stash full bytes=5 max=7"); err != nil || f != (StashFull{5, 7}) {
 		t.Errorf("%+v %v", f, err)

@@ -71,9 +71,13 @@ type Rank struct {
 	mu   sync.Mutex // one request at a time
 	owed int        // replies still due to requests given up on (under mu)
 	// full is the shim's last "EVENT stash full" since ClearStashFull.
-	full    atomic.Pointer[StashFull]
-	replies chan string
-	gone    chan struct{}
+	full atomic.Pointer[StashFull]
+	// unheld is the shim's "EVENT unheld" reports since ClearStashFull, the
+	// first MaxUnheld, however many a rank sends.
+	unheldMu sync.Mutex
+	unheld   []Unheld
+	replies  chan string
+	gone     chan struct{}
 }
 
 // Gate is a rank's send gate as its shim reports it.
@@ -835,6 +839,10 @@ func (r *Rank) read(br *bufio.Reader, onEvent func(*Rank, string)) error {
 		if ev, ok := strings.CutPrefix(line, "EVENT "); ok {
 			if f, err := ParseStashFull(strings.TrimSpace(ev)); err == nil {
 				r.full.Store(&f)
+				continue
+			}
+			if u, err := ParseUnheld(strings.TrimSpace(ev)); err == nil {
+				r.noteUnheld(u)
 				continue
 			}
 			if onEvent != nil {

@@ -13,6 +13,8 @@
 // - aliases: a job socket read by several descriptors (dup, F_DUPFD, one
 //   made after the drain) with the one the drain read through closed: the
 //   stash belongs to the socket, so each read gets the stream in order.
+// - unheld: a call the gate cannot hold, under the closed gate, is named to
+//   mpid ("EVENT unheld": the call, the descriptor, the socket's cookie).
 // - cap: past MPIPAUSE_STASH_MAX_MB the drain takes nothing more, the rest
 //   stays in the kernel, and the shim tells mpid ("EVENT stash full"); after
 //   the reopen every byte reaches the program in order.
@@ -223,6 +225,43 @@ static void test_aliases(void)
 	close(job[0]), close(b1), close(b2), close(b3);
 }
 
+// unheld: calls the gate cannot hold (MSG_ZEROCOPY, sendmsg with
+// ancillary data) on a socket under the closed gate go to the kernel, and
+// the shim tells mpid which call, on which descriptor of which socket
+// ("EVENT unheld"), so the pause fails naming it.
+static void test_unheld(void)
+{
+	int job[2];
+	char out[256], want[256];
+	tcp_pair(job, 0);
+	CHECK(say("CLOSE\n") == 0 && line("CLOSED", out, sizeof(out)) == 0 && strstr(out, "gate=closed"),
+	      "close: %s", out);
+	CHECK(send(job[1], "z", 1, MSG_ZEROCOPY) == 1, "send MSG_ZEROCOPY: %s", strerror(errno));
+	snprintf(want, sizeof(want), "EVENT unheld call=msg-zerocopy fd=%d cookie=%llx", job[1],
+		 (unsigned long long)cookie(job[1]));
+	CHECK(line("EVENT unheld", out, sizeof(out)) == 0 && strcmp(out, want) == 0, "got %s, want %s", out, want);
+	union {
+		char b[CMSG_SPACE(sizeof(uint32_t))];
+		struct cmsghdr align;
+	} cb;
+	memset(&cb, 0, sizeof(cb));
+	struct iovec v = {.iov_base = "a", .iov_len = 1};
+	struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1, .msg_control = cb.b, .msg_controllen = sizeof(cb.b)};
+	struct cmsghdr *c = CMSG_FIRSTHDR(&m);
+	c->cmsg_level = SOL_SOCKET;
+	c->cmsg_type = SO_TIMESTAMPING;
+	c->cmsg_len = CMSG_LEN(sizeof(uint32_t));
+	CHECK(sendmsg(job[1], &m, 0) == 1, "sendmsg with ancillary data: %s", strerror(errno));
+	snprintf(want, sizeof(want), "EVENT unheld call=sendmsg-ancillary fd=%d cookie=%llx", job[1],
+		 (unsigned long long)cookie(job[1]));
+	CHECK(line("EVENT unheld", out, sizeof(out)) == 0 && strcmp(out, want) == 0, "got %s, want %s", out, want);
+	CHECK(say("OPEN\n") == 0 && line("OPENED", out, sizeof(out)) == 0, "open: %s", out);
+	char b[8];
+	CHECK(queued(job[0], 2) == 2 && recv(job[0], b, sizeof(b), 0) == 2 && memcmp(b, "za", 2) == 0,
+	      "the peer did not get za");
+	close(job[0]), close(job[1]);
+}
+
 struct sender {
 	int fd;
 	size_t n;
@@ -357,6 +396,7 @@ int main(void)
 	const struct test tests[] = {
 		{"only_job_sockets", test_only_job_sockets},
 		{"aliases", test_aliases},
+		{"unheld", test_unheld},
 		{"cap", test_cap},
 		{"bad_sets", test_bad_sets},
 	};

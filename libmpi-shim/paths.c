@@ -50,6 +50,8 @@ static struct {
 	ssize_t (*sendfile64)(int, int, off64_t *, size_t);
 	ssize_t (*splice)(int, loff_t *, int, loff_t *, size_t, unsigned);
 	void (*closefrom)(int);
+	ssize_t (*pwritev2)(int, const struct iovec *, int, off_t, int);
+	ssize_t (*pwritev64v2)(int, const struct iovec *, int, off64_t, int);
 	int (*fclose)(FILE *);
 	int (*fflush)(FILE *);
 	int (*execve)(const char *, char *const[], char *const[]);
@@ -72,6 +74,8 @@ static void resolve(void)
 	R(sendfile64);
 	R(splice);
 	R(closefrom);
+	R(pwritev2);
+	R(pwritev64v2);
 	R(fclose);
 	R(fflush);
 	R(execve);
@@ -268,6 +272,49 @@ EXPORT int close_range(unsigned first, unsigned last, int flags)
 		return (int)syscall(SYS_close_range, first, last, flags);
 	}
 	return close_some(first, last, flags);
+}
+
+// pwritev2 with offset -1 writes at the file's position, which on a socket
+// is a writev: with no flags it is one, gated as writev is. A flag
+// (RWF_NOWAIT, RWF_DSYNC, ...) would change the call's meaning if held, so
+// under a closed gate it passes behind the socket's held bytes
+// (mpp_unheld). Any other offset is the kernel's ESPIPE on a socket.
+static ssize_t pwritev2_at(ssize_t (*real)(int, const struct iovec *, int, off64_t, int), int fd,
+			   const struct iovec *iov, int iovcnt, off64_t off, int flags)
+{
+	if (off != -1)
+		return real(fd, iov, iovcnt, off, flags);
+	if (flags == 0)
+		return writev(fd, iov, iovcnt);
+	if (!GATE_IS_OPEN())
+		mpp_unheld(fd, "pwritev2 with flags", MPP_UNHELD_PWRITEV2);
+	ssize_t r = real(fd, iov, iovcnt, off, flags);
+	if (r >= 0 && iovcnt >= 0 && iovcnt <= IOV_MAX) {
+		size_t want = 0;
+		for (int i = 0; i < iovcnt; i++)
+			want += iov[i].iov_len;
+		mpp_note_short(fd, r, want);
+	}
+	return r;
+}
+
+EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int iovcnt, off_t off, int flags)
+{
+	if (!RL(pwritev2)) {
+		errno = ENOSYS;
+		return -1;
+	}
+	return pwritev2_at((ssize_t(*)(int, const struct iovec *, int, off64_t, int))real.pwritev2, fd, iov, iovcnt, off,
+			   flags);
+}
+
+EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int iovcnt, off64_t off, int flags)
+{
+	if (!RL(pwritev64v2)) {
+		errno = ENOSYS;
+		return -1;
+	}
+	return pwritev2_at(real.pwritev64v2, fd, iov, iovcnt, off, flags);
 }
 
 EXPORT void closefrom(int low)

@@ -464,6 +464,7 @@ static void serve_conn(int sigfd)
 					snprintf(out, sizeof(out), "EVENT unheld call=%s fd=%d cookie=%llx\n",
 						 rec.call == MPP_UNHELD_ANCILLARY  ? "sendmsg-ancillary"
 						 : rec.call == MPP_UNHELD_ZEROCOPY ? "msg-zerocopy"
+						 : rec.call == MPP_UNHELD_PWRITEV2 ? "pwritev2-flags"
 										   : "msg-fastopen",
 						 (int)rec.fd, (unsigned long long)rec.ns);
 				else if (rec.ns > 0)

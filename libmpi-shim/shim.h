@@ -167,7 +167,7 @@ struct mpp_sig {
 	char call;   // for 'U': MPP_UNHELD_*
 	int32_t fd;  // for 'U'
 };
-enum { MPP_UNHELD_ANCILLARY = 'A', MPP_UNHELD_ZEROCOPY = 'Z', MPP_UNHELD_FASTOPEN = 'F' };
+enum { MPP_UNHELD_ANCILLARY = 'A', MPP_UNHELD_ZEROCOPY = 'Z', MPP_UNHELD_FASTOPEN = 'F', MPP_UNHELD_PWRITEV2 = 'P' };
 // mpp_report_unheld tells mpid (through the signal pipe and the control
 // thread: "EVENT unheld") of a call on a TCP socket that passed the closed
 // gate unheld, the first few of each closing: a job connection's pause then

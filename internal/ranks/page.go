@@ -326,7 +326,7 @@ func ParseStashFull(ev string) (StashFull, error) {
 
 // Unheld is the shim's "EVENT unheld call=<call> fd=<n> cookie=<hex>": a
 // call that cannot be held without changing its meaning (sendmsg with
-// ancillary data, MSG_ZEROCOPY, MSG_FASTOPEN) went to the kernel under the
+// ancillary data, MSG_ZEROCOPY, MSG_FASTOPEN, pwritev2 with flags) went to the kernel under the
 // closed gate, on the TCP socket with that cookie. The shim reports the
 // first few of each closing (on any of its TCP sockets: mpid tells the
 // job's connections from the program's own).
@@ -341,6 +341,7 @@ var unheldCalls = map[string]string{
 	"sendmsg-ancillary": "sendmsg with ancillary data",
 	"msg-zerocopy":      "a send with MSG_ZEROCOPY",
 	"msg-fastopen":      "a send with MSG_FASTOPEN",
+	"pwritev2-flags":    "pwritev2 with flags",
 }
 
 // ParseUnheld parses the event "unheld call=<call> fd=<n> cookie=<hex>".

@@ -4,7 +4,7 @@
 // socket by many routes (dup, dup2, dup3, fcntl F_DUPFD and
 // F_DUPFD_CLOEXEC, a descriptor passed with SCM_RIGHTS, a stdio stream of
 // fdopen) and write it by every call the shim wraps (send, sendto,
-// sendmsg, sendmmsg, write, writev, sendfile, splice, fwrite), with the
+// sendmsg, sendmmsg, write, writev, pwritev2, sendfile, splice, fwrite), with the
 // gate closed and opened at random points. The model: the peer must read
 // exactly the bytes each call reported written, in call order, whatever
 // was held under the closed gate. Each call writes bytes of its own, so a
@@ -235,8 +235,17 @@ static void one_op(void)
 		chunk(b, n);
 		size_t h = pick((unsigned)n + 1);
 		struct iovec v[2] = {{.iov_base = b, .iov_len = h}, {.iov_base = b + h, .iov_len = n - h}};
-		r = writev(fd, v, 2);
-		note("writev(%d,%zu)=%zd ", fd, n, r);
+		unsigned how = pick(4);
+		if (how == 0) {
+			r = writev(fd, v, 2);
+			note("writev(%d,%zu)=%zd ", fd, n, r);
+		} else {
+			// At the position (-1): a writev on a socket; with a flag,
+			// a call the gate passes behind what it holds.
+			int rwf = how == 3 ? RWF_DSYNC : 0;
+			r = pwritev2(fd, v, 2, -1, rwf);
+			note("pwritev2(%d,%zu,-1,%#x)=%zd ", fd, n, rwf, r);
+		}
 		wrote(b, r);
 		break;
 	}

@@ -50,6 +50,8 @@ static struct {
 	ssize_t (*sendfile64)(int, int, off64_t *, size_t);
 	ssize_t (*splice)(int, loff_t *, int, loff_t *, size_t, unsigned);
 	void (*closefrom)(int);
+	int (*vdprintf)(int, const char *, va_list);
+	int (*vdprintf_chk)(int, int, const char *, va_list);
 	ssize_t (*pwritev2)(int, const struct iovec *, int, off_t, int);
 	ssize_t (*pwritev64v2)(int, const struct iovec *, int, off64_t, int);
 	int (*fclose)(FILE *);
@@ -74,6 +76,8 @@ static void resolve(void)
 	R(sendfile64);
 	R(splice);
 	R(closefrom);
+	R(vdprintf);
+	real.vdprintf_chk = dlsym(RTLD_NEXT, "__vdprintf_chk");
 	R(pwritev2);
 	R(pwritev64v2);
 	R(fclose);
@@ -315,6 +319,71 @@ EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int iovcnt, off64_t 
 		return -1;
 	}
 	return pwritev2_at(real.pwritev64v2, fd, iov, iovcnt, off, flags);
+}
+
+// dprintf formats into a stream of glibc's own on the descriptor and writes
+// it with glibc's internal write, which the gate never sees: under a gate
+// that is not open the text is formatted here and written by the wrapped
+// write, so it queues behind the socket's held bytes.
+int __vasprintf_chk(char **, int, const char *, va_list);
+
+static int print_gated(int fd, char *s, int n)
+{
+	int done = 0;
+	while (n >= 0 && done < n) {
+		ssize_t w = write(fd, s + done, (size_t)(n - done));
+		if (w < 0 && errno == EINTR)
+			continue;
+		if (w <= 0) {
+			done = -1;
+			break;
+		}
+		done += (int)w;
+	}
+	int saved = errno;
+	free(s);
+	errno = saved;
+	return n < 0 ? -1 : done;
+}
+
+EXPORT int vdprintf(int fd, const char *fmt, va_list ap)
+{
+	if (GATE_IS_OPEN() || !mpp_is_tcp(fd))
+		return RL(vdprintf)(fd, fmt, ap);
+	char *s = NULL;
+	int n = vasprintf(&s, fmt, ap);
+	return print_gated(fd, s, n);
+}
+
+EXPORT int dprintf(int fd, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int r = vdprintf(fd, fmt, ap);
+	va_end(ap);
+	return r;
+}
+
+// The fortified entry points (_FORTIFY_SOURCE) keep their checks.
+EXPORT int __vdprintf_chk(int fd, int flag, const char *fmt, va_list ap)
+{
+	if (GATE_IS_OPEN() || !mpp_is_tcp(fd)) {
+		if (!RL(vdprintf_chk))
+			return RL(vdprintf)(fd, fmt, ap);
+		return real.vdprintf_chk(fd, flag, fmt, ap);
+	}
+	char *s = NULL;
+	int n = __vasprintf_chk(&s, flag, fmt, ap);
+	return print_gated(fd, s, n);
+}
+
+EXPORT int __dprintf_chk(int fd, int flag, const char *fmt, ...)
+{
+	va_list ap;
+	va_start(ap, fmt);
+	int r = __vdprintf_chk(fd, flag, fmt, ap);
+	va_end(ap);
+	return r;
 }
 
 EXPORT void closefrom(int low)

@@ -4,7 +4,8 @@
 // socket by many routes (dup, dup2, dup3, fcntl F_DUPFD and
 // F_DUPFD_CLOEXEC, a descriptor passed with SCM_RIGHTS, a stdio stream of
 // fdopen) and write it by every call the shim wraps (send, sendto,
-// sendmsg, sendmmsg, write, writev, pwritev2, sendfile, splice, fwrite), with the
+// sendmsg, sendmmsg, write, writev, pwritev2, sendfile, splice, fwrite,
+// dprintf), with the
 // gate closed and opened at random points. The model: the peer must read
 // exactly the bytes each call reported written, in call order, whatever
 // was held under the closed gate. Each call writes bytes of its own, so a
@@ -227,8 +228,17 @@ static void one_op(void)
 	}
 	case 4:
 		chunk(b, n);
-		r = write(fd, b, n);
-		note("write(%d,%zu)=%zd ", fd, n, r);
+		if (pick(3) == 0) {
+			// dprintf: stdio's formatting straight to the descriptor
+			// (text: no NUL to end the string early).
+			for (size_t i = 0; i < n; i++)
+				b[i] = (unsigned char)('a' + b[i] % 26);
+			r = dprintf(fd, "%.*s", (int)n, (const char *)b);
+			note("dprintf(%d,%zu)=%zd ", fd, n, r);
+		} else {
+			r = write(fd, b, n);
+			note("write(%d,%zu)=%zd ", fd, n, r);
+		}
 		wrote(b, r);
 		break;
 	case 5: {

@@ -238,6 +238,11 @@ static void set_slow(struct stash *s, int slow)
 static void detach_all(struct stash *s)
 {
 	for (int i = 0; i < s->nfd; i++) {
+		// A number closed by a call the shim does not see may have been
+		// attached since to another socket's stash: that one is not
+		// undone here.
+		if (atomic_load_explicit(&tab[s->fds[i]], memory_order_seq_cst) != s)
+			continue;
 		atomic_store_explicit(&mpp_read_slow[s->fds[i]], SLOW_NONE, memory_order_seq_cst);
 		atomic_store_explicit(&tab[s->fds[i]], NULL, memory_order_relaxed);
 	}
@@ -425,8 +430,10 @@ static void detach(int fd)
 	for (int i = 0; i < s->nfd; i++)
 		if (s->fds[i] == fd) {
 			s->fds[i] = s->fds[--s->nfd];
-			atomic_store_explicit(&mpp_read_slow[fd], SLOW_NONE, memory_order_seq_cst);
-			atomic_store_explicit(&tab[fd], NULL, memory_order_relaxed);
+			if (atomic_load_explicit(&tab[fd], memory_order_seq_cst) == s) {
+				atomic_store_explicit(&mpp_read_slow[fd], SLOW_NONE, memory_order_seq_cst);
+				atomic_store_explicit(&tab[fd], NULL, memory_order_relaxed);
+			}
 			break;
 		}
 	if (s->nfd == 0 && s->ino != 0) {

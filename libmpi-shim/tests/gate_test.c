@@ -1186,13 +1186,56 @@ static void *race_writer(void *arg)
 	return NULL;
 }
 
-static void test_stash_race(void)
+// race_alias_reader reads the socket through descriptors of its own, made
+// and closed as it goes (dup, fcntl F_DUPFD), while the control thread
+// stashes through the original: the stash belongs to the socket, so every
+// descriptor gets the stream in order, whoever drained it.
+static void *race_alias_reader(void *arg)
+{
+	struct race *x = arg;
+	unsigned char b[4096];
+	uint64_t at = 0;
+	unsigned n = 0;
+	int mine = dup(x->fd);
+	x->ok = mine >= 0;
+	while (at < RACE_BYTES && x->ok && !atomic_load(&x->stop)) {
+		if (++n % 512 == 0) {
+			int next = n % 1024 ? dup(mine) : fcntl(mine, F_DUPFD_CLOEXEC, 0);
+			close(mine);
+			mine = next;
+			if (mine < 0) {
+				x->ok = 0;
+				break;
+			}
+		}
+		ssize_t r = n % 3 ? recv(mine, b, sizeof(b), MSG_DONTWAIT) : recv(x->fd, b, sizeof(b), MSG_DONTWAIT);
+		if (r < 0 && errno == EAGAIN)
+			continue;
+		if (r <= 0) {
+			x->ok = 0;
+			break;
+		}
+		for (ssize_t i = 0; i < r; i++)
+			if (b[i] != pat(5, at + i)) {
+				fprintf(stderr, "stash_race_aliases: byte %llu out of order\n", (unsigned long long)(at + i));
+				x->ok = 0;
+				break;
+			}
+		at += r;
+	}
+	if (mine >= 0)
+		close(mine);
+	atomic_store(&x->done, 1);
+	return NULL;
+}
+
+static void stash_race(void *(*reader)(void *), const char *name)
 {
 	int s[2];
 	tcp_pair(s, 0);
 	struct race r = {.fd = s[1]};
 	pthread_t rd, wr;
-	pthread_create(&rd, NULL, race_reader, &r);
+	pthread_create(&rd, NULL, reader, &r);
 	pthread_create(&wr, NULL, race_writer, &s[0]);
 	long stashed = 0, calls = 0;
 	time_t end = time(NULL) + 120; // bytes lost would leave the reader waiting for ever
@@ -1209,11 +1252,21 @@ static void test_stash_race(void)
 	if (!r.ok)
 		shutdown(s[0], SHUT_RDWR); // frees a writer blocked on a full window
 	pthread_join(wr, NULL);
-	printf("     stash_race: %ld of %ld drains took bytes\n", stashed, calls);
+	printf("     %s: %ld of %ld drains took bytes\n", name, stashed, calls);
 	CHECK(r.ok, "the reader saw bytes lost or out of order");
 	CHECK(stashed > 0, "no drain took a byte while the reader read: the test proved nothing");
 	close(s[0]);
 	close(s[1]);
+}
+
+static void test_stash_race_aliases(void)
+{
+	stash_race(race_alias_reader, "stash_race_aliases");
+}
+
+static void test_stash_race(void)
+{
+	stash_race(race_reader, "stash_race");
 }
 
 int main(int argc, char **argv)
@@ -1250,6 +1303,7 @@ int main(int argc, char **argv)
 		{"stash_calls", test_stash_calls},
 		{"stash_close", test_stash_close},
 		{"stash_race", test_stash_race},
+		{"stash_race_aliases", test_stash_race_aliases},
 		{"stash_reused_number", test_stash_reused_number},
 		{"stash_dup2", test_stash_dup2},
 		{"stash_acks", test_stash_acks},

@@ -45,6 +45,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/tcp.h>
 #include <stdint.h>
 #include <sys/mman.h>
 #include <netinet/in.h>
@@ -542,6 +543,27 @@ void mpp_unheld(int fd, const char *what, char call)
 	flush_fd(s, &st, -1, 0);
 }
 
+// send_side_closed: the kernel would refuse a send on fd now (its state is
+// past the application's shutdown, or closed by a reset). One getsockopt,
+// on a socket's first held call of a closing.
+static int send_side_closed(int fd)
+{
+	struct tcp_info ti;
+	socklen_t l = sizeof(ti);
+	if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, &ti, &l) < 0)
+		return 0;
+	switch (ti.tcpi_state) {
+	case TCP_FIN_WAIT1:
+	case TCP_FIN_WAIT2:
+	case TCP_TIME_WAIT:
+	case TCP_CLOSE:
+	case TCP_LAST_ACK:
+	case TCP_CLOSING:
+		return 1;
+	}
+	return 0;
+}
+
 // mpp_gated is the slow path of every wrapper: the gate is not open. real
 // makes the caller's own call unchanged (for pass-through); iov describes
 // its bytes (for holding); flags are the call's MSG_ flags, and
@@ -613,6 +635,13 @@ ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, int flags, ssize_
 			pthread_mutex_unlock(&s->mu);
 		}
 		return r;
+	}
+	if (!s->head && send_side_closed(fd)) {
+		// Shut down (SHUT_WR, while the gate was open) or reset: the kernel
+		// refuses the call, and held it would be reported written and
+		// then lost at the flush. The kernel answers it now.
+		pthread_mutex_unlock(&s->mu);
+		return real(arg);
 	}
 	first = !s->gated;
 	s->gated = 1;

@@ -395,16 +395,34 @@ EXPORT void closefrom(int low)
 // stdio writes a socket stream's buffer with glibc's internal write, which
 // the gate never sees: under a gate that is not open, fflush and fclose
 // hand the buffer to the gate first, so it queues behind the held bytes.
-static void buffered_to_gate(FILE *f)
+// If the gate refuses it (the socket was shut down behind its held bytes:
+// EPIPE, as the kernel will say), glibc must not write it either, or it
+// would reach the kernel before the held bytes: the buffer is dropped and
+// the stream marked in error, as the kernel's refusal leaves it unsent.
+// Returns -1 with errno then, else 0.
+static int buffered_to_gate(FILE *f)
 {
 	int fd = fileno_unlocked(f);
-	size_t n = f->_IO_write_ptr - f->_IO_write_base;
+	size_t n = f->_IO_write_ptr - f->_IO_write_base, done = 0;
 	if (fd < 0 || n == 0 || f->_IO_write_base == NULL || !mpp_is_tcp(fd))
-		return;
-	struct taken t = {fd, f->_IO_write_base, n, 1};
-	struct iovec v = {f->_IO_write_base, n};
-	if (mpp_gated(fd, &v, 1, MSG_NOSIGNAL | MPP_CONSUMED, send_taken, &t) == (ssize_t)n)
-		f->_IO_write_ptr = f->_IO_write_base;
+		return 0;
+	while (done < n) {
+		struct taken t = {fd, f->_IO_write_base + done, n - done, 1};
+		struct iovec v = {f->_IO_write_base + done, n - done};
+		ssize_t r = mpp_gated(fd, &v, 1, MPP_CONSUMED, send_taken, &t);
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r <= 0) {
+			int e = r < 0 ? errno : EIO;
+			f->_IO_write_ptr = f->_IO_write_base;
+			f->_flags |= _IO_ERR_SEEN;
+			errno = e;
+			return -1;
+		}
+		done += (size_t)r;
+	}
+	f->_IO_write_ptr = f->_IO_write_base;
+	return 0;
 }
 
 EXPORT int fflush(FILE *f)
@@ -412,8 +430,10 @@ EXPORT int fflush(FILE *f)
 	if (GATE_IS_OPEN() || f == NULL)
 		return RL(fflush)(f);
 	flockfile(f);
-	buffered_to_gate(f);
+	int bad = buffered_to_gate(f);
 	funlockfile(f);
+	if (bad)
+		return EOF;
 	return RL(fflush)(f);
 }
 
@@ -432,7 +452,7 @@ EXPORT int fclose(FILE *f)
 #pragma GCC diagnostic pop
 #endif
 	flockfile(f);
-	buffered_to_gate(f);
+	int bad = buffered_to_gate(f), err = errno;
 	funlockfile(f);
 	int fd = fileno(f), counted = 0;
 	if (fd >= 0) {
@@ -441,11 +461,11 @@ EXPORT int fclose(FILE *f)
 		mpp_keep_held(fd);
 	}
 	int r = RL(fclose)(f);
-	int saved = errno;
+	int saved = bad ? err : errno;
 	if (fd >= 0)
 		mpp_stash_closed(fd, counted);
 	errno = saved;
-	return r;
+	return bad ? EOF : r;
 }
 
 // exec replaces the memory that holds the bytes: they go first.

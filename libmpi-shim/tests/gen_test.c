@@ -5,8 +5,8 @@
 // F_DUPFD_CLOEXEC, a descriptor passed with SCM_RIGHTS, a stdio stream of
 // fdopen) and write it by every call the shim wraps (send, sendto,
 // sendmsg, sendmmsg, write, writev, pwritev2, sendfile, splice, fwrite,
-// dprintf), with the
-// gate closed and opened at random points. The model: the peer must read
+// dprintf), a fork whose child writes too, and shutdown, with the gate
+// closed and opened at random points. The model: the peer must read
 // exactly the bytes each call reported written, in call order, whatever
 // was held under the closed gate. Each call writes bytes of its own, so a
 // reorder shows as the first byte that differs.
@@ -33,6 +33,7 @@
 #include <sys/sendfile.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -158,6 +159,36 @@ static void add_alias(int fd, const char *how)
 		die(how);
 	alias[naliases++] = fd;
 	note("%s->%d ", how, fd);
+}
+
+// A program forks at most once: the child writes one chunk through its
+// copy of a descriptor and exits. Two processes writing one socket have no
+// order between them but what the shim keeps: the child's chunk must come
+// whole, after every byte the parent had written (or had held) when it
+// forked, and the parent's stream must be in order around it.
+static pid_t child;
+static unsigned char child_bytes[MAX_CHUNK];
+static size_t child_len, child_after;
+static int shut; // shutdown(SHUT_WR) was called: nothing more is owed
+
+static void fork_writer(int fd)
+{
+	// Random bytes, not a chunk's pattern: a chunk's linear pattern also
+	// occurs inside a longer chunk of another number, and the child's
+	// bytes are looked for in the stream.
+	size_t n = 16 + pick(MAX_CHUNK - 16);
+	for (size_t i = 0; i < n; i++)
+		child_bytes[i] = (unsigned char)rnd();
+	child_after = nowed;
+	child_len = n;
+	child = fork();
+	if (child < 0)
+		die("fork");
+	if (child == 0) {
+		ssize_t r = write(fd, child_bytes, n);
+		_exit(r == (ssize_t)n ? 0 : 1);
+	}
+	note("fork(%d writes %zu after byte %zu) ", fd, n, child_after);
 }
 
 // one_op makes one random call of the program.
@@ -341,6 +372,21 @@ static void one_op(void)
 			note("CLOSE-GATE ");
 		}
 		break;
+	case 15:
+		if (!child && !shut) {
+			fork_writer(fd);
+			break;
+		}
+		/* fall through */
+	case 16:
+		if (op == 16 && !shut && pick(4) == 0) {
+			// The FIN follows what is held; every later write fails.
+			r = shutdown(fd, SHUT_WR);
+			note("shutdown(%d)=%zd ", fd, r);
+			shut = r == 0;
+			break;
+		}
+		/* fall through */
 	default:
 		if (gate_closed) {
 			struct mpp_gate_stats st;
@@ -362,6 +408,9 @@ static int run_program(uint64_t seed, int verbose)
 	nowed = ntrace = 0;
 	chunk_no = 0;
 	trace[0] = 0;
+	child = 0;
+	child_len = 0;
+	shut = 0;
 	tcp_pair(s, 0);
 	alias[0] = s[0];
 	naliases = 1;
@@ -376,6 +425,14 @@ static int run_program(uint64_t seed, int verbose)
 	}
 	for (int i = 0; i < naliases; i++)
 		close(alias[i]);
+	if (child) {
+		int st = 0;
+		if (waitpid(child, &st, 0) != child)
+			die("waitpid");
+		if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
+			child_len = 0; // its write failed (after a shutdown): nothing owed
+		note("child exit %d ", WIFEXITED(st) ? WEXITSTATUS(st) : -1);
+	}
 	size_t n = 0;
 	for (;;) {
 		struct pollfd p = {.fd = s[1], .events = POLLIN};
@@ -387,6 +444,26 @@ static int run_program(uint64_t seed, int verbose)
 		n += (size_t)r;
 	}
 	close_abort(s[1]); // the program's end, in FIN_WAIT2, goes with it
+	if (child_len > 0) {
+		// The child's chunk, whole, after what the parent owed at the fork.
+		unsigned char *at = memmem(got, n, child_bytes, child_len);
+		if (at && (size_t)(at - got) < child_after) {
+			// Found before it may be: again from there, for a copy by chance.
+			unsigned char *later = n > child_after ? memmem(got + child_after, n - child_after, child_bytes, child_len) : NULL;
+			if (later)
+				at = later;
+		}
+		if (!at || (size_t)(at - got) < child_after) {
+			printf("FAIL seed %llu: the forked child's %zu bytes are %s (at byte %zd, the parent had written %zu)\n     calls: %s\n",
+			       (unsigned long long)seed, child_len,
+			       at ? "before bytes its parent wrote before the fork" : "not in the stream whole",
+			       at ? (ssize_t)(at - got) : (ssize_t)-1, child_after, trace);
+			return 1;
+		}
+		size_t p = (size_t)(at - got);
+		memmove(at, at + child_len, n - p - child_len);
+		n -= child_len;
+	}
 	size_t d = 0;
 	while (d < n && d < nowed && got[d] == owed[d])
 		d++;
@@ -398,6 +475,16 @@ static int run_program(uint64_t seed, int verbose)
 	printf("FAIL seed %llu: the peer read %zu bytes, the program wrote %zu; first difference at byte %zu\n"
 	       "     calls: %s\n",
 	       (unsigned long long)seed, n, nowed, d, trace);
+	if (getenv("GEN_DEBUG")) {
+		unsigned char *c = child_len ? memmem(got, n, child_bytes, 16) : NULL;
+		printf("     child's first 16 bytes at %zd; got[d..]:", c ? (ssize_t)(c - got) : (ssize_t)-1);
+		for (size_t i = d; i < d + 8 && i < n; i++)
+			printf(" %02x", got[i]);
+		printf("; owed[d..]:");
+		for (size_t i = d; i < d + 8 && i < nowed; i++)
+			printf(" %02x", owed[i]);
+		printf("\n");
+	}
 	return 1;
 }
 

@@ -87,7 +87,7 @@ FUZZ_TIME ?= 100000x
 # The shim's generated programs at length (make test runs 50,000 within
 # test-unit): GEN_PROGRAMS from GEN_SEED (the time if unset).
 GEN_PROGRAMS ?= 1000000
-test-gen: build ## the shim's generated torture programs (libmpi-shim/tests/gen_test.c), GEN_PROGRAMS (1,000,000) of them from GEN_SEED; a failure prints its seed and the command that reruns it (not in make test)
+test-gen: build ## the shim's generated torture programs (libmpi-shim/tests/gen_test.c), GEN_PROGRAMS (1,000,000) seeds from GEN_SEED, each a writing and a reading program; a failure prints its seed and the command that reruns it (not in make test)
 	@setpriv --inh-caps=-all --bounding-set=-all -- $(MAKE) -s -C libmpi-shim OUT=$(BIN) gen-test GEN_PROGRAMS=$(GEN_PROGRAMS) GEN_SEED=$(GEN_SEED)
 
 test-fuzz: ## fuzz every decoder FUZZ_TIME (100000 inputs) each, and the shim's with libFuzzer, unprivileged; new failures land in testdata/fuzz

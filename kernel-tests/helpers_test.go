@@ -244,6 +244,26 @@ func start(ctx context.Context, t testing.TB, cg string, env []string, argv ...s
 
 // finish waits for p to exit and checks that it succeeded and printed want
 // (a checksum line, from the serial computation).
+// stopped tells an app that runs until told (xchg or mt -E dir) to stop,
+// waits for it to end and returns the iterations it says it ran (iters=),
+// failing the test if it does not end or say.
+func (p *proc) stopped(ctx context.Context, t testing.TB, dir string) string {
+	t.Helper()
+	if err := os.WriteFile(filepath.Join(dir, "stop"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-p.done:
+	case <-ctx.Done():
+		t.Fatalf("the job did not stop when told: %v\n%s", ctx.Err(), p.out.String())
+	}
+	m := itersRE.FindStringSubmatch(p.out.String())
+	if m == nil {
+		t.Fatalf("the job printed no result (%v):\n%s", p.err, p.out.String())
+	}
+	return m[1]
+}
+
 func (p *proc) finish(ctx context.Context, t testing.TB, what, want string) {
 	t.Helper()
 	select {

@@ -58,21 +58,10 @@ func TestPauseSharedMemory(t *testing.T) {
 		pauseMs = append(pauseMs, ms)
 		waitProgress(ctx, t, obs, job.done, sentBytes(ctx, obs), 1<<20)
 	}
-	if err := os.WriteFile(filepath.Join(stop, "stop"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-job.done:
-	case <-ctx.Done():
-		t.Fatalf("xchg did not stop when told: %v\n%s", ctx.Err(), job.out.String())
-	}
-	m := itersRE.FindStringSubmatch(job.out.String())
-	if m == nil {
-		t.Fatalf("xchg printed no result (%v):\n%s", job.err, job.out.String())
-	}
-	job.finish(ctx, t, fmt.Sprintf("the job paused %d times", cycles), serial(t, app, 6, append(slices.Clone(args), "-n", m[1])...))
+	iters := job.stopped(ctx, t, stop)
+	job.finish(ctx, t, fmt.Sprintf("the job paused %d times", cycles), serial(t, app, 6, append(slices.Clone(args), "-n", iters)...))
 	t.Logf("%d pauses with ranks of one node over shared memory: pause p50 %.1f ms, max %.1f ms; %s iterations; every COMMIT verified empty and frozen; output unchanged",
-		cycles, bench.Percentile(pauseMs, 0.5), bench.Percentile(pauseMs, 1), m[1])
+		cycles, bench.Percentile(pauseMs, 0.5), bench.Percentile(pauseMs, 1), iters)
 }
 
 // rankLinks counts the rig's established TCP connections between two

@@ -151,22 +151,11 @@ func testPauseThreads(t *testing.T, lib mpiLib) {
 		waitProgress(ctx, t, obs, job.done, sentBytes(ctx, obs), 1<<20)
 	}
 
-	if err := os.WriteFile(filepath.Join(stop, "stop"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	select {
-	case <-job.done:
-	case <-ctx.Done():
-		t.Fatalf("mt did not stop when told: %v\n%s", ctx.Err(), job.out.String())
-	}
-	m := itersRE.FindStringSubmatch(job.out.String())
-	if m == nil {
-		t.Fatalf("mt printed no result (%v):\n%s", job.err, job.out.String())
-	}
-	job.finish(ctx, t, fmt.Sprintf("mt paused %d times", cycles), serial(t, app, 6, append(slices.Clone(args), "-n", m[1])...))
+	iters := job.stopped(ctx, t, stop)
+	job.finish(ctx, t, fmt.Sprintf("mt paused %d times", cycles), serial(t, app, 6, append(slices.Clone(args), "-n", iters)...))
 	t.Logf("%s: %d pauses of %s threads per rank: pause p50 %.1f ms, max %.1f ms; in flight at the drain p50 %.0f KiB, max %.0f KiB; %s iterations; every COMMIT verified empty by BPF and sock_diag and frozen; output unchanged",
 		lib.name, cycles, args[1], bench.Percentile(pauseMs, 0.5), bench.Percentile(pauseMs, 1),
-		bench.Percentile(drainedKiB, 0.5), bench.Percentile(drainedKiB, 1), m[1])
+		bench.Percentile(drainedKiB, 0.5), bench.Percentile(drainedKiB, 1), iters)
 }
 
 // TestPauseBlockedRecv: rank 0 blocks in MPI_Recv for a message that the

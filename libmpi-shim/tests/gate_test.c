@@ -1151,6 +1151,19 @@ struct race {
 	int ok;
 };
 
+// race_check checks r bytes read at stream offset *at against the
+// writer's pattern, and moves *at on.
+static void race_check(struct race *x, const unsigned char *b, ssize_t r, uint64_t *at, const char *name)
+{
+	for (ssize_t i = 0; i < r; i++)
+		if (b[i] != pat(5, *at + i)) {
+			fprintf(stderr, "%s: byte %llu out of order\n", name, (unsigned long long)(*at + i));
+			x->ok = 0;
+			break;
+		}
+	*at += (uint64_t)r;
+}
+
 // race_reader polls without blocking, as UCX's progress loop does: its
 // calls overlap the drains' far more often than a blocked reader's would.
 static void *race_reader(void *arg)
@@ -1167,13 +1180,7 @@ static void *race_reader(void *arg)
 			x->ok = 0;
 			break;
 		}
-		for (ssize_t i = 0; i < r; i++)
-			if (b[i] != pat(5, at + i)) {
-				fprintf(stderr, "stash_race: byte %llu out of order\n", (unsigned long long)(at + i));
-				x->ok = 0;
-				break;
-			}
-		at += r;
+		race_check(x, b, r, &at, "stash_race");
 	}
 	atomic_store(&x->done, 1);
 	return NULL;
@@ -1215,13 +1222,7 @@ static void *race_alias_reader(void *arg)
 			x->ok = 0;
 			break;
 		}
-		for (ssize_t i = 0; i < r; i++)
-			if (b[i] != pat(5, at + i)) {
-				fprintf(stderr, "stash_race_aliases: byte %llu out of order\n", (unsigned long long)(at + i));
-				x->ok = 0;
-				break;
-			}
-		at += r;
+		race_check(x, b, r, &at, "stash_race_aliases");
 	}
 	if (mine >= 0)
 		close(mine);

@@ -282,25 +282,98 @@ static int names(int fd, ino_t ino)
 	return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_ino == ino;
 }
 
-// attach_found attaches, with SLOW_DRAIN, every descriptor of the socket
-// ino the process has now (mpp_nfds at most: the table's size). 0 if one
-// could not be.
-static int attach_found(struct stash *s, ino_t ino)
+// The process's socket descriptors by inode, as /proc/self/fd showed them
+// when fd_gen was scan_gen: one scan serves every socket a drain attaches
+// until a wrapped call changes a number's socket (a rank with a thousand
+// connections would otherwise read its thousand descriptors a thousand
+// times). Used by the drain's thread alone; scan_mu for the C tests, which
+// call the drain from theirs.
+struct fd_ino {
+	ino_t ino;
+	int fd;
+};
+static struct fd_ino *scan;
+static int nscan, capscan, scanned;
+static unsigned scan_gen;
+static pthread_mutex_t scan_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static int by_ino(const void *a, const void *b)
+{
+	const struct fd_ino *x = a, *y = b;
+	return x->ino < y->ino ? -1 : x->ino > y->ino;
+}
+
+// rescan reads /proc/self/fd into scan; 0 if it could not.
+static int rescan(unsigned gen)
 {
 	DIR *d = opendir("/proc/self/fd");
 	if (!d)
 		return 0;
-	int ok = 1;
+	nscan = 0;
 	struct dirent *e;
-	while (ok && (e = readdir(d))) {
+	while ((e = readdir(d))) {
 		char *end;
 		long fd = strtol(e->d_name, &end, 10);
+		struct stat st;
 		if (*end || e->d_name[0] == '.' || fd == dirfd(d) || !tracked((int)fd))
 			continue;
-		if (names((int)fd, ino))
-			ok = attach(s, (int)fd, SLOW_DRAIN);
+		if (fstat((int)fd, &st) < 0 || !S_ISSOCK(st.st_mode))
+			continue;
+		if (nscan == capscan) {
+			int c = capscan ? capscan * 2 : 64;
+			struct fd_ino *n = realloc(scan, (size_t)c * sizeof(*n));
+			if (!n) {
+				closedir(d);
+				scanned = 0;
+				return 0;
+			}
+			scan = n;
+			capscan = c;
+		}
+		scan[nscan++] = (struct fd_ino){st.st_ino, (int)fd};
 	}
 	closedir(d);
+	qsort(scan, (size_t)nscan, sizeof(*scan), by_ino);
+	scan_gen = gen;
+	scanned = 1;
+	return 1;
+}
+
+// lookup is where scan's entries of socket ino begin (NULL: none).
+static struct fd_ino *lookup(ino_t ino)
+{
+	struct fd_ino key = {ino, 0};
+	struct fd_ino *at = bsearch(&key, scan, (size_t)nscan, sizeof(*scan), by_ino);
+	while (at && at > scan && at[-1].ino == ino)
+		at--;
+	return at;
+}
+
+static int listed(const struct fd_ino *at, ino_t ino, int fd)
+{
+	for (; at && at < scan + nscan && at->ino == ino; at++)
+		if (at->fd == fd)
+			return 1;
+	return 0;
+}
+
+// attach_found attaches, with SLOW_DRAIN, every descriptor of the socket
+// ino the process had at fd_gen gen (mpp_nfds at most: the table's size),
+// fd (the drain's) among them: a scan that does not list it is older than
+// the socket (sockets made since do not move fd_gen) and is made again. 0
+// if one could not be attached.
+static int attach_found(struct stash *s, ino_t ino, int fd, unsigned gen)
+{
+	pthread_mutex_lock(&scan_mu);
+	int ok = (scanned && scan_gen == gen) || rescan(gen);
+	struct fd_ino *at = ok ? lookup(ino) : NULL;
+	if (ok && !listed(at, ino, fd) && (ok = rescan(gen)))
+		at = lookup(ino);
+	for (; ok && at && at < scan + nscan && at->ino == ino; at++)
+		ok = attach(s, at->fd, SLOW_DRAIN);
+	if (ok)
+		ok = attach(s, fd, SLOW_DRAIN); // listed or not: it is the one read
+	pthread_mutex_unlock(&scan_mu);
 	return ok;
 }
 
@@ -336,7 +409,7 @@ ssize_t mpp_stash_fd(int fd, ino_t ino)
 		// be in a read, and none may have been made or closed since the
 		// count was read: else the drain tries again in a moment.
 		unsigned gen = atomic_load_explicit(&fd_gen, memory_order_seq_cst);
-		int ok = attach_found(s, ino);
+		int ok = attach_found(s, ino, fd, gen);
 		for (int i = 0; ok && i < s->nfd; i++)
 			ok = atomic_load_explicit(&mpp_read_busy[s->fds[i]], memory_order_seq_cst) == 0;
 		if (!ok || atomic_load_explicit(&fd_gen, memory_order_seq_cst) != gen) {
@@ -556,6 +629,8 @@ void mpp_stash_child(void)
 		s->ino = 0;
 	}
 	pthread_mutex_init(&tab_mu, NULL);
+	pthread_mutex_init(&scan_mu, NULL);
+	scanned = 0;
 	atomic_store(&in_use, 0);
 	atomic_store(&mpp_stash_live, 0);
 	atomic_store(&stash_bytes, 0);

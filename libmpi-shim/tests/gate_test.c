@@ -20,6 +20,7 @@
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/un.h>
@@ -953,6 +954,26 @@ static void send_all(int fd, size_t n, unsigned id, uint64_t *at)
 	}
 }
 
+// stash_new_socket: a socket made after the drain last looked at the
+// process's descriptors (nothing closed or duplicated since) is drained
+// all the same, and its read gets the stash.
+static void test_stash_new_socket(void)
+{
+	int s[2], u[2];
+	char b[8];
+	tcp_pair(s, 0);
+	CHECK(syscall(SYS_sendto, s[0], "a", 1, 0, NULL, 0) == 1, "send");
+	for (int i = 0; i < 5000 && stash_fd(s[1], 0) == 0; i++)
+		usleep(1000);
+	CHECK(recv(s[1], b, sizeof(b), MSG_DONTWAIT) == 1 && b[0] == 'a', "the first socket's stash");
+	CHECK(socketpair(AF_UNIX, SOCK_STREAM, 0, u) == 0, "socketpair");
+	CHECK(syscall(SYS_write, u[0], "new", 3) == 3, "write");
+	CHECK(stash_fd(u[1], 0) == 3, "the new socket's 3 bytes not stashed");
+	ssize_t r = recv(u[1], b, sizeof(b), MSG_DONTWAIT);
+	CHECK(r == 3 && memcmp(b, "new", 3) == 0, "the new socket read %zd bytes after its drain, want its 3", r);
+	close(s[0]), close(s[1]), close(u[0]), close(u[1]);
+}
+
 static void test_stash_order(void)
 {
 	int s[2], inq = -1;
@@ -1301,6 +1322,7 @@ int main(int argc, char **argv)
 		{"gate_page", test_gate_page},
 		{"receive_under_closed_gate", test_receive_under_closed_gate},
 		{"stash_order", test_stash_order},
+		{"stash_new_socket", test_stash_new_socket},
 		{"stash_calls", test_stash_calls},
 		{"stash_close", test_stash_close},
 		{"stash_race", test_stash_race},

@@ -63,7 +63,7 @@ driver() {
 	"") ;;
 	*) die "MPIPAUSE_VM_DRIVER: want kvm or qemu, got '$MPIPAUSE_VM_DRIVER'" ;;
 	esac
-	local why k d rc=0
+	local why k d rc="exit 0"
 	if [ ! -e /dev/kvm ]; then
 		why="no /dev/kvm"
 	elif [ ! -r /dev/kvm ] || [ ! -w /dev/kvm ]; then
@@ -75,17 +75,31 @@ driver() {
 	else
 		d=$(mktemp -d)
 		# Without a root the kernel panics; panic=-1 reboots at once,
-		# which -no-reboot makes QEMU's exit.
+		# which -no-reboot makes QEMU's exit. A KVM that cannot run the
+		# guest stops its vCPU and leaves QEMU waiting forever: its
+		# "KVM internal error" is the answer, 50 s before the timeout.
 		timeout 60 qemu-system-x86_64 -accel kvm -cpu host -m 256 -nodefaults -display none \
 			-no-reboot -monitor none -serial "file:$d/console" -kernel "$k" \
-			-append "console=ttyS0 panic=-1" >"$d/qemu" 2>&1 || rc=$?
+			-append "console=ttyS0 panic=-1" >"$d/qemu" 2>&1 &
+		local qpid=$!
+		while kill -0 "$qpid" 2>/dev/null &&
+			! grep -q 'Kernel panic' "$d/console" 2>/dev/null &&
+			! grep -q 'KVM internal error' "$d/qemu"; do
+			sleep 0.2
+		done
+		if kill "$qpid" 2>/dev/null; then
+			wait "$qpid" || true
+			rc="stopped by this probe"
+		else
+			wait "$qpid" || rc="exit $?"
+		fi
 		if grep -q 'Kernel panic' "$d/console"; then
 			rm -rf "$d"
 			echo kvm
 			echo "libvirt-host: driver kvm ($k booted under KVM)" >&2
 			return
 		fi
-		why="KVM did not boot $k (qemu exit $rc: $(head -c 300 "$d/qemu" | tr '\n' ' '))"
+		why="KVM did not boot $k (qemu: $rc: $(head -c 300 "$d/qemu" | tr '\n' ' '))"
 		rm -rf "$d"
 	fi
 	echo qemu

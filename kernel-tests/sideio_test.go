@@ -179,7 +179,10 @@ cycles:
 
 	m := itersRE.FindStringSubmatch(job.out.String())
 	if job.err != nil || m == nil {
-		t.Fatalf("the job failed: %v\n%s", job.err, job.out.String())
+		for _, l := range strings.Split(strings.TrimSpace(job.out.String()), "\n") {
+			t.Logf("  job: %s", l)
+		}
+		t.Fatalf("the job failed: %v (its output above)", job.err)
 	}
 	want := serial(t, app, 6, append(slices.Clone(args[:2]), "-n", m[1])...)
 	if got, w := checksum(job.out.String()), checksum(want); got == "" || got != w {
@@ -393,7 +396,12 @@ func checkSideReport(t *testing.T, r *sideReport, ranks int) {
 		if len(bad) > 21 {
 			bad = append(bad[:21], "...")
 		}
-		t.Errorf("side connections: %d problems among %d connections:\n%s", n, len(r.Conns), strings.Join(bad, "\n"))
+		// One call a line: a log that keeps only the lines with a test's
+		// file and line (CI's excerpt) keeps every problem.
+		t.Errorf("side connections: %d problems among %d connections:", n, len(r.Conns))
+		for _, b := range bad {
+			t.Errorf("  %s", b)
+		}
 	}
 }
 

@@ -1049,6 +1049,19 @@ void mpp_gate_end(const char *why)
 			strerror(st.flush_errno));
 }
 
+// mpp_gate_fork_prepare holds tab_mu across a fork, so that the child's
+// table (fd_tab, tab_hi and each state's refs) is not half-changed by a
+// thread that does not go on in it; tab_mu is a leaf lock, taken last.
+void mpp_gate_fork_prepare(void)
+{
+	pthread_mutex_lock(&tab_mu);
+}
+
+void mpp_gate_fork_parent(void)
+{
+	pthread_mutex_unlock(&tab_mu);
+}
+
 // mpp_gate_child makes a forked child a process of its own: mpid speaks to
 // the parent, so the child gets an open gate on a private page, private
 // "last call short" flags (not the parent's state page), and none of the
@@ -1057,7 +1070,9 @@ void mpp_gate_end(const char *why)
 // bytes the parent holds waits for them before the child's first write to
 // it (child_wait); until none waits, the child's gate says flushing, so its
 // writes take the slow path. Only the forking thread lives on in the child,
-// so the locks are made anew.
+// so the other locks are made anew, and no list or buffer a state's mutex
+// guards is walked or freed: another thread may have been changing it at
+// the fork.
 void mpp_gate_child(void)
 {
 	int waits = 0;
@@ -1068,7 +1083,7 @@ void mpp_gate_child(void)
 	if (mmap(&mpp_gate_pg, sizeof(mpp_gate_pg), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED,
 		 -1, 0) != MAP_FAILED)
 		atomic_store(&mpp_gate, GATE_OPEN);
-	pthread_mutex_init(&tab_mu, NULL);
+	pthread_mutex_unlock(&tab_mu); // taken by mpp_gate_fork_prepare
 	pthread_mutex_init(&hold_mu, NULL);
 	pthread_cond_init(&hold_cv, NULL);
 	held_total = 0;
@@ -1083,8 +1098,8 @@ void mpp_gate_child(void)
 		if (own)
 			munmap(p, size);
 	}
-	// Only the forking thread lives on: tab_hi needs no lock (and the one it
-	// had may have been held by another thread at the fork).
+	// The table is whole (tab_mu was held over the fork) and only the
+	// forking thread lives on.
 	for (int fd = 0; fd < tab_hi; fd++) {
 		struct sock *s = atomic_load_explicit(&fd_tab[fd], memory_order_relaxed);
 		if (!s)
@@ -1095,7 +1110,13 @@ void mpp_gate_child(void)
 			waits++;
 		}
 		s->slot = -1;
-		drop_held(s);
+		// Forgotten, not freed: another thread may have been inside s->mu
+		// at the fork, its list half-linked or a buffer freed and not yet
+		// unlinked. The child never touches the buffers, so its copies of
+		// them cost no memory.
+		s->head = s->tail = NULL;
+		s->held = 0;
+		s->shut = 0;
 		s->gated = 0;
 		s->flushing = 0;
 		if (s->orphan && s->fd == fd) {

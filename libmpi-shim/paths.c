@@ -92,20 +92,34 @@ static void resolve(void)
 }
 #define RL(f) (likely(real.f != NULL) ? real.f : (resolve(), real.f))
 
+// Over a fork the gate's and the stash's tables are held, so that the
+// child's are whole; both locks are leaves, taken in no other order.
+static void at_prepare(void)
+{
+	mpp_gate_fork_prepare();
+	mpp_stash_fork_prepare();
+}
+
+static void at_parent(void)
+{
+	mpp_stash_fork_parent();
+	mpp_gate_fork_parent();
+}
+
 static void at_child(void)
 {
 	owner = getpid();
 	mpp_gate_child();
 	mpp_stash_child();
-	// The child is not a rank: Ctrl-Z stops it as it would without the shim.
-	mpp_signals_restore();
+	mpp_signals_child();
+	mpp_ctl_child();
 }
 
 void mpp_paths_init(void)
 {
 	resolve();
 	owner = getpid();
-	pthread_atfork(NULL, NULL, at_child);
+	pthread_atfork(at_prepare, at_parent, at_child);
 }
 
 // Exit: what is still held goes before the memory holding it (after the

@@ -622,6 +622,25 @@ fail:
 	ctl_fd = -1;
 }
 
+// mpp_ctl_child: a forked child is not a rank (mpid speaks to its parent)
+// and has no control thread: its copy of the rank channel is closed, so
+// that mpid sees the channel close when the parent's does, and nothing of
+// the child's reaches mpid as the parent's. The control thread may have
+// held ctl_mu at the fork.
+void mpp_ctl_child(void)
+{
+	pthread_mutex_init(&ctl_mu, NULL);
+	have_thread = 0;
+	if (ctl_fd >= 0)
+		mpp_real.close(ctl_fd);
+	ctl_fd = -1;
+	for (int i = 0; i < 2; i++) {
+		if (wake[i] >= 0)
+			mpp_real.close(wake[i]);
+		wake[i] = -1;
+	}
+}
+
 // mpp_ctl_stop unregisters: mpid sees the connection close. The gate is
 // opened first so that nothing stays held past MPI_Finalize.
 void mpp_ctl_stop(void)

@@ -95,6 +95,10 @@ int mpp_kept_in(unsigned first, unsigned last, int *out, int max);
 int mpp_defer_shutdown(int fd);
 void mpp_unheld(int fd, const char *what, char call);
 void mpp_gate_end(const char *why);
+// The fork hook's parts (paths.c): prepare and parent hold the table's
+// lock over a fork; child makes the child a process of its own.
+void mpp_gate_fork_prepare(void);
+void mpp_gate_fork_parent(void);
 void mpp_gate_child(void);
 uint64_t mpp_sock_cookie(int fd);
 int mpp_is_tcp(int fd);
@@ -135,6 +139,7 @@ void mpp_gate_state(struct mpp_gate_stats *st);
 // line, stop at MPI_Finalize.
 void mpp_ctl_start(const char *hello);
 void mpp_ctl_stop(void);
+void mpp_ctl_child(void);
 // The early JOIN (rankchan.c), from the library's constructor: a rank of a job
 // named by MPIPAUSE_JOBID asks mpid to move it into the job's cgroup before
 // it creates any socket (the kernel charges a socket to its creator's
@@ -177,6 +182,7 @@ void mpp_report_unheld(int fd, char call);
 // SIGTSTP/SIGCONT (sig.c): install returns the pipe the handler writes to.
 int mpp_signals_install(void);
 void mpp_signals_restore(void);
+void mpp_signals_child(void);
 
 ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, int flags, ssize_t (*real)(void *), void *arg);
 // mpp_quickack sends fd's pending delayed ACK now (TCP_QUICKACK); errno is
@@ -211,6 +217,8 @@ ssize_t mpp_stash_fd(int fd, ino_t ino);
 void mpp_stash_forget(int fd);
 void mpp_stash_adopt(int fd);
 void mpp_stash_adopt_rights(const struct msghdr *msg);
+void mpp_stash_fork_prepare(void);
+void mpp_stash_fork_parent(void);
 void mpp_stash_child(void);
 size_t mpp_stash_exec_lost(void);
 int mpp_stash_closing(int fd);

@@ -126,6 +126,19 @@ void mpp_signals_restore(void)
 	real_sigaction(SIGCONT, &app[1], NULL);
 }
 
+// mpp_signals_child: a forked child is not a rank: Ctrl-Z stops it as it
+// would without the shim, and its copy of the signal pipe is closed, so
+// that no signal or unheld call of its own reaches mpid as its parent's.
+void mpp_signals_child(void)
+{
+	mpp_signals_restore();
+	for (int i = 0; i < 2; i++) {
+		if (mpp_sig_pipe[i] >= 0)
+			mpp_real.close(mpp_sig_pipe[i]);
+		mpp_sig_pipe[i] = -1;
+	}
+}
+
 EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old)
 {
 	int i = slot(sig);

@@ -75,6 +75,8 @@ static struct stash **pool;
 static int npool;
 static pthread_mutex_t tab_mu = PTHREAD_MUTEX_INITIALIZER;
 static _Atomic unsigned fd_gen;
+// Above every descriptor ever attached: a forked child clears tab below it.
+static _Atomic int tab_top;
 static _Atomic int in_use; // stashes whose ino is set
 _Atomic int mpp_stash_live;
 enum { SLOW_NONE, SLOW_DRAIN, SLOW_HELD };
@@ -217,6 +219,9 @@ static int attach(struct stash *s, int fd, int slow)
 		s->capfd = c;
 	}
 	s->fds[s->nfd++] = fd;
+	for (int top = atomic_load_explicit(&tab_top, memory_order_relaxed);
+	     fd >= top && !atomic_compare_exchange_weak(&tab_top, &top, fd + 1);)
+		;
 	atomic_store_explicit(&tab[fd], s, memory_order_seq_cst);
 	if (slow == SLOW_HELD)
 		atomic_fetch_add_explicit(&edge[fd], 1, memory_order_release);
@@ -605,32 +610,52 @@ void mpp_stash_adopt_rights(const struct msghdr *msg)
 	}
 }
 
+// mpp_stash_fork_prepare holds tab_mu across a fork, so that the child's
+// pool (npool and its entries) is not half-made by a thread that does not
+// go on in it; tab_mu is a leaf lock, taken last.
+void mpp_stash_fork_prepare(void)
+{
+	pthread_mutex_lock(&tab_mu);
+}
+
+void mpp_stash_fork_parent(void)
+{
+	pthread_mutex_unlock(&tab_mu);
+}
+
 // mpp_stash_child: a forked child is not the process that drained the
 // stashes, and the parent keeps their bytes: the child's descriptors read
-// the kernel's queue. Only the forking thread runs in the child, so no lock
-// is taken (one may have been held by a thread that is not there).
+// the kernel's queue. Only the forking thread runs in the child, and any
+// other may have been inside a stash's mutex at the fork (a buffer freed
+// and not yet forgotten, fds moved by realloc, the scan grown): the child
+// reads nothing those mutexes guard. It finds the descriptors through tab,
+// whose entries are single words, and forgets every buffer and array
+// instead of freeing it (the parent's copies, which the child never
+// touches, so they cost it no memory).
 void mpp_stash_child(void)
 {
+	pthread_mutex_unlock(&tab_mu); // taken by mpp_stash_fork_prepare
 	if (pool == NULL)
 		return;
+	int top = atomic_load(&tab_top);
+	for (int fd = 0; fd < top; fd++) {
+		atomic_store(&mpp_read_slow[fd], SLOW_NONE);
+		atomic_store(&mpp_read_busy[fd], 0);
+		atomic_store(&tab[fd], NULL);
+	}
 	for (int i = 0; i < npool; i++) {
 		struct stash *s = pool[i];
-		for (int j = 0; j < s->nfd; j++) {
-			atomic_store(&mpp_read_slow[s->fds[j]], SLOW_NONE);
-			atomic_store(&mpp_read_busy[s->fds[j]], 0);
-			atomic_store(&tab[s->fds[j]], NULL);
-		}
 		pthread_mutex_init(&s->mu, NULL);
-		free(s->buf);
 		s->buf = NULL;
 		s->off = s->len = s->cap = 0;
 		s->err = 0;
-		s->nfd = 0;
+		s->fds = NULL;
+		s->nfd = s->capfd = 0;
 		s->ino = 0;
 	}
-	pthread_mutex_init(&tab_mu, NULL);
 	pthread_mutex_init(&scan_mu, NULL);
-	scanned = 0;
+	scan = NULL;
+	nscan = capscan = scanned = 0;
 	atomic_store(&in_use, 0);
 	atomic_store(&mpp_stash_live, 0);
 	atomic_store(&stash_bytes, 0);

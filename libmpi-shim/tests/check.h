@@ -8,6 +8,7 @@
 #include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -61,7 +62,11 @@ struct test {
 // returns the exit status: 1 if any failed.
 static inline int run_tests(const struct test *t, size_t n)
 {
+	// MPP_TEST=name runs that test alone (to rerun one that failed).
+	const char *only = getenv("MPP_TEST");
 	for (size_t i = 0; i < n; i++) {
+		if (only && *only && strcmp(only, t[i].name) != 0)
+			continue;
 		int before = failures;
 		t[i].fn();
 		printf("%s %s\n", failures == before ? "ok  " : "FAIL", t[i].name);

@@ -432,7 +432,7 @@ func (a *Agent) local(ctx context.Context, js *jobState, req Message) NodeReport
 	if req.Kind == KindDrain {
 		rep.Drained = drained
 	}
-	if peered && (req.Kind == KindPrepare || req.Kind == KindDrain || req.Kind == KindVerify) {
+	if peered && (req.Kind == KindPrepare || req.Kind == KindDrain || req.Kind == KindVerify || req.Kind == KindFreeze && req.Check) {
 		rep.Ports = p.Ports(req.Job)
 	}
 	rep.Node = self
@@ -680,7 +680,10 @@ func (a *Agent) run(ctx context.Context, req Message) (NodeReport, error) {
 		if req.Wait > 0 {
 			a.settle(ctx, req)
 		}
-		return ack, a.node.Freeze(ctx, job)
+		if err := a.node.Freeze(ctx, job); err != nil || !req.Check {
+			return ack, err
+		}
+		return a.node.Verify(ctx, job)
 	case KindVerify:
 		return a.node.Verify(ctx, job)
 	case KindThaw:

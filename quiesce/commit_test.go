@@ -88,6 +88,7 @@ func TestCoordinatorDiesInCommit(t *testing.T) {
 			if tc.dies == "" && err != nil {
 				t.Fatalf("pause: %v", err)
 			}
+			co.Wait() // COMMITTED goes after Pause returns
 			mu.Lock()
 			if len(lost) == 0 && tc.dies != KindDecide && tc.dies != KindCommitted {
 				t.Fatalf("nothing was lost: the case did not happen")

@@ -160,14 +160,75 @@ func (e *NodeError) Unwrap() error { return ErrNodeFailed }
 type Coordinator struct {
 	tr  Transport
 	opt Options
+	*ledger
+}
 
+// ledger is what every Coordinator made With another shares with it.
+type ledger struct {
 	mu    sync.Mutex
 	epoch uint64
+	// after counts the rounds still on their way after the operation that
+	// sent them returned (COMMITTED), and tail has each one's job: the
+	// job's next operation waits for it (under mu).
+	after sync.WaitGroup
+	tail  map[string]chan struct{}
+}
+
+// With is a Coordinator with other options that shares c's epochs and
+// the rounds c's operations left behind: a daemon makes one and takes a
+// With for each operation's deadlines.
+func (c *Coordinator) With(opt Options) *Coordinator {
+	return &Coordinator{tr: c.tr, opt: opt.withDefaults(), ledger: c.ledger}
+}
+
+// Wait returns once every round sent after its operation returned has
+// ended (a pause's COMMITTED).
+func (c *Coordinator) Wait() { c.after.Wait() }
+
+// behind runs f after the operation that returned, on job's nodes and
+// connections: the job's next operation waits for it (settled), so that
+// the two never share the nodes' attention or dial a connection for each.
+func (c *Coordinator) behind(job string, f func()) {
+	done := make(chan struct{})
+	c.mu.Lock()
+	if c.tail == nil {
+		c.tail = map[string]chan struct{}{}
+	}
+	c.tail[job] = done
+	c.mu.Unlock()
+	c.after.Add(1)
+	go func() {
+		defer c.after.Done()
+		f()
+		close(done)
+		c.mu.Lock()
+		if c.tail[job] == done {
+			delete(c.tail, job)
+		}
+		c.mu.Unlock()
+	}()
+}
+
+// settled waits until the rounds job's last operation left behind have
+// ended.
+func (c *Coordinator) settled(ctx context.Context, job string) error {
+	c.mu.Lock()
+	done := c.tail[job]
+	c.mu.Unlock()
+	if done == nil {
+		return nil
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
 }
 
 // NewCoordinator returns a Coordinator that sends over tr.
 func NewCoordinator(tr Transport, opt Options) *Coordinator {
-	return &Coordinator{tr: tr, opt: opt.withDefaults()}
+	return &Coordinator{tr: tr, opt: opt.withDefaults(), ledger: &ledger{}}
 }
 
 // nextEpoch is time-based so that a restarted coordinator still outranks the
@@ -196,10 +257,16 @@ type run struct {
 	// reported them, kept from round to round: a socket that closed may
 	// have had a connection a node still holds.
 	ports Ports
+	// counted: every node said, in the last drain round, that it counts
+	// the bytes sent through closed gates; then FREEZE carries Check.
+	counted bool
 }
 
-func (c *Coordinator) newRun(job string, nodes []string) (*run, error) {
+func (c *Coordinator) newRun(ctx context.Context, job string, nodes []string) (*run, error) {
 	if err := checkRun(job, nodes); err != nil {
+		return nil, err
+	}
+	if err := c.settled(ctx, job); err != nil {
 		return nil, err
 	}
 	r := &run{c: c, job: job, nodes: nodes, epoch: c.nextEpoch(), start: time.Now()}
@@ -239,6 +306,7 @@ func (r *run) round(ctx context.Context, kind Kind) (Report, error) {
 	if kind == KindCommit {
 		req.Decider = r.decider()
 	}
+	req.Check = kind == KindFreeze && r.counted
 	if (kind == KindDrain || kind == KindFreeze) && r.c.opt.DrainWait > 0 {
 		req.Wait = r.c.opt.DrainWait
 		if dl, ok := ctx.Deadline(); ok {
@@ -257,14 +325,14 @@ func (r *run) round(ctx context.Context, kind Kind) (Report, error) {
 	return *rep.Report, nil
 }
 
-// verify is VERIFY's phase: once's, and then the check that no node left
-// out, as a program's own, a connection holding bytes whose far port the
-// job's sockets have after all: the node had not heard of that port yet
-// (a socket made during the pause). Only the VERIFY round's ports are
-// complete, the job being frozen; the drain that follows takes the
-// connection in.
-func (r *run) verify(last *Report) func(ctx context.Context, st *PhaseStat) error {
-	once := r.once(KindVerify, last)
+// verify is VERIFY's phase (or FREEZE's, when it carries Check): once's,
+// and then the check that no node left out, as a program's own, a
+// connection holding bytes whose far port the job's sockets have after
+// all: the node had not heard of that port yet (a socket made during the
+// pause). Only ports read after the freeze are complete; the drain that
+// follows takes the connection in.
+func (r *run) verify(kind Kind, last *Report) func(ctx context.Context, st *PhaseStat) error {
+	once := r.once(kind, last)
 	return func(ctx context.Context, st *PhaseStat) error {
 		if err := once(ctx, st); err != nil {
 			return err
@@ -319,11 +387,16 @@ func (r *run) commit(last *Report) func(ctx context.Context, st *PhaseStat) erro
 		if f := rep.Report.Failed(); len(f) > 0 {
 			return &NodeError{Failed: 1, First: f[0]}
 		}
-		// The pause holds from here, whatever COMMITTED finds.
-		st.Rounds++
-		if rep, err := r.round(ctx, KindCommitted); err == nil {
-			r.progress(ctx, Progress{Phase: KindCommit, Round: st.Rounds, Report: rep})
-		}
+		// The pause holds from here, whatever COMMITTED finds: a node it
+		// misses asks the decider when its lease runs out. So the caller
+		// does not wait for it; it ends the nodes' leases after Pause has
+		// returned, and a newer operation's steps supersede it on any node
+		// it reaches late.
+		r.c.behind(r.job, func() {
+			ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.c.opt.Commit)
+			defer cancel()
+			_, _ = r.round(ctx, KindCommitted)
+		})
 		return nil
 	}
 }
@@ -406,7 +479,7 @@ func (r *run) once(kind Kind, last *Report) func(ctx context.Context, st *PhaseS
 // and returns an *AbortError carrying the report. The Result is filled in
 // either way.
 func (c *Coordinator) Pause(ctx context.Context, job string, nodes []string) (Result, error) {
-	r, err := c.newRun(job, nodes)
+	r, err := c.newRun(ctx, job, nodes)
 	if err != nil {
 		return Result{}, err
 	}
@@ -436,7 +509,12 @@ func (c *Coordinator) Pause(ctx context.Context, job string, nodes []string) (Re
 			if failed, _, _ := rep.split(); failed > 0 {
 				return &NodeError{Failed: failed, First: rep.Failed()[0]}
 			}
-			if rep.Empty() {
+			// A connection a node left out as a program's own while it
+			// held bytes, whose far port this round says is the job's,
+			// is drained in the next round, which names that port: the
+			// last drain round has seen every job connection.
+			if _, own := r.ports.Meets(rep.Own); rep.Empty() && !own {
+				r.counted = rep.Counted == len(r.nodes)
 				return nil
 			}
 			if sleep(ctx, c.opt.DrainInterval) != nil {
@@ -457,10 +535,28 @@ func (c *Coordinator) Pause(ctx context.Context, job string, nodes []string) (Re
 		return fail(KindDrain, err)
 	}
 	for attempt := 0; ; attempt++ {
-		if err := r.phase(ctx, KindFreeze, c.opt.Freeze, r.once(KindFreeze, &last)); err != nil {
-			return fail(KindFreeze, err)
+		var err error
+		if r.counted {
+			// One round freezes and checks (docs/guarantees.md, "FREEZE
+			// and VERIFY in one round"). VERIFY's record says it had no
+			// round of its own; a check that found bytes is VERIFY's
+			// failure, as with two rounds.
+			err = r.phase(ctx, KindFreeze, c.opt.Freeze+c.opt.Verify, r.verify(KindFreeze, &last))
+			if err != nil && !errors.Is(err, ErrNotEmpty) {
+				return fail(KindFreeze, err)
+			}
+			st := PhaseStat{Phase: KindVerify}
+			if err != nil {
+				st.Err = err.Error()
+			}
+			r.res.Phases = append(r.res.Phases, st)
+			r.progress(ctx, Progress{Phase: KindVerify, Done: true, Stat: st})
+		} else {
+			if err := r.phase(ctx, KindFreeze, c.opt.Freeze, r.once(KindFreeze, &last)); err != nil {
+				return fail(KindFreeze, err)
+			}
+			err = r.phase(ctx, KindVerify, c.opt.Verify, r.verify(KindVerify, &last))
 		}
-		err := r.phase(ctx, KindVerify, c.opt.Verify, r.verify(&last))
 		if err == nil {
 			break
 		}
@@ -604,6 +700,9 @@ func (c *Coordinator) Warm(ctx context.Context, job string, nodes []string) erro
 	if err := checkRun(job, nodes); err != nil {
 		return err
 	}
+	if err := c.settled(ctx, job); err != nil {
+		return err
+	}
 	req := Message{Version: ProtocolVersion, Job: job, Kind: KindWarm, Nodes: nodes, Fanout: c.opt.Fanout, Coordinator: nodes[0]}
 	rep, err := call(ctx, c.tr, c.opt.Retry, nodes[0], &req)
 	if err != nil {
@@ -622,7 +721,7 @@ func (c *Coordinator) Warm(ctx context.Context, job string, nodes []string) erro
 // idempotent: resuming a running job changes nothing. It returns an error
 // naming the nodes that did not acknowledge before the resume deadline.
 func (c *Coordinator) Resume(ctx context.Context, job string, nodes []string) (Result, error) {
-	r, err := c.newRun(job, nodes)
+	r, err := c.newRun(ctx, job, nodes)
 	if err != nil {
 		return Result{}, err
 	}

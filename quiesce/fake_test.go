@@ -26,6 +26,7 @@ type fakeNode struct {
 	blame     *Fault        // ... blaming a rank (RankFault)
 	thawFails int           // the first thawFails Thaws fail
 	slow      time.Duration // each Drain takes this long (a busy node)
+	counts    bool          // Drain says it counts bytes sent through closed gates
 	// late bytes arrive right after the node's first empty DRAIN answer
 	// (another node's last bytes, crossing): its next late checks find
 	// them, and a freeze before they are read leaves them for VERIFY.
@@ -101,6 +102,7 @@ func (f *fakeNode) Drain(ctx context.Context, job string) (NodeReport, error) {
 		f.breach("drain with open gates")
 	}
 	r := f.report()
+	r.Counted = f.counts
 	if f.left > 0 {
 		f.left--
 	}

@@ -96,6 +96,13 @@ type Message struct {
 	// sockets on every node, as the pause's rounds so far reported them
 	// (Peered).
 	Ports Ports `json:"ports,omitempty"`
+	// Check, on FREEZE, has each node run VERIFY's step right after its
+	// freeze, in the same round. The coordinator asks for it only when
+	// every node said in the drain round before that it counts the bytes
+	// sent through closed gates (Report.Counted): that count is what lets
+	// one node's check come before another node's freeze
+	// (docs/guarantees.md, "FREEZE and VERIFY in one round").
+	Check bool `json:"check,omitempty"`
 	// Decider, on COMMIT, names the node that holds the pause's outcome
 	// (the job's second node): the one a node asks (OUTCOME) when its
 	// coordinator goes silent after COMMIT. Empty for a job of one node.
@@ -181,6 +188,11 @@ type NodeReport struct {
 	// subtree's report.
 	Ports Ports `json:"-"`
 	Own   Ports `json:"-"`
+	// Counted, on a DRAIN answer, says that the node counts every byte its
+	// job connections are handed after this report (the kernel's byte
+	// counts, not sock_diag's queues): its next check reports any that
+	// passed a closed gate as Violations. Report.Add counts it.
+	Counted bool `json:"-"`
 }
 
 // Fault is what a node's failed step blames on one rank of the job, beside
@@ -223,11 +235,17 @@ type Report struct {
 	// says ends in the job: the pause must not commit on that report.
 	Ports Ports `json:"-"`
 	Own   Ports `json:"-"`
+	// Counted counts the nodes that said NodeReport.Counted. A node that
+	// does not know the field never adds to it.
+	Counted int `json:"counted,omitempty"`
 }
 
 // Add accounts for one node's report.
 func (r *Report) Add(n NodeReport) {
 	r.Nodes++
+	if n.Counted {
+		r.Counted++
+	}
 	r.Checked += n.Checked
 	r.Ranks += n.Ranks
 	r.Drained += n.Drained
@@ -243,6 +261,7 @@ func (r *Report) Add(n NodeReport) {
 // does not change the result.
 func (r *Report) Merge(o Report) {
 	r.Nodes += o.Nodes
+	r.Counted += o.Counted
 	r.Checked += o.Checked
 	r.Ranks += o.Ranks
 	r.Drained += o.Drained

@@ -20,15 +20,18 @@ type Node interface {
 	Prepare(ctx context.Context, job string) error
 	// Drain reports the job's sockets on this node as they are now: Empty, or
 	// the connections still holding bytes, the sockets not yet gated and any
-	// gate violation. It does not wait for the queues to empty; the
-	// coordinator repeats the round.
+	// gate violation, and whether it counts every byte its connections are
+	// handed from now on (NodeReport.Counted). It does not wait for the
+	// queues to empty; the coordinator repeats the round.
 	Drain(ctx context.Context, job string) (NodeReport, error)
 	// Freeze freezes the job's ranks on this node and returns once the kernel
 	// reports them frozen.
 	Freeze(ctx context.Context, job string) error
 	// Verify is the final check, read from the kernel after Freeze (G1,
 	// docs/guarantees.md): the same report as Drain, but from a source the
-	// ranks can no longer change.
+	// ranks can no longer change. Its Violations are the bytes handed to
+	// the kernel since the last Drain. With Message.Check, the agent calls
+	// it right after Freeze, in FREEZE's round.
 	Verify(ctx context.Context, job string) (NodeReport, error)
 	// Thaw unfreezes the job's ranks. Thawing a job that is not frozen is a
 	// successful no-op.

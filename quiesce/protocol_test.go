@@ -412,7 +412,7 @@ func TestProgress(t *testing.T) {
 		want = append(want, seen[len(want)]) // a round that still found bytes
 	}
 	want = append(want, "DRAIN 5/5", fmt.Sprintf("DRAIN done %d", drain),
-		"FREEZE 5/5", "FREEZE done 1", "VERIFY 5/5", "VERIFY done 1", "COMMIT 5/5", "COMMIT 5/5", "COMMIT done 2") // COMMIT, then COMMITTED
+		"FREEZE 5/5", "FREEZE done 1", "VERIFY 5/5", "VERIFY done 1", "COMMIT 5/5", "COMMIT done 1") // COMMITTED goes after Pause returns
 	if strings.Join(seen, ", ") != strings.Join(want, ", ") || drain < 2 {
 		t.Errorf("progress:\n got %v\nwant %v", seen, want)
 	}

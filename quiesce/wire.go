@@ -54,6 +54,7 @@ const (
 	tagMsgCoord   = 13
 	tagMsgPorts   = 14
 	tagMsgDecider = 15
+	tagMsgCheck   = 16
 
 	// Report
 	tagRepNodes   = 1
@@ -63,6 +64,7 @@ const (
 	tagRepDrained = 5
 	tagRepPorts   = 6
 	tagRepOwn     = 7
+	tagRepCounted = 8
 
 	// NodeReport
 	tagNodeNode       = 1
@@ -194,6 +196,7 @@ func (m *Message) appendWire(b []byte) []byte {
 	b = appendString(b, tagMsgFanout, string(m.Fanout))
 	b = appendString(b, tagMsgCoord, m.Coordinator)
 	b = appendString(b, tagMsgDecider, m.Decider)
+	b = appendBool(b, tagMsgCheck, m.Check)
 	return appendPorts(b, tagMsgPorts, m.Ports)
 }
 
@@ -209,6 +212,7 @@ func (r *Report) appendWire(b []byte) []byte {
 	b = appendInt(b, tagRepRanks, int64(r.Ranks))
 	b = appendUint(b, tagRepDrained, r.Drained)
 	b = appendPorts(b, tagRepPorts, r.Ports)
+	b = appendInt(b, tagRepCounted, int64(r.Counted))
 	return appendPorts(b, tagRepOwn, r.Own)
 }
 
@@ -473,6 +477,8 @@ func (r *wireReader) message(m *Message) {
 			m.Coordinator = r.str(wt)
 		case tagMsgDecider:
 			m.Decider = r.str(wt)
+		case tagMsgCheck:
+			m.Check = r.bool(wt)
 		case tagMsgPorts:
 			m.Ports = r.ports(wt)
 		default:
@@ -525,6 +531,8 @@ func (r *wireReader) report(rep *Report) {
 			rep.Ports = r.ports(wt)
 		case tagRepOwn:
 			rep.Own = r.ports(wt)
+		case tagRepCounted:
+			rep.Counted = r.int(wt)
 		default:
 			r.skip(wt)
 		}

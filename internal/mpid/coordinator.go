@@ -36,6 +36,8 @@ type coordinator struct {
 	metrics  *metrics.Metrics
 	drain    time.Duration // a pause's drain timeout unless the request names one
 	retry    quiesce.RetryPolicy
+	once     sync.Once
+	proto    *quiesce.Coordinator // protocol's, made at its first call
 	log      *slog.Logger
 	// done closes when mpid stops: background work ends.
 	done <-chan struct{}
@@ -103,7 +105,10 @@ func (c *coordinator) protocol(drain time.Duration) *quiesce.Coordinator {
 	// quiesce.DrainPoll): the end of a drain is seen a millisecond after it
 	// happens instead of at the next protocol round (2 ms apart, 2-3 ms
 	// each on the rig). 20 ms keeps progress reports coming.
-	return quiesce.NewCoordinator(c.tr, quiesce.Options{Drain: drain, DrainWait: 20 * time.Millisecond, Retry: c.retry})
+	// One ledger for every operation (With): a job's next operation waits
+	// for the rounds its last one left behind (a pause's COMMITTED).
+	c.once.Do(func() { c.proto = quiesce.NewCoordinator(c.tr, quiesce.Options{Retry: c.retry}) })
+	return c.proto.With(quiesce.Options{Drain: drain, DrainWait: 20 * time.Millisecond, Retry: c.retry})
 }
 
 func (c *coordinator) pause(ctx context.Context, req ctl.Request, v ctl.Job, progress func(ctl.Progress)) (ctl.Job, error) {

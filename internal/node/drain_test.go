@@ -233,6 +233,40 @@ func TestNodeRoleDrainSet(t *testing.T) {
 	}
 }
 
+// TestNodeRoleCounted: a DRAIN answer says the node counts the bytes sent
+// through closed gates (so that FREEZE may check in its own round) only
+// while every job connection it reads has the kernel's byte counts; one
+// read through sock_diag, without them, takes that away. A program's own
+// connection does not count either way.
+func TestNodeRoleCounted(t *testing.T) {
+	ctx, s, job, lines := oneRank(t, "counted", new(atomic.Pointer[string]))
+	counted := func(c loader.Conn) loader.Conn { c.Counted = true; return c }
+	obs := &fakeObserver{conns: []loader.Conn{
+		counted(conn(0x11, "10.0.0.1:5000", "10.0.0.1:6000")),
+		counted(conn(0x12, "10.0.0.1:6000", "10.0.0.1:5000")),
+		conn(0x14, "10.0.0.1:5002", "10.0.0.3:5432"), // the program's own, uncounted
+		{Cookie: 0x15, Local: netip.MustParseAddrPort("10.0.0.1:5000"), State: loader.StateListen},
+	}}
+	l := &Role{Name: "n1", Ranks: s, Observer: func(string) (loader.Observer, error) { return obs, nil },
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if err := l.Prepare(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		for range lines {
+		}
+	}()
+	l.Peers(job, quiesce.Ports{5000, 5001, 6000})
+	rep, err := l.Drain(ctx, job)
+	if err != nil || !rep.Counted {
+		t.Fatalf("every job connection counted: Counted %v (%v), want true", rep.Counted, err)
+	}
+	obs.add(conn(0x13, "10.0.0.1:5001", "10.0.0.1:5000")) // a job connection from sock_diag
+	if rep, err = l.Drain(ctx, job); err != nil || rep.Counted {
+		t.Fatalf("a job connection without byte counts: Counted %v (%v), want false", rep.Counted, err)
+	}
+}
+
 // TestNodeRoleUnheld: a shim's report of a call it could not hold under
 // the closed gate fails the pause at the next round when the call was on a
 // job connection, naming the rank, the call, the descriptor and the

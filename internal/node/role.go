@@ -838,7 +838,10 @@ func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeRep
 		return quiesce.NodeReport{Node: l.Name}, kernelRead{}, err
 	}
 	var held []loader.Conn
+	rep.Counted = true
 	for _, c := range mine {
+		// A listening socket sends nothing: it needs no count.
+		rep.Counted = rep.Counted && (c.Counted || c.State == loader.StateListen)
 		if c.State != loader.StateEstablished {
 			continue
 		}

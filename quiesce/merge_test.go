@@ -56,6 +56,17 @@ func TestFreezeVerifyOneRound(t *testing.T) {
 	}
 }
 
+// countingCluster is newCluster of n fakes that all count the bytes sent
+// through closed gates, closed at the end of the test.
+func countingCluster(t *testing.T, n int) *cluster {
+	c := newCluster(n, 1, Faults{}, fastOpts().Retry)
+	t.Cleanup(c.net.Close)
+	for _, f := range c.fakes {
+		f.counts = true
+	}
+	return c
+}
+
 // TestFreezeVerifyOneRoundFindsBytes: the one round's check is VERIFY's.
 // Bytes that crossed after a node's last drain answer are found after its
 // freeze, the job thaws with its gates closed and drains again, and the
@@ -63,11 +74,7 @@ func TestFreezeVerifyOneRound(t *testing.T) {
 // at once, in VERIFY, as with two rounds.
 func TestFreezeVerifyOneRoundFindsBytes(t *testing.T) {
 	t.Run("late bytes", func(t *testing.T) {
-		c := newCluster(5, 1, Faults{}, fastOpts().Retry)
-		defer c.net.Close()
-		for _, f := range c.fakes {
-			f.counts = true
-		}
+		c := countingCluster(t, 5)
 		c.fakes[2].late = 1
 		res, err := NewCoordinator(c.net, fastOpts()).Pause(context.Background(), "j", c.names)
 		if err != nil {
@@ -85,11 +92,7 @@ func TestFreezeVerifyOneRoundFindsBytes(t *testing.T) {
 		checkPaused(t, c)
 	})
 	t.Run("violation", func(t *testing.T) {
-		c := newCluster(5, 1, Faults{}, fastOpts().Retry)
-		defer c.net.Close()
-		for _, f := range c.fakes {
-			f.counts = true
-		}
+		c := countingCluster(t, 5)
 		c.fakes[4].dirty, c.fakes[4].violate = true, true
 		_, err := NewCoordinator(c.net, fastOpts()).Pause(context.Background(), "j", c.names)
 		var ae *AbortError
@@ -102,11 +105,7 @@ func TestFreezeVerifyOneRoundFindsBytes(t *testing.T) {
 		checkRolledBack(t, c)
 	})
 	t.Run("freeze fails", func(t *testing.T) {
-		c := newCluster(5, 1, Faults{}, fastOpts().Retry)
-		defer c.net.Close()
-		for _, f := range c.fakes {
-			f.counts = true
-		}
+		c := countingCluster(t, 5)
 		c.fakes[1].fail = KindFreeze
 		_, err := NewCoordinator(c.net, fastOpts()).Pause(context.Background(), "j", c.names)
 		var ae *AbortError

@@ -659,7 +659,7 @@ func (a *Agent) settle(ctx context.Context, req Message) {
 // that saw bytes sent through closed gates ends the wait at once: a node
 // counts those per check, and the next, clean, check would hide them.
 func (a *Agent) drainUntil(ctx context.Context, job string, rep NodeReport, err error, until time.Time, stop func() bool) (NodeReport, error) {
-	for err == nil && !rep.Clean() && rep.Violations == 0 && time.Now().Add(DrainPoll).Before(until) {
+	for err == nil && !rep.Clean() && rep.Violations == 0 && rep.Late == 0 && time.Now().Add(DrainPoll).Before(until) {
 		if stop() || sleep(ctx, DrainPoll) != nil {
 			break
 		}

@@ -473,8 +473,9 @@ func (r *run) once(kind Kind, last *Report) func(ctx context.Context, st *PhaseS
 // every node. A VERIFY that finds bytes (the last of them reached a queue
 // after its node's final DRAIN check) is followed by THAW, DRAIN, FREEZE
 // and VERIFY again, at most Rethaws times and within the drain deadline;
-// not when a node saw bytes sent through closed gates, which the user must
-// hear of. Any other failure, timeout, or a non-empty report after the last
+// so are bytes sent through closed gates on sockets with nothing held
+// (NodeReport.Late), but not other bytes sent through closed gates
+// (Violations), which the user must hear of. Any other failure, timeout, or a non-empty report after the last
 // attempt rolls the job back on every node (ABORT: thaw, then reopen gates)
 // and returns an *AbortError carrying the report. The Result is filled in
 // either way.

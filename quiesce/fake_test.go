@@ -22,6 +22,10 @@ type fakeNode struct {
 	stuck     bool          // never drains (a rank computing, not reading)
 	dirty     bool          // drains, but the kernel check after freeze finds bytes
 	violate   bool          // ... and bytes sent through closed gates
+	// lateChecks: that many kernel checks after a freeze find bytes sent
+	// through closed gates on sockets with nothing held (a late send
+	// call), already read; the later ones are clean.
+	lateChecks int
 	fail      Kind          // this step always fails
 	blame     *Fault        // ... blaming a rank (RankFault)
 	thawFails int           // the first thawFails Thaws fail
@@ -153,6 +157,10 @@ func (f *fakeNode) Verify(ctx context.Context, job string) (NodeReport, error) {
 		if f.violate {
 			r.Violations = 5
 		}
+	}
+	if f.lateChecks > 0 {
+		f.lateChecks--
+		r.Late = 40
 	}
 	f.lastVerify = &r
 	return r, nil

@@ -104,6 +104,27 @@ func TestFreezeVerifyOneRoundFindsBytes(t *testing.T) {
 		}
 		checkRolledBack(t, c)
 	})
+	t.Run("late send", func(t *testing.T) {
+		// A send call that read its gate open before it closed reached
+		// the kernel after node3's last drain answer, on a socket with
+		// nothing held: its bytes may already be on another node that
+		// froze and checked, so the round is not clean, and the job
+		// drains again and pauses.
+		c := countingCluster(t, 5)
+		c.fakes[3].lateChecks = 1
+		res, err := NewCoordinator(c.net, fastOpts()).Pause(context.Background(), "j", c.names)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := "PREPARE:1 DRAIN:1 FREEZE:1 VERIFY:0 THAW:1 DRAIN:1 FREEZE:1 VERIFY:0 COMMIT:1"
+		if got := phaseRounds(res); got != want {
+			t.Errorf("phases %s, want %s", got, want)
+		}
+		if e := res.Phases[3].Err; !strings.Contains(e, "node3") || !strings.Contains(e, "late 40") {
+			t.Errorf("the first check's VERIFY record: %q, want node3's late bytes", e)
+		}
+		checkPaused(t, c)
+	})
 	t.Run("freeze fails", func(t *testing.T) {
 		c := countingCluster(t, 5)
 		c.fakes[1].fail = KindFreeze

@@ -159,8 +159,16 @@ type NodeReport struct {
 	// Ungated counts sockets whose gate has not closed yet (a short send
 	// still owes the rest of its frame).
 	Ungated int `json:"ungated,omitempty"`
-	// Violations counts bytes the kernel saw sent through a closed gate.
+	// Violations counts bytes the kernel saw sent through a closed gate:
+	// in a DRAIN answer all of them; in a check after the freeze those on
+	// a socket for which the shim held bytes (or could not say), which
+	// may have gone ahead of bytes written before them and fail the pause.
 	Violations uint64 `json:"violations,omitempty"`
+	// Late counts, in a check after the freeze, bytes sent through a
+	// closed gate on sockets for which nothing was held (a send call that
+	// read its gate open just before it closed, reaching the kernel late):
+	// in order, and drained again like any bytes in flight.
+	Late uint64 `json:"late,omitempty"`
 	// Err is set when the node failed the step or could not be reached.
 	Err string `json:"err,omitempty"`
 	// Fault, with Err, is what the node's failure blames on a rank of the
@@ -216,7 +224,7 @@ type RankFault interface {
 // that says Empty but lists a connection is not clean: the protocol trusts
 // the evidence over the flag.
 func (r NodeReport) Clean() bool {
-	return r.Err == "" && r.Empty && len(r.Conns) == 0 && r.Ungated == 0 && r.Violations == 0
+	return r.Err == "" && r.Empty && len(r.Conns) == 0 && r.Ungated == 0 && r.Violations == 0 && r.Late == 0
 }
 
 // Report is the reduction of node reports over a subtree. Clean nodes are only
@@ -319,7 +327,7 @@ func (r Report) split() (failed, unreached, holding int) {
 		case n.Err != "":
 			failed++
 		}
-		if len(n.Conns) > 0 || n.Ungated > 0 || n.Violations > 0 {
+		if len(n.Conns) > 0 || n.Ungated > 0 || n.Violations > 0 || n.Late > 0 {
 			holding++
 		}
 	}
@@ -368,7 +376,7 @@ func (r Report) String() string {
 	// Nodes holding bytes first: they are what the user has to act on, and
 	// a long list of unreachable nodes must not push them out of the line.
 	list := slices.Clone(r.Pending)
-	holds := func(n NodeReport) bool { return len(n.Conns) > 0 || n.Ungated > 0 || n.Violations > 0 }
+	holds := func(n NodeReport) bool { return len(n.Conns) > 0 || n.Ungated > 0 || n.Violations > 0 || n.Late > 0 }
 	slices.SortStableFunc(list, func(a, b NodeReport) int {
 		switch {
 		case holds(a) && !holds(b):
@@ -401,6 +409,9 @@ func (r Report) String() string {
 		}
 		if n.Violations > 0 {
 			fmt.Fprintf(&b, " violations %d", n.Violations)
+		}
+		if n.Late > 0 {
+			fmt.Fprintf(&b, " late %d", n.Late)
 		}
 	}
 	return b.String()

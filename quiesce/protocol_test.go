@@ -159,17 +159,22 @@ func TestVerifyNotEmptyAborts(t *testing.T) {
 
 // A node whose kernel check keeps finding bytes is thawed and drained again
 // Rethaws times, then the pause rolls back; gates stay closed throughout.
-// Bytes sent through closed gates are never retried away: the first VERIFY
-// that sees them fails the pause.
+// Bytes sent through closed gates on a socket with held bytes are never
+// retried away: the first VERIFY that sees them fails the pause. Late
+// bytes (nothing held) are drained again, like bytes found.
 func TestVerifyRethaws(t *testing.T) {
 	for _, tc := range []struct {
-		name    string
-		violate bool
-		verify  int
-	}{{"bytes", false, 3}, {"violation", true, 1}} {
+		name          string
+		dirty         bool
+		violate, late bool
+		verify        int
+	}{{"bytes", true, false, false, 3}, {"violation", true, true, false, 1}, {"late every time", false, false, true, 3}} {
 		c := newCluster(5, 1, Faults{}, fastOpts().Retry)
-		c.fakes[4].dirty = true
+		c.fakes[4].dirty = tc.dirty
 		c.fakes[4].violate = tc.violate
+		if tc.late {
+			c.fakes[4].lateChecks = 100
+		}
 		_, err := NewCoordinator(c.net, fastOpts()).Pause(context.Background(), "j", c.names)
 		var ae *AbortError
 		if !errors.As(err, &ae) || ae.Phase != KindVerify || !errors.Is(err, ErrNotEmpty) {
@@ -346,8 +351,9 @@ func TestReportClean(t *testing.T) {
 	a.Add(NodeReport{Node: "c", Empty: true})
 	b.Add(liar)
 	b.Add(NodeReport{Node: "a", Empty: true, Violations: 2})
+	b.Add(NodeReport{Node: "d", Empty: true, Late: 3})
 	a.Merge(b)
-	if a.Nodes != 4 || len(a.Pending) != 3 || a.Pending[0].Node != "a" || a.Pending[2].Node != "x" || a.Empty() {
+	if a.Nodes != 5 || len(a.Pending) != 4 || a.Pending[0].Node != "a" || a.Pending[2].Node != "d" || a.Pending[3].Node != "x" || a.Empty() {
 		t.Fatalf("merged %+v", a)
 	}
 }

@@ -79,6 +79,7 @@ const (
 	tagNodeDrained    = 10
 	tagNodeRefused    = 11
 	tagNodeFault      = 12
+	tagNodeLate       = 13
 
 	// Fault
 	tagFaultCode = 1
@@ -253,6 +254,7 @@ func (n *NodeReport) appendWire(b []byte) []byte {
 	b = appendInt(b, tagNodeRanks, int64(n.Ranks))
 	b = appendUint(b, tagNodeDrained, n.Drained)
 	b = appendBool(b, tagNodeRefused, n.Refused)
+	b = appendUint(b, tagNodeLate, n.Late)
 	if n.Fault != nil {
 		var at int
 		b, at = beginNested(b, tagNodeFault)
@@ -600,6 +602,8 @@ func (r *wireReader) nodeReport(nr *NodeReport) {
 			nr.Drained = r.uint(wt)
 		case tagNodeRefused:
 			nr.Refused = r.bool(wt)
+		case tagNodeLate:
+			nr.Late = r.uint(wt)
 		case tagNodeFault:
 			n := r.nested(wt)
 			nr.Fault = new(Fault)

@@ -20,7 +20,7 @@ func wireSample() frame {
 		Nodes: []string{"n0", "", "n2:4711"},
 		Report: &Report{Nodes: 3, Checked: 9, Ranks: 4, Drained: 1 << 40, Ports: Ports{22}, Own: Ports{5432, 9000}, Pending: []NodeReport{
 			{Node: "n0", Conns: []Conn{{Node: "n0", Local: "10.0.0.1:1", Remote: "10.0.0.2:2", SendQueue: 5, Unread: 1 << 33, Rank: -1}, {Rank: 3}},
-				Ungated: 2, Violations: 11, Err: "DRAIN: boom", Fault: &Fault{Code: "gone", Rank: -3}, Unreached: true, Checked: 1, Ranks: -2, Drained: 8},
+				Ungated: 2, Violations: 11, Late: 12, Err: "DRAIN: boom", Fault: &Fault{Code: "gone", Rank: -3}, Unreached: true, Checked: 1, Ranks: -2, Drained: 8},
 			{Node: "n2:4711", Empty: true},
 			{Node: "n3", Err: "PREPARE: rank 0 gone", Fault: &Fault{}},
 		}},

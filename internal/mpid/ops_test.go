@@ -52,6 +52,13 @@ func TestFailureReportViolations(t *testing.T) {
 	if !strings.HasPrefix(f.Reason, want) {
 		t.Errorf("reason %q; want it to start %q", f.Reason, want)
 	}
+	// Late bytes after the last rethaw: a path past the shim too.
+	late := quiesce.Report{Nodes: 3, Pending: []quiesce.NodeReport{{Node: "n2", Late: 12}}}
+	lerr := &quiesce.AbortError{Job: "j", Phase: quiesce.KindVerify, Cause: fmt.Errorf("%w: %s", quiesce.ErrNotEmpty, late), Report: late}
+	if f := failure(lerr, quiesce.Result{Report: late}, nil); f.Node != "n2" || f.Violations != 12 ||
+		!strings.Contains(f.Reason, "12 bytes sent through closed gates on n2") {
+		t.Errorf("late bytes at the last check: %+v; want 12 violations on n2, said", f)
+	}
 	// A report without its node's name still names a place.
 	rep.Pending[0].Node = ""
 	f = failure(err, quiesce.Result{Report: rep}, nil)

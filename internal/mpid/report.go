@@ -93,8 +93,10 @@ func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
 		if len(n.Conns) > 0 {
 			nodes++
 		}
-		f.Violations += n.Violations
-		if n.Violations > 0 && violNode == "" {
+		// Late bytes too: a pause that ends on them saw them again after
+		// every rethaw, which a late call (one per thread) cannot explain.
+		f.Violations += n.Violations + n.Late
+		if n.Violations+n.Late > 0 && violNode == "" {
 			violNode = cmp.Or(n.Node, "a node that did not give its name")
 		}
 		for _, c := range n.Conns {

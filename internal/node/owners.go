@@ -11,32 +11,57 @@ import (
 	"strings"
 )
 
-// owners maps the connections (local→remote) of pids to the pid's rank, by
-// the socket inodes in /proc/PID/fd and the netns's /proc/PID/net/tcp{,6}.
+// owners maps the connections (local→remote) of pids to the pid's rank.
 // It only runs for a report that lists connections, so a failed pause can
 // say whose they are; a process that is gone is skipped.
 func owners(ranks map[int]int) map[[2]netip.AddrPort]int {
-	inodeRank := map[uint64]int{}
+	pids := make([]int, 0, len(ranks))
+	for pid := range ranks {
+		pids = append(pids, pid)
+	}
+	out := map[[2]netip.AddrPort]int{}
+	for k, ds := range descriptors(pids) {
+		out[k] = ranks[ds[0].pid]
+	}
+	return out
+}
+
+// descriptor is one file descriptor of a process.
+type descriptor struct{ pid, fd int }
+
+// descriptors maps the TCP connections (local→remote) of pids to every
+// descriptor of theirs that names the connection's socket, by the socket
+// inodes in /proc/PID/fd and the netns's /proc/PID/net/tcp{,6}. Reading
+// the latter walks the kernel's whole TCP hash table (20-30 ms on the
+// rig): for reports that list connections and the rare check that saw
+// bytes pass a closed gate, never for every round.
+func descriptors(pids []int) map[[2]netip.AddrPort][]descriptor {
+	byInode := map[uint64][]descriptor{}
 	var anyPid int
-	for pid, rank := range ranks {
-		fds, err := os.ReadDir(fmt.Sprintf("/proc/%d/fd", pid))
+	for _, pid := range pids {
+		dir := fmt.Sprintf("/proc/%d/fd", pid)
+		fds, err := os.ReadDir(dir)
 		if err != nil {
 			continue
 		}
 		anyPid = pid
-		for _, fd := range fds {
-			l, err := os.Readlink(filepath.Join(fmt.Sprintf("/proc/%d/fd", pid), fd.Name()))
+		for _, f := range fds {
+			fd, err := strconv.Atoi(f.Name())
+			if err != nil {
+				continue
+			}
+			l, err := os.Readlink(filepath.Join(dir, f.Name()))
 			if err != nil {
 				continue
 			}
 			if s, ok := strings.CutPrefix(l, "socket:["); ok {
 				if ino, err := strconv.ParseUint(strings.TrimSuffix(s, "]"), 10, 64); err == nil {
-					inodeRank[ino] = rank
+					byInode[ino] = append(byInode[ino], descriptor{pid, fd})
 				}
 			}
 		}
 	}
-	out := map[[2]netip.AddrPort]int{}
+	out := map[[2]netip.AddrPort][]descriptor{}
 	if anyPid == 0 {
 		return out
 	}
@@ -56,14 +81,14 @@ func owners(ranks map[int]int) map[[2]netip.AddrPort]int {
 			if err != nil {
 				continue
 			}
-			rank, ok := inodeRank[ino]
+			ds, ok := byInode[ino]
 			if !ok {
 				continue
 			}
 			l, err1 := parseProcAddr(fl[1])
 			r, err2 := parseProcAddr(fl[2])
 			if err1 == nil && err2 == nil {
-				out[[2]netip.AddrPort{l, r}] = rank
+				out[[2]netip.AddrPort{l, r}] = ds
 			}
 		}
 		file.Close()

@@ -709,7 +709,11 @@ func (l *Role) Drain(ctx context.Context, job string) (quiesce.NodeReport, error
 	}
 	t1 := time.Now()
 	var kr kernelRead
-	rep, kr, err = l.kernelReport(ctx, job, rep, rep.Ungated == 0)
+	under := checkOpen
+	if rep.Ungated == 0 {
+		under = checkGated
+	}
+	rep, kr, err = l.kernelReport(ctx, job, rep, under)
 	if err == nil {
 		err = l.heldStill(job, rep, closing)
 	}
@@ -804,7 +808,7 @@ func (l *Role) Verify(ctx context.Context, job string) (quiesce.NodeReport, erro
 	if err := l.gone(job, true); err != nil {
 		return quiesce.NodeReport{Node: l.Name}, err
 	}
-	rep, _, err := l.kernelReport(ctx, job, quiesce.NodeReport{Node: l.Name}, true)
+	rep, _, err := l.kernelReport(ctx, job, quiesce.NodeReport{Node: l.Name}, checkFrozen)
 	return rep, err
 }
 
@@ -816,10 +820,27 @@ type kernelRead struct {
 	sides sides
 }
 
-// kernelReport reads the job's connections on this node. With gated (every
-// gate of the node's ranks closed when it was asked, or the job frozen) it
-// also counts violations against the previous gated report.
-func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeReport, gated bool) (quiesce.NodeReport, kernelRead, error) {
+// check is what a kernel report is taken under.
+type check int
+
+const (
+	// checkOpen: some gate of the node's ranks was open, or a socket
+	// mid-message, when it was asked: nothing sent is counted.
+	checkOpen check = iota
+	// checkGated: every gate closed: bytes sent since the previous gated
+	// report are counted, all as Violations. The round is unclean either
+	// way, and telling late bytes from the others walks /proc (20-30 ms),
+	// which a sender past the shim could otherwise make every drain round
+	// cost.
+	checkGated
+	// checkFrozen: after the freeze, where the kind decides between
+	// another drain and a failed pause: late bytes are told apart (late).
+	checkFrozen
+)
+
+// kernelReport reads the job's connections on this node, counting bytes
+// sent through closed gates as under says.
+func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeReport, under check) (quiesce.NodeReport, kernelRead, error) {
 	all, err := l.conns(ctx, job)
 	if err != nil {
 		return rep, kernelRead{}, err
@@ -856,18 +877,46 @@ func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeRep
 	}
 	var sent map[uint64]uint64
 	var through []violation
-	if gated {
+	if under != checkOpen {
 		sent, through = violations(l.sentAt[job], mine)
 		l.sentAt[job] = sent
 	} else {
 		delete(l.sentAt, job)
 	}
 	l.mu.Unlock()
-	for _, v := range through {
-		rep.Violations += v.bytes
-		l.Metrics.Violations(v.bytes)
-		l.Log.Warn("bytes sent through a closed gate", "job", job, "node", l.Name,
-			"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes)
+	if len(through) > 0 && under == checkFrozen {
+		pids := make([]int, 0, len(rs))
+		byPid := make(map[int]*ranks.Rank, len(rs))
+		for _, r := range rs {
+			pids = append(pids, r.Pid)
+			byPid[r.Pid] = r
+		}
+		heldAt := func(d descriptor) (uint64, bool) {
+			if r, ok := byPid[d.pid]; ok {
+				return r.HeldAt(d.fd)
+			}
+			return 0, false
+		}
+		desc := descriptors(pids)
+		for _, v := range through {
+			l.Metrics.Violations(v.bytes)
+			if late(v, desc, heldAt) {
+				rep.Late += v.bytes
+				l.Log.Info("bytes sent through a closed gate on a socket with nothing held: drained again", "job", job, "node", l.Name,
+					"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes)
+				continue
+			}
+			rep.Violations += v.bytes
+			l.Log.Warn("bytes sent through a closed gate", "job", job, "node", l.Name,
+				"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes)
+		}
+	} else {
+		for _, v := range through {
+			rep.Violations += v.bytes
+			l.Metrics.Violations(v.bytes)
+			l.Log.Info("bytes sent through a closed gate during the drain", "job", job, "node", l.Name,
+				"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes)
+		}
 	}
 	now := make(map[[2]netip.AddrPort]heldConn, len(held))
 	lookup := false
@@ -916,6 +965,36 @@ func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeRep
 type violation struct {
 	c     loader.Conn
 	bytes uint64
+}
+
+// late reports whether v's bytes, sent through a closed gate, can only
+// have gone in order: every descriptor of its socket, in the processes
+// desc names, belongs to a rank whose shim holds nothing for it (heldAt).
+//
+// A send call reads its gate once, before the system call. One that read
+// it open just before it closed, its thread preempted in between, reaches
+// the kernel late, legitimately; a path past the shim (a raw system call)
+// reaches it at any time. Either way, bytes that reach a socket for which
+// nothing is held cannot overtake held bytes: the stream is in the order
+// the kernel took it (G4), and the bytes are in flight like any others,
+// for another drain (G1). Held bytes only grow while the gates stay
+// closed and the page says so before the holding call returns, so nothing
+// held at this check means nothing held when they were sent. Where a
+// socket holds bytes, or the page cannot say (a process without one, a
+// descriptor beyond it, a connection whose descriptors were not found), a
+// send past the shim may have gone ahead of bytes written before it, and
+// the pause must fail rather than claim G4.
+func late(v violation, desc map[[2]netip.AddrPort][]descriptor, heldAt func(descriptor) (uint64, bool)) bool {
+	ds := desc[[2]netip.AddrPort{unmap(v.c.Local), unmap(v.c.Remote)}]
+	if len(ds) == 0 {
+		return false
+	}
+	for _, d := range ds {
+		if held, ok := heldAt(d); !ok || held > 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // sentOf is what c's process has handed the kernel to send: the kernel's

@@ -1,6 +1,8 @@
 package node
 
 import (
+	"net"
+	"net/netip"
 	"os"
 	"os/exec"
 	"strings"
@@ -146,4 +148,60 @@ func TestHeldByKernel(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitHeld(false)
+}
+
+// TestLate: bytes sent through a closed gate count as late (drained again)
+// only where every descriptor of their socket, found through /proc, is a
+// rank's whose page says it holds nothing; anything the page cannot vouch
+// for stays a violation.
+func TestLate(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	server, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	local := netip.MustParseAddrPort(client.LocalAddr().String())
+	remote := netip.MustParseAddrPort(client.RemoteAddr().String())
+	raw, err := client.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fd int
+	raw.Control(func(f uintptr) { fd = int(f) })
+	desc := descriptors([]int{os.Getpid()})
+	if ds := desc[[2]netip.AddrPort{local, remote}]; len(ds) != 1 || ds[0] != (descriptor{os.Getpid(), fd}) {
+		t.Fatalf("descriptors of %s->%s: %v, want [{%d %d}]", local, remote, ds, os.Getpid(), fd)
+	}
+	v := violation{c: loader.Conn{Local: local, Remote: remote}, bytes: 40}
+	held := func(n uint64, ok bool) func(descriptor) (uint64, bool) {
+		return func(d descriptor) (uint64, bool) {
+			if d.fd != fd {
+				t.Errorf("asked about fd %d, want %d", d.fd, fd)
+			}
+			return n, ok
+		}
+	}
+	if !late(v, desc, held(0, true)) {
+		t.Error("nothing held: not late")
+	}
+	if late(v, desc, held(8, true)) {
+		t.Error("8 bytes held on the socket: late")
+	}
+	if late(v, desc, held(0, false)) {
+		t.Error("a page that cannot say: late")
+	}
+	other := violation{c: loader.Conn{Local: remote, Remote: netip.MustParseAddrPort("127.0.0.1:1")}, bytes: 40}
+	if late(other, desc, held(0, true)) {
+		t.Error("a connection with no descriptor found: late")
+	}
 }

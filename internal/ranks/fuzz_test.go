@@ -118,5 +118,8 @@ func FuzzStatePage(f *testing.F) {
 			}
 		}
 		r.Quiet()
+		for _, fd := range []int{-1, 0, p.fds - 1, p.fds} {
+			r.HeldAt(fd)
+		}
 	})
 }

@@ -419,6 +419,21 @@ func (r *Rank) Sockets() []Socket {
 	return out
 }
 
+// HeldAt returns the bytes the rank's shim holds for the socket whose
+// bytes go to descriptor fd (the page keeps a socket's count at one of
+// its descriptors, zero at the others); ok is false where the page cannot
+// say: no page, or fd beyond it.
+func (r *Rank) HeldAt(fd int) (held uint64, ok bool) {
+	r.withPage(func(p *statePage) {
+		if fd < 0 || fd >= p.fds {
+			return
+		}
+		held = atomic.LoadUint64((*uint64)(unsafe.Pointer(&p.mem[p.heldOffset+8*fd])))
+		ok = true
+	})
+	return held, ok
+}
+
 // Quiet reports, from the state page alone, that the rank's gate is closed
 // and no socket is mid-message: what a STATE request would say, without
 // waking the rank's control thread (which, among busy-polling ranks, can take

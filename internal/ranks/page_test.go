@@ -59,9 +59,24 @@ func TestReceivePage(t *testing.T) {
 	if len(got) != 2 || got[0] != (Socket{FD: 3, Gated: true, Held: 77}) || got[1] != (Socket{FD: 5, Short: true}) {
 		t.Errorf("Sockets() = %+v", got)
 	}
+	for _, tc := range []struct {
+		fd   int
+		held uint64
+		ok   bool
+	}{{3, 77, true}, {5, 0, true}, {63, 0, true}, {64, 0, false}, {-1, 0, false}} {
+		if held, ok := r.HeldAt(tc.fd); held != tc.held || ok != tc.ok {
+			t.Errorf("HeldAt(%d) = %d, %v; want %d, %v", tc.fd, held, ok, tc.held, tc.ok)
+		}
+	}
 	p.close()
 	if s := r.Sockets(); s != nil {
 		t.Errorf("Sockets() after close = %+v", s)
+	}
+	if _, ok := r.HeldAt(3); ok {
+		t.Error("HeldAt after close says it knows")
+	}
+	if _, ok := (&Rank{}).HeldAt(3); ok {
+		t.Error("HeldAt of a rank without a page says it knows")
 	}
 
 	for name, oob := range map[string][]byte{

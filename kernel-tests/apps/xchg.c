@@ -13,7 +13,7 @@
 // process (-x) prints the checksum a correct run must print, whatever the MPI
 // library, the placement or the number of pauses.
 //
-// Usage: xchg [-m a2a|ring|pair] [-f] [-n iters] [-s bytes[K|M]] [-w dir] [-t usec] [-z usec] [-S usec] [-B dir] [-R dir] [-E dir] [-U dir] [-x ranks]
+// Usage: xchg [-m a2a|ring|pair] [-f] [-n iters] [-s bytes[K|M]] [-w dir] [-t usec] [-z usec] [-S usec] [-B dir] [-R dir] [-E dir] [-U dir] [-L dir] [-x ranks]
 //   -m pair  ranks 2k and 2k+1 exchange one message each way per iteration:
 //            with a small -s, a latency-bound ping-pong.
 //   -f       every message is exactly -s bytes (not irregular).
@@ -58,6 +58,15 @@
 //            the CPU (at nice -20 if allowed), reading them back at the
 //            other end the same way. The exchange and its checksum are
 //            untouched.
+//   -L dir   one send past the gate, on the test's cue: after the first
+//            iteration rank 0 starts a thread that opens a loopback TCP
+//            connection of its own, creates dir/late-ready, waits for
+//            dir/late-send, writes 40 bytes to it with syscall(SYS_write)
+//            (as a send call that read its gate open and was preempted
+//            past the drain would), creates dir/late-sent, reads them back
+//            with a wrapped read (which serves what a drain stashed),
+//            checks them and creates dir/late-read. The exchange and its
+//            checksum are untouched.
 //   -x ranks print the expected checksum for that many ranks, without MPI.
 #include <errno.h>
 #include <fcntl.h>
@@ -95,6 +104,7 @@ struct opts {
 	const char *recv_dir;
 	const char *stop_dir;
 	const char *leak_dir;
+	const char *late_dir;
 	long slow_usec;
 	int expect_ranks;
 };
@@ -210,23 +220,76 @@ static int touch(const char *path)
 	return close(fd);
 }
 
-// hold signals that this rank's connections are up and waits for the test to
-// let it go on. Polling a file keeps the rank idle (no MPI progress spinning),
-// so the test's tools get the CPU while the job holds.
+// loopback connects *w to *r over a loopback TCP connection of the
+// process's own; what fails is reported as opt's.
+static void loopback(const char *opt, int *w, int *r)
+{
+	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	socklen_t al = sizeof(a);
+	int l = socket(AF_INET, SOCK_STREAM, 0);
+	*w = socket(AF_INET, SOCK_STREAM, 0);
+	if (l < 0 || *w < 0 || bind(l, (struct sockaddr *)&a, al) < 0 || listen(l, 1) < 0 ||
+	    getsockname(l, (struct sockaddr *)&a, &al) < 0 || connect(*w, (struct sockaddr *)&a, al) < 0 ||
+	    (*r = accept(l, NULL, NULL)) < 0) {
+		fprintf(stderr, "xchg: %s connection: %s\n", opt, strerror(errno));
+		exit(1);
+	}
+}
+
+// late_send is -L's thread. The write is a raw system call on purpose: it is
+// the send a preempted thread's call makes after the gate closed.
+static void *late_send(void *arg)
+{
+	const char *dir = arg;
+	int w, r;
+	loopback("-L", &w, &r);
+	char path[4096];
+	snprintf(path, sizeof(path), "%s/late-ready", dir);
+	if (touch(path) < 0) {
+		perror(path);
+		exit(1);
+	}
+	snprintf(path, sizeof(path), "%s/late-send", dir);
+	for (struct timespec z = {.tv_nsec = 1000000}; access(path, F_OK) != 0;)
+		nanosleep(&z, NULL);
+	char msg[40], got[40];
+	memset(msg, 'L', sizeof(msg));
+	if (syscall(SYS_write, w, msg, sizeof(msg)) != (long)sizeof(msg)) {
+		perror("xchg: -L write");
+		exit(1);
+	}
+	snprintf(path, sizeof(path), "%s/late-sent", dir);
+	if (touch(path) < 0) {
+		perror(path);
+		exit(1);
+	}
+	for (size_t n = 0; n < sizeof(got);) {
+		ssize_t k = read(r, got + n, sizeof(got) - n);
+		if (k <= 0) {
+			fprintf(stderr, "xchg: -L read: %s\n", k < 0 ? strerror(errno) : "end of stream");
+			exit(1);
+		}
+		n += (size_t)k;
+	}
+	if (memcmp(got, msg, sizeof(msg)) != 0) {
+		fprintf(stderr, "xchg: -L read back other bytes than it wrote\n");
+		exit(1);
+	}
+	snprintf(path, sizeof(path), "%s/late-read", dir);
+	if (touch(path) < 0) {
+		perror(path);
+		exit(1);
+	}
+	return NULL;
+}
+
 // leak is -U's thread. Raw system calls on purpose: a wrapped write
 // would be gated, a wrapped read would serve what a drain stashed.
 static void *leak(void *arg)
 {
 	const char *dir = arg;
-	struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t al = sizeof(a);
-	int l = socket(AF_INET, SOCK_STREAM, 0), w = socket(AF_INET, SOCK_STREAM, 0), r;
-	if (l < 0 || w < 0 || bind(l, (struct sockaddr *)&a, al) < 0 || listen(l, 1) < 0 ||
-	    getsockname(l, (struct sockaddr *)&a, &al) < 0 || connect(w, (struct sockaddr *)&a, al) < 0 ||
-	    (r = accept(l, NULL, NULL)) < 0) {
-		perror("xchg: -U connection");
-		exit(1);
-	}
+	int w, r;
+	loopback("-U", &w, &r);
 	char path[4096];
 	snprintf(path, sizeof(path), "%s/leaking", dir);
 	int fd = open(path, O_CREAT | O_WRONLY, 0644);
@@ -270,6 +333,9 @@ static void report_exit(int status, void *arg)
 		fprintf(stderr, "xchg: rank %d (pid %d) exits with status %d\n", exit_rank, (int)getpid(), status);
 }
 
+// hold signals that this rank's connections are up and waits for the test to
+// let it go on. Polling a file keeps the rank idle (no MPI progress spinning),
+// so the test's tools get the CPU while the job holds.
 static void hold(const char *dir, int rank)
 {
 	char path[4096];
@@ -413,6 +479,13 @@ static int run(const struct opts *o)
 				state = fold(state, rbuf[src], msg_len(o->bytes, src, rank, it));
 		if (it == 0 && o->hold_dir)
 			hold(o->hold_dir, rank);
+		if (it == 0 && o->late_dir && rank == 0) {
+			pthread_t t;
+			if (pthread_create(&t, NULL, late_send, (void *)o->late_dir) != 0) {
+				fprintf(stderr, "xchg: -L: no thread\n");
+				MPI_Abort(MPI_COMM_WORLD, 1);
+			}
+		}
 		if (it == 0 && o->leak_dir && rank == 0) {
 			pthread_t t;
 			if (pthread_create(&t, NULL, leak, (void *)o->leak_dir) != 0) {
@@ -440,14 +513,14 @@ static int run(const struct opts *o)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: xchg [-m a2a|ring|pair] [-f] [-n iters] [-s bytes[K|M]] [-w holddir] [-t usec] [-z usec] [-S usec] [-B dir] [-R dir] [-E dir] [-U dir] [-x ranks]\n");
+	fprintf(f, "usage: xchg [-m a2a|ring|pair] [-f] [-n iters] [-s bytes[K|M]] [-w holddir] [-t usec] [-z usec] [-S usec] [-B dir] [-R dir] [-E dir] [-U dir] [-L dir] [-x ranks]\n");
 }
 
 int main(int argc, char **argv)
 {
 	struct opts o = {.mode = MODE_A2A, .iters = 10, .bytes = 1 << 20};
 	int c;
-	while ((c = getopt(argc, argv, "hfm:n:s:w:t:z:S:B:R:E:U:x:")) != -1) {
+	while ((c = getopt(argc, argv, "hfm:n:s:w:t:z:S:B:R:E:U:L:x:")) != -1) {
 		switch (c) {
 		case 'f':
 			fixed_len = 1;
@@ -493,6 +566,9 @@ int main(int argc, char **argv)
 			break;
 		case 'U':
 			o.leak_dir = optarg;
+			break;
+		case 'L':
+			o.late_dir = optarg;
 			break;
 		case 'x':
 			o.expect_ranks = atoi(optarg);

@@ -1,0 +1,95 @@
+package kerneltests
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/ctl"
+)
+
+// TestPauseLateSend: a send that reaches the kernel after node0's last
+// drain answer and before its freeze, on a socket for which the shim holds
+// nothing, is what a send call that read its gate open just before it
+// closed makes when its thread is preempted past the whole drain (an Open
+// MPI progress thread among busy ranks). Its bytes are in order; the pause
+// must drain them and commit, not roll back on them. The send is made on
+// cue while node0's mpid holds before its FREEZE step (a failpoint), with
+// a raw write(2) from rank 0 on a loopback connection of its own (xchg
+// -L); rank 0 then reads the 40 bytes back whole.
+func TestPauseLateSend(t *testing.T) {
+	for _, lib := range mpiLibs {
+		t.Run(lib.name, func(t *testing.T) { pauseLateSend(t, lib) })
+	}
+}
+
+var lateRuns atomic.Int32
+
+func pauseLateSend(t *testing.T, lib mpiLib) {
+	bin := binDir(t)
+	sharedRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	// Unique per run, so that -count repeats it.
+	id := fmt.Sprintf("late-%s-%d-%d", lib.name, os.Getpid(), lateRuns.Add(1))
+	app := filepath.Join(bin, "apps", "xchg."+lib.name)
+	args, stop, cue := []string{"-m", "a2a", "-s", "64K"}, t.TempDir(), t.TempDir()
+	job := runJob(ctx, t, lib, id, app, append(slices.Clone(args), "-n", "100000000", "-E", stop, "-L", cue)...)
+	defer cli(context.Background(), t, "node0", nil, "resume", id)
+	exists := func(name string) bool {
+		_, err := os.Stat(filepath.Join(cue, name))
+		return err == nil
+	}
+	waitFor(t, "rank 0's late sender", time.Minute, job.done, func() bool { return exists("late-ready") })
+
+	dir := filepath.Join(failpointRoot, "node0")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fp := filepath.Join(dir, "FREEZE")
+	os.Remove(fp + ".reached")
+	if err := os.WriteFile(fp, []byte("before"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(fp)
+	pause := start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig}, filepath.Join(bin, "rig"), "exec", "node0", "--",
+		"mpipause", "pause", "--json", id)
+	waitFor(t, "node0's mpid before its freeze", time.Minute, pause.done, func() bool {
+		_, err := os.Stat(fp + ".reached")
+		return err == nil
+	})
+	if err := os.WriteFile(filepath.Join(cue, "late-send"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "rank 0's late send", time.Minute, job.done, func() bool { return exists("late-sent") })
+	os.Remove(fp)
+	select {
+	case <-pause.done:
+	case <-ctx.Done():
+		t.Fatal("the pause did not end")
+	}
+	j, err := pauseResult(pause)
+	if err != nil || j.State != ctl.StatePaused {
+		t.Fatalf("pause after a late send: state %q, error %v\n%s", j.State, err, pause.out.String())
+	}
+	var names []string
+	for _, p := range j.Phases {
+		names = append(names, p.Name)
+	}
+	// The check after node0's freeze saw the 40 bytes: the job was thawed
+	// and drained again, then paused.
+	if got := strings.Join(names, " "); !strings.Contains(got, "THAW") {
+		t.Errorf("phases %s: want a THAW and a second drain after the late bytes", got)
+	}
+	if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
+		t.Fatalf("resume: exit %d, state %q: %s", r.code, j.State, r.stderr)
+	}
+	waitFor(t, "rank 0 reading its 40 bytes back", time.Minute, job.done, func() bool { return exists("late-read") })
+	job.stopAndCheck(ctx, t, "the job with a late send", stop, app, 6, args...)
+}

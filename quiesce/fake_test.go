@@ -18,19 +18,19 @@ type fakeNode struct {
 	mu        sync.Mutex
 	gatesOpen bool
 	frozen    bool
-	left      int           // drain rounds with closed gates until empty
-	stuck     bool          // never drains (a rank computing, not reading)
-	dirty     bool          // drains, but the kernel check after freeze finds bytes
-	violate   bool          // ... and bytes sent through closed gates
+	left      int  // drain rounds with closed gates until empty
+	stuck     bool // never drains (a rank computing, not reading)
+	dirty     bool // drains, but the kernel check after freeze finds bytes
+	violate   bool // ... and bytes sent through closed gates
 	// lateChecks: that many kernel checks after a freeze find bytes sent
 	// through closed gates on sockets with nothing held (a late send
 	// call), already read; the later ones are clean.
 	lateChecks int
-	fail      Kind          // this step always fails
-	blame     *Fault        // ... blaming a rank (RankFault)
-	thawFails int           // the first thawFails Thaws fail
-	slow      time.Duration // each Drain takes this long (a busy node)
-	counts    bool          // Drain says it counts bytes sent through closed gates
+	fail       Kind          // this step always fails
+	blame      *Fault        // ... blaming a rank (RankFault)
+	thawFails  int           // the first thawFails Thaws fail
+	slow       time.Duration // each Drain takes this long (a busy node)
+	counts     bool          // Drain says it counts bytes sent through closed gates
 	// late bytes arrive right after the node's first empty DRAIN answer
 	// (another node's last bytes, crossing): its next late checks find
 	// them, and a freeze before they are read leaves them for VERIFY.

@@ -204,7 +204,7 @@ trap 'scancel -u "$(id -u)" 2>/dev/null; rm -rf "$stop"' EXIT
 # (scontrol suspend and resume, --pauses times) or preempt (a job of the
 # higher-priority partition takes the nodes, once, and ends).
 lib_run() {
-	local lib=$1 how=${2:-scontrol} mpi pre=() out id i j t st late n=$pauses what=suspend
+	local lib=$1 how=${2:-scontrol} mpi pre=() out id i j t st late ms n=$pauses what=suspend
 	case $lib in
 	openmpi) mpi=pmix ;;
 	mpich)
@@ -276,8 +276,11 @@ lib_run() {
 				return
 			fi
 			clean[$lib]=$((${clean[$lib]:-0} + 1))
-			pass "$lib: $what $i: paused within $((SECONDS - t)) s, Slurm $(job_state "$sid"); connections empty on$j; ranks in Slurm's job cgroup"
+			ms=$(mpipause status --json "$id" | jq -r '.total_ms | floor')
+			[ "$how" != scontrol ] || pause_ms+=("$ms")
+			pass "$lib: $what $i: paused within $((SECONDS - t)) s (mpid: $ms ms), Slurm $(job_state "$sid"); connections empty on$j; ranks in Slurm's job cgroup"
 		else
+			[ "$how" != scontrol ] || lost=$((lost + 1))
 			late=$(mpipause status --json "$id" | jq -r '.failure | "\(.phase): \(.reason)"')
 			case $late in
 			*"timed out"* | *"deadline exceeded"* | *"i/o timeout"*) ;;
@@ -477,6 +480,9 @@ sbatch_run() {
 IFS=, read -r -a lib_list <<<"$libs"
 # clean[LIB]: the suspends of LIB's jobs that paused before Slurm's SIGSTOP.
 declare -A clean
+# pause_ms: mpid's time (total_ms) of each scontrol suspend's committed
+# pause; lost: the suspends whose pause Slurm's SIGSTOP overtook.
+pause_ms=() lost=0
 # dac_override on|off: mpid's unit on every node with (a drop-in) or
 # without CAP_DAC_OVERRIDE, mpid restarted (docs/slurm.md, "Launching MPI
 # under Slurm").
@@ -513,6 +519,13 @@ for l in "${lib_list[@]}" "${lib_list[0]} preempt"; do
 	scancel -u "$(id -u)" 2>/dev/null
 	[ -z "${srun_pid:-}" ] || wait "$srun_pid" 2>/dev/null
 done
+# What a site's suspend costs on these VMs: mpid's pause time over the
+# scontrol suspends that paused (nearest rank), and those lost to the race.
+if [ "${#pause_ms[@]}" -gt 0 ]; then
+	mapfile -t sorted < <(printf '%s\n' "${pause_ms[@]}" | sort -n)
+	pct() { echo "${sorted[$(((${#sorted[@]} * $1 + 99) / 100 - 1))]}"; }
+	echo "INFO scontrol suspends: $((${#sorted[@]} + lost)), paused ${#sorted[@]}, lost to Slurm's SIGSTOP $lost; mpid's pause: p50 $(pct 50) ms, p99 $(pct 99) ms, max ${sorted[-1]} ms"
+fi
 # A suspend may lose the race with Slurm's SIGSTOP now and then (above),
 # not every one of a library's.
 for l in "${lib_list[@]}"; do

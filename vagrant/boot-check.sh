@@ -314,20 +314,42 @@ mpid_check() {
 }
 for ((k = 0; k < nodes; k++)); do check_node "$k"; done
 
+# panicked: the VMs whose console shows a kernel panic. Under software
+# emulation a guest kernel has panicked (a #DB in kernel mode, EFLAGS
+# garbage): the host's ssh to it then waits for hours with no output.
+panicked() {
+	{ grep -l 'Kernel panic' "$MPIPAUSE_VM_CONSOLE_DIR"/*.log 2>/dev/null || true; } | xargs -r -n1 basename | sed 's/\.log$//' | tr '\n' ' '
+}
+
+# kill_tree PID: PID and every process under it.
+kill_tree() {
+	local c
+	for c in $(pgrep -P "$1" || true); do kill_tree "$c"; done
+	kill "$1" 2>/dev/null || true
+}
+
 # streamed WHAT CMD...: CMD's lines as they come, with this check's seconds,
 # so that a slow step shows (no tr in the pipe: it would hold them back in
 # its buffer); the check fails if CMD does (with pipefail, the pipeline's
-# status is CMD's).
+# status is CMD's), and at once if a VM's kernel panics (CMD's whole
+# process tree killed).
 streamed() {
-	local what=$1 t=$SECONDS rc
+	local what=$1 t=$SECONDS rc=0 pid dead
 	shift
-	if "$@" 2>&1 | while IFS= read -r line; do
+	{ "$@" 2>&1 | while IFS= read -r line; do
 		printf '    [%ss] %s\n' "$SECONDS" "${line%$'\r'}"
-	done; then
-		rc=0
-	else
-		rc=$?
-	fi
+	done; } &
+	pid=$!
+	while kill -0 "$pid" 2>/dev/null; do
+		dead=$(panicked)
+		if [ -n "$dead" ]; then
+			kill_tree "$pid"
+			wait "$pid" 2>/dev/null || true
+			fail "$what: the kernel of ${dead% } panicked (its console below)"
+		fi
+		sleep 2
+	done
+	wait "$pid" || rc=$?
 	[ "$rc" = 0 ] || fail "$what (exit $rc, above)"
 	say "$what took $((SECONDS - t)) s"
 }

@@ -73,15 +73,7 @@ func ctlThreadNeverRaised(t *testing.T, lib mpiLib) {
 	normal("registered")
 
 	// Hold node0's mpid before its first DRAIN: every node has prepared.
-	dir := filepath.Join(failpointRoot, "node0")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	fp := filepath.Join(dir, "DRAIN")
-	os.Remove(fp + ".reached")
-	if err := os.WriteFile(fp, []byte("before"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	fp := armFailpoint(t, "node0", "DRAIN", "before")
 	defer os.Remove(fp)
 	pause := start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig}, filepath.Join(bin, "rig"), "exec", "node0", "--",
 		"mpipause", "pause", "--json", id)

@@ -28,6 +28,24 @@ import (
 // which each node has of its own.
 var failpointRoot = "/run/mpipause-failpoints-" + jobRig
 
+// armFailpoint makes node's mpid hold at its next step (before or after
+// it, as where says) and returns the failpoint's file: mpid writes
+// file+".reached" when it holds there, and goes on once the file is gone
+// (the caller's to remove, on every path).
+func armFailpoint(t testing.TB, node, step, where string) string {
+	t.Helper()
+	dir := filepath.Join(failpointRoot, node)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	fp := filepath.Join(dir, step)
+	os.Remove(fp + ".reached")
+	if err := os.WriteFile(fp, []byte(where), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return fp
+}
+
 // Outcomes of a fault trial.
 const (
 	outRolledBack = "rolled back"
@@ -482,15 +500,7 @@ func runTrial(ctx context.Context, t *testing.T, obs loader.Observer, tr *trial)
 	if tr.row.where != "" {
 		where = tr.row.where
 	}
-	dir := filepath.Join(failpointRoot, node)
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	tr.fp = filepath.Join(dir, tr.phase)
-	os.Remove(tr.fp + ".reached")
-	if err := os.WriteFile(tr.fp, []byte(where), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	tr.fp = armFailpoint(t, node, tr.phase, where)
 	defer os.Remove(tr.fp)
 	defer func() {
 		if tr.cleanup != nil {

@@ -48,15 +48,7 @@ func pauseLateSend(t *testing.T, lib mpiLib) {
 	}
 	waitFor(t, "rank 0's late sender", time.Minute, job.done, func() bool { return exists("late-ready") })
 
-	dir := filepath.Join(failpointRoot, "node0")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	fp := filepath.Join(dir, "FREEZE")
-	os.Remove(fp + ".reached")
-	if err := os.WriteFile(fp, []byte("before"), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	fp := armFailpoint(t, "node0", "FREEZE", "before")
 	defer os.Remove(fp)
 	pause := start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig}, filepath.Join(bin, "rig"), "exec", "node0", "--",
 		"mpipause", "pause", "--json", id)

@@ -75,12 +75,7 @@ func ctlThreadNeverRaised(t *testing.T, lib mpiLib) {
 	// Hold node0's mpid before its first DRAIN: every node has prepared.
 	fp := armFailpoint(t, "node0", "DRAIN", "before")
 	defer os.Remove(fp)
-	pause := start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig}, filepath.Join(bin, "rig"), "exec", "node0", "--",
-		"mpipause", "pause", "--json", id)
-	waitFor(t, "node0's mpid at DRAIN", time.Minute, pause.done, func() bool {
-		_, err := os.Stat(fp + ".reached")
-		return err == nil
-	})
+	pause := pauseToFailpoint(ctx, t, id, fp, "node0's mpid at DRAIN")
 	normal("inside the pause step (node0 at DRAIN)")
 	os.Remove(fp)
 	select {

@@ -46,6 +46,19 @@ func armFailpoint(t testing.TB, node, step, where string) string {
 	return fp
 }
 
+// pauseToFailpoint starts `mpipause pause --json id` on node0 and waits
+// until an mpid holds at the failpoint fp (armFailpoint), which says where.
+func pauseToFailpoint(ctx context.Context, t testing.TB, id, fp, where string) *proc {
+	t.Helper()
+	pause := start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig}, filepath.Join(binDir(t), "rig"), "exec", "node0", "--",
+		"mpipause", "pause", "--json", id)
+	waitFor(t, where, time.Minute, pause.done, func() bool {
+		_, err := os.Stat(fp + ".reached")
+		return err == nil
+	})
+	return pause
+}
+
 // Outcomes of a fault trial.
 const (
 	outRolledBack = "rolled back"

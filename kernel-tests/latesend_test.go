@@ -50,12 +50,7 @@ func pauseLateSend(t *testing.T, lib mpiLib) {
 
 	fp := armFailpoint(t, "node0", "FREEZE", "before")
 	defer os.Remove(fp)
-	pause := start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig}, filepath.Join(bin, "rig"), "exec", "node0", "--",
-		"mpipause", "pause", "--json", id)
-	waitFor(t, "node0's mpid before its freeze", time.Minute, pause.done, func() bool {
-		_, err := os.Stat(fp + ".reached")
-		return err == nil
-	})
+	pause := pauseToFailpoint(ctx, t, id, fp, "node0's mpid before its freeze")
 	if err := os.WriteFile(filepath.Join(cue, "late-send"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}

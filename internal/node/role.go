@@ -884,39 +884,35 @@ func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeRep
 		delete(l.sentAt, job)
 	}
 	l.mu.Unlock()
+	// After the freeze the kind decides between another drain and a
+	// failed pause (late); in a drain round both are unclean alike.
+	var desc map[[2]netip.AddrPort][]descriptor
+	byPid := make(map[int]*ranks.Rank, len(rs))
 	if len(through) > 0 && under == checkFrozen {
 		pids := make([]int, 0, len(rs))
-		byPid := make(map[int]*ranks.Rank, len(rs))
 		for _, r := range rs {
 			pids = append(pids, r.Pid)
 			byPid[r.Pid] = r
 		}
-		heldAt := func(d descriptor) (uint64, bool) {
-			if r, ok := byPid[d.pid]; ok {
-				return r.HeldAt(d.fd)
-			}
-			return 0, false
+		desc = descriptors(pids)
+	}
+	heldAt := func(d descriptor) (uint64, bool) {
+		if r, ok := byPid[d.pid]; ok {
+			return r.HeldAt(d.fd)
 		}
-		desc := descriptors(pids)
-		for _, v := range through {
-			l.Metrics.Violations(v.bytes)
-			if late(v, desc, heldAt) {
-				rep.Late += v.bytes
-				l.Log.Info("bytes sent through a closed gate on a socket with nothing held: drained again", "job", job, "node", l.Name,
-					"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes)
-				continue
-			}
-			rep.Violations += v.bytes
-			l.Log.Warn("bytes sent through a closed gate", "job", job, "node", l.Name,
+		return 0, false
+	}
+	for _, v := range through {
+		l.Metrics.Violations(v.bytes)
+		if desc != nil && late(v, desc, heldAt) {
+			rep.Late += v.bytes
+			l.Log.Info("bytes sent through a closed gate on a socket with nothing held: drained again", "job", job, "node", l.Name,
 				"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes)
+			continue
 		}
-	} else {
-		for _, v := range through {
-			rep.Violations += v.bytes
-			l.Metrics.Violations(v.bytes)
-			l.Log.Info("bytes sent through a closed gate during the drain", "job", job, "node", l.Name,
-				"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes)
-		}
+		rep.Violations += v.bytes
+		l.Log.Warn("bytes sent through a closed gate", "job", job, "node", l.Name,
+			"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes)
 	}
 	now := make(map[[2]netip.AddrPort]heldConn, len(held))
 	lookup := false

@@ -90,7 +90,11 @@ done
 [ $sbatch = 0 ] || [ $slurm = 1 ] || usage
 
 say() { echo "check-vagrant-boot: [${SECONDS}s] $*"; }
+# why: the failure's reason, said again as the check's last lines (a CI log
+# that keeps only its tail keeps it, after the consoles and the clean-up).
+why=
 fail() {
+	why=$*
 	echo "check-vagrant-boot: FAIL: $*" >&2
 	exit 1
 }
@@ -196,6 +200,11 @@ cleanup() {
 		[ $ok = 0 ] || say "ok"
 	else
 		echo "check-vagrant-boot: Vagrant's log: $log" >&2
+		if [ -s "$work/stream.tail" ]; then
+			echo "check-vagrant-boot: the last lines of the step that failed:" >&2
+			cat "$work/stream.tail" >&2
+		fi
+		[ -z "$why" ] || echo "check-vagrant-boot: FAIL: $why" >&2
 	fi
 	exit $rc
 }
@@ -338,7 +347,7 @@ streamed() {
 	shift
 	{ "$@" 2>&1 | while IFS= read -r line; do
 		printf '    [%ss] %s\n' "$SECONDS" "${line%$'\r'}"
-	done; } &
+	done | tee "$work/stream.out"; } &
 	pid=$!
 	while kill -0 "$pid" 2>/dev/null; do
 		dead=$(panicked)
@@ -350,7 +359,7 @@ streamed() {
 		sleep 2
 	done
 	wait "$pid" || rc=$?
-	[ "$rc" = 0 ] || fail "$what (exit $rc, above)"
+	[ "$rc" = 0 ] || { tail -n 20 "$work/stream.out" >"$work/stream.tail"; fail "$what (exit $rc, above)"; }
 	say "$what took $((SECONDS - t)) s"
 }
 

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <ucontext.h>
 #include <unistd.h>
 
 int mpp_sig_pipe[2] = {-1, -1};
@@ -36,10 +37,11 @@ static int slot(int sig)
 	return sig == SIGTSTP ? 0 : sig == SIGCONT ? 1 : -1;
 }
 
-static void on_signal(int sig, siginfo_t *si, void *uc)
+// note writes a signal's record for the shim's thread.
+static void note(char kind)
 {
-	int saved = errno, i = slot(sig);
-	struct mpp_sig rec = {.sig = sig == SIGTSTP ? 'T' : 'C'};
+	int saved = errno;
+	struct mpp_sig rec = {.sig = kind};
 	struct timespec ts;
 
 	// The moment of the user's action, not of the thread's send: the rank
@@ -50,8 +52,11 @@ static void on_signal(int sig, siginfo_t *si, void *uc)
 	if (mpp_sig_pipe[1] >= 0)
 		(void)!mpp_real.write(mpp_sig_pipe[1], &rec, sizeof(rec));
 	errno = saved;
-	if (i < 0)
-		return;
+}
+
+static void run_app(int i, int sig, siginfo_t *si, void *uc)
+{
+	int saved = errno;
 	if (app[i].sa_flags & SA_SIGINFO) {
 		if (app[i].sa_sigaction)
 			app[i].sa_sigaction(sig, si, uc);
@@ -59,6 +64,51 @@ static void on_signal(int sig, siginfo_t *si, void *uc)
 		app[i].sa_handler(sig);
 	}
 	errno = saved;
+}
+
+// A stop that a later continue overtook. The kernel takes a SIGTSTP off
+// the pending set when it builds the handler's frame; a pause that freezes
+// the thread right then (a pause another rank's SIGTSTP asked for) keeps
+// the frame waiting, unseen by mpid in any pending set and not cancelled by
+// the SIGCONT of the resume. After the thaw the SIGCONT's frame is built on
+// top and its handler runs first, interrupting the SIGTSTP's at its first
+// instruction; the SIGTSTP's body would then run after the resume and ask
+// for a pause nobody wants (the stop was sent before the continue, which
+// cancels it, as the kernel's own SIGCONT cancels a pending stop). on_cont
+// sees where it interrupted the thread and tells on_tstp, on the same
+// thread, to leave its request out.
+static __thread volatile sig_atomic_t overtaken __attribute__((tls_model("initial-exec")));
+
+// interrupted_at says where the signal whose context is uc interrupted the
+// thread (0 where this architecture's context is not known here).
+static uintptr_t interrupted_at(const void *uc)
+{
+	const ucontext_t *u = uc;
+#if defined(__x86_64__)
+	return (uintptr_t)u->uc_mcontext.gregs[REG_RIP];
+#elif defined(__aarch64__)
+	return (uintptr_t)u->uc_mcontext.pc;
+#else
+	(void)u;
+	return 0;
+#endif
+}
+
+static void on_tstp(int sig, siginfo_t *si, void *uc)
+{
+	if (overtaken)
+		overtaken = 0;
+	else
+		note('T');
+	run_app(0, sig, si, uc);
+}
+
+static void on_cont(int sig, siginfo_t *si, void *uc)
+{
+	if (uc && interrupted_at(uc) == (uintptr_t)on_tstp)
+		overtaken = 1;
+	note('C');
+	run_app(1, sig, si, uc);
 }
 
 static void resolve(void)
@@ -104,10 +154,15 @@ int mpp_signals_install(void)
 	if (pipe2(mpp_sig_pipe, O_CLOEXEC | O_NONBLOCK) < 0)
 		return -1;
 	memset(&sa, 0, sizeof(sa));
-	sa.sa_sigaction = on_signal;
 	sa.sa_flags = SA_SIGINFO | SA_RESTART;
+	// Nothing more blocked in either handler: a SIGCONT must be able to
+	// interrupt a SIGTSTP's frame on its own thread (on_cont), not wait
+	// for it or go to another thread.
 	sigemptyset(&sa.sa_mask);
-	if (real_sigaction(SIGTSTP, &sa, &app[0]) < 0 || real_sigaction(SIGCONT, &sa, &app[1]) < 0) {
+	sa.sa_sigaction = on_tstp;
+	int tstp = real_sigaction(SIGTSTP, &sa, &app[0]);
+	sa.sa_sigaction = on_cont;
+	if (tstp < 0 || real_sigaction(SIGCONT, &sa, &app[1]) < 0) {
 		close(mpp_sig_pipe[0]);
 		close(mpp_sig_pipe[1]);
 		mpp_sig_pipe[0] = mpp_sig_pipe[1] = -1;

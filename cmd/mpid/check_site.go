@@ -72,7 +72,8 @@ func (c *checker) cgroups() string {
 
 // freezer checks that cgroup.freeze is there for the cgroups mpid freezes:
 // in the parent mpid would use (or the one fixed cgroup), else, where the
-// parent is not made yet, in another non-root cgroup (the root has none).
+// parent is not made yet, in another non-root cgroup (the root has none),
+// else, where there is none to look at, the kernel's version says.
 func (c *checker) freezer(root string) {
 	if root == "" {
 		c.add("freezer", statusMissing, "no cgroup v2 hierarchy", "see the cgroup2 row")
@@ -122,13 +123,26 @@ func (c *checker) freezer(root string) {
 	if self, err := c.n.SelfCgroup(); err == nil && self != root && strings.HasPrefix(self, root+"/") {
 		sample = self
 	}
+	any := sample != ""
 	if sample == "" || !has(sample) {
 		subs, _ := c.n.SubDirs(root)
 		for _, s := range subs {
-			if d := filepath.Join(root, s); has(d) {
+			d := filepath.Join(root, s)
+			any = any || isCgroup(d)
+			if has(d) {
 				sample = d
 				break
 			}
+		}
+	}
+	if sample == "" && !any {
+		// Nothing to look at (a hybrid host's v2 hierarchy before any
+		// cgroup is made there): the freezer is in every cgroup v2 of
+		// Linux 5.2 and later, with no option to leave it out.
+		rel, _ := c.n.Release()
+		if v, ok := kernelVersion(rel); ok && (v[0] > 5 || v[0] == 5 && v[1] >= 2) {
+			c.add("freezer", statusOK, fmt.Sprintf("no cgroup under %s yet to look at; Linux %s has cgroup.freeze (5.2 and later); --cgroup-parent %s is made at the first job", root, rel, parent), "")
+			return
 		}
 	}
 	if sample == "" || !has(sample) {

@@ -21,6 +21,7 @@ import (
 // by default (healthyNode), each test breaking what it checks.
 type fakeNode struct {
 	release    string
+	subdirs    []string // of every directory
 	files      map[string]fileStat
 	content    map[string]string
 	noCaps     map[caps.Cap]bool
@@ -61,6 +62,7 @@ func healthyNode() *fakeNode {
 	file := fileStat{Exists: true, Mode: 0o644}
 	return &fakeNode{
 		release: "6.12.48+deb13-amd64",
+		subdirs: []string{"init.scope"},
 		files: map[string]fileStat{
 			"/sys/kernel/btf/vmlinux":                   file,
 			"/sys/fs/cgroup/init.scope/cgroup.freeze":   file,
@@ -105,7 +107,7 @@ func (n *fakeNode) Glob(pattern string) ([]string, error) {
 	}
 	return out, nil
 }
-func (n *fakeNode) SubDirs(dir string) ([]string, error) { return []string{"init.scope"}, nil }
+func (n *fakeNode) SubDirs(dir string) ([]string, error) { return n.subdirs, nil }
 func (n *fakeNode) Writable(p string) error              { return nil }
 func (n *fakeNode) MissingCaps(want ...caps.Cap) ([]string, error) {
 	var out []string
@@ -437,6 +439,14 @@ func TestCheckCgroups(t *testing.T) {
 	rows, _, _ = runCheck(t, n)
 	wantRow(t, rows, "cgroup2", statusOK, "at /sys/fs/cgroup/unified (hybrid")
 	wantRow(t, rows, "freezer", statusOK, "cgroup.freeze in /sys/fs/cgroup/unified/init.scope")
+	// A hybrid host's v2 hierarchy with no cgroup in it yet: the kernel's
+	// version says.
+	n.subdirs = nil
+	rows, _, _ = runCheck(t, n)
+	wantRow(t, rows, "freezer", statusOK, "no cgroup under /sys/fs/cgroup/unified yet to look at; Linux 6.12.48+deb13-amd64 has cgroup.freeze")
+	n.release = "5.1.0-1-amd64"
+	rows, _, _ = runCheck(t, n)
+	wantRow(t, rows, "freezer", statusMissing, "no non-root cgroup under /sys/fs/cgroup/unified has cgroup.freeze")
 
 	n = healthyNode()
 	rows, _, _ = runCheck(t, n, "--cgroup", "system.slice")

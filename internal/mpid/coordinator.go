@@ -43,9 +43,13 @@ type coordinator struct {
 	done <-chan struct{}
 
 	// events holds the jobs that have a rank's pause or resume under way:
-	// a job's ranks all get the signal, and one request is enough.
+	// a job's ranks all get the signal, and one request is enough. wanted
+	// is, for such a job, the latest request that came meanwhile: acted on
+	// when the one under way ends, so that a resume signalled during a
+	// pause is not lost (one a job, whatever its ranks send).
 	evMu   sync.Mutex
 	events map[string]bool
+	wanted map[string]ranks.Request
 }
 
 // do runs a status, pause or resume request of a caller with uid, for the
@@ -379,11 +383,12 @@ func (c *coordinator) rollBackUnrecorded(j *job, req ctl.Request, v ctl.Job, fig
 
 // rankEvent acts on a rank's SIGTSTP or SIGCONT: the whole job pauses or
 // resumes, as `mpipause` would do it, unless a resume (a pause) on this
-// node since the signal has answered it (registry.answered). Only the coordinator acts; every rank
-// of a job usually gets the signal (Slurm, a terminal), rank 0 included.
-// One request per job is under way at a time: the others would be refused
-// as the job is busy, and a rank repeating its EVENT line costs mpid a
-// goroutine and a log line each otherwise.
+// node since the signal has answered it (registry.answered). Only the
+// coordinator acts; every rank of a job usually gets the signal (Slurm, a
+// terminal), rank 0 included. One request per job is under way at a time
+// (a rank repeating its EVENT line would cost mpid a goroutine and a log
+// line each otherwise); of those that come meanwhile the latest is kept
+// and acted on after it (startEvent, nextEvent).
 func (c *coordinator) rankEvent(r *ranks.Rank, ev string) {
 	if strings.HasPrefix(ev, "flushed ") {
 		o, err := ranks.ParseFlushed(ev)
@@ -403,7 +408,6 @@ func (c *coordinator) rankEvent(r *ranks.Rank, ev string) {
 	if err != nil {
 		return
 	}
-	op := map[string]string{"pause": ctl.OpPause, "resume": ctl.OpResume}[q.Op]
 	key := r.JobKey()
 	if c.reg.answered(key, r.Pid, q) {
 		if q.Op == "pause" {
@@ -413,26 +417,53 @@ func (c *coordinator) rankEvent(r *ranks.Rank, ev string) {
 		}
 		return
 	}
-	if !c.startEvent(key) {
+	if !c.startEvent(key, q) {
 		return
 	}
 	// ev is the rank's to write: an attribute (quoted), never the message.
 	c.log.Info("rank event", "event", ev, "job", r.Job, "rank", r.Rank, "pid", r.Pid)
 	go func() {
-		defer c.endEvent(key)
-		// The rank's own uid, for its own job: a rank's signal pauses its
-		// job, and nothing else.
+		for {
+			c.actOnRequest(r, key, q)
+			next, ok := c.nextEvent(key, q)
+			if !ok {
+				return
+			}
+			q = next
+			c.log.Info("rank event that came during the last", "event", q.Op, "job", r.Job, "at", q.At)
+		}
+	}()
+}
+
+// actOnRequest pauses or resumes job key on rank r's request q, as the
+// rank's own uid (a rank's signal pauses its job, and nothing else). An
+// operation under way (a user's) is waited for, and the request made
+// after it.
+func (c *coordinator) actOnRequest(r *ranks.Rank, key string, q ranks.Request) {
+	op := map[string]string{"pause": ctl.OpPause, "resume": ctl.OpResume}[q.Op]
+	for {
 		rep, err := c.doAt(context.Background(), ctl.Request{Version: ctl.Version, Op: op, Job: key}, r.UID, nil, true)
 		var ce *ctl.Error
 		switch {
-		case errors.As(err, &ce) && (ce.Code == ctl.CodeElsewhere || ce.Code == ctl.CodeState):
+		case errors.As(err, &ce) && ce.Code == ctl.CodeState:
+			if idle := c.reg.whenIdle(key); idle != nil {
+				select {
+				case <-idle:
+					continue
+				case <-c.done:
+					return
+				}
+			}
+			c.log.Info(q.Op+" request left alone", "job", r.Job, "reason", ce.Message)
+		case errors.As(err, &ce) && ce.Code == ctl.CodeElsewhere:
 			c.log.Info(q.Op+" request left alone", "job", r.Job, "reason", ce.Message)
 		case err != nil:
 			c.log.Warn(q.Op+" on the rank's request failed", "job", r.Job, "error", err)
 		default:
 			c.log.Info(q.Op+" on the rank's request", "job", r.Job, "state", rep.State, "total_ms", rep.TotalMs)
 		}
-	}()
+		return
+	}
 }
 
 // rankContinued acts on a SIGCONT pending on rank r, frozen by a pause of
@@ -442,12 +473,19 @@ func (c *coordinator) rankContinued(r *ranks.Rank) {
 	c.rankEvent(r, "resume")
 }
 
-// startEvent says whether a rank's request for job key may start: none
-// is under way.
-func (c *coordinator) startEvent(key string) bool {
+// startEvent says whether a rank's request q for job key may start: none
+// is under way. If one is, q is kept if it is the latest that came
+// meanwhile (unstamped: as it comes), for nextEvent.
+func (c *coordinator) startEvent(key string, q ranks.Request) bool {
 	c.evMu.Lock()
 	defer c.evMu.Unlock()
 	if c.events[key] {
+		if w, ok := c.wanted[key]; !ok || q.At == 0 || q.At >= w.At {
+			if c.wanted == nil {
+				c.wanted = map[string]ranks.Request{}
+			}
+			c.wanted[key] = q
+		}
 		return false
 	}
 	if c.events == nil {
@@ -457,10 +495,20 @@ func (c *coordinator) startEvent(key string) bool {
 	return true
 }
 
-func (c *coordinator) endEvent(key string) {
+// nextEvent ends the request done (job key's under way) and returns the
+// one to act on next, if a later one of the other operation came
+// meanwhile: the latest signal is what the user wants. A request of the
+// same operation asks what was just done; an older one was answered by it.
+func (c *coordinator) nextEvent(key string, done ranks.Request) (ranks.Request, bool) {
 	c.evMu.Lock()
 	defer c.evMu.Unlock()
+	w, ok := c.wanted[key]
+	delete(c.wanted, key)
+	if ok && w.Op != done.Op && (w.At == 0 || done.At == 0 || w.At > done.At) {
+		return w, true
+	}
 	delete(c.events, key)
+	return ranks.Request{}, false
 }
 
 // list shows the jobs the caller may see: all for root, their own otherwise.

@@ -149,7 +149,9 @@ func startPlaced(t *testing.T) *placed {
 	// Where a manager placed every rank, mpid's own parent is never needed:
 	// under systemd it cannot even be made (the root is 0555).
 	for _, n := range p.nodes[:2] {
+		n.cgroups.mu.Lock()
 		n.cgroups.deny = n.reg.parent
+		n.cgroups.mu.Unlock()
 	}
 	created := p.nodes[0].ask(t, ctl.OpCreate, "j1")
 	if created.Err != nil {

@@ -50,6 +50,8 @@ type job struct {
 	// Coordinator side (coordinator.go).
 	state string // ctl.State*
 	busy  bool
+	// idle closes when the operation under way ends (whenIdle).
+	idle chan struct{}
 	// before is the state begin found, for unbegin.
 	before string
 	last   ctl.Job // the last pause or resume's figures
@@ -81,12 +83,15 @@ type job struct {
 	token      string
 	// resumed and committed are CLOCK_MONOTONIC (ns) when this node last
 	// began to thaw the job (a resume or a rollback) and when a pause of it
-	// last committed here: a rank's request signalled before the one that
-	// followed has been answered (answered). tstpHeld are the ranks (pids)
+	// last committed here; pauseBegan when the last pause that this node
+	// coordinates began (prevPauseBegan: the one before, for unbegin). A
+	// rank's request signalled before the operation that followed it has
+	// been answered (answered). tstpHeld are the ranks (pids)
 	// that had a SIGTSTP pending as that thaw began: a frozen rank runs no
 	// handler, so its stamp comes after the thaw.
-	resumed, committed int64
-	tstpHeld           map[int]bool
+	resumed, committed         int64
+	pauseBegan, prevPauseBegan int64
+	tstpHeld                   map[int]bool
 }
 
 // registry is mpid's record of the jobs with ranks on this node: it admits
@@ -489,8 +494,37 @@ func (r *registry) begin(id, op string) (*job, error) {
 		}
 		j.state = ctl.StateResuming
 	}
-	j.busy = true
+	if op == ctl.OpPause {
+		j.prevPauseBegan, j.pauseBegan = j.pauseBegan, monotonic()
+	}
+	busyLocked(j)
 	return j, nil
+}
+
+// busyLocked and idleLocked mark j busy with an operation and done with
+// it; idle wakes whoever waits for the job (whenIdle).
+func busyLocked(j *job) {
+	j.busy = true
+	j.idle = make(chan struct{})
+}
+
+func idleLocked(j *job) {
+	j.busy = false
+	if j.idle != nil {
+		close(j.idle)
+		j.idle = nil
+	}
+}
+
+// whenIdle is a channel that closes when job id's operation under way
+// ends; nil if none is.
+func (r *registry) whenIdle(id string) <-chan struct{} {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if j := r.jobs[id]; j != nil && j.busy {
+		return j.idle
+	}
+	return nil
 }
 
 // unbegin undoes begin for an operation refused before it touched
@@ -498,7 +532,10 @@ func (r *registry) begin(id, op string) (*job, error) {
 func (r *registry) unbegin(j *job) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	j.busy = false
+	idleLocked(j)
+	if j.state == ctl.StatePausing {
+		j.pauseBegan = j.prevPauseBegan
+	}
 	j.state = j.before
 	r.maybeEndLocked(j)
 }
@@ -513,7 +550,7 @@ func (r *registry) claimFailed(id string) (*job, ctl.Job, bool) {
 	if j == nil || j.busy || j.state != ctl.StateFailed {
 		return nil, ctl.Job{}, false
 	}
-	j.busy = true
+	busyLocked(j)
 	return j, j.last, true
 }
 
@@ -522,7 +559,7 @@ func (r *registry) claimFailed(id string) (*job, ctl.Job, bool) {
 func (r *registry) end(j *job, state string, fig ctl.Job) ctl.Job {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	j.busy = false
+	idleLocked(j)
 	j.state = state
 	j.since = time.Now()
 	fig.State, fig.Since = state, j.since
@@ -557,7 +594,7 @@ func (r *registry) endRecorded(j *job, state string, fig ctl.Job, v ctl.Job, st 
 	if err := st.write(rec); err != nil {
 		return fig, err
 	}
-	j.busy = false
+	idleLocked(j)
 	j.state, j.since, j.last = state, now, fig
 	r.maybeEndLocked(j)
 	return fig, nil
@@ -1210,8 +1247,8 @@ func (r *registry) watchContinue(id string, t int64) {
 // handler, has been answered since: a pause signalled before the job's last
 // resume here (the rank was frozen by the pause another rank asked for,
 // and its own request comes after the resume: pausing again would undo
-// the user's resume), or a resume signalled before the last pause that
-// committed here. A rank that had SIGTSTP pending while frozen, at the
+// the user's resume), or a resume signalled before the last pause began
+// here. A rank that had SIGTSTP pending while frozen, at the
 // thaw, stamps it after the resume: its first pause request stamped since
 // (or unstamped) is that signal's. Otherwise an unstamped request (a shim
 // of an older release) is taken as it comes.
@@ -1223,7 +1260,9 @@ func (r *registry) answered(id string, pid int, q ranks.Request) bool {
 		return false
 	}
 	if q.Op != "pause" {
-		return q.At > 0 && q.At < j.committed
+		// Against the pause's beginning, not its commit: a SIGCONT handled
+		// while the pause drained came after the request that began it.
+		return q.At > 0 && q.At < j.pauseBegan
 	}
 	if q.At > 0 && q.At < j.resumed {
 		return true

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/ptrace.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/stat.h>
@@ -543,6 +544,78 @@ static void test_signals(void)
 	raise(SIGTSTP); // SIG_DFL for the application: still not stopped
 	CHECK(read(fd, rec, sizeof(rec[0])) == (ssize_t)sizeof(rec[0]) && rec[0].sig == 'T', "pipe after SIG_DFL");
 	CHECK(app_tstp == 1, "a SIG_DFL application handler ran");
+}
+
+// A SIGTSTP whose handler's frame the kernel had built when the thread was
+// stopped (a pause's freeze there), and a SIGCONT sent before the thread
+// ran it: the SIGCONT's handler runs first, on top of the SIGTSTP's, and
+// the stop it overtook must not become a request to pause (sig.c,
+// on_cont). ptrace holds the thread at that point as the freezer does: a
+// single step into the SIGTSTP's handler stops at its first instruction
+// with the frame built, the SIGCONT is sent there, and the thread goes on.
+static int overtaken_child(int res)
+{
+	int (*install)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_signals");
+	int fd = install ? install() : -1;
+	struct sigaction sa = {.sa_handler = app_on_tstp};
+	if (fd < 0 || sigaction(SIGTSTP, &sa, NULL) < 0 || ptrace(PTRACE_TRACEME, 0, NULL, NULL) < 0)
+		return 2;
+	app_tstp = 0;
+	raise(SIGSTOP); // the tracer's cue
+	while (app_tstp == 0)
+		pause();
+	char out[16] = {0};
+	size_t n = 0;
+	struct mpp_sig rec;
+	while (n < sizeof(out) - 2 && read(fd, &rec, sizeof(rec)) == (ssize_t)sizeof(rec))
+		out[n++] = rec.sig;
+	out[n++] = (char)('0' + app_tstp);
+	(void)!write(res, out, n);
+	return 0;
+}
+
+static int traced_stop(pid_t pid)
+{
+	int st;
+	if (waitpid(pid, &st, 0) != pid || !WIFSTOPPED(st))
+		return -1;
+	return WSTOPSIG(st);
+}
+
+static void test_stop_overtaken(void)
+{
+	int res[2];
+	CHECK(pipe(res) == 0, "pipe");
+	pid_t pid = fork();
+	if (pid == 0)
+		_exit(overtaken_child(res[1]));
+	close(res[1]);
+	CHECK(traced_stop(pid) == SIGSTOP, "the child did not stop for its tracer");
+	CHECK(ptrace(PTRACE_CONT, pid, NULL, NULL) == 0, "cont");
+	CHECK(kill(pid, SIGTSTP) == 0, "kill TSTP");
+	CHECK(traced_stop(pid) == SIGTSTP, "no SIGTSTP delivery stop");
+	// Deliver it one step: the handler's frame built, nothing of it run.
+	CHECK(ptrace(PTRACE_SINGLESTEP, pid, NULL, (void *)(long)SIGTSTP) == 0, "singlestep");
+	CHECK(traced_stop(pid) == SIGTRAP, "no stop at the SIGTSTP handler's entry");
+	CHECK(kill(pid, SIGCONT) == 0, "kill CONT");
+	CHECK(ptrace(PTRACE_CONT, pid, NULL, NULL) == 0, "cont after the step");
+	int sig = traced_stop(pid);
+	CHECK(sig == SIGCONT, "stopped by %d, want SIGCONT's delivery", sig);
+	CHECK(ptrace(PTRACE_CONT, pid, NULL, (void *)(long)SIGCONT) == 0, "deliver SIGCONT");
+	int st;
+	for (;;) {
+		CHECK(waitpid(pid, &st, 0) == pid, "wait");
+		if (!WIFSTOPPED(st))
+			break;
+		CHECK(ptrace(PTRACE_CONT, pid, NULL, (void *)(long)WSTOPSIG(st)) == 0, "cont");
+	}
+	CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0, "child: status %#x", st);
+	char got[16] = {0};
+	CHECK(read(res[0], got, sizeof(got) - 1) > 0, "no report from the child");
+	close(res[0]);
+	// Only the continue reaches mpid; the application's own SIGTSTP
+	// handler still ran, as without the shim.
+	CHECK(strcmp(got, "C1") == 0, "records and application handler runs %s, want C1", got);
 }
 
 // launcher_stop runs, as a process named name with the shim and env
@@ -1410,6 +1483,7 @@ int main(int argc, char **argv)
 		{"close_with_held", test_close_with_held},
 		{"signal_during_blocked_send", test_signal_during_blocked_send},
 		{"signals", test_signals},
+		{"stop_overtaken", test_stop_overtaken},
 		{"launcher_stop", test_launcher_stop},
 		{"join_line", test_join_line},
 		{"join_ok", test_join_ok},

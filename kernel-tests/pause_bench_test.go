@@ -130,12 +130,12 @@ type pauseCase struct {
 	phases                                               map[string][]float64
 }
 
-// minRounds is the fewest tree rounds a pause can take: PREPARE, one
-// DRAIN, FREEZE with its check, COMMIT (DECIDE is one hop, COMMITTED goes
-// after the answer). The lower bound is these rounds at the rig's round
+// minRounds is the fewest tree rounds a pause can take: PREPARE with the
+// first drain check, FREEZE with its check, COMMIT (DECIDE is one hop,
+// COMMITTED goes after the answer). The lower bound is these rounds at the rig's round
 // trip per tree level, the bytes in flight at its bandwidth, and the
 // cgroup freeze of the same job.
-const minRounds = 4
+const minRounds = 3
 
 func (c *pauseCase) String() string { return c.lib + "/" + c.layout.String() + "/" + c.work.name }
 

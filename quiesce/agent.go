@@ -375,12 +375,19 @@ func (a *Agent) local(ctx context.Context, js *jobState, req Message) NodeReport
 	}
 	var rep NodeReport
 	var err error
+	// checked: a PREPARE with Check went on to the first DRAIN round's
+	// check, which this answer is (or whose failure it reports).
+	checked := false
 	switch req.Kind {
 	case KindPrepare:
 		a.mu.Lock()
 		js.prepared = req.Epoch
 		a.mu.Unlock()
 		rep, err = a.run(ctx, req)
+		if err == nil && req.Check {
+			checked = true
+			rep, err = a.node.Drain(ctx, req.Job)
+		}
 	case KindDrain, KindFreeze, KindVerify, KindThaw, KindCommit, KindDecide, KindCommitted:
 		a.mu.Lock()
 		prepared := js.prepared == req.Epoch
@@ -413,7 +420,8 @@ func (a *Agent) local(ctx context.Context, js *jobState, req Message) NodeReport
 	for _, c := range rep.Conns {
 		drained += c.SendQueue + c.Unread
 	}
-	if req.Kind == KindDrain && req.Wait > 0 {
+	drainCheck := req.Kind == KindDrain || checked
+	if drainCheck && req.Wait > 0 {
 		// Hold the answer while bytes drain, but leave time to send it
 		// within the request's deadline, and give way at once to a newer
 		// step (an ABORT waits for this lock).
@@ -429,8 +437,9 @@ func (a *Agent) local(ctx context.Context, js *jobState, req Message) NodeReport
 			return k.less(js.newest)
 		})
 	}
-	if req.Kind == KindDrain {
+	if drainCheck {
 		rep.Drained = drained
+		rep.DrainChecked = checked
 	}
 	if peered && (req.Kind == KindPrepare || req.Kind == KindDrain || req.Kind == KindVerify || req.Kind == KindFreeze && req.Check) {
 		rep.Ports = p.Ports(req.Job)
@@ -443,7 +452,11 @@ func (a *Agent) local(ctx context.Context, js *jobState, req Message) NodeReport
 	}
 	st := NodeState{Kind: req.Kind, Epoch: req.Epoch, Seq: req.Seq}
 	if err != nil {
-		rep.Err = fmt.Sprintf("%s: %v", req.Kind, err)
+		step := req.Kind
+		if checked {
+			step = KindDrain // the gates closed; the check failed
+		}
+		rep.Err = fmt.Sprintf("%s: %v", step, err)
 		st.Err = rep.Err
 		var rf RankFault
 		if errors.As(err, &rf) {

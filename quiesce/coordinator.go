@@ -306,8 +306,8 @@ func (r *run) round(ctx context.Context, kind Kind) (Report, error) {
 	if kind == KindCommit {
 		req.Decider = r.decider()
 	}
-	req.Check = kind == KindFreeze && r.counted
-	if (kind == KindDrain || kind == KindFreeze) && r.c.opt.DrainWait > 0 {
+	req.Check = kind == KindFreeze && r.counted || kind == KindPrepare
+	if (kind == KindPrepare || kind == KindDrain || kind == KindFreeze) && r.c.opt.DrainWait > 0 {
 		req.Wait = r.c.opt.DrainWait
 		if dl, ok := ctx.Deadline(); ok {
 			req.Wait = min(req.Wait, time.Until(dl)/4)
@@ -468,7 +468,8 @@ func (r *run) once(kind Kind, last *Report) func(ctx context.Context, st *PhaseS
 }
 
 // Pause pauses job on nodes (nodes[0] is the coordinator's own node):
-// PREPARE; DRAIN until every node is empty or the drain deadline passes;
+// PREPARE, whose answers are the first drain checks; DRAIN until every
+// node is empty or the drain deadline passes (no round if PREPARE's were);
 // FREEZE; VERIFY; COMMIT when the kernel check after the freeze is empty on
 // every node. A VERIFY that finds bytes (the last of them reached a queue
 // after its node's final DRAIN check) is followed by THAW, DRAIN, FREEZE
@@ -488,10 +489,46 @@ func (c *Coordinator) Pause(ctx context.Context, job string, nodes []string) (Re
 	fail := func(kind Kind, err error) (Result, error) {
 		return r.abort(ctx, kind, err, last)
 	}
-	if err := r.phase(ctx, KindPrepare, c.opt.Prepare, r.once(KindPrepare, &last)); err != nil {
+	// PREPARE's answers are the first drain round's checks where every
+	// node made one (docs/guarantees.md, "PREPARE and the first DRAIN in
+	// one round"): clean, the drain is over.
+	merged := false
+	var checkFailed error // a node failed in its check, its gates closed: DRAIN's failure
+	prepare := func(ctx context.Context, st *PhaseStat) error {
+		st.Rounds++
+		rep, err := r.round(ctx, KindPrepare)
+		if err != nil {
+			return err
+		}
+		r.progress(ctx, Progress{Phase: KindPrepare, Round: st.Rounds, Report: rep})
+		last = rep
+		if f := rep.Failed(); len(f) > 0 {
+			err := &NodeError{Failed: len(f), First: f[0]}
+			if rep.DrainChecked == len(r.nodes) {
+				checkFailed = err
+				return nil
+			}
+			return err
+		}
+		if rep.DrainChecked == len(r.nodes) {
+			_, own := r.ports.Meets(rep.Own)
+			merged = rep.Empty() && !own
+			r.counted = rep.Counted == len(r.nodes)
+		}
+		return nil
+	}
+	if err := r.phase(ctx, KindPrepare, c.opt.Prepare, prepare); err != nil {
 		return fail(KindPrepare, err)
 	}
-	last = Report{}
+	if checkFailed != nil {
+		st := PhaseStat{Phase: KindDrain, Err: checkFailed.Error()}
+		r.res.Phases = append(r.res.Phases, st)
+		r.progress(ctx, Progress{Phase: KindDrain, Done: true, Stat: st})
+		return fail(KindDrain, checkFailed)
+	}
+	if !merged {
+		last = Report{}
+	}
 	drainBody := func(ctx context.Context, st *PhaseStat) error {
 		// A node that failed to read its queues fails the pause at once; a
 		// node that did not answer is asked again next round, since a lost
@@ -532,7 +569,12 @@ func (c *Coordinator) Pause(ctx context.Context, job string, nodes []string) (Re
 		drainLeft -= time.Since(t)
 		return err
 	}
-	if err := drain(); err != nil {
+	if merged {
+		// DRAIN's record says it had no round of its own.
+		st := PhaseStat{Phase: KindDrain}
+		r.res.Phases = append(r.res.Phases, st)
+		r.progress(ctx, Progress{Phase: KindDrain, Done: true, Stat: st})
+	} else if err := drain(); err != nil {
 		return fail(KindDrain, err)
 	}
 	for attempt := 0; ; attempt++ {

@@ -30,8 +30,8 @@ func TestFreezeVerifyOneRound(t *testing.T) {
 		uncounted int // the node that does not count, -1: none
 		want      string
 	}{
-		{"every node counts", -1, "PREPARE:1 DRAIN:1 FREEZE:1 VERIFY:0 COMMIT:1"},
-		{"node3 does not", 3, "PREPARE:1 DRAIN:1 FREEZE:1 VERIFY:1 COMMIT:1"},
+		{"every node counts", -1, "PREPARE:1 DRAIN:0 FREEZE:1 VERIFY:0 COMMIT:1"},
+		{"node3 does not", 3, "PREPARE:1 DRAIN:0 FREEZE:1 VERIFY:1 COMMIT:1"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := newCluster(6, 1, Faults{}, fastOpts().Retry)
@@ -82,7 +82,7 @@ func TestFreezeVerifyOneRoundFindsBytes(t *testing.T) {
 		}
 		// The second drain takes as many rounds as the fake's late bytes
 		// need to be read.
-		want := "PREPARE:1 DRAIN:1 FREEZE:1 VERIFY:0 THAW:1 DRAIN:n FREEZE:1 VERIFY:0 COMMIT:1"
+		want := "PREPARE:1 DRAIN:0 FREEZE:1 VERIFY:0 THAW:1 DRAIN:n FREEZE:1 VERIFY:0 COMMIT:1"
 		if got := regexp.MustCompile(`THAW:1 DRAIN:\d+`).ReplaceAllString(phaseRounds(res), "THAW:1 DRAIN:n"); got != want {
 			t.Errorf("phases %s, want %s", got, want)
 		}
@@ -116,7 +116,7 @@ func TestFreezeVerifyOneRoundFindsBytes(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		want := "PREPARE:1 DRAIN:1 FREEZE:1 VERIFY:0 THAW:1 DRAIN:1 FREEZE:1 VERIFY:0 COMMIT:1"
+		want := "PREPARE:1 DRAIN:0 FREEZE:1 VERIFY:0 THAW:1 DRAIN:1 FREEZE:1 VERIFY:0 COMMIT:1"
 		if got := phaseRounds(res); got != want {
 			t.Errorf("phases %s, want %s", got, want)
 		}

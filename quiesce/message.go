@@ -75,7 +75,7 @@ type Message struct {
 	// (AppendStringField, FieldReader). Nil is no payload; an empty one
 	// is sent as such.
 	Payload []byte `json:"payload,omitempty"`
-	// Wait, on a DRAIN request, lets each node hold its answer until its
+	// Wait, on a DRAIN request (and a PREPARE with Check), lets each node hold its answer until its
 	// report is empty or Wait has passed, checking every DrainPoll: the
 	// drain's end is then seen within a local check instead of a protocol
 	// round. On FREEZE, a node first waits up to Wait for its queues to be
@@ -101,7 +101,10 @@ type Message struct {
 	// every node said in the drain round before that it counts the bytes
 	// sent through closed gates (Report.Counted): that count is what lets
 	// one node's check come before another node's freeze
-	// (docs/guarantees.md, "FREEZE and VERIFY in one round").
+	// (docs/guarantees.md, "FREEZE and VERIFY in one round"). On PREPARE,
+	// each node answers with a DRAIN round's check, made once its gates
+	// have closed (NodeReport.DrainChecked; "PREPARE and the first DRAIN
+	// in one round").
 	Check bool `json:"check,omitempty"`
 	// Decider, on COMMIT, names the node that holds the pause's outcome
 	// (the job's second node): the one a node asks (OUTCOME) when its
@@ -201,6 +204,11 @@ type NodeReport struct {
 	// counts, not sock_diag's queues): its next check reports any that
 	// passed a closed gate as Violations. Report.Add counts it.
 	Counted bool `json:"-"`
+	// DrainChecked, on a PREPARE answer that Message.Check asked for, says
+	// that the report is a DRAIN round's check, made after the node's
+	// gates closed (Drained, Counted and the rest as on a DRAIN answer).
+	// Report.Add counts it.
+	DrainChecked bool `json:"-"`
 }
 
 // Fault is what a node's failed step blames on one rank of the job, beside
@@ -243,9 +251,11 @@ type Report struct {
 	// says ends in the job: the pause must not commit on that report.
 	Ports Ports `json:"-"`
 	Own   Ports `json:"-"`
-	// Counted counts the nodes that said NodeReport.Counted. A node that
-	// does not know the field never adds to it.
-	Counted int `json:"counted,omitempty"`
+	// Counted counts the nodes that said NodeReport.Counted, and
+	// DrainChecked those that said NodeReport.DrainChecked. A node that
+	// does not know a field never adds to it.
+	Counted      int `json:"counted,omitempty"`
+	DrainChecked int `json:"drain_checked,omitempty"`
 }
 
 // Add accounts for one node's report.
@@ -253,6 +263,9 @@ func (r *Report) Add(n NodeReport) {
 	r.Nodes++
 	if n.Counted {
 		r.Counted++
+	}
+	if n.DrainChecked {
+		r.DrainChecked++
 	}
 	r.Checked += n.Checked
 	r.Ranks += n.Ranks
@@ -270,6 +283,7 @@ func (r *Report) Add(n NodeReport) {
 func (r *Report) Merge(o Report) {
 	r.Nodes += o.Nodes
 	r.Counted += o.Counted
+	r.DrainChecked += o.DrainChecked
 	r.Checked += o.Checked
 	r.Ranks += o.Ranks
 	r.Drained += o.Drained

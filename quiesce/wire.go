@@ -57,14 +57,15 @@ const (
 	tagMsgCheck   = 16
 
 	// Report
-	tagRepNodes   = 1
-	tagRepPending = 2 // repeated NodeReport
-	tagRepChecked = 3
-	tagRepRanks   = 4
-	tagRepDrained = 5
-	tagRepPorts   = 6
-	tagRepOwn     = 7
-	tagRepCounted = 8
+	tagRepNodes        = 1
+	tagRepPending      = 2 // repeated NodeReport
+	tagRepChecked      = 3
+	tagRepRanks        = 4
+	tagRepDrained      = 5
+	tagRepPorts        = 6
+	tagRepOwn          = 7
+	tagRepCounted      = 8
+	tagRepDrainChecked = 9
 
 	// NodeReport
 	tagNodeNode       = 1
@@ -214,6 +215,7 @@ func (r *Report) appendWire(b []byte) []byte {
 	b = appendUint(b, tagRepDrained, r.Drained)
 	b = appendPorts(b, tagRepPorts, r.Ports)
 	b = appendInt(b, tagRepCounted, int64(r.Counted))
+	b = appendInt(b, tagRepDrainChecked, int64(r.DrainChecked))
 	return appendPorts(b, tagRepOwn, r.Own)
 }
 
@@ -535,6 +537,8 @@ func (r *wireReader) report(rep *Report) {
 			rep.Own = r.ports(wt)
 		case tagRepCounted:
 			rep.Counted = r.int(wt)
+		case tagRepDrainChecked:
+			rep.DrainChecked = r.int(wt)
 		default:
 			r.skip(wt)
 		}

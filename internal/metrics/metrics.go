@@ -111,7 +111,7 @@ func New() *Metrics {
 	}, []string{"phase"})
 	m.drained = prometheus.NewHistogram(prometheus.HistogramOpts{
 		Namespace: Namespace, Name: "pause_drained_bytes",
-		Help:    "Bytes the job's connections held, on all its nodes, at the first DRAIN check of each committed pause this mpid coordinates: what the drain moved before the freeze.",
+		Help:    "Bytes the job's connections held, on all its nodes, at the first drain check of each committed pause this mpid coordinates: what the drain moved before the freeze.",
 		Buckets: DrainedBuckets,
 	})
 	m.stepDuration = prometheus.NewHistogramVec(prometheus.HistogramOpts{

@@ -135,7 +135,10 @@ func (c *coordinator) pause(ctx context.Context, req ctl.Request, v ctl.Job, pro
 	var drained uint64
 	var once sync.Once
 	ctx = quiesce.WithProgress(ctx, func(p quiesce.Progress) {
-		if p.Phase == quiesce.KindDrain && !p.Done {
+		// The first drain check: DRAIN's first round, or PREPARE's answers
+		// where every node made one there.
+		first := p.Phase == quiesce.KindDrain || p.Phase == quiesce.KindPrepare && p.Report.DrainChecked == p.Report.Nodes
+		if first && !p.Done {
 			once.Do(func() {
 				drained = max(p.Report.Drained, p.Report.InflightBytes())
 				// Only the ranks the nodes know can be gated: a rank that has

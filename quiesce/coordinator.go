@@ -570,6 +570,12 @@ func (c *Coordinator) Pause(ctx context.Context, job string, nodes []string) (Re
 		return err
 	}
 	if merged {
+		// What the first drain check's listener decided (mpid cancels a
+		// pause whose check counts fewer ranks than the job has) ends
+		// the drain, as it would in a DRAIN round.
+		if err := ctx.Err(); err != nil {
+			return fail(KindDrain, err)
+		}
 		// DRAIN's record says it had no round of its own.
 		st := PhaseStat{Phase: KindDrain}
 		r.res.Phases = append(r.res.Phases, st)

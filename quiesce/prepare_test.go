@@ -72,6 +72,24 @@ func TestPrepareDrainOneRound(t *testing.T) {
 		}
 		checkRolledBack(t, c)
 	})
+	t.Run("cancelled on the check", func(t *testing.T) {
+		// mpid's listener cancels a pause whose first drain check counts
+		// too few ranks: the pause ends in DRAIN, as from a DRAIN round.
+		c := countingCluster(t, 6)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		ctx = WithProgress(ctx, func(p Progress) {
+			if p.Phase == KindPrepare && !p.Done && p.Report.DrainChecked == p.Report.Nodes {
+				cancel()
+			}
+		})
+		_, err := NewCoordinator(c.net, fastOpts()).Pause(ctx, "j", c.names)
+		var ae *AbortError
+		if !errors.As(err, &ae) || ae.Phase != KindDrain || !errors.Is(err, context.Canceled) {
+			t.Fatalf("want an abort in DRAIN, cancelled, got %v", err)
+		}
+		checkRolledBack(t, c)
+	})
 	t.Run("prepare fails", func(t *testing.T) {
 		c := countingCluster(t, 6)
 		c.fakes[3].fail = KindPrepare

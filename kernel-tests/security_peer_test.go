@@ -57,13 +57,16 @@ func startPeerJob(ctx context.Context, t *testing.T, id string) *peerJob {
 
 // waitNodes waits until node0, the coordinator, lists every node of the
 // job as registered (its status names the nodes that registered ranks
-// with it; a restarted coordinator learns them back within 10 s).
+// with it; a restarted coordinator learns them back within 10 s) and calls
+// the job pausable (a restarted mpid's ranks have registered again).
 func (j *peerJob) waitNodes(ctx context.Context, t *testing.T) {
 	t.Helper()
-	waitForWhy(t, "node1 and node2 to register job "+j.id+" with node0", time.Minute, j.done, func() (bool, string) {
+	// Pausable too: after node0's mpid restarts, the job's record says six
+	// ranks at once, but its ranks there must register again first.
+	waitForWhy(t, "node1 and node2 to register job "+j.id+" with node0, and its ranks on node0 with node0's mpid", time.Minute, j.done, func() (bool, string) {
 		v, r := jobJSON(ctx, t, "status", j.id)
-		if r.code != 0 || v.Ranks != 6 || !slices.Equal(v.Nodes, []string{"node0", "node1", "node2"}) {
-			return false, fmt.Sprintf("node0: exit %d, %d ranks, nodes %v", r.code, v.Ranks, v.Nodes)
+		if r.code != 0 || v.Ranks != 6 || !slices.Equal(v.Nodes, []string{"node0", "node1", "node2"}) || v.Unpausable != "" {
+			return false, fmt.Sprintf("node0: exit %d, %d ranks, nodes %v, unpausable %q", r.code, v.Ranks, v.Nodes, v.Unpausable)
 		}
 		return true, ""
 	})

@@ -594,6 +594,21 @@ func TestRankEventsOneAtATime(t *testing.T) {
 	}
 }
 
+// handled returns once every event s sent before it has been handled by
+// n: events are read in order, and a request's refusal is logged at once.
+// marks counts the markers sent so far on s.
+func (s *testShim) handled(t *testing.T, n *testNode, marks *int) {
+	t.Helper()
+	*marks++
+	s.send("EVENT flushed bytes=%d errors=0 errno=0\n", 1000+*marks)
+	want := fmt.Sprintf("flushed=%d", 1000+*marks)
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(n.log.String(), want); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the marker event never arrived")
+		}
+	}
+}
+
 // TestRankRequestAnsweredSince: a rank's SIGTSTP is the user's action at
 // the moment of the signal. A rank frozen by the pause another rank asked
 // for sends its own request after the resume (seen in TestPauseResume,
@@ -611,20 +626,8 @@ func TestRankRequestAnsweredSince(t *testing.T) {
 	n.reg.tstpPending = func(int) bool { return held.Load() }
 	created := n.ask(t, ctl.OpCreate, "j1")
 	s := n.rank(t, "j1", created.Token, 0, 1)
-	marks := 0
-	// handled returns once every event sent before it has been handled:
-	// events are read in order, and a request's refusal is logged at once.
-	handled := func() {
-		t.Helper()
-		marks++
-		s.send("EVENT flushed bytes=%d errors=0 errno=0\n", 1000+marks)
-		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(n.log.String(), fmt.Sprintf("flushed=%d", 1000+marks)); {
-			if time.Now().After(deadline) {
-				t.Fatal("the marker event never arrived")
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
+	var marks int
+	handled := func() { t.Helper(); s.handled(t, n, &marks) }
 	// waitState returns once the job is in state want and the rank's
 	// request that took it there has ended (the next one would be dropped
 	// as one under way otherwise).

@@ -3,8 +3,6 @@
 package mpid
 
 import (
-	"fmt"
-	"strings"
 	"testing"
 	"time"
 
@@ -53,17 +51,8 @@ func TestRankRequestDuringOperation(t *testing.T) {
 				}
 				return st.Job.State
 			}
-			marks := 0
-			handled := func() {
-				t.Helper()
-				marks++
-				s.send("EVENT flushed bytes=%d errors=0 errno=0\n", 1000+marks)
-				for deadline := time.Now().Add(10 * time.Second); !strings.Contains(n.log.String(), fmt.Sprintf("flushed=%d", 1000+marks)); time.Sleep(time.Millisecond) {
-					if time.Now().After(deadline) {
-						t.Fatal("the marker event never arrived")
-					}
-				}
-			}
+			var marks int
+			handled := func() { t.Helper(); s.handled(t, n, &marks) }
 			before := monotonic()
 			user := make(chan ctl.Reply, 1)
 			if tc.byUser {

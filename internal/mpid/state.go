@@ -24,9 +24,15 @@ import (
 // acknowledges. A thaw or the job's end removes it; every node, at start,
 // adopts the job cgroups it finds under its cgroup parent.
 //
-// A record is written whole or not at all (a temporary file, fsync, rename,
-// fsync of the directory) and carries a SHA-256 of its content: a torn or
-// altered file is reported, set aside (*.corrupt) and never trusted.
+// A record is written whole or not at all (a temporary file, then a rename
+// over the old one) and carries a SHA-256 of its content: a torn or altered
+// file is reported, set aside (*.corrupt) and never trusted. Nothing is
+// synced to disk: what the record is for is a restart of mpid, which finds
+// the page cache as the last mpid left it; a crash of the host, the only
+// thing a sync would outlast, ends the ranks the record describes, and a
+// pause a crashed coordinator left half done is rolled back by the other
+// nodes' leases. A sync would cost each pause up to three disk flushes on
+// a state directory that is not a tmpfs.
 
 const recordVersion = 1
 
@@ -128,22 +134,10 @@ func writeRecord(dir string, r record) error {
 		tmp.Close()
 		return err
 	}
-	if err := tmp.Sync(); err != nil {
-		tmp.Close()
-		return err
-	}
 	if err := tmp.Close(); err != nil {
 		return err
 	}
-	if err := os.Rename(tmp.Name(), recordPath(dir, r.Job)); err != nil {
-		return err
-	}
-	df, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer df.Close()
-	return df.Sync()
+	return os.Rename(tmp.Name(), recordPath(dir, r.Job))
 }
 
 // errCorrupt: a record file that fails its checksum or does not parse.

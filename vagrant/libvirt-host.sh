@@ -135,6 +135,35 @@ drop_libvirt_chains() {
 	done
 }
 
+# kvm_for_libvirt: under software emulation, /dev/kvm opened to libvirt's
+# QEMU user (its group, read and write) where it is root's alone, until
+# stop puts the mode and group back. libvirtd probes QEMU's capabilities,
+# finding KVM, and at every later look at that probe (most API calls
+# vagrant-libvirt makes) checks /dev/kvm as its QEMU user: where that user
+# cannot open it, libvirtd takes the probe for stale and runs QEMU twice
+# again, 4 to 8 s a call and about 50 s of each VM's `vagrant up`. Debian's
+# own udev rule gives /dev/kvm to group kvm, read and write; a host without
+# udev (a container) leaves it root's. The VMs use no KVM either way.
+kvm_for_libvirt() {
+	local user=libvirt-qemu group
+	[ "$(cat "$here/.libvirt-driver")" = qemu ] && [ -c /dev/kvm ] || return 0
+	id -u "$user" >/dev/null 2>&1 || return 0
+	setpriv --reuid="$user" --regid="$(id -g "$user")" --init-groups test -r /dev/kvm -a -w /dev/kvm && return 0
+	group=$(id -gn "$user")
+	stat -c '%a %g' /dev/kvm >"$state/kvm-mode"
+	chgrp "$group" /dev/kvm && chmod g+rw /dev/kvm
+	say "/dev/kvm: group $group may read and write it until stop (libvirtd's QEMU user; libvirt re-probes QEMU at every call otherwise)"
+}
+
+# kvm_back: /dev/kvm's mode and group as kvm_for_libvirt found them.
+kvm_back() {
+	local mode gid
+	[ -e "$state/kvm-mode" ] || return 0
+	read -r mode gid <"$state/kvm-mode"
+	chgrp "$gid" /dev/kvm && chmod "$mode" /dev/kvm
+	rm -f "$state/kvm-mode"
+}
+
 start() {
 	[ "$(id -u)" = 0 ] || die "start: needs root (libvirtd as the system daemon)"
 	local t pid
@@ -151,11 +180,13 @@ start() {
 		echo "$pid" >"$state/virtlogd"
 		say "virtlogd started (pid $pid)"
 	fi
+	driver >"$here/.libvirt-driver"
 	pid=$(cat /run/libvirtd.pid 2>/dev/null || true)
 	if alive "$pid" libvirtd; then
 		say "libvirtd runs (pid $pid)"
 	else
 		if libvirt_chains; then touch "$state/had-chains"; else rm -f "$state/had-chains"; fi
+		kvm_for_libvirt
 		nice -n 19 ionice -c3 libvirtd -d
 		pid=$(cat /run/libvirtd.pid)
 		echo "$pid" >"$state/libvirtd"
@@ -166,7 +197,6 @@ start() {
 		sleep 0.1
 	done
 	virsh -c "$uri" version >/dev/null 2>&1 || die "libvirtd does not answer on $uri"
-	driver >"$here/.libvirt-driver"
 	say "$here/.libvirt-driver: $(cat "$here/.libvirt-driver")"
 }
 
@@ -190,6 +220,7 @@ stop() {
 		fi
 	done
 	rm -f "$state/had-chains"
+	kvm_back
 	rmdir "$state" 2>/dev/null || true
 }
 

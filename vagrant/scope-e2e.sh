@@ -203,11 +203,16 @@ oom() {
 	res=$(sudo -n journalctl -q --no-pager -u "$u.scope" -o cat | sed -n "s/.*Failed with result '\(.*\)'.*/\1/p" | tail -1)
 	echo "exit=$rc scope=${res:-ok}"
 }
+# mpirun's own status after its rank's OOM kill varies from run to run
+# (1 mostly; 139 seen, mpirun alone): what both must show is a failed job
+# and the scope's OOM kill. That mpipause run exits with whatever status its
+# launcher had is cmd/mpipause's TestLaunchPassesStatus.
 a=$(oom yes) b=$(oom no)
-if [ "$a" = "$b" ] && [[ $a == *"scope=oom-kill" ]]; then
-	pass "memory limit: OOM-killed in its scope with mpipause as without ($a)"
+failed_oom() { [[ $1 == "exit="[1-9]*" scope=oom-kill" ]]; }
+if failed_oom "$a" && failed_oom "$b"; then
+	pass "memory limit: OOM-killed in its scope with mpipause ($a) as without ($b)"
 else
-	fail "memory limit: with mpipause '$a', without '$b' (want the same, and the scope's OOM kill)"
+	fail "memory limit: with mpipause '$a', without '$b' (want both a non-zero exit and the scope's OOM kill)"
 fi
 summary
 exit

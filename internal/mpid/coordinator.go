@@ -21,9 +21,9 @@ import (
 // coordinator is mpid's answer to what users ask of a job (the CLI, a
 // rank's SIGTSTP, a request another node's mpid passed on): its status on
 // this node and, for the jobs this node coordinates, their pauses and
-// resumes over the peer port (quiesce.Coordinator), the records of them
-// that a restarted mpid needs (store), and the confirmation of a rollback
-// some node did not confirm. A pause or resume of a job coordinated
+// resumes over the peer port (quiesce.Coordinator), each an operation the
+// registry hands out (operation.go: it keeps the job's record), and the
+// confirmation of a rollback some node did not confirm. A pause or resume of a job coordinated
 // elsewhere goes to that node's mpid.
 type coordinator struct {
 	node     string
@@ -32,7 +32,6 @@ type coordinator struct {
 	ranks    *ranks.Server
 	agent    *quiesce.Agent // this node's steps: a job's state here when another node coordinates it
 	tr       quiesce.Transport
-	store    *store
 	metrics  *metrics.Metrics
 	drain    time.Duration // a pause's drain timeout unless the request names one
 	retry    quiesce.RetryPolicy
@@ -118,13 +117,13 @@ func (c *coordinator) protocol(drain time.Duration) *quiesce.Coordinator {
 func (c *coordinator) pause(ctx context.Context, req ctl.Request, v ctl.Job, progress func(ctl.Progress)) (ctl.Job, error) {
 	// The busy check first: a pause refused for the one under way costs
 	// nothing else.
-	j, err := c.reg.begin(req.Job, ctl.OpPause)
+	op, err := c.reg.begin(req.Job, ctl.OpPause, v)
 	if err != nil {
 		c.metrics.PauseRefused()
 		return v, err
 	}
 	if missing := c.unregistered(req.Job, v.Nodes); len(missing) > 0 {
-		c.reg.unbegin(j)
+		op.undo()
 		c.metrics.PauseRefused()
 		return v, ctl.Errorf(ctl.CodeUnpausable, "job %s cannot be paused: rank 0 says it has ranks on %s, whose mpid has registered none of them with %s, the job's coordinator: is mpid running there, with this cluster's key file (every node needs the same one)?",
 			jobName(req.Job), someOf(missing, 8), c.node)
@@ -159,12 +158,12 @@ func (c *coordinator) pause(ctx context.Context, req ctl.Request, v ctl.Job, pro
 	// (adopt), since nobody was told it held. Without it a successor
 	// would not, and this node's own COMMIT would record the pause as a
 	// plain node's, as held: no pause then.
-	if err := c.reg.save(j, v, c.store); err != nil {
+	if err := op.record(); err != nil {
 		c.metrics.PauseRefused()
 		fig := v
 		fig.Failure = &ctl.Failure{Phase: string(quiesce.KindPrepare), Node: c.node, Rank: -1,
 			Reason: fmt.Sprintf("the coordinator cannot record the pause (%v); no node was touched", err)}
-		fig = c.reg.end(j, ctl.StateRunning, fig)
+		fig = op.end(ctl.StateRunning, fig)
 		c.log.Error("pause refused: cannot record it", "job", req.Job, "error", err)
 		return fig, ctl.Errorf(ctl.CodeFailed, "pause of job %s failed before PREPARE: %s; the job runs on", req.Job, fig.Failure.Reason)
 	}
@@ -177,9 +176,9 @@ func (c *coordinator) pause(ctx context.Context, req ctl.Request, v ctl.Job, pro
 		// which it would roll back. Told paused, the user must find it
 		// paused after a restart too; told nothing yet, the user can be
 		// told it failed, after a rollback.
-		paused, rerr := c.reg.endRecorded(j, ctl.StatePaused, fig, v, c.store)
+		paused, rerr := op.endRecorded(ctl.StatePaused, fig)
 		if rerr != nil {
-			return c.rollBackUnrecorded(j, req, v, fig, rerr, func(outcome string) {
+			return c.rollBackUnrecorded(op, req, v, fig, rerr, func(outcome string) {
 				c.metrics.PauseDone(outcome, total(res, start), metricPhases(res), drained)
 			})
 		}
@@ -190,13 +189,11 @@ func (c *coordinator) pause(ctx context.Context, req ctl.Request, v ctl.Job, pro
 	fig.State = stateAfter(res.State)
 	c.metrics.PauseDone(pauseOutcome(fig.State), total(res, start), metricPhases(res), drained)
 	fig.Failure = failure(err, res, context.Cause(ctx))
-	fig = c.reg.end(j, fig.State, fig)
+	fig = op.end(fig.State, fig)
 	c.log.Warn("pause failed", "job", req.Job, "state", fig.State, "error", fig.Failure.Reason)
 	if fig.State == ctl.StateFailed {
 		// The record stays until the rollback is confirmed everywhere.
 		go c.confirmRollback(req.Job, v.Nodes)
-	} else {
-		c.store.drop(req.Job)
 	}
 	msg := fmt.Sprintf("pause of job %s failed in %s: %s", req.Job, fig.Failure.Phase, fig.Failure.Reason)
 	code := ctl.CodeFailed
@@ -210,7 +207,7 @@ func (c *coordinator) pause(ctx context.Context, req ctl.Request, v ctl.Job, pro
 }
 
 func (c *coordinator) resume(ctx context.Context, req ctl.Request, v ctl.Job, progress func(ctl.Progress)) (ctl.Job, error) {
-	j, err := c.reg.begin(req.Job, ctl.OpResume)
+	op, err := c.reg.begin(req.Job, ctl.OpResume, v)
 	if err != nil {
 		c.metrics.ResumeRefused()
 		return v, err
@@ -225,14 +222,13 @@ func (c *coordinator) resume(ctx context.Context, req ctl.Request, v ctl.Job, pr
 	fig := figures(v, res)
 	if err == nil {
 		c.metrics.ResumeDone(metrics.Resumed, total(res, start))
-		fig = c.reg.end(j, ctl.StateRunning, fig)
-		c.store.drop(req.Job)
+		fig = op.end(ctl.StateRunning, fig)
 		c.log.Info("resumed", "job", req.Job, "total_ms", fig.TotalMs)
 		return fig, nil
 	}
 	c.metrics.ResumeDone(metrics.Failed, total(res, start))
 	fig.Failure = failure(err, res, nil)
-	fig = c.reg.end(j, ctl.StateFailed, fig)
+	fig = op.end(ctl.StateFailed, fig)
 	return fig, ctl.Errorf(ctl.CodeFailed, "resume of job %s failed: %s", req.Job, fig.Failure.Reason)
 }
 
@@ -251,7 +247,7 @@ func (c *coordinator) confirmRollback(id string, nodes []string) {
 		case <-time.After(delay):
 		}
 		delay = min(2*delay, 30*time.Second)
-		j, last, ok := c.reg.claimFailed(id)
+		op, last, ok := c.reg.claimFailed(id, ctl.Job{Nodes: nodes})
 		if !ok {
 			return
 		}
@@ -264,12 +260,11 @@ func (c *coordinator) confirmRollback(id string, nodes []string) {
 				f.Unconfirmed = nil // confirmed now
 				last.Failure = &f
 			}
-			c.reg.end(j, ctl.StateRunning, last)
-			c.store.drop(id)
+			op.end(ctl.StateRunning, last)
 			c.log.Info("rollback of the failed pause now confirmed on every node; the job runs", "job", id)
 			return
 		}
-		c.reg.end(j, ctl.StateFailed, last)
+		op.end(ctl.StateFailed, last)
 		c.log.Warn("rollback of the failed pause still not confirmed", "job", id, "unconfirmed", len(res.Unconfirmed), "error", err)
 	}
 }
@@ -360,7 +355,7 @@ func (c *coordinator) unregistered(key string, nodes []string) []string {
 // whose paused record could not be written (rerr), and reports it failed.
 // The record still says pausing until the rollback is confirmed, so a
 // successor would finish it. done counts the pause in the metrics.
-func (c *coordinator) rollBackUnrecorded(j *job, req ctl.Request, v ctl.Job, fig ctl.Job, rerr error, done func(outcome string)) (ctl.Job, error) {
+func (c *coordinator) rollBackUnrecorded(op *operation, req ctl.Request, v ctl.Job, fig ctl.Job, rerr error, done func(outcome string)) (ctl.Job, error) {
 	c.log.Error("the pause held but cannot be recorded; rolling it back", "job", req.Job, "error", rerr)
 	// Its own deadline: the caller may be gone, and the nodes must not
 	// stay paused for a pause nobody will be told of.
@@ -373,14 +368,13 @@ func (c *coordinator) rollBackUnrecorded(j *job, req ctl.Request, v ctl.Job, fig
 		for _, n := range res.Unconfirmed {
 			fig.Failure.Unconfirmed = append(fig.Failure.Unconfirmed, n.Node)
 		}
-		fig = c.reg.end(j, ctl.StateFailed, fig)
+		fig = op.end(ctl.StateFailed, fig)
 		done(metrics.Failed)
 		go c.confirmRollback(req.Job, v.Nodes)
 		return fig, ctl.Errorf(ctl.CodeFailed, "pause of job %s failed in COMMIT: %s; its rollback is not confirmed yet: %v", req.Job, fig.Failure.Reason, err)
 	}
-	fig = c.reg.end(j, ctl.StateRunning, fig)
+	fig = op.end(ctl.StateRunning, fig)
 	done(metrics.RolledBack)
-	c.store.drop(req.Job)
 	return fig, ctl.Errorf(ctl.CodeFailed, "pause of job %s failed in COMMIT: %s; rolled back, the job runs on", req.Job, fig.Failure.Reason)
 }
 

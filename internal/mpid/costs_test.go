@@ -139,7 +139,7 @@ func TestPauseCrossCheckCost(t *testing.T) {
 		t.Errorf("the cross-check of %d hosts took %v", len(hosts), best)
 	}
 
-	j, err := n.reg.begin(key, ctl.OpPause)
+	op, err := n.reg.begin(key, ctl.OpPause, ctl.Job{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,7 +147,7 @@ func TestPauseCrossCheckCost(t *testing.T) {
 	if rep.Err == nil || rep.Err.Code != ctl.CodeState {
 		t.Errorf("a pause while another is under way: %.300v, want it refused for that (%s)", rep.Err, ctl.CodeState)
 	}
-	n.reg.end(j, ctl.StateRunning, ctl.Job{})
+	op.end(ctl.StateRunning, ctl.Job{})
 	rep = n.ask(t, ctl.OpStatus, "j1")
 	if rep.Err != nil || rep.Job == nil || rep.Job.State != ctl.StateRunning {
 		t.Errorf("status after the refusals: %+v %+v, want running", rep.Err, rep.Job)

@@ -1,16 +1,20 @@
 // Package mpid is the node daemon: one per node, root. Its roles, each a
 // type of its own that Run wires together and serves as tasks of one group:
 //   - registry (registry.go): the jobs with ranks on this node, admitted by
-//     their job key (authority.go) at JOIN and HELLO, moved into their job's
-//     cgroup, watched by the kernel observer; registrations with the jobs'
-//     coordinators; jobs forgotten once nothing of them is left (sweep);
+//     their job key (admission.go, authority.go) at JOIN and HELLO, moved
+//     into their job's cgroup, watched by the kernel observer;
+//     registrations with the jobs' coordinators (registration.go); jobs
+//     adopted from a previous mpid (adopt.go); pauses and resumes handed to
+//     the coordinator as operations that keep the job's record
+//     (operation.go); jobs forgotten once nothing of them is left (sweep);
 //   - node role: internal/node's Steps, the quiesce.Node of the agent that
 //     runs this node's protocol steps (gates, kernel reports, the freezer),
 //     given the registry's jobs and the store's records;
 //   - coordinator (coordinator.go, report.go): status, pause, resume and
 //     rollback confirmation of the jobs this node coordinates;
 //   - control (control.go): the CLI's socket; peer (peer.go): the peer port;
-//   - store (state.go): the records that let a restarted mpid take over.
+//   - store (state.go): the records that let a restarted mpid take over,
+//     written by the registry's operations and a node's COMMIT.
 //
 // The kernel is passed in (Config.Cgroups, Config.Observers; the peer
 // network too, Config.Network), so that in-process tests run whole daemons
@@ -238,7 +242,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	rs := ranks.NewServer(rl)
 	rs.Limits = d.bounded(b.rank, accept.UIDKey, "rank socket", "rank")
 	d.wire(rs, tr, ctx.Done())
-	for _, rec := range d.reg.adopt(d.store) {
+	for _, rec := range d.reg.adopt() {
 		go d.coord.confirmRollback(rec.Job, rec.Nodes)
 	}
 	// The unix sockets' and the metrics' accept loops, their refusals
@@ -288,7 +292,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct{}) {
 	d.store = &store{dir: d.cfg.StateDir, log: d.log}
 	d.reg = &registry{node: d.cfg.Node, key: d.cfg.ClusterKey, parent: d.cgroupParent(), fixed: d.cfg.FixedCgroup,
-		cgroups: d.cfg.Cgroups, observers: d.cfg.Observers, ranks: rs, tr: tr, log: d.log,
+		cgroups: d.cfg.Cgroups, observers: d.cfg.Observers, ranks: rs, store: d.store, tr: tr, log: d.log,
 		refusals: newLogLimiter(refusalQuiet), jobs: map[string]*job{}, done: done, treeChanged: make(chan struct{}, 1)}
 	local := node.NewSteps(&node.Role{Name: d.cfg.Node, Ranks: rs, Observer: d.reg.observer, Cgroups: d.reg.cgroupsOf, Freezer: d.cfg.Cgroups,
 		Metrics: d.metrics, Unready: d.reg.unready, Log: d.log}, d.log)
@@ -322,7 +326,7 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 		agent.Forget(id)
 		rs.Forget(id)
 	}
-	d.coord = &coordinator{node: d.cfg.Node, observer: d.observer, reg: d.reg, ranks: rs, agent: agent, tr: tr, store: d.store,
+	d.coord = &coordinator{node: d.cfg.Node, observer: d.observer, reg: d.reg, ranks: rs, agent: agent, tr: tr,
 		metrics: d.metrics, drain: d.cfg.Drain, retry: retry, log: d.log, done: done}
 	d.peer = &peer{node: d.cfg.Node, key: d.cfg.ClusterKey, reg: d.reg, coord: d.coord, agent: agent, log: d.log}
 	d.ctl = &control{key: d.cfg.ClusterKey, reg: d.reg, coord: d.coord}

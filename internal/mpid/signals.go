@@ -1,0 +1,171 @@
+package mpid
+
+import (
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/ranks"
+	"golang.org/x/sys/unix"
+)
+
+// A rank's SIGTSTP or SIGCONT asks for its job's pause or resume
+// (coordinator.rankEvent): the stamps here tell a request that an
+// operation since has answered from one still to act on, and a SIGCONT
+// sent to a rank of a job paused here is noticed (watchContinue).
+
+// monotonic is CLOCK_MONOTONIC in nanoseconds: the clock the shim's signal
+// handler stamps a rank's request with, on the same machine.
+func monotonic() int64 {
+	var ts unix.Timespec
+	if err := unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts); err != nil {
+		return 0 // never on Linux; 0 answers nothing
+	}
+	return ts.Nano()
+}
+
+// noteResumed records that this node begins to thaw job id (a resume, or
+// the rollback of a pause), and noteCommitted that a pause of it commits.
+func (r *registry) noteResumed(id string) {
+	// The time first: a handler stamped before it took its signal off the
+	// pending set before the look below, which then sees a later one.
+	t := monotonic()
+	var held map[int]bool
+	if r.ranks != nil {
+		pending := r.tstpPending
+		if pending == nil {
+			pending = tstpPending
+		}
+		for _, rk := range r.ranks.Ranks(id) {
+			if pending(rk.Pid) {
+				if held == nil {
+					held = map[int]bool{}
+				}
+				held[rk.Pid] = true
+			}
+		}
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if j := r.jobs[id]; j != nil {
+		j.resumed, j.tstpHeld = t, held
+	}
+}
+
+func (r *registry) noteCommitted(id string) {
+	t := monotonic()
+	r.mu.Lock()
+	j := r.jobs[id]
+	if j != nil {
+		// A pause since: a SIGTSTP held at the last thaw is answered by it.
+		j.committed, j.tstpHeld = t, nil
+	}
+	r.mu.Unlock()
+	if j != nil && r.continued != nil && r.ranks != nil {
+		go r.watchContinue(id, t)
+	}
+}
+
+// contPoll is how often a paused job's ranks here are looked at for a
+// SIGCONT: the delay it adds to a resume by signal.
+const contPoll = 200 * time.Millisecond
+
+// watchContinue looks, while the pause of job id that committed at t holds
+// here, for a SIGCONT pending on one of its ranks, and tells continued of
+// the first. A frozen rank runs no handler, so the SIGCONT that a
+// resource manager's resume sends it (Slurm's proctrack/cgroup sends it to
+// the tasks alone, and thaws its own cgroup, not the rank's) waits in the
+// kernel's pending set: mpid reads it there, as the request the rank's
+// handler would make (docs/slurm.md, "scontrol suspend and resume").
+// Whoever may signal the rank may have it resume its job: the same as the
+// handler's request.
+func (r *registry) watchContinue(id string, t int64) {
+	pending := r.contPending
+	if pending == nil {
+		pending = func(pid int) bool { return signalPending(pid, syscall.SIGCONT) }
+	}
+	tick := time.NewTicker(contPoll)
+	defer tick.Stop()
+	for {
+		select {
+		case <-r.done:
+			return
+		case <-tick.C:
+		}
+		r.mu.Lock()
+		j := r.jobs[id]
+		held := j != nil && j.committed == t && j.resumed < t
+		r.mu.Unlock()
+		if !held {
+			return
+		}
+		for _, rk := range r.ranks.Ranks(id) {
+			// The pid read is the rank's: its process still holds it
+			// after the read (a recycled pid would be another's signal).
+			if pending(rk.Pid) && (rk.Proc() == nil || rk.Proc().Alive() == nil) {
+				r.continued(rk)
+				return
+			}
+		}
+	}
+}
+
+// answered says whether a rank's request of job id, stamped by its signal
+// handler, has been answered since: a pause signalled before the job's last
+// resume here (the rank was frozen by the pause another rank asked for,
+// and its own request comes after the resume: pausing again would undo
+// the user's resume), or a resume signalled before the last pause began
+// here. A rank that had SIGTSTP pending while frozen, at the
+// thaw, stamps it after the resume: its first pause request stamped since
+// (or unstamped) is that signal's. Otherwise an unstamped request (a shim
+// of an older release) is taken as it comes.
+func (r *registry) answered(id string, pid int, q ranks.Request) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	j := r.jobs[id]
+	if j == nil {
+		return false
+	}
+	if q.Op != "pause" {
+		// Against the pause's beginning, not its commit: a SIGCONT handled
+		// while the pause drained came after the request that began it.
+		return q.At > 0 && q.At < j.pauseBegan
+	}
+	if q.At > 0 && q.At < j.resumed {
+		return true
+	}
+	if j.tstpHeld[pid] {
+		delete(j.tstpHeld, pid)
+		return true
+	}
+	return false
+}
+
+// tstpPending says whether process pid has a SIGTSTP pending: one sent to
+// a frozen rank waits there for the thaw.
+func tstpPending(pid int) bool { return signalPending(pid, syscall.SIGTSTP) }
+
+// signalPending says whether process pid has signal sig pending (proc(5):
+// ShdPnd for kill(2), SigPnd for its main thread). A frozen process's
+// signals wait there; the shim's handlers of SIGTSTP and SIGCONT keep the
+// kernel from discarding them.
+func signalPending(pid int, sig syscall.Signal) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", pid))
+	return err == nil && statusPending(string(b), sig)
+}
+
+// statusPending is signalPending's reading of a /proc/PID/status text.
+func statusPending(s string, sig syscall.Signal) bool {
+	for _, line := range strings.Split(s, "\n") {
+		k, v, ok := strings.Cut(line, ":")
+		if ok && (k == "SigPnd" || k == "ShdPnd") {
+			if m, err := strconv.ParseUint(strings.TrimSpace(v), 16, 64); err == nil && m&(1<<(sig-1)) != 0 {
+				return true
+			}
+		}
+	}
+	return false
+}

@@ -1,0 +1,243 @@
+package node
+
+import (
+	"context"
+	"net/netip"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/loader"
+	"github.com/mpipause/mpipause/quiesce"
+)
+
+// The kernel's word on a job's connections at each drain check and after
+// the freeze: what holds bytes, with its ranks, and the bytes sent through
+// closed gates since the last read that every gate was closed for.
+
+// kernelRead is one kernel read of the job's connections on this node,
+// with what tells whose they are.
+type kernelRead struct {
+	conns []loader.Conn
+	d     *drainSet
+	sides sides
+}
+
+// check is what a kernel report is taken under.
+type check int
+
+const (
+	// checkOpen: some gate of the node's ranks was open, or a socket
+	// mid-message, when it was asked: nothing sent is counted.
+	checkOpen check = iota
+	// checkGated: every gate closed: bytes sent since the previous gated
+	// report are counted, all as Violations. The round is unclean either
+	// way, and telling late bytes from the others walks /proc (20-30 ms),
+	// which a sender past the shim could otherwise make every drain round
+	// cost.
+	checkGated
+	// checkFrozen: after the freeze, where the kind decides between
+	// another drain and a failed pause: late bytes are told apart (late).
+	checkFrozen
+)
+
+// kernelReport reads the job's connections on this node, counting bytes
+// sent through closed gates as under says.
+func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeReport, under check) (quiesce.NodeReport, kernelRead, error) {
+	all, err := l.conns(ctx, job)
+	if err != nil {
+		return rep, kernelRead{}, err
+	}
+	d, sd := l.sidesOf(job, all, false)
+	mine, own := sd.checked(all)
+	rep.Own = own
+	rs := l.Ranks.Ranks(job)
+	rep.Ranks = len(rs)
+	// After the read and the count of ranks, before anything is made of
+	// them: a rank that left meanwhile fails the step, naming it, instead
+	// of the report counting fewer ranks (which the coordinator can only
+	// call missing) or its sockets' ends counting as bytes sent past the
+	// gates.
+	if err := l.gone(job, l.closing(job, all, false)); err != nil {
+		return quiesce.NodeReport{Node: l.Name}, kernelRead{}, err
+	}
+	var held []loader.Conn
+	rep.Counted = true
+	for _, c := range mine {
+		// A listening socket sends nothing: it needs no count.
+		rep.Counted = rep.Counted && (c.Counted || c.State == loader.StateListen)
+		if c.State != loader.StateEstablished {
+			continue
+		}
+		rep.Checked++
+		if !c.Empty() {
+			held = append(held, c)
+		}
+	}
+	l.mu.Lock()
+	if l.sentAt == nil {
+		l.sentAt = map[string]map[uint64]uint64{}
+	}
+	var sent map[uint64]uint64
+	var through []violation
+	if under != checkOpen {
+		sent, through = violations(l.sentAt[job], mine)
+		l.sentAt[job] = sent
+	} else {
+		delete(l.sentAt, job)
+	}
+	l.mu.Unlock()
+	// After the freeze the kind decides between another drain and a
+	// failed pause (late); in a drain round both are unclean alike.
+	var desc map[[2]netip.AddrPort][]descriptor
+	byPid := make(map[int]*ranks.Rank, len(rs))
+	if len(through) > 0 && under == checkFrozen {
+		pids := make([]int, 0, len(rs))
+		for _, r := range rs {
+			pids = append(pids, r.Pid)
+			byPid[r.Pid] = r
+		}
+		desc = descriptors(pids)
+	}
+	heldAt := func(d descriptor) (uint64, bool) {
+		if r, ok := byPid[d.pid]; ok {
+			return r.HeldAt(d.fd)
+		}
+		return 0, false
+	}
+	for _, v := range through {
+		l.Metrics.Violations(v.bytes)
+		if desc != nil && late(v, desc, heldAt) {
+			rep.Late += v.bytes
+			l.Log.Info("bytes sent through a closed gate on a socket with nothing held: drained again", "job", job, "node", l.Name,
+				"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes)
+			continue
+		}
+		rep.Violations += v.bytes
+		l.Log.Warn("bytes sent through a closed gate", "job", job, "node", l.Name,
+			"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes)
+	}
+	now := make(map[[2]netip.AddrPort]heldConn, len(held))
+	lookup := false
+	t := time.Now()
+	l.mu.Lock()
+	for _, c := range held {
+		k := [2]netip.AddrPort{unmap(c.Local), unmap(c.Remote)}
+		h, ok := l.held[job][k]
+		if !ok {
+			h = heldConn{since: t, rank: -1}
+		}
+		now[k] = h
+		lookup = lookup || (h.rank < 0 && t.Sub(h.since) >= stuckAfter)
+	}
+	l.mu.Unlock()
+	if lookup {
+		pids := make(map[int]int, len(rs))
+		for _, r := range rs {
+			pids[r.Pid] = r.Rank
+		}
+		own := owners(pids)
+		for k, h := range now {
+			if rank, ok := own[k]; ok {
+				h.rank = rank
+				now[k] = h
+			}
+		}
+	}
+	l.mu.Lock()
+	if l.held == nil {
+		l.held = map[string]map[[2]netip.AddrPort]heldConn{}
+	}
+	l.held[job] = now
+	l.mu.Unlock()
+	for _, c := range held {
+		rank := now[[2]netip.AddrPort{unmap(c.Local), unmap(c.Remote)}].rank
+		rep.Conns = append(rep.Conns, quiesce.Conn{Node: l.Name, Local: c.Local.String(), Remote: c.Remote.String(),
+			SendQueue: uint64(c.SendQueue), Unread: uint64(c.Unread), Rank: rank})
+	}
+	rep.Empty = len(rep.Conns) == 0 && rep.Ungated == 0
+	return rep, kernelRead{conns: all, d: d, sides: sd}, nil
+}
+
+// violation is a connection that took bytes from its process while every
+// gate was closed.
+type violation struct {
+	c     loader.Conn
+	bytes uint64
+}
+
+// late reports whether v's bytes, sent through a closed gate, can only
+// have gone in order: every descriptor of its socket, in the processes
+// desc names, belongs to a rank whose shim holds nothing for it (heldAt).
+//
+// A send call reads its gate once, before the system call. One that read
+// it open just before it closed, its thread preempted in between, reaches
+// the kernel late, legitimately; a path past the shim (a raw system call)
+// reaches it at any time. Either way, bytes that reach a socket for which
+// nothing is held cannot overtake held bytes: the stream is in the order
+// the kernel took it (G4), and the bytes are in flight like any others,
+// for another drain (G1). Held bytes only grow while the gates stay
+// closed and the page says so before the holding call returns, so nothing
+// held at this check means nothing held when they were sent. Where a
+// socket holds bytes, or the page cannot say (a process without one, a
+// descriptor beyond it, a connection whose descriptors were not found), a
+// send past the shim may have gone ahead of bytes written before it, and
+// the pause must fail rather than claim G4.
+func late(v violation, desc map[[2]netip.AddrPort][]descriptor, heldAt func(descriptor) (uint64, bool)) bool {
+	ds := desc[[2]netip.AddrPort{unmap(v.c.Local), unmap(v.c.Remote)}]
+	if len(ds) == 0 {
+		return false
+	}
+	for _, d := range ds {
+		if held, ok := heldAt(d); !ok || held > 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// sentOf is what c's process has handed the kernel to send: the kernel's
+// count, not the shim's. BytesSent where the observer counts it, which
+// leaves out the FIN a close queues (a socket closed under a closed gate,
+// or by a rank's death, sent nothing); else write_seq, which counts the
+// FIN as a byte.
+func sentOf(c loader.Conn) uint64 {
+	if c.Counted {
+		return c.BytesSent
+	}
+	return uint64(c.WriteSeq)
+}
+
+// violations compares what each connection's process has handed to the
+// kernel (sentOf) with sent, the values of the previous report taken with
+// every gate closed, and returns the values to compare the next report
+// with. A connection not in sent (new, or the first gated report) only
+// gets its value recorded.
+//
+// The count is per check, never cumulative. A send call that read the
+// gate open just before it closed can reach the kernel much later (a
+// thread preempted between the shim's load and the system call; most
+// likely what a count since the first check once saw: 16 KiB from an Open
+// MPI job with its progress thread, on the loaded rig), legitimately; per check that costs one more round, and if the call was
+// short its socket shows as not gated until the rest is sent, so no
+// message is left half-sent. Only one landing between the last check and
+// the freeze fails the pause (a rollback, never a wrong commit). A path
+// that keeps sending past the shim (a call it does not wrap) is caught
+// whenever it runs between two checks, and the report names the node and
+// the bytes.
+func violations(sent map[uint64]uint64, conns []loader.Conn) (map[uint64]uint64, []violation) {
+	next := make(map[uint64]uint64, len(conns))
+	var out []violation
+	for _, c := range conns {
+		n := sentOf(c)
+		next[c.Cookie] = n
+		was, ok := sent[c.Cookie]
+		switch {
+		case !ok || n == was:
+		case c.Counted:
+			out = append(out, violation{c, n - was})
+		default:
+			out = append(out, violation{c, uint64(uint32(n) - uint32(was))}) // wraps like the kernel's
+		}
+	}
+	return next, out
+}

@@ -55,7 +55,7 @@ type Role struct {
 	Netns string
 	// Cgroups returns the cgroup v2 directories that hold the job's ranks
 	// on this node, where their resource manager put them or inside those
-	// (docs/ARCHITECTURE.md, "Cgroups"): the ones Freeze freezes, together.
+	// (docs/mpid.md, "Cgroups"): the ones Freeze freezes, together.
 	Cgroups func(job string) ([]string, error)
 	Freezer interface {
 		Freeze(ctx context.Context, dir string) error
@@ -208,7 +208,7 @@ const (
 )
 
 // sides tells, for one kernel read of the job's connections, whose each
-// one is (docs/ARCHITECTURE.md, "Which connections are the job's").
+// one is (docs/protocol.md, "Which connections are the job's").
 type sides struct {
 	here  map[netip.Addr]bool
 	peers quiesce.Ports

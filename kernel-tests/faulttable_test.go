@@ -152,7 +152,7 @@ type cell struct {
 
 // faultTrialBudget bounds one trial on average, job starts and stops
 // included, for the test's own deadline: a trial takes a few seconds on the
-// rig (docs/ARCHITECTURE.md, "Faults and load"); the deadline is there to end a
+// rig (docs/testing.md, "Faults and load"); the deadline is there to end a
 // run that hangs, with its table, before go test's own timeout.
 const faultTrialBudget = 15 * time.Second
 
@@ -842,7 +842,7 @@ func stopRank(ctx context.Context, t *testing.T, tr *trial) {
 
 // continueResumes sends the SIGCONT to the stopped rank of a pause that
 // held. A SIGCONT to a rank is a request to resume its job (the shim's
-// handler; docs/ARCHITECTURE.md, sig.c), and the rank is frozen: mpid must
+// handler; libmpi-shim/README.md, "sig.c"), and the rank is frozen: mpid must
 // read it pending there and resume the job everywhere.
 func continueResumes(ctx context.Context, t *testing.T, tr *trial) string {
 	if err := syscall.Kill(tr.stopped, syscall.SIGCONT); err != nil {

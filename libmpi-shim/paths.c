@@ -11,7 +11,7 @@
 // Not wrapped, by design: copy_file_range and vmsplice, which cannot write
 // to a socket; io_uring and raw system calls, which the shim cannot see
 // (on a job connection the pause's kernel check reports their bytes as sent
-// through a closed gate). docs/ARCHITECTURE.md lists the limits.
+// through a closed gate). libmpi-shim/README.md lists the limits.
 #include "shim.h"
 
 #include <errno.h>

@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-// mpid's requests (docs/ARCHITECTURE.md, "Rank channel").
+// mpid's requests (docs/mpid.md, "Rank channel").
 enum mpp_req {
 	MPP_REQ_UNKNOWN,
 	MPP_REQ_CLOSE,

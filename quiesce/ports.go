@@ -8,7 +8,7 @@ import "slices"
 // ports gathered from every node: a rank's connection to a server of its
 // own elsewhere (a database, a monitoring collector) ends in a port no
 // socket of the job has, and its bytes are the program's to read, not the
-// drain's (docs/ARCHITECTURE.md, "Which connections are the job's"). Ports
+// drain's (docs/protocol.md, "Which connections are the job's"). Ports
 // rather than addresses and ports bound the set (65,536 numbers, however
 // large the job); a port that two hosts share makes a connection count as
 // the job's, which costs a drain, never a byte.

@@ -137,7 +137,7 @@ wait_for "2 joined ranks of job $job" 60 joined
 mpipause status "$job"
 # This check runs as a unit of systemd's, and so does the job it launches:
 # mpid places the ranks inside the unit's cgroup, which holds this script
-# too ("inner", docs/ARCHITECTURE.md "Cgroups"), never out of it.
+# too ("inner", docs/mpid.md "Cgroups"), never out of it.
 unit_cg=/sys/fs/cgroup$(sed -n 's/^0:://p' /proc/self/cgroup)
 placed=$(mpipause status --json "$job" | jq -r '.cgroups[0] | "\(.placed) \(.dir)"')
 [ "$(mpipause status --json "$job" | jq '.cgroups | length')" = 1 ] || fail "job $job has ranks on this node alone, and status lists cgroups $(mpipause status --json "$job" | jq -c .cgroups)"

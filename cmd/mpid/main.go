@@ -1,5 +1,5 @@
 // Command mpid is mpipause's node daemon (root, one per node). See package
-// internal/mpid for what it does and docs/ARCHITECTURE.md for how.
+// internal/mpid for what it does and docs/mpid.md for how.
 package main
 
 import (

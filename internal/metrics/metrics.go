@@ -49,7 +49,7 @@ var Steps = []string{"prepare", "drain", "freeze", "verify", "commit", "rethaw",
 
 // Buckets, in seconds, of the pause's phases and of pauses and resumes
 // whole: measured on the rig, phases take 1-12 ms, pauses 8-160 ms, resumes
-// 1-3 ms (docs/ARCHITECTURE.md, Figures); a pause the drain cannot finish
+// 1-3 ms (docs/benchmarks.md, "The current figures"); a pause the drain cannot finish
 // is rolled back after --drain-timeout (10 s), or the user's --timeout.
 var DurationBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 

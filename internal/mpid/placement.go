@@ -15,7 +15,7 @@ import (
 	"github.com/mpipause/mpipause/loader"
 )
 
-// Where a rank is watched and frozen on its node (docs/ARCHITECTURE.md,
+// Where a rank is watched and frozen on its node (docs/mpid.md,
 // "Cgroups"). A resource manager (Slurm's task/cgroup, a systemd scope, a
 // container) enforces its limits, accounting, signals and kills through the
 // cgroup it put a process in, and Slurm's proctrack/cgroup finds a step's

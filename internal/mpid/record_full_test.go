@@ -12,7 +12,7 @@ import (
 )
 
 // unwritable makes dir refuse new files, as a full disk refuses mpid's
-// records (the fault table fills a real one: docs/ARCHITECTURE.md, "Faults
+// records (the fault table fills a real one: docs/testing.md, "Faults
 // and load"). It skips where this process writes through a directory's
 // mode (CAP_DAC_OVERRIDE); make test-unit drops every capability.
 func unwritable(t *testing.T, dir string) {

@@ -54,7 +54,7 @@ type Role struct {
 	Netns string
 	// Cgroups returns the cgroup v2 directories that hold the job's ranks
 	// on this node, where their resource manager put them or inside those
-	// (docs/ARCHITECTURE.md, "Cgroups"): the ones Freeze freezes, together.
+	// (docs/mpid.md, "Cgroups"): the ones Freeze freezes, together.
 	Cgroups func(job string) ([]string, error)
 	Freezer interface {
 		Freeze(ctx context.Context, dir string) error

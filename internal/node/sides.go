@@ -11,7 +11,7 @@ import (
 
 // Which of the connections in a job's cgroup are the job's own, drained
 // and checked, and which are a program's own servers or not known yet
-// (docs/ARCHITECTURE.md, "Which connections are the job's").
+// (docs/protocol.md, "Which connections are the job's").
 
 // side is whose a connection of the job's cgroup is, as far as the node
 // can tell: the job's (its other end is a socket of the job: drained, and
@@ -27,7 +27,7 @@ const (
 )
 
 // sides tells, for one kernel read of the job's connections, whose each
-// one is (docs/ARCHITECTURE.md, "Which connections are the job's").
+// one is (docs/protocol.md, "Which connections are the job's").
 type sides struct {
 	here  map[netip.Addr]bool
 	peers quiesce.Ports

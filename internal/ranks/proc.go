@@ -28,7 +28,7 @@ var ErrExited = errors.New("the process that connected has exited")
 // number names whoever holds it when it is used, the pidfd only that
 // process. mpid acts on a rank's pid (a cgroup move, a boost) only through
 // its Proc, and only while the pidfd says the process is alive (see
-// docs/ARCHITECTURE.md, "Pids").
+// docs/mpid.md, "Pids").
 type Proc struct {
 	Pid int    // from SO_PEERCRED
 	UID uint32 // from SO_PEERCRED: the effective uid at connect()

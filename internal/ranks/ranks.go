@@ -2,7 +2,7 @@
 // the shim (libmpipause.so) of every MPI rank of the node registers after
 // MPI_Init, and through which mpid closes, inspects and reopens the rank's
 // send gate. The protocol is text lines; libmpi-shim/rankchan.c is the other
-// end and docs/ARCHITECTURE.md describes both.
+// end and docs/mpid.md, "Rank channel", describes both.
 //
 // A rank is authenticated by the kernel, not by what it says: the pid in its
 // HELLO must be the pid SO_PEERCRED reports for the connection. A rank that

@@ -12,7 +12,7 @@ import (
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
-	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/internal/jobid"
 	"github.com/mpipause/mpipause/kernel-tests/internal/rig"
 	"github.com/mpipause/mpipause/kernel-tests/tools/bench"
 	"github.com/mpipause/mpipause/loader"
@@ -71,7 +71,7 @@ func testPauseInLaunchersCgroups(t *testing.T, lib mpiLib) {
 			os.WriteFile(filepath.Join(scope(k), "cgroup.kill"), []byte("1"), 0)
 		}
 	})
-	key := ranks.JobKey(0, id)
+	key := jobid.Key(0, id)
 	inner := make([]string, jobNodes)
 	for k := range inner {
 		inner[k] = filepath.Join(scope(k), "mpipause-"+key)

@@ -19,7 +19,7 @@ import (
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
-	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/internal/jobid"
 	"github.com/mpipause/mpipause/kernel-tests/tools/bench"
 	"github.com/mpipause/mpipause/loader"
 )
@@ -136,10 +136,10 @@ func nodeJobCgroups(t testing.TB, id string) []string {
 	var out []string
 	for k := 0; k < jobNodes; k++ {
 		dir := filepath.Join(root, rigCgroups, fmt.Sprintf("node%d", k))
-		cg := filepath.Join(dir, ranks.JobKey(0, id))
+		cg := filepath.Join(dir, jobid.Key(0, id))
 		entries, _ := os.ReadDir(dir)
 		for _, e := range entries {
-			if _, name, ok := ranks.SplitJobKey(e.Name()); ok && name == id {
+			if _, name, ok := jobid.SplitKey(e.Name()); ok && name == id {
 				cg = filepath.Join(dir, e.Name())
 			}
 		}

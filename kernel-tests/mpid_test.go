@@ -16,6 +16,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpipause/mpipause/internal/jobid"
 	"github.com/mpipause/mpipause/internal/mpid"
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/internal/testutil"
@@ -124,7 +125,7 @@ func TestShimSurvivesMpidLoss(t *testing.T) {
 			if err := srv.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
 				t.Fatal(err)
 			}
-			r = srv.Ranks(ranks.JobKey(0, "loss"))[0]
+			r = srv.Ranks(jobid.Key(0, "loss"))[0]
 			if g, err := r.Close(ctx); err != nil || g.State != "closed" {
 				t.Fatalf("close: %+v %v", g, err)
 			}
@@ -151,7 +152,7 @@ func TestShimSurvivesMpidLoss(t *testing.T) {
 			if err := srv2.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
 				t.Fatalf("the shim did not register with the new mpid: %v", err)
 			}
-			r2 := srv2.Ranks(ranks.JobKey(0, "loss"))[0]
+			r2 := srv2.Ranks(jobid.Key(0, "loss"))[0]
 			if r2.Pid != r.Pid {
 				t.Errorf("registered again as pid %d, was %d", r2.Pid, r.Pid)
 			}
@@ -193,7 +194,7 @@ func TestSignalsAskMpid(t *testing.T) {
 		t.Fatal(err)
 	}
 	events := make(chan string, 4)
-	srv.OnEvent = func(r *ranks.Rank, ev string) { events <- ev }
+	srv.Jobs = rankHooks{event: func(r *ranks.Rank, ev string) { events <- ev }}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	go srv.Serve(ctx)
@@ -247,13 +248,13 @@ func TestFortranRanksRegister(t *testing.T) {
 			}
 			var mu sync.Mutex
 			var seen []string
-			srv.OnChange = func(r *ranks.Rank, gone bool, err error) {
+			srv.Jobs = rankHooks{changed: func(r *ranks.Rank, gone bool, err error) {
 				mu.Lock()
 				defer mu.Unlock()
 				if r != nil {
 					seen = append(seen, fmt.Sprintf("%s rank=%d size=%d gone=%v", r.Job, r.Rank, r.Size, gone))
 				}
-			}
+			}}
 			ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 			defer cancel()
 			go srv.Serve(ctx)
@@ -464,4 +465,26 @@ func TestMpidClusterKey(t *testing.T) {
 			t.Error("the key appears in mpid's log")
 		}
 	})
+}
+
+// rankHooks is ranks.Jobs for a rank server of a test's own: every rank
+// admitted, no JOIN taken, and what the test listens to.
+type rankHooks struct {
+	changed func(r *ranks.Rank, gone bool, err error)
+	event   func(r *ranks.Rank, ev string)
+}
+
+func (rankHooks) Join(ranks.JoinRequest) error { return errors.New("joining is not supported here") }
+func (rankHooks) Admit(*ranks.Rank) error      { return nil }
+
+func (h rankHooks) Changed(r *ranks.Rank, gone bool, err error) {
+	if h.changed != nil {
+		h.changed(r, gone, err)
+	}
+}
+
+func (h rankHooks) Event(r *ranks.Rank, ev string) {
+	if h.event != nil {
+		h.event(r, ev)
+	}
 }

@@ -15,7 +15,7 @@ import (
 
 	"github.com/cilium/ebpf"
 
-	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/internal/jobid"
 	"github.com/mpipause/mpipause/kernel-tests/tools/bench"
 )
 
@@ -607,7 +607,7 @@ func callcost(b *testing.B, bin string, m callMode, id string) [nCallFigs]float6
 		b.Fatalf("%s (%s): shim loaded from %s, want %s:\n%s%s", what, m.name, o[6], so, r.stdout, r.stderr)
 	}
 	// mpid names a job's cgroup by its key, the owner's uid and the id.
-	if _, name, _ := ranks.SplitJobKey(filepath.Base(o[7])); (name == id) != m.job {
+	if _, name, _ := jobid.SplitKey(filepath.Base(o[7])); (name == id) != m.job {
 		b.Fatalf("%s (%s): cgroup %s, want the job's (%v):\n%s%s", what, m.name, o[7], m.job, r.stdout, r.stderr)
 	}
 	if m.job && (!strings.HasPrefix(r.stdout, "job "+id+"\n") || strings.Contains(r.stderr, "mpipause:")) {

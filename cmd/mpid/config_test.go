@@ -181,7 +181,7 @@ func TestConfigFileMissing(t *testing.T) {
 }
 
 // TestNodeName: --node must be a host name (what the ranks' HELLOs carry,
-// ranks.ValidHostName); anything else stops mpid with one line that shows
+// jobid.ValidHostName); anything else stops mpid with one line that shows
 // the name escaped.
 func TestNodeName(t *testing.T) {
 	for _, good := range []string{"node0", "n1.cluster.example"} {

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/jobid"
 	"github.com/mpipause/mpipause/internal/metrics"
 	"github.com/mpipause/mpipause/internal/mpid"
 	"github.com/mpipause/mpipause/internal/ranks"
@@ -183,11 +184,11 @@ func parseCommand(name, help string, args []string, out io.Writer, extra func(*f
 	}
 	// The node's name is what the ranks' HELLOs must match and what peers
 	// and root's terminal see: the same rule as ranks' host names.
-	if cfg.Node != "" && !ranks.ValidHostName(cfg.Node) {
-		return cfg, fmt.Errorf("--node %q: %s", cfg.Node, ranks.HostNameRule)
+	if cfg.Node != "" && !jobid.ValidHostName(cfg.Node) {
+		return cfg, fmt.Errorf("--node %q: %s", cfg.Node, jobid.HostNameRule)
 	}
-	if h, err := os.Hostname(); cfg.Node == "" && err == nil && !ranks.ValidHostName(h) {
-		return cfg, fmt.Errorf("the hostname %q is not a node name mpid can use (%s): set --node", h, ranks.HostNameRule)
+	if h, err := os.Hostname(); cfg.Node == "" && err == nil && !jobid.ValidHostName(h) {
+		return cfg, fmt.Errorf("the hostname %q is not a node name mpid can use (%s): set --node", h, jobid.HostNameRule)
 	}
 	return cfg, nil
 }

@@ -1,7 +1,8 @@
-// Package jobid is the one rule for job ids, shared by the CLI's channel
-// (internal/ctl), the rank channel (internal/ranks), mpid and, in C, the
-// shim (libmpi-shim's mpp_valid_jobid): a job id reaches all of them, and
-// each must accept exactly what the others accept.
+// Package jobid holds the rules for job ids, job keys and node names,
+// shared by the CLI's channel (internal/ctl), the rank channel
+// (internal/ranks), mpid and, for job ids, the shim in C (libmpi-shim's
+// mpp_valid_jobid): each reaches all of them, and each must accept exactly
+// what the others accept.
 package jobid
 
 // MaxLen is the longest job id.

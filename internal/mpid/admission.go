@@ -9,6 +9,7 @@ import (
 	"syscall"
 
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/jobid"
 	"github.com/mpipause/mpipause/internal/ranks"
 )
 
@@ -27,14 +28,16 @@ const maxJobsPerUser = 64
 // coordinator; a new job on another node than the coordinator registers
 // there (register).
 func (r *registry) authorizeLocked(uid uint32, name, token string) (*job, error) {
-	if err := ctl.ValidJobID(name); err != nil {
-		return nil, err
+	// The rank channel's parsers took only valid ids; this is the rule's
+	// own check where a job is made from a rank's word.
+	if !jobid.Valid(name) {
+		return nil, fmt.Errorf("job id %q: %s", name, jobid.Rule)
 	}
 	coord, err := checkToken(r.key, uid, name, token)
 	if err != nil {
 		return nil, err
 	}
-	key := ranks.JobKey(uid, name)
+	key := jobid.Key(uid, name)
 	j := r.jobs[key]
 	switch {
 	case j == nil:
@@ -54,10 +57,10 @@ func (r *registry) authorizeLocked(uid uint32, name, token string) (*job, error)
 	return j, nil
 }
 
-// join places a rank of a job (placement.go) before it opens any socket:
+// Join places a rank of a job (placement.go) before it opens any socket:
 // the kernel files a socket under its creator's cgroup at creation, for
 // good, and the job's observer watches the rank's place from then on.
-func (r *registry) join(req ranks.JoinRequest) error {
+func (r *registry) Join(req ranks.JoinRequest) error {
 	j, pl, err := r.joinLocked(req)
 	if err != nil || j == nil {
 		return err
@@ -95,11 +98,11 @@ func (r *registry) joinLocked(req ranks.JoinRequest) (*job, placement, error) {
 	return j, pl, nil
 }
 
-// admit accepts a rank's HELLO. A rank that did not JOIN first may have
+// Admit accepts a rank's HELLO. A rank that did not JOIN first may have
 // sockets the kernel files under another cgroup: it is admitted (it can be
 // frozen) but the job is marked unpausable, because no kernel check could
 // vouch for those sockets.
-func (r *registry) admit(rk *ranks.Rank) error {
+func (r *registry) Admit(rk *ranks.Rank) error {
 	j, err := r.admitLocked(rk)
 	if err != nil {
 		return err
@@ -175,11 +178,11 @@ func (r *registry) missingLocked(j *job) string {
 		r.node, plural(len(pids), "rank"), joinInts(pids))
 }
 
-// unready is the node role's question: why the job cannot be gated yet,
+// Unready is the node role's question: why the job cannot be gated yet,
 // or why its kernel check here could not vouch for it. The coordinator
 // knows only its own node's reasons (begin): every node asks its own at
 // PREPARE, so a pause is refused wherever one holds.
-func (r *registry) unready(id string) string {
+func (r *registry) Unready(id string) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if j := r.jobs[id]; j != nil {

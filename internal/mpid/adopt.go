@@ -12,6 +12,7 @@ import (
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/jobid"
 	"github.com/mpipause/mpipause/internal/ranks"
 )
 
@@ -62,7 +63,7 @@ func (r *registry) adopt() (interrupted []record) {
 		if r.jobs[id] != nil {
 			continue
 		}
-		owner, name, ok := ranks.SplitJobKey(id)
+		owner, name, ok := jobid.SplitKey(id)
 		if !ok {
 			// Not a job of this release's layout (<uid>:<id>): left alone.
 			continue

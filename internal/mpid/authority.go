@@ -9,7 +9,7 @@ import (
 	"strings"
 
 	"github.com/mpipause/mpipause/internal/ctl"
-	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/internal/jobid"
 	"github.com/mpipause/mpipause/quiesce"
 )
 
@@ -53,7 +53,7 @@ func checkToken(keys *quiesce.Keyring, uid uint32, id, token string) (string, er
 		return "", errBadToken
 	}
 	coord := token[:i]
-	if !ranks.ValidHostName(coord) {
+	if !jobid.ValidHostName(coord) {
 		return "", errBadToken
 	}
 	for _, k := range keys.All() {
@@ -100,7 +100,7 @@ func firstHost(list string) (string, error) {
 		item = item[open+close+1:]
 	}
 	h := b.String()
-	if !ranks.ValidHostName(h) {
+	if !jobid.ValidHostName(h) {
 		return "", fmt.Errorf("host list %q: the first host %q is not a host name", list, h)
 	}
 	return h, nil

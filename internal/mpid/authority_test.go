@@ -7,7 +7,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
-	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/internal/jobid"
 	"github.com/mpipause/mpipause/quiesce"
 )
 
@@ -177,7 +177,7 @@ func TestForeignStep(t *testing.T) {
 func TestRegistration(t *testing.T) {
 	d := newTestDaemon(t, "node0", nil, nil)
 	tok := JobToken(d.cfg.ClusterKey.Current(), 1002, "j", "node0")
-	key := ranks.JobKey(1002, "j")
+	key := jobid.Key(1002, "j")
 	reg := func(op string, uid uint32, token, node string) *peerControl {
 		return d.peer.registered(key, &peerControl{Op: op, UID: uid, Token: token, Node: node, Size: 6})
 	}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/jobid"
 	"github.com/mpipause/mpipause/internal/metrics"
 	"github.com/mpipause/mpipause/internal/node"
 	"github.com/mpipause/mpipause/internal/ranks"
@@ -65,7 +66,7 @@ func (c *coordinator) do(ctx context.Context, req ctl.Request, uid uint32, progr
 
 // doAt runs req for the job whose key is req.Job.
 func (c *coordinator) doAt(ctx context.Context, req ctl.Request, uid uint32, progress func(ctl.Progress), mayForward bool) (ctl.Job, error) {
-	owner, _, ok := ranks.SplitJobKey(req.Job)
+	owner, _, ok := jobid.SplitKey(req.Job)
 	if !ok || (uid != 0 && uid != owner) {
 		// Nothing about the job, not even that it exists, goes to a
 		// stranger: their name for it is in their own namespace.
@@ -561,7 +562,7 @@ func (c *coordinator) view(id string) (ctl.Job, error) {
 
 // jobName is the id part of a job key, for messages.
 func jobName(key string) string {
-	if _, name, ok := ranks.SplitJobKey(key); ok {
+	if _, name, ok := jobid.SplitKey(key); ok {
 		return name
 	}
 	return key

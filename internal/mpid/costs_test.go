@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
-	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/internal/jobid"
 	"github.com/mpipause/mpipause/quiesce"
 )
 
@@ -58,7 +58,7 @@ func TestPlaceHugeSubtreeNotWalked(t *testing.T) {
 		}
 		start := time.Now()
 		n.rank(t, "j1", created.Token, 0, 1)
-		key := ranks.JobKey(uint32(os.Getuid()), "j1")
+		key := jobid.Key(uint32(os.Getuid()), "j1")
 		if got, _ := n.cgroups.Of(pid); got != userScope+"/"+innerName(key) {
 			t.Errorf("the rank is in %s, want one level down, in %s", got, userScope+"/"+innerName(key))
 		}
@@ -119,7 +119,7 @@ func TestPauseCrossCheckCost(t *testing.T) {
 		hosts[i] = fmt.Sprintf("h%05d.cluster.example.org", i)
 	}
 	n.rankWith(t, "j1", created.Token, 0, 2, " hosts=node0,"+strings.Join(hosts, ","))
-	key := ranks.JobKey(uint32(os.Getuid()), "j1")
+	key := jobid.Key(uint32(os.Getuid()), "j1")
 
 	rep := n.ask(t, ctl.OpPause, "j1")
 	if rep.Err == nil || rep.Err.Code != ctl.CodeUnpausable || !strings.Contains(rep.Err.Message, hosts[0]+", ") ||

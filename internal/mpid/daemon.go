@@ -294,9 +294,8 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 	d.reg = &registry{node: d.cfg.Node, key: d.cfg.ClusterKey, parent: d.cgroupParent(), fixed: d.cfg.FixedCgroup,
 		cgroups: d.cfg.Cgroups, observers: d.cfg.Observers, ranks: rs, store: d.store, tr: tr, log: d.log,
 		refusals: newLogLimiter(refusalQuiet), jobs: map[string]*job{}, done: done, treeChanged: make(chan struct{}, 1)}
-	local := node.NewSteps(&node.Role{Name: d.cfg.Node, Ranks: rs, Observer: d.reg.observer, Cgroups: d.reg.cgroupsOf, Freezer: d.cfg.Cgroups,
-		Metrics: d.metrics, Unready: d.reg.unready, Log: d.log}, d.log)
-	local.Committed, local.Thawing, local.Job = d.reg.noteCommitted, d.reg.noteResumed, d.reg.withJob
+	local := node.NewSteps(&node.Role{Name: d.cfg.Node, Ranks: rs, Jobs: d.reg, Freezer: d.cfg.Cgroups,
+		Metrics: d.metrics, Log: d.log}, d.log)
 	local.Records = commitRecords{d.store}
 	retry := quiesce.DefaultRetry
 	if _, ok := tr.(*quiesce.TCPTransport); ok {
@@ -320,21 +319,13 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 		// committed, so it holds here too.
 		d.log.Warn("pause committed, its coordinator silent since; its decider says it holds: paused here", "job", job)
 	}
-	d.reg.pausing = agent.Pausing
-	d.reg.ended = func(id string) {
-		d.store.drop(id)
-		agent.Forget(id)
-		rs.Forget(id)
-	}
+	d.reg.agent = agent
 	d.coord = &coordinator{node: d.cfg.Node, observer: d.observer, reg: d.reg, ranks: rs, agent: agent, tr: tr,
 		metrics: d.metrics, drain: d.cfg.Drain, retry: retry, log: d.log, done: done}
 	d.peer = &peer{node: d.cfg.Node, key: d.cfg.ClusterKey, reg: d.reg, coord: d.coord, agent: agent, log: d.log}
 	d.ctl = &control{key: d.cfg.ClusterKey, reg: d.reg, coord: d.coord}
-	rs.Admit = d.reg.admit
-	rs.Join = d.reg.join
-	rs.OnChange = d.reg.rankChanged
-	rs.OnEvent = d.coord.rankEvent
-	d.reg.continued = d.coord.rankContinued
+	d.reg.events = d.coord
+	rs.Jobs = d.reg
 }
 
 // peerRefused logs the peers the peer port refuses (refusedLog).

@@ -20,6 +20,7 @@ import (
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/jobid"
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/loader"
 	"github.com/mpipause/mpipause/quiesce"
@@ -393,7 +394,7 @@ func (n *testNode) hello(t *testing.T, job, key string, rank, size int, extra st
 			}
 		}
 	}()
-	key2 := ranks.JobKey(uint32(os.Getuid()), job)
+	key2 := jobid.Key(uint32(os.Getuid()), job)
 	if err := n.reg.ranks.Wait(context.Background(), func(all []*ranks.Rank) bool {
 		return slices.ContainsFunc(all, func(r *ranks.Rank) bool { return r.JobKey() == key2 && r.Rank == rank })
 	}); err != nil {
@@ -432,7 +433,7 @@ func TestPauseInProcess(t *testing.T) {
 	for i, n := range nodes {
 		shims = append(shims, n.rank(t, "j1", created.Token, i, 3))
 	}
-	key := ranks.JobKey(uint32(os.Getuid()), "j1")
+	key := jobid.Key(uint32(os.Getuid()), "j1")
 	dir := func(n *testNode) string { return n.reg.jobDir(key) }
 	waitNodes(t, mem, nodes[0], "j1", "node0,node1,node2")
 
@@ -500,7 +501,7 @@ func TestPauseRankLeftBeforePrepare(t *testing.T) {
 		t.Errorf("pause with rank 5 gone: code %s, failure %+v; want %s in PREPARE on node2, naming rank 5", rep.Err.Code, f, ctl.CodeRankGone)
 	}
 	for i, n := range nodes {
-		if fr, _ := n.cgroups.Frozen(n.reg.jobDir(ranks.JobKey(uint32(os.Getuid()), "j1"))); fr {
+		if fr, _ := n.cgroups.Frozen(n.reg.jobDir(jobid.Key(uint32(os.Getuid()), "j1"))); fr {
 			t.Errorf("node%d: frozen after the rollback", i)
 		}
 	}
@@ -623,7 +624,7 @@ func TestRankRequestAnsweredSince(t *testing.T) {
 	defer mem.Close()
 	n := startNode(t, "node0", mem, testKeys(t))
 	var held atomic.Bool // this test's rank is not frozen: its pending SIGTSTP is told
-	n.reg.tstpPending = func(int) bool { return held.Load() }
+	n.reg.procs = fakeProcs{tstp: func(int) bool { return held.Load() }}
 	created := n.ask(t, ctl.OpCreate, "j1")
 	s := n.rank(t, "j1", created.Token, 0, 1)
 	var marks int
@@ -721,7 +722,7 @@ func TestRankContinuedWhileFrozen(t *testing.T) {
 	n := startNode(t, "node0", mem, testKeys(t))
 	var cont atomic.Bool
 	var looks atomic.Int64
-	n.reg.contPending = func(int) bool { looks.Add(1); return cont.Load() }
+	n.reg.procs = fakeProcs{cont: func(int) bool { looks.Add(1); return cont.Load() }}
 	created := n.ask(t, ctl.OpCreate, "j1")
 	n.rank(t, "j1", created.Token, 0, 1)
 	state := func() string {
@@ -821,4 +822,29 @@ func testKeys(t *testing.T) *quiesce.Keyring {
 		t.Fatal(err)
 	}
 	return quiesce.NewKeyring(k)
+}
+
+// fakeProcs is the look at processes a test sets: the pending SIGTSTP and
+// SIGCONT of its ranks (which are not frozen) and made-up parents; the
+// kernel's where it sets none.
+type fakeProcs struct {
+	tstp, cont func(pid int) bool
+	parentOf   func(pid int) int
+}
+
+func (f fakeProcs) pending(pid int, sig syscall.Signal) bool {
+	switch {
+	case sig == syscall.SIGTSTP && f.tstp != nil:
+		return f.tstp(pid)
+	case sig == syscall.SIGCONT && f.cont != nil:
+		return f.cont(pid)
+	}
+	return kernelProcs{}.pending(pid, sig)
+}
+
+func (f fakeProcs) parent(pid int) int {
+	if f.parentOf != nil {
+		return f.parentOf(pid)
+	}
+	return kernelProcs{}.parent(pid)
 }

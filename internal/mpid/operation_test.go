@@ -20,7 +20,7 @@ func opRegistry(t *testing.T) (*registry, string) {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	r := &registry{node: "n0", ranks: ranks.NewServer(nil), store: &store{dir: t.TempDir(), log: log}, log: log,
-		jobs: map[string]*job{}, pausing: func(string) bool { return false }, ended: func(string) {}}
+		jobs: map[string]*job{}, agent: idleAgent{}}
 	self, err := os.FindProcess(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
@@ -157,3 +157,9 @@ func opSequence(t *testing.T, seed uint64) ([]string, error) {
 	}
 	return steps, nil
 }
+
+// idleAgent is an agent with no step under way.
+type idleAgent struct{}
+
+func (idleAgent) Pausing(string) bool { return false }
+func (idleAgent) Forget(string)       {}

@@ -8,7 +8,7 @@ import (
 	"log/slog"
 
 	"github.com/mpipause/mpipause/internal/ctl"
-	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/internal/jobid"
 	"github.com/mpipause/mpipause/quiesce"
 )
 
@@ -73,7 +73,7 @@ func (p *peer) handle(ctx context.Context, m quiesce.Message) (quiesce.Message, 
 // than the one the step comes from. A step of a job unknown here finds
 // nothing to act on.
 func (p *peer) foreignStep(m quiesce.Message) string {
-	if _, _, ok := ranks.SplitJobKey(m.Job); !ok {
+	if _, _, ok := jobid.SplitKey(m.Job); !ok {
 		return fmt.Sprintf("job %q is not a job key", m.Job)
 	}
 	if coord := p.reg.coordinatorOf(m.Job); coord != "" && coord != m.Coordinator {
@@ -90,8 +90,8 @@ func (p *peer) registered(job string, c *peerControl) *peerControl {
 		out.Code, out.Message = ctl.CodePermission, fmt.Sprintf(format, args...)
 		return out
 	}
-	uid, name, ok := ranks.SplitJobKey(job)
-	if !ok || uid != c.UID || !ranks.ValidHostName(c.Node) {
+	uid, name, ok := jobid.SplitKey(job)
+	if !ok || uid != c.UID || !jobid.ValidHostName(c.Node) {
 		return refuse("malformed registration")
 	}
 	coord, err := checkToken(p.key, uid, name, c.Token)

@@ -177,12 +177,9 @@ func (r *registry) placeLocked(j *job, pid int) (placement, error) {
 	}
 	// The rank's own children are the job's too: Slurm's SPANK plugin
 	// leaves a watcher, a child of the task, in the task's cgroup.
-	parent := r.parentOf
-	if parent == nil {
-		parent = ppid
-	}
+	procs := r.procsOr()
 	for _, m := range members {
-		if m != pid && descends(m, pid, parent) {
+		if m != pid && descends(m, pid, procs.parent) {
 			own[m] = true
 		}
 	}

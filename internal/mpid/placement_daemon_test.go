@@ -7,7 +7,7 @@ import (
 	"testing"
 
 	"github.com/mpipause/mpipause/internal/ctl"
-	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/internal/jobid"
 	"github.com/mpipause/mpipause/quiesce"
 )
 
@@ -38,7 +38,7 @@ func TestPlacesInProcess(t *testing.T) {
 		}
 	})
 	t.Run("no cgroup of mpid's own where a manager placed every rank", func(t *testing.T) {
-		key := ranks.JobKey(uint32(os.Getuid()), "j1")
+		key := jobid.Key(uint32(os.Getuid()), "j1")
 		for i, n := range nodes[:2] {
 			if n.cgroups.exists(n.reg.jobDir(key)) {
 				t.Errorf("node%d made %s, where none of the job's ranks is", i, n.reg.jobDir(key))
@@ -138,12 +138,12 @@ func startPlaced(t *testing.T) *placed {
 	}
 	p.nodes[0].cgroups.put(p.pid, placedTask)
 	p.nodes[0].cgroups.put(placedWatcher, placedTask)
-	p.nodes[0].reg.parentOf = func(pid int) int {
+	p.nodes[0].reg.procs = fakeProcs{parentOf: func(pid int) int {
 		if pid == placedWatcher {
 			return p.pid
 		}
 		return 1
-	}
+	}}
 	p.nodes[1].cgroups.put(p.pid, placedScope)
 	p.nodes[1].cgroups.put(placedLauncher, placedScope)
 	// Where a manager placed every rank, mpid's own parent is never needed:
@@ -157,7 +157,7 @@ func startPlaced(t *testing.T) *placed {
 	if created.Err != nil {
 		t.Fatalf("create: %+v", created.Err)
 	}
-	key := ranks.JobKey(uint32(os.Getuid()), "j1")
+	key := jobid.Key(uint32(os.Getuid()), "j1")
 	for i, n := range p.nodes {
 		p.shims = append(p.shims, n.rank(t, "j1", created.Token, i, 3))
 	}

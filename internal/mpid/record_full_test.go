@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
-	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/internal/jobid"
 )
 
 // unwritable makes dir refuse new files, as a full disk refuses mpid's
@@ -83,7 +83,7 @@ func TestPauseRolledBackWhenUnrecorded(t *testing.T) {
 		shims = append(shims, n.rank(t, "j1", created.Token, i, 3))
 	}
 	waitNodes(t, mem, nodes[0], "j1", "node0,node1,node2")
-	key := ranks.JobKey(uint32(os.Getuid()), "j1")
+	key := jobid.Key(uint32(os.Getuid()), "j1")
 	dir := nodes[0].cfg.StateDir
 
 	// Held at node0's FREEZE, after the coordinator recorded the pause

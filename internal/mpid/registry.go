@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/jobid"
+	"github.com/mpipause/mpipause/internal/node"
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/loader"
 	"github.com/mpipause/mpipause/quiesce"
@@ -117,31 +119,66 @@ type registry struct {
 	// refusals keeps a rank that retries a refused JOIN or HELLO from
 	// flooding the log.
 	refusals *logLimiter
-	// pausing says whether a protocol step of the job is under way on this
-	// node (the agent's): its job is kept. ended is told the job is gone.
-	pausing func(id string) bool
-	ended   func(id string)
+	// agent is this node's protocol agent: a job with a step of it under
+	// way here is kept (Pausing); an ended job is forgotten there too.
+	agent interface {
+		Pausing(id string) bool
+		Forget(id string)
+	}
+	// events hears what ranks ask for unasked (the coordinator).
+	events rankEvents
 
-	// tstpPending and contPending, if set, stand for the look at a rank's
-	// pending SIGTSTP and SIGCONT (tests: their ranks are not frozen
-	// processes).
-	tstpPending, contPending func(pid int) bool
-	// continued, if set, is told of a rank of a job paused here that has a
-	// SIGCONT pending (watchContinue); done closes when mpid stops.
-	continued func(r *ranks.Rank)
-	done      <-chan struct{}
+	// procs is the look at the ranks' processes: the kernel's (nil), or a
+	// test's, whose ranks are not frozen and whose processes are made up.
+	procs processes
+	// done closes when mpid stops.
+	done <-chan struct{}
 	// treeChanged hears (without blocking, buffered by one) that a node
 	// registered ranks of a job this node coordinates (keepWarm).
 	treeChanged chan struct{}
-	// parentOf, if set, stands for the look at a process's parent
-	// (tests: their processes are made up).
-	parentOf func(pid int) int
 
 	// mu guards jobs and every job's fields but obs's opening (obsMu);
 	// only the registry's methods and its operations take it.
 	mu   sync.Mutex
 	jobs map[string]*job
 }
+
+var (
+	_ node.Jobs  = (*registry)(nil)
+	_ ranks.Jobs = (*registry)(nil)
+)
+
+// processes is the look at a process: whether it has sig pending (a
+// frozen rank runs no handler) and its parent.
+type processes interface {
+	pending(pid int, sig syscall.Signal) bool
+	parent(pid int) int
+}
+
+// kernelProcs reads /proc.
+type kernelProcs struct{}
+
+func (kernelProcs) pending(pid int, sig syscall.Signal) bool { return signalPending(pid, sig) }
+func (kernelProcs) parent(pid int) int                       { return ppid(pid) }
+
+// procsOr is r's look at processes, the kernel's unless a test set one.
+func (r *registry) procsOr() processes {
+	if r.procs == nil {
+		return kernelProcs{}
+	}
+	return r.procs
+}
+
+// rankEvents hears what a rank asks for unasked: its SIGTSTP or SIGCONT
+// (rankEvent), or a SIGCONT noticed pending on a rank of a job paused here
+// (rankContinued, from watchContinue). The coordinator implements it.
+type rankEvents interface {
+	rankEvent(r *ranks.Rank, ev string)
+	rankContinued(r *ranks.Rank)
+}
+
+// Event passes a rank's unasked line to the coordinator (rankEvents).
+func (r *registry) Event(rk *ranks.Rank, ev string) { r.events.rankEvent(rk, ev) }
 
 // jobDir is the cgroup of job's ranks on this node.
 func (r *registry) jobDir(id string) string {
@@ -164,7 +201,7 @@ func (r *registry) newJobLocked(uid uint32, name, coord string) (*job, error) {
 			return nil, fmt.Errorf("uid %d has %d jobs on %s, the most one user may have: let some end first", uid, n, r.node)
 		}
 	}
-	key := ranks.JobKey(uid, name)
+	key := jobid.Key(uid, name)
 	// j.dir is made only for a rank placed in it (PlaceCreated): where a
 	// manager placed the ranks it is never needed, and under systemd, whose
 	// hierarchy root is read-only to mpid's unit, it could not be made.
@@ -184,7 +221,7 @@ func (r *registry) newJobLocked(uid uint32, name, coord string) (*job, error) {
 func (r *registry) create(name string, uid uint32, pid int) ctl.Reply {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	key := ranks.JobKey(uid, name)
+	key := jobid.Key(uid, name)
 	if r.jobs[key] != nil {
 		return ctl.Reply{Err: ctl.Errorf(ctl.CodeState, "job id %s is in use by a job of yours on %s: choose another (--jobid), or let it end", name, r.node), Final: true}
 	}
@@ -207,7 +244,7 @@ func (r *registry) create(name string, uid uint32, pid int) ctl.Reply {
 // A job of someone else's is unknown to a stranger, owner and all.
 func (r *registry) lookup(name string, uid uint32) (string, error) {
 	if uid != 0 {
-		return ranks.JobKey(uid, name), nil
+		return jobid.Key(uid, name), nil
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -222,7 +259,7 @@ func (r *registry) lookup(name string, uid uint32) (string, error) {
 	}
 	switch len(keys) {
 	case 0:
-		return ranks.JobKey(0, name), nil
+		return jobid.Key(0, name), nil
 	case 1:
 		return keys[0], nil
 	}
@@ -281,8 +318,8 @@ func (r *registry) watchLocked(j *job, obs loader.Observer, dirs []string) error
 	return nil
 }
 
-// observer is the node role's access to a job's observer.
-func (r *registry) observer(id string) (loader.Observer, error) {
+// Observer is the node role's access to a job's observer.
+func (r *registry) Observer(id string) (loader.Observer, error) {
 	r.mu.Lock()
 	j := r.jobs[id]
 	r.mu.Unlock()
@@ -297,9 +334,9 @@ func (r *registry) observer(id string) (loader.Observer, error) {
 	return j.obs, nil
 }
 
-// cgroupsOf is the node role's access to a job's cgroups: the ones to
+// Cgroups is the node role's access to a job's cgroups: the ones to
 // freeze.
-func (r *registry) cgroupsOf(id string) ([]string, error) {
+func (r *registry) Cgroups(id string) ([]string, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if j := r.jobs[id]; j != nil {
@@ -384,10 +421,10 @@ func (r *registry) view(id string) (jobView, bool) {
 	return jv, true
 }
 
-// withJob calls fn, under r.mu, with job id's owner and coordinator (0 and
+// WithJob calls fn, under r.mu, with job id's owner and coordinator (0 and
 // "" if the job is not known here): the node's record of a committed pause
 // is read and written there, never across the coordinator's (save).
-func (r *registry) withJob(id string, fn func(owner uint32, coordinator string) error) error {
+func (r *registry) WithJob(id string, fn func(owner uint32, coordinator string) error) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if j := r.jobs[id]; j != nil {
@@ -396,7 +433,9 @@ func (r *registry) withJob(id string, fn func(owner uint32, coordinator string) 
 	return fn(0, "")
 }
 
-func (r *registry) rankChanged(rk *ranks.Rank, gone bool, err error) {
+// Changed hears of a rank that registers or goes, and of a refused one:
+// a job may end with its last rank, and a refusal is logged (bounded).
+func (r *registry) Changed(rk *ranks.Rank, gone bool, err error) {
 	switch {
 	case err != nil && !gone:
 		if ok, held := r.refusals.allow(err.Error()); ok {
@@ -428,7 +467,7 @@ func (r *registry) rankChanged(rk *ranks.Rank, gone bool, err error) {
 // exited (not "never prepared here", as a forgotten job did), and its
 // rollback finds the cgroup to thaw; sweep ends the job after that.
 func (r *registry) maybeEndLocked(j *job) {
-	if j.busy || len(r.ranks.Ranks(j.id)) > 0 || r.pausing(j.id) || len(j.remotes) > 0 {
+	if j.busy || len(r.ranks.Ranks(j.id)) > 0 || r.agent.Pausing(j.id) || len(j.remotes) > 0 {
 		return
 	}
 	if j.creator != nil {
@@ -447,7 +486,9 @@ func (r *registry) maybeEndLocked(j *job) {
 	r.log.Info("job ended", "job", j.id)
 	r.closeJobLocked(j, true)
 	delete(r.jobs, j.id)
-	r.ended(j.id)
+	r.store.drop(j.id)
+	r.agent.Forget(j.id)
+	r.ranks.Forget(j.id)
 }
 
 func (r *registry) closeJobLocked(j *job, unpin bool) {

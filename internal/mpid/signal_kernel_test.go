@@ -11,7 +11,7 @@ import (
 	"github.com/mpipause/mpipause/internal/testutil"
 )
 
-// TestSignalPendingWhileFrozen: what watchContinue and noteResumed rest on,
+// TestSignalPendingWhileFrozen: what watchContinue and Thawing rest on,
 // asked of the kernel: a SIGCONT (and a SIGTSTP) sent to a process frozen
 // in its cgroup, which handles them as the shim does, stays pending where
 // signalPending reads it until the thaw, and is taken then.

@@ -27,20 +27,17 @@ func monotonic() int64 {
 	return ts.Nano()
 }
 
-// noteResumed records that this node begins to thaw job id (a resume, or
-// the rollback of a pause), and noteCommitted that a pause of it commits.
-func (r *registry) noteResumed(id string) {
+// Thawing records that this node begins to thaw job id (a resume, or
+// the rollback of a pause), and Committed that a pause of it commits.
+func (r *registry) Thawing(id string) {
 	// The time first: a handler stamped before it took its signal off the
 	// pending set before the look below, which then sees a later one.
 	t := monotonic()
 	var held map[int]bool
 	if r.ranks != nil {
-		pending := r.tstpPending
-		if pending == nil {
-			pending = tstpPending
-		}
+		procs := r.procsOr()
 		for _, rk := range r.ranks.Ranks(id) {
-			if pending(rk.Pid) {
+			if procs.pending(rk.Pid, syscall.SIGTSTP) {
 				if held == nil {
 					held = map[int]bool{}
 				}
@@ -55,7 +52,7 @@ func (r *registry) noteResumed(id string) {
 	}
 }
 
-func (r *registry) noteCommitted(id string) {
+func (r *registry) Committed(id string) {
 	t := monotonic()
 	r.mu.Lock()
 	j := r.jobs[id]
@@ -64,7 +61,7 @@ func (r *registry) noteCommitted(id string) {
 		j.committed, j.tstpHeld = t, nil
 	}
 	r.mu.Unlock()
-	if j != nil && r.continued != nil && r.ranks != nil {
+	if j != nil && r.events != nil && r.ranks != nil {
 		go r.watchContinue(id, t)
 	}
 }
@@ -83,10 +80,7 @@ const contPoll = 200 * time.Millisecond
 // Whoever may signal the rank may have it resume its job: the same as the
 // handler's request.
 func (r *registry) watchContinue(id string, t int64) {
-	pending := r.contPending
-	if pending == nil {
-		pending = func(pid int) bool { return signalPending(pid, syscall.SIGCONT) }
-	}
+	procs := r.procsOr()
 	tick := time.NewTicker(contPoll)
 	defer tick.Stop()
 	for {
@@ -105,8 +99,8 @@ func (r *registry) watchContinue(id string, t int64) {
 		for _, rk := range r.ranks.Ranks(id) {
 			// The pid read is the rank's: its process still holds it
 			// after the read (a recycled pid would be another's signal).
-			if pending(rk.Pid) && (rk.Proc() == nil || rk.Proc().Alive() == nil) {
-				r.continued(rk)
+			if procs.pending(rk.Pid, syscall.SIGCONT) && (rk.Proc() == nil || rk.Proc().Alive() == nil) {
+				r.events.rankContinued(rk)
 				return
 			}
 		}
@@ -143,10 +137,6 @@ func (r *registry) answered(id string, pid int, q ranks.Request) bool {
 	}
 	return false
 }
-
-// tstpPending says whether process pid has a SIGTSTP pending: one sent to
-// a frozen rank waits there for the thaw.
-func tstpPending(pid int) bool { return signalPending(pid, syscall.SIGTSTP) }
 
 // signalPending says whether process pid has signal sig pending (proc(5):
 // ShdPnd for kill(2), SigPnd for its main thread). A frozen process's

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
+	"github.com/mpipause/mpipause/internal/jobid"
 	"github.com/mpipause/mpipause/internal/node"
 )
 
@@ -161,7 +162,7 @@ func readRecord(path string) (record, error) {
 	if err := json.Unmarshal(f.Record, &r); err != nil {
 		return r, fmt.Errorf("%w %s: %v", errCorrupt, path, err)
 	}
-	if r.Version != recordVersion || ctl.ValidJobID(r.Job) != nil || filepath.Base(path) != r.Job+".json" {
+	if r.Version != recordVersion || !jobid.Valid(r.Job) || filepath.Base(path) != r.Job+".json" {
 		return r, fmt.Errorf("%w %s: version %d, job %q", errCorrupt, path, r.Version, r.Job)
 	}
 	return r, nil

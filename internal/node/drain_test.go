@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpipause/mpipause/internal/jobid"
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/loader"
 	"github.com/mpipause/mpipause/quiesce"
@@ -63,7 +64,7 @@ func oneRank(t *testing.T, name string, event *atomic.Pointer[string]) (context.
 	if err := s.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
 		t.Fatal(err)
 	}
-	return ctx, s, ranks.JobKey(uint32(os.Getuid()), "j"), lines
+	return ctx, s, jobid.Key(uint32(os.Getuid()), "j"), lines
 }
 
 // TestJobConns: a connection whose other end is on this node is the job's
@@ -175,7 +176,7 @@ func TestNodeRoleDrainSet(t *testing.T) {
 		conn(0x14, "10.0.0.1:5002", "10.0.0.1:5432"), // the program's own database client
 		conn(0x15, "127.0.0.1:40000", "127.0.0.1:9100"),
 	}}
-	l := &Role{Name: "n1", Ranks: s, Observer: func(string) (loader.Observer, error) { return obs, nil },
+	l := &Role{Name: "n1", Ranks: s, Jobs: observed{obs},
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 
 	if err := l.Prepare(ctx, job); err != nil {
@@ -247,7 +248,7 @@ func TestNodeRoleCounted(t *testing.T) {
 		conn(0x14, "10.0.0.1:5002", "10.0.0.3:5432"), // the program's own, uncounted
 		{Cookie: 0x15, Local: netip.MustParseAddrPort("10.0.0.1:5000"), State: loader.StateListen},
 	}}
-	l := &Role{Name: "n1", Ranks: s, Observer: func(string) (loader.Observer, error) { return obs, nil },
+	l := &Role{Name: "n1", Ranks: s, Jobs: observed{obs},
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if err := l.Prepare(ctx, job); err != nil {
 		t.Fatal(err)
@@ -279,7 +280,7 @@ func TestNodeRoleUnheld(t *testing.T) {
 		conn(0x12, "10.0.0.1:6000", "10.0.0.1:5000"),
 		conn(0x14, "10.0.0.1:5002", "10.0.0.1:5432"), // the program's own database client
 	}}
-	l := &Role{Name: "n1", Ranks: s, Observer: func(string) (loader.Observer, error) { return obs, nil },
+	l := &Role{Name: "n1", Ranks: s, Jobs: observed{obs},
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	if err := l.Prepare(ctx, job); err != nil {
 		t.Fatal(err)
@@ -338,7 +339,7 @@ func TestVerifyIgnoresProgramsOwn(t *testing.T) {
 		unread(conn(0x14, "10.0.0.1:5002", "10.0.0.1:5432")),    // the program's own database client
 		unread(conn(0x15, "127.0.0.1:40000", "127.0.0.1:9100")), // and its metrics agent
 	}}
-	l := &Role{Name: "n1", Ranks: s, Observer: func(string) (loader.Observer, error) { return obs, nil },
+	l := &Role{Name: "n1", Ranks: s, Jobs: observed{obs},
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	ctx := context.Background()
 	rep, err := l.Verify(ctx, "0:j")
@@ -423,4 +424,17 @@ func TestDrainFailsOnHeldRank(t *testing.T) {
 			t.Errorf("error %q lacks %q", err, want)
 		}
 	}
+}
+
+// observed is Jobs with one observer for every job, no cgroups, every job
+// ready, and nothing to tell.
+type observed struct{ obs loader.Observer }
+
+func (o observed) Observer(string) (loader.Observer, error) { return o.obs, nil }
+func (observed) Cgroups(string) ([]string, error)           { return nil, nil }
+func (observed) Unready(string) string                      { return "" }
+func (observed) Committed(string)                           {}
+func (observed) Thawing(string)                             {}
+func (observed) WithJob(_ string, fn func(uint32, string) error) error {
+	return fn(0, "")
 }

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpipause/mpipause/internal/jobid"
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/loader"
 	"github.com/mpipause/mpipause/quiesce"
@@ -256,7 +257,7 @@ func killedRank(t *testing.T, order []string, before int, killFirst bool) {
 	defer cancel()
 	go s.Serve(ctx)
 	const job = "j"
-	key := ranks.JobKey(uint32(os.Getuid()), job)
+	key := jobid.Key(uint32(os.Getuid()), job)
 	survivor := fakeRank(t, addr, job, 0, new(atomic.Pointer[string]))
 	go func() {
 		for range survivor {
@@ -269,7 +270,7 @@ func killedRank(t *testing.T, order []string, before int, killFirst bool) {
 	var mu sync.Mutex
 	ev := map[string]bool{}
 	obs := &eventObserver{conns: func() []loader.Conn { mu.Lock(); defer mu.Unlock(); return dyingConns(ev) }}
-	l := &Role{Name: "n1", Ranks: s, Observer: func(string) (loader.Observer, error) { return obs, nil },
+	l := &Role{Name: "n1", Ranks: s, Jobs: observed{obs},
 		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	happen := func(e string) {
 		mu.Lock()

@@ -47,15 +47,11 @@ type Role struct {
 	Name string
 	// Ranks is the node's rank socket, where the job's shims registered.
 	Ranks *ranks.Server
-	// Observer returns the kernel reader of the job's sockets. It may see
-	// other nodes' namespaces too (on a rig); Netns then selects this node's.
-	Observer func(job string) (loader.Observer, error)
+	// Jobs are the jobs known on this node: their observers, cgroups and
+	// readiness, and what a step tells them.
+	Jobs Jobs
 	// Netns, if set, is the Conn.Netns label of this node's namespace.
-	Netns string
-	// Cgroups returns the cgroup v2 directories that hold the job's ranks
-	// on this node, where their resource manager put them or inside those
-	// (docs/mpid.md, "Cgroups"): the ones Freeze freezes, together.
-	Cgroups func(job string) ([]string, error)
+	Netns   string
 	Freezer interface {
 		Freeze(ctx context.Context, dir string) error
 		Thaw(ctx context.Context, dir string) error
@@ -63,10 +59,6 @@ type Role struct {
 	// HeldBy, if set, says what holds process pid still other than the
 	// pause, or ""; nil reads the kernel (heldByKernel).
 	HeldBy func(pid int) string
-	// Unready, if set, says why a job known here cannot be gated yet
-	// although some of its ranks may be registered (an mpid restarted and
-	// not all of them have registered again): a pause of it fails here.
-	Unready func(job string) string
 	// Metrics, if set, records each kernel snapshot's time and the bytes
 	// sent through closed gates.
 	Metrics *metrics.Metrics
@@ -343,10 +335,8 @@ func (l *Role) Prepare(ctx context.Context, job string) error {
 	// Only closing waits for every rank: a rank not registered again
 	// could not be gated, while opening and thawing what is registered
 	// is always right.
-	if l.Unready != nil {
-		if why := l.Unready(job); why != "" {
-			return fmt.Errorf("node %s, job %s: %w", l.Name, job, &NotReadyError{why})
-		}
+	if why := l.Jobs.Unready(job); why != "" {
+		return fmt.Errorf("node %s, job %s: %w", l.Name, job, &NotReadyError{why})
 	}
 	if err := l.left(job); err != nil {
 		return err
@@ -389,7 +379,7 @@ func (l *Role) Prepare(ctx context.Context, job string) error {
 
 // conns reads the job's connections on this node from the kernel.
 func (l *Role) conns(ctx context.Context, job string) ([]loader.Conn, error) {
-	obs, err := l.Observer(job)
+	obs, err := l.Jobs.Observer(job)
 	if err != nil {
 		return nil, err
 	}
@@ -561,7 +551,7 @@ func (l *Role) Thaw(ctx context.Context, job string) error {
 }
 
 func (l *Role) eachCgroup(ctx context.Context, job string, fn func(context.Context, string) error) error {
-	dirs, err := l.Cgroups(job)
+	dirs, err := l.Jobs.Cgroups(job)
 	if err != nil {
 		return err
 	}

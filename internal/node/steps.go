@@ -26,16 +26,6 @@ const FailpointsEnv = "MPIPAUSE_FAILPOINTS"
 // NewSteps.
 type Steps struct {
 	*Role
-	// Committed tells mpid's registry that a pause of the job commits
-	// here, and Thawing that this node begins to thaw the job (a resume or
-	// a rollback): a rank's pause or resume request signalled before is
-	// answered.
-	Committed, Thawing func(job string)
-	// Job calls fn with the job's owner uid and coordinator (0 and "" if
-	// the job is not known here) under the lock that the coordinator's
-	// records of its pauses are written under: the record of a commit is
-	// read and written inside fn.
-	Job func(job string, fn func(owner uint32, coordinator string) error) error
 	// Records are mpid's records of paused jobs.
 	Records Records
 
@@ -72,7 +62,7 @@ type Commit struct {
 
 // NewSteps makes the Steps around role with its failpoints (none outside
 // a failpoints build) for role.Name, logged to log. The caller sets
-// Committed, Thawing, Job and Records before the agent runs a step.
+// Records before the agent runs a step.
 func NewSteps(role *Role, log *slog.Logger) *Steps {
 	return &Steps{Role: role, fp: hookFor(role.Name, log)}
 }
@@ -108,7 +98,7 @@ func (n *Steps) Verify(ctx context.Context, job string) (rep quiesce.NodeReport,
 
 func (n *Steps) Commit(ctx context.Context, job string) error {
 	return n.step(ctx, "COMMIT", job, func() error {
-		n.Committed(job)
+		n.Jobs.Committed(job)
 		return n.recordCommit(job)
 	})
 }
@@ -117,12 +107,11 @@ func (n *Steps) Thaw(ctx context.Context, job string) error {
 	return n.step(ctx, "THAW", job, func() error {
 		// Before the thaw: a rank frozen with its SIGTSTP unsent sends it
 		// as soon as it runs again.
-		n.Thawing(job)
+		n.Jobs.Thawing(job)
 		if err := n.Role.Thaw(ctx, job); err != nil {
 			return err
 		}
-		n.Records.Drop(job)
-		return nil
+		return n.dropRecord(job)
 	})
 }
 
@@ -138,11 +127,11 @@ func (n *Steps) Open(ctx context.Context, job string) error {
 
 // recordCommit records that a pause of job committed on this node.
 func (n *Steps) recordCommit(id string) error {
-	cgs, err := n.Cgroups(id)
+	cgs, err := n.Jobs.Cgroups(id)
 	if err != nil {
 		return err
 	}
-	return n.Job(id, func(owner uint32, coordinator string) error {
+	return n.Jobs.WithJob(id, func(owner uint32, coordinator string) error {
 		if n.Records.Pausing(id) {
 			// This is the coordinator, whose pause is still under way: the
 			// pause holds only once every node has committed, when it says so
@@ -155,5 +144,20 @@ func (n *Steps) recordCommit(id string) error {
 			c.Ranks = rk.Size
 		}
 		return n.Records.WriteCommit(c)
+	})
+}
+
+// dropRecord removes the record of a pause committed here once the job is
+// thawed here. Not on the job's coordinator: its record is of the whole
+// pause (its nodes), and stays until the resume or rollback is confirmed on
+// every node, which only the coordinator's operation knows; a successor of
+// its mpid that found none would leave the nodes that did not confirm
+// paused.
+func (n *Steps) dropRecord(id string) error {
+	return n.Jobs.WithJob(id, func(_ uint32, coordinator string) error {
+		if coordinator != n.Name {
+			n.Records.Drop(id)
+		}
+		return nil
 	})
 }

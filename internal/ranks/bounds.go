@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"fmt"
 	"slices"
+
+	"github.com/mpipause/mpipause/internal/jobid"
 )
 
 // What one uid, and all of them, can make mpid hold through the rank
@@ -123,7 +125,7 @@ func (s *Server) HostsHeld(uid uint32) (lists, bytes, total int) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for k := range s.hosts {
-		if u, _, ok := SplitJobKey(k); ok && u == uid {
+		if u, _, ok := jobid.SplitKey(k); ok && u == uid {
 			lists++
 		}
 	}

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/mpipause/mpipause/internal/jobid"
 )
 
 // hostNames is n distinct host names, joined as rank 0's hosts= sends them.
@@ -25,7 +27,7 @@ func refusing(t *testing.T) (*Server, string, context.Context, chan error) {
 	t.Helper()
 	s, addr, ctx := serving(t)
 	refused := make(chan error, 64)
-	s.OnChange = func(r *Rank, gone bool, err error) {
+	hooksOf(s).changed = func(r *Rank, gone bool, err error) {
 		if r == nil {
 			refused <- err
 		}
@@ -73,7 +75,7 @@ func TestHostsKeptOnce(t *testing.T) {
 		t.Errorf("%d registrations with a %d-byte host list grew the heap by %d bytes: the list is kept more than once", n, len(hosts), grown)
 	}
 	var first *string
-	for _, r := range s.Ranks(JobKey(uint32(os.Getuid()), "big")) {
+	for _, r := range s.Ranks(jobid.Key(uint32(os.Getuid()), "big")) {
 		switch {
 		case r.Rank != 0 && r.Hosts != nil:
 			t.Errorf("rank %d's hosts= was kept", r.Rank)

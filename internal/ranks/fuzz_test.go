@@ -34,7 +34,7 @@ func FuzzParseHello(f *testing.F) {
 		}
 		// Names reach node lists, peers' addresses and terminals.
 		for _, h := range append([]string{r.Host, r.Root}, r.Hosts...) {
-			if h != "" && !ValidHostName(h) {
+			if h != "" && !jobid.ValidHostName(h) {
 				t.Fatalf("accepted %q with host name %q", line, h)
 			}
 		}

@@ -12,6 +12,7 @@ import (
 	"testing"
 	"unsafe"
 
+	"github.com/mpipause/mpipause/internal/jobid"
 	"golang.org/x/sys/unix"
 )
 
@@ -156,7 +157,7 @@ func TestGatePage(t *testing.T) {
 	if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == 1 }); err != nil {
 		t.Fatal(err)
 	}
-	r := s.Ranks(JobKey(uint32(os.Getuid()), "gp"))[0]
+	r := s.Ranks(jobid.Key(uint32(os.Getuid()), "gp"))[0]
 	if r.Quiet() {
 		t.Error("Quiet with the gate open")
 	}

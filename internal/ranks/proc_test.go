@@ -82,7 +82,7 @@ func TestJoinOfExitedPeer(t *testing.T) {
 func TestHelloOfExitedPeer(t *testing.T) {
 	s, addr, ctx := serving(t)
 	refused := make(chan error, 1)
-	s.OnChange = func(r *Rank, gone bool, err error) {
+	hooksOf(s).changed = func(r *Rank, gone bool, err error) {
 		if r == nil {
 			refused <- err
 		}
@@ -171,7 +171,7 @@ func TestMoveTo(t *testing.T) {
 func TestPendingCap(t *testing.T) {
 	s, addr, ctx := serving(t)
 	refused := make(chan error, 4)
-	s.OnChange = func(r *Rank, gone bool, err error) {
+	hooksOf(s).changed = func(r *Rank, gone bool, err error) {
 		if r == nil {
 			refused <- err
 		}
@@ -256,7 +256,7 @@ func TestLongFirstLine(t *testing.T) {
 func TestLongRankLine(t *testing.T) {
 	s, addr, ctx := serving(t)
 	cut := make(chan error, 1)
-	s.OnChange = func(r *Rank, gone bool, err error) {
+	hooksOf(s).changed = func(r *Rank, gone bool, err error) {
 		if gone {
 			cut <- err
 		}

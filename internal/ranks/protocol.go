@@ -184,35 +184,12 @@ func ParseHello(line string) (*Rank, error) {
 	names := map[string][]string{"host": {r.Host}, "root": {r.Root}, "hosts": r.Hosts}
 	for _, k := range []string{"host", "root", "hosts"} {
 		for _, h := range names[k] {
-			if seen[k] && !ValidHostName(h) {
-				return nil, fmt.Errorf("HELLO %s %q: %s", k, h, HostNameRule)
+			if seen[k] && !jobid.ValidHostName(h) {
+				return nil, fmt.Errorf("HELLO %s %q: %s", k, h, jobid.HostNameRule)
 			}
 		}
 	}
 	return r, nil
-}
-
-// HostNameRule says what ValidHostName accepts, for error messages.
-const HostNameRule = "want a host name (RFC 1123): labels of 1 to 63 letters, digits and '-', not starting or ending with '-', joined by dots, 253 characters at most"
-
-// ValidHostName is the one rule for the names of nodes (HELLO's host=,
-// root= and hosts=, mpid's --node): an RFC 1123 host name.
-func ValidHostName(s string) bool {
-	if len(s) == 0 || len(s) > 253 {
-		return false
-	}
-	for _, l := range strings.Split(s, ".") {
-		if len(l) == 0 || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
-			return false
-		}
-		for i := 0; i < len(l); i++ {
-			c := l[i]
-			if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-') {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 // MaxRankLine bounds a line from a registered rank (replies and events,

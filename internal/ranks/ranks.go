@@ -27,7 +27,6 @@ import (
 	"io"
 	"net"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,30 +87,38 @@ type Gate struct {
 	Held    uint64 `json:"held"`    // bytes held in the shim
 }
 
-// Server accepts ranks on one unix socket. Set its hooks before Serve.
+// Jobs is what the rank server asks of the jobs its ranks belong to:
+// mpid's registry implements it.
+type Jobs interface {
+	// Join acts on a JOIN: process p (p.Pid and p.UID from SO_PEERCRED,
+	// the pid also the one the line names; p holds its pidfd, taken at
+	// accept) asks to be moved into the cgroup of job, before it has
+	// created any socket (mpid: check the job and the user, then p.MoveTo
+	// the job's cgroup, never a write of the bare pid). p is alive when
+	// Join is called and is closed when Join returns: Join must not keep
+	// it. A nil return answers OK; an error answers ERR with its text,
+	// which the rank prints. The shim waits 2 s for the answer, then runs
+	// on unjoined. Refused JOINs also go to Changed (r nil, err).
+	Join(JoinRequest) error
+	// Admit decides whether a rank that passed the credential check may
+	// register (mpid: is its pid in the job's cgroup?).
+	Admit(*Rank) error
+	// Changed is told of every rank that registers (gone false) or goes
+	// away (gone true), and of refused connections (r nil, err).
+	Changed(r *Rank, gone bool, err error)
+	// Event is told what a rank asks for unasked: "pause" when it got
+	// SIGTSTP, "resume" when it got SIGCONT (ParseRequest), and the
+	// outcome of a flush (ParseFlushed). It runs on the rank's reader: it
+	// must not make requests to that rank itself.
+	Event(r *Rank, event string)
+}
+
+// Server accepts ranks on one unix socket. Set Jobs before Serve.
 type Server struct {
-	// Admit, if set, decides whether a rank that passed the credential
-	// check may register (mpid: is its pid in the job's cgroup?).
-	Admit func(*Rank) error
-	// OnChange, if set, is told of every rank that registers (gone false)
-	// or goes away (gone true), and of refused connections (r nil, err).
-	OnChange func(r *Rank, gone bool, err error)
-	// OnEvent, if set, is told what a rank asks for unasked: "pause" when
-	// it got SIGTSTP, "resume" when it got SIGCONT (ParseRequest), and
-	// the outcome of a flush (ParseFlushed). It runs on the rank's
-	// reader: it must not make requests to that rank itself.
-	OnEvent func(r *Rank, event string)
-	// Join, if set, acts on a JOIN: process p (p.Pid and p.UID from
-	// SO_PEERCRED, the pid also the one the line names; p holds its pidfd,
-	// taken at accept) asks to be moved into the cgroup of job, before it
-	// has created any socket (mpid: check the job and the user, then
-	// p.MoveTo the job's cgroup, never a write of the bare pid). p is alive
-	// when Join is called and is closed when Join returns: Join must not
-	// keep it. A nil return answers OK; an error answers ERR with its
-	// text, which the rank prints. The shim waits 2 s for the answer, then
-	// runs on unjoined. Without Join every JOIN is refused ("joining is not
-	// supported here"). Refused JOINs also go to OnChange (r nil, err).
-	Join func(JoinRequest) error
+	// Jobs, if set, admits and hears of the ranks. Without it every JOIN
+	// is refused ("joining is not supported here") and every HELLO that
+	// passes the credential check registers.
+	Jobs Jobs
 
 	// MaxPerUID bounds the registered ranks of one uid (0:
 	// MaxRanksPerUID); a HELLO past it is refused before Admit.
@@ -157,23 +164,8 @@ type JoinRequest struct {
 	Proc *Proc
 }
 
-// JobKey is where a job lives in mpid: a user's job ids are that user's
-// namespace, so uid 1001's "4243.0" is another job than uid 1002's and
-// neither can name the other's (docs/security.md).
-func JobKey(uid uint32, id string) string { return strconv.FormatUint(uint64(uid), 10) + ":" + id }
-
-// SplitJobKey is JobKey's inverse.
-func SplitJobKey(key string) (uid uint32, id string, ok bool) {
-	u, id, ok := strings.Cut(key, ":")
-	n, err := strconv.ParseUint(u, 10, 32)
-	if !ok || err != nil || u == "" || (len(u) > 1 && u[0] == '0') || !jobid.Valid(id) {
-		return 0, "", false
-	}
-	return uint32(n), id, true
-}
-
 // JobKey is the key of the rank's job: its own uid's namespace.
-func (r *Rank) JobKey() string { return JobKey(r.UID, r.Job) }
+func (r *Rank) JobKey() string { return jobid.Key(r.UID, r.Job) }
 
 // Listen opens the rank socket at addr: "@name" for an abstract socket,
 // else a path.
@@ -251,8 +243,8 @@ func (s *Server) handshake(c *net.UnixConn) {
 			r.page.close()
 		}
 	}
-	if err == nil && s.Admit != nil {
-		if err = s.Admit(r); err != nil {
+	if err == nil && s.Jobs != nil {
+		if err = s.Jobs.Admit(r); err != nil {
 			r.page.close()
 		}
 	}
@@ -265,20 +257,20 @@ func (s *Server) handshake(c *net.UnixConn) {
 		}
 		c.Close()
 		proc.Close()
-		if s.OnChange != nil {
-			s.OnChange(nil, false, err)
+		if s.Jobs != nil {
+			s.Jobs.Changed(nil, false, err)
 		}
 		return
 	}
-	if s.OnChange != nil {
-		s.OnChange(r, false, nil)
+	if s.Jobs != nil {
+		s.Jobs.Changed(r, false, nil)
 	}
 	s.mu.Lock()
 	s.ranks = append(s.ranks, r)
 	delete(s.left[r.JobKey()], r.Rank)
 	s.notifyLocked()
 	s.mu.Unlock()
-	cut := r.read(bufio.NewReaderSize(c, MaxRankLine), s.OnEvent)
+	cut := r.read(bufio.NewReaderSize(c, MaxRankLine), s.Jobs)
 	s.mu.Lock()
 	s.ranks = slices.DeleteFunc(s.ranks, func(x *Rank) bool { return x == r })
 	if !slices.ContainsFunc(s.ranks, func(x *Rank) bool { return x.JobKey() == r.JobKey() && x.Rank == r.Rank }) {
@@ -301,8 +293,8 @@ func (s *Server) handshake(c *net.UnixConn) {
 	s.dropHosts(r)
 	s.release(r.UID)
 	r.proc.Close()
-	if s.OnChange != nil {
-		s.OnChange(r, true, cut)
+	if s.Jobs != nil {
+		s.Jobs.Changed(r, true, cut)
 	}
 }
 
@@ -459,13 +451,13 @@ func (s *Server) join(c *net.UnixConn, f firstLine) {
 	case err != nil:
 	case pid != p.Pid:
 		err = errors.New("pid does not match the connection's credentials")
-	case s.Join == nil:
+	case s.Jobs == nil:
 		err = errors.New("joining is not supported here")
 	default:
 		// A JOIN of a process that has exited is refused even though
 		// its line names its pid: the number may be another's by now.
 		if err = p.Alive(); err == nil {
-			err = s.Join(JoinRequest{Job: job, Key: key, Proc: p})
+			err = s.Jobs.Join(JoinRequest{Job: job, Key: key, Proc: p})
 		}
 	}
 	reply := "OK\n"
@@ -474,15 +466,15 @@ func (s *Server) join(c *net.UnixConn, f firstLine) {
 	}
 	c.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	c.Write([]byte(reply)) // a rank that gave up waiting has gone: nothing to do
-	if err != nil && s.OnChange != nil {
-		s.OnChange(nil, false, fmt.Errorf("JOIN from pid %d (uid %d) refused: %w", p.Pid, p.UID, err))
+	if err != nil && s.Jobs != nil {
+		s.Jobs.Changed(nil, false, fmt.Errorf("JOIN from pid %d (uid %d) refused: %w", p.Pid, p.UID, err))
 	}
 }
 
 // read delivers the rank's reply lines until its connection closes, and
 // says why it cut the rank off, if it did (nil when the rank hung up). br
 // holds MaxRankLine bytes: what a rank sends never takes more.
-func (r *Rank) read(br *bufio.Reader, onEvent func(*Rank, string)) error {
+func (r *Rank) read(br *bufio.Reader, jobs Jobs) error {
 	defer close(r.gone)
 	defer r.conn.Close()
 	defer r.page.close()
@@ -504,8 +496,8 @@ func (r *Rank) read(br *bufio.Reader, onEvent func(*Rank, string)) error {
 				r.noteUnheld(u)
 				continue
 			}
-			if onEvent != nil {
-				onEvent(r, strings.TrimSpace(ev))
+			if jobs != nil {
+				jobs.Event(r, strings.TrimSpace(ev))
 			}
 			continue
 		}
@@ -517,7 +509,7 @@ func (r *Rank) read(br *bufio.Reader, onEvent func(*Rank, string)) error {
 	}
 }
 
-// Ranks returns the ranks of the job with that key (JobKey) registered
+// Ranks returns the ranks of the job with that key (jobid.Key) registered
 // now, by rank; all ranks for "".
 func (s *Server) Ranks(key string) []*Rank {
 	s.mu.Lock()

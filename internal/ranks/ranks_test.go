@@ -13,6 +13,8 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/mpipause/mpipause/internal/jobid"
 )
 
 func TestParseHello(t *testing.T) {
@@ -63,14 +65,14 @@ func TestValidHostName(t *testing.T) {
 	label63 := strings.Repeat("a", 63)
 	long := strings.Repeat(label63+".", 4)[:253]
 	for _, good := range []string{"node0", "n", "0", "Node-1", "a.b.c", "node1.example.org", "xn--bcher-kva.example", label63, long} {
-		if !ValidHostName(good) {
-			t.Errorf("ValidHostName(%q) = false", good)
+		if !jobid.ValidHostName(good) {
+			t.Errorf("jobid.ValidHostName(%q) = false", good)
 		}
 	}
 	for _, bad := range []string{"", ".", "a..b", ".a", "a.", "-a", "a-", "a.-b", "a_b", "a b", "a/b", "a,b", "a=b",
 		label63 + "a", long + "a", "node\x1b[2J", "\x1b]0;x\x07", "n\x00", "n\u00e9", "n\u202e", "n\x7f"} {
-		if ValidHostName(bad) {
-			t.Errorf("ValidHostName(%q) = true", bad)
+		if jobid.ValidHostName(bad) {
+			t.Errorf("jobid.ValidHostName(%q) = true", bad)
 		}
 	}
 }
@@ -187,7 +189,7 @@ func TestServer(t *testing.T) {
 	if _, err := liar.Read(make([]byte, 1)); err == nil {
 		t.Error("the lying rank's connection is still open")
 	}
-	rs := s.Ranks(JobKey(uint32(os.Getuid()), "j"))
+	rs := s.Ranks(jobid.Key(uint32(os.Getuid()), "j"))
 	if len(rs) != 1 || rs[0].Rank != 0 || rs[0].UID != uint32(os.Getuid()) {
 		t.Fatalf("ranks %+v", rs)
 	}
@@ -223,7 +225,7 @@ func TestGateWithoutPage(t *testing.T) {
 	if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == 1 }); err != nil {
 		t.Fatal(err)
 	}
-	r := s.Ranks(JobKey(uint32(os.Getuid()), "np"))[0]
+	r := s.Ranks(jobid.Key(uint32(os.Getuid()), "np"))[0]
 	if r.HasGatePage() {
 		t.Fatal("a gate page from a shim that sent none")
 	}
@@ -323,8 +325,8 @@ func joinServer(t *testing.T, join func(JoinRequest) error) (*Server, string, <-
 		t.Fatal(err)
 	}
 	refused := make(chan error, 10)
-	s.Join = join
-	s.OnChange = func(r *Rank, gone bool, err error) {
+	hooksOf(s).join = join
+	hooksOf(s).changed = func(r *Rank, gone bool, err error) {
 		if r == nil && err != nil {
 			refused <- err
 		}
@@ -458,7 +460,7 @@ func TestServerJoin(t *testing.T) {
 		if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == 1 }); err != nil {
 			t.Fatalf("the HELLO after a JOIN did not register: %v", err)
 		}
-		if g, err := s.Ranks(JobKey(uint32(os.Getuid()), "j"))[0].State(ctx); err != nil || g.State != "open" {
+		if g, err := s.Ranks(jobid.Key(uint32(os.Getuid()), "j"))[0].State(ctx); err != nil || g.State != "open" {
 			t.Errorf("State: %+v %v", g, err)
 		}
 	})
@@ -489,7 +491,7 @@ func TestLongHello(t *testing.T) {
 	if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == 1 }); err != nil {
 		t.Fatal(err)
 	}
-	if got := s.Ranks(JobKey(uint32(os.Getuid()), "big"))[0].Hosts; len(got) != len(hosts) || got[len(got)-1] != hosts[len(hosts)-1] {
+	if got := s.Ranks(jobid.Key(uint32(os.Getuid()), "big"))[0].Hosts; len(got) != len(hosts) || got[len(got)-1] != hosts[len(hosts)-1] {
 		t.Errorf("%d hosts arrived, last %q; want %d", len(got), got[len(got)-1], len(hosts))
 	}
 }
@@ -507,7 +509,7 @@ func TestLateReply(t *testing.T) {
 	if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == 1 }); err != nil {
 		t.Fatal(err)
 	}
-	r := s.Ranks(JobKey(uint32(os.Getuid()), "late"))[0]
+	r := s.Ranks(jobid.Key(uint32(os.Getuid()), "late"))[0]
 	br := bufio.NewReader(c)
 	short, stop := context.WithTimeout(ctx, 50*time.Millisecond)
 	defer stop()
@@ -527,7 +529,7 @@ func TestLateReply(t *testing.T) {
 	if err != nil || g.State != "closed" || g.Gated != 2 {
 		t.Errorf("Close after a late reply: %+v %v; want its own reply", g, err)
 	}
-	if len(s.Ranks(JobKey(uint32(os.Getuid()), "late"))) != 1 {
+	if len(s.Ranks(jobid.Key(uint32(os.Getuid()), "late"))) != 1 {
 		t.Error("the rank was cut off by its late reply")
 	}
 }
@@ -557,8 +559,8 @@ func TestRankCap(t *testing.T) {
 	refused := make(chan error, 4)
 	var admitted atomic.Int32
 	s.MaxPerUID = 2
-	s.Admit = func(*Rank) error { admitted.Add(1); return nil }
-	s.OnChange = func(r *Rank, gone bool, err error) {
+	hooksOf(s).admit = func(*Rank) error { admitted.Add(1); return nil }
+	hooksOf(s).changed = func(r *Rank, gone bool, err error) {
 		if r == nil {
 			refused <- err
 		}
@@ -601,7 +603,7 @@ func TestLeft(t *testing.T) {
 	hello := func(job string, rank int) string {
 		return fmt.Sprintf("HELLO 2 job=%s rank=%d size=2 pid=%d host=h key=k\n", job, rank, os.Getpid())
 	}
-	key := JobKey(uint32(os.Getuid()), "j")
+	key := jobid.Key(uint32(os.Getuid()), "j")
 	r0 := fakeShim(t, addr, hello("j", 0))
 	r1 := fakeShim(t, addr, hello("j", 1))
 	other := fakeShim(t, addr, hello("k", 1))
@@ -640,7 +642,7 @@ func TestLeft(t *testing.T) {
 func TestLeftBounded(t *testing.T) {
 	s, addr, ctx := serving(t)
 	s.MaxPerUID = 3
-	key := JobKey(uint32(os.Getuid()), "j")
+	key := jobid.Key(uint32(os.Getuid()), "j")
 	for rank := range 6 {
 		c := fakeShim(t, addr, fmt.Sprintf("HELLO 2 job=j rank=%d size=1000000 pid=%d host=h key=k\n", rank, os.Getpid()))
 		if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == 1 }); err != nil {
@@ -653,5 +655,51 @@ func TestLeftBounded(t *testing.T) {
 	}
 	if l := s.Left(key); len(l) != 3 {
 		t.Errorf("Left keeps %d departures (%v); want the bound, 3", len(l), l)
+	}
+}
+
+// hooks is Jobs from the functions a test sets; one it leaves nil refuses
+// every JOIN as a server without Jobs does, admits every rank, or hears
+// nothing.
+type hooks struct {
+	join    func(JoinRequest) error
+	admit   func(*Rank) error
+	changed func(r *Rank, gone bool, err error)
+	event   func(r *Rank, ev string)
+}
+
+// hooksOf is s's hooks, set as its Jobs at the first call.
+func hooksOf(s *Server) *hooks {
+	if h, ok := s.Jobs.(*hooks); ok {
+		return h
+	}
+	h := &hooks{}
+	s.Jobs = h
+	return h
+}
+
+func (h *hooks) Join(q JoinRequest) error {
+	if h.join == nil {
+		return errors.New("joining is not supported here")
+	}
+	return h.join(q)
+}
+
+func (h *hooks) Admit(r *Rank) error {
+	if h.admit == nil {
+		return nil
+	}
+	return h.admit(r)
+}
+
+func (h *hooks) Changed(r *Rank, gone bool, err error) {
+	if h.changed != nil {
+		h.changed(r, gone, err)
+	}
+}
+
+func (h *hooks) Event(r *Rank, ev string) {
+	if h.event != nil {
+		h.event(r, ev)
 	}
 }

@@ -1,20 +1,3 @@
-// Package ranks is mpid's end of the rank channel: the unix socket on which
-// the shim (libmpipause.so) of every MPI rank of the node registers after
-// MPI_Init, and through which mpid closes, inspects and reopens the rank's
-// send gate. The protocol is text lines; libmpi-shim/rankchan.c is the other
-// end and docs/mpid.md, "Rank channel", describes both.
-//
-// A rank is authenticated by the kernel, not by what it says: the pid in its
-// HELLO must be the pid SO_PEERCRED reports for the connection. A rank that
-// exits or crashes is gone when its connection closes.
-//
-// Before all that, from the shim's constructor (before main, so before
-// MPI_Init creates any socket), a rank of a named job may send one JOIN
-// line on a connection of its own, asking to be moved into the job's
-// cgroup: the kernel charges a socket to the cgroup of the process that
-// creates it, at creation, for good, and mpid watches a job's sockets by
-// cgroup. mpid answers OK or ERR and closes that connection; a JOIN does not
-// register a rank.
 package ranks
 
 import (

@@ -43,20 +43,30 @@ generate: ## regenerate BPF objects and Go bindings from bpf/*.c (needs clang)
 check-generate: ## fail if regenerating BPF objects changes anything committed
 	@bash scripts/check-generate.sh
 
-check-format: ## fail if a Go file is not gofmt-formatted, go vet reports a problem, the product module requires a module of kernel-tests/, or mpid or mpipause links a package of kernel-tests/
+# golangci-lint, pinned; built into bin/tools by the go command (from the
+# module proxy, cached by the build cache), never part of a go.mod: its
+# dependencies would join the workspace's.
+GOLANGCI_LINT_VERSION := v2.15.0
+GOLANGCI_LINT := $(BIN)/tools/golangci-lint
+
+$(GOLANGCI_LINT):
+	@mkdir -p $(BIN)/tools
+	GOBIN=$(BIN)/tools $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
+
+check-format: $(GOLANGCI_LINT) ## fail if a Go file is not gofmt-formatted, go vet reports a problem, golangci-lint (.golangci.yml: the module boundaries) finds a product package importing the kernel tests, the rig or the tooling, or the product module requires one of their modules
 	@f=$$("$$($(GO) env GOROOT)/bin/gofmt" -l $$(git ls-files '*.go')); \
 		[ -z "$$f" ] || { echo "not gofmt-formatted: $$f (run: gofmt -w $$f)" >&2; exit 1; }
 	$(GO) vet $(GOPKGS)
 	$(GO) vet -tags failpoints ./internal/node/ ./internal/mpid/ ./cmd/mpid/
-	@# go.work resolves the other modules for any package, required or not,
-	@# so nothing but these stops the product module from depending on the
-	@# kernel tests or the tools again (and the tools' plotting libraries),
-	@# or a command from linking them or the rig.
-	@m=$$(GOWORK=off $(GO) list -m all | grep -E '/kernel-tests|gonum'); \
+	@# go.work resolves the other modules for any package, required or not:
+	@# the linter's depguard rules keep the product's packages and tests
+	@# from importing them (in workspace mode, where such an import would
+	@# build), and these keep the product's go.mod from requiring them
+	@# (directly or through another module) and its imports within it.
+	$(GOLANGCI_LINT) run ./...
+	@m=$$(GOWORK=off $(GO) list -m all | grep -E '/kernel-tests|gonum|vishvananda'); \
 		[ -z "$$m" ] || { echo "the product module requires test or tooling modules: $$m" >&2; exit 1; }
 	@GOWORK=off $(GO) list -test -deps ./... >/dev/null || { echo "the product module imports what its go.mod does not require" >&2; exit 1; }
-	@p=$$($(GO) list -deps ./cmd/... | grep -E '/kernel-tests(/|$$)|vishvananda'); \
-		[ -z "$$p" ] || { echo "the commands link test or tooling packages: $$p" >&2; exit 1; }
 
 # make test's tiers, in order; after each, its time (scripts/tier-clock.sh),
 # and at the end all of them: what the CI budget is measured by.

@@ -22,7 +22,9 @@ import (
 // the job's nodes, to resume it everywhere. The coordinator writes a record
 // before a pause's first step (pausing: a successor rolls it back) and again
 // once it holds (paused); every other node writes one at COMMIT, before it
-// acknowledges. A thaw or the job's end removes it; every node, at start,
+// acknowledges. A node's record goes when it thaws the job; the
+// coordinator's when its operation ends with the job running everywhere
+// (operation.go); any record goes with its job. Every node, at start,
 // adopts the job cgroups it finds under its cgroup parent.
 //
 // A record is written whole or not at all (a temporary file, then a rename

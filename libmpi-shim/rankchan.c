@@ -4,7 +4,7 @@
 // internal/ranks), one unix stream connection per rank, opened after
 // MPI_Init, served by a thread of the shim.
 //
-// Protocol (docs/mpid.md, "Rank channel"): text lines. The shim
+// Protocol (internal/ranks/doc.go lists the lines): text lines. The shim
 // says
 //   HELLO 2 job=<id> rank=<r> size=<n> pid=<pid> host=<name> key=<job key>[ root=<h>][ hosts=<h0,h1,...>]
 // and then answers each request of mpid with one line:

@@ -6,7 +6,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
-// mpid's requests (docs/mpid.md, "Rank channel").
+// mpid's requests (internal/ranks/doc.go lists the lines).
 enum mpp_req {
 	MPP_REQ_UNKNOWN,
 	MPP_REQ_CLOSE,

@@ -28,7 +28,7 @@
 // kernel's socket was never full. Holding is invisible to the library.
 //
 // Reopening flushes each socket's held bytes, in order, from the thread that
-// reopens (the shim's control thread), before any later send on that socket
+// reopens (the shim's thread), before any later send on that socket
 // goes to the kernel: a send that arrives while its socket still has held
 // bytes is appended to them.
 //
@@ -83,7 +83,7 @@ struct sock {
 	int gated;    // this socket has passed its call boundary under a closed gate
 	int orphan;   // the application closed its descriptors; fd is the shim's dup
 	int fd;       // the descriptor the bytes go to (moves on close), -1: none known
-	int flushing; // the control thread is sending its held bytes
+	int flushing; // the shim's thread is sending its held bytes
 	int shut;     // a shutdown(SHUT_WR) waits for the held bytes (paths.c)
 	int refs;     // fd_tab entries naming it (under tab_mu)
 	int slot;     // its entry in the shared table while it holds bytes, or -1
@@ -515,7 +515,7 @@ static void child_wait(struct sock *s)
 void mpp_unheld(int fd, const char *what, char call)
 {
 	if (mpp_is_tcp(fd))
-		mpp_report_unheld(fd, call);
+		mpp_report_unheld(fd, call, atomic_load(&mpp_gate), mpp_sock_cookie(fd));
 	struct sock *s = sock_of(fd, mpp_sock_cookie(fd), 0);
 	struct mpp_gate_stats st = {0};
 	size_t n;

@@ -2,7 +2,9 @@
 //
 // The rank channel: the shim's channel to the node's mpid (whose end is
 // internal/ranks), one unix stream connection per rank, opened after
-// MPI_Init, served by a thread of the shim.
+// MPI_Init, served by a thread of the shim. Every line the shim sends on it
+// is written here: mpi.c gives the HELLO's values (mpp_rankch_start), the
+// constructor asks for the JOIN (mpp_rankch_join).
 //
 // Protocol (docs/mpid.md, "Rank channel"): text lines. The shim
 // says
@@ -47,7 +49,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
-#include <dlfcn.h>
 #include <netinet/in.h>
 #include <sys/stat.h>
 #include <sys/un.h>
@@ -699,9 +700,9 @@ void mpp_rankch_start(const struct mpp_hello *h)
 }
 
 // mpp_rankch_child: a forked child is not a rank (mpid speaks to its parent)
-// and has no control thread: its copy of the rank channel is closed, so
+// and has no thread of the shim: its copy of the rank channel is closed, so
 // that mpid sees the channel close when the parent's does, and nothing of
-// the child's reaches mpid as the parent's. The control thread may have
+// the child's reaches mpid as the parent's. The shim's thread may have
 // held rankch_mu at the fork.
 void mpp_rankch_child(void)
 {
@@ -789,26 +790,6 @@ int mpp_join_line(char *b, size_t n, const char *id, long pid, const char *key)
 		return -1;
 	int r = snprintf(b, n, "JOIN 2 job=%s pid=%ld key=%s\n", id, pid, key);
 	return r > 0 && (size_t)r < n ? r : -1;
-}
-
-// mpp_is_rank: the launchers put one of these in the environment of each MPI
-// process they start; their own daemons (orted, hydra_pmi_proxy) run
-// without them, except under Slurm: srun gives SLURM_PROCID to whatever it
-// starts, daemons included. MPIPAUSE_JOIN=ranks (the SPANK plugin's, in a
-// batch script and in the steps of the MPI launcher's daemons it runs)
-// leaves SLURM_PROCID out: there the script, mpirun, mpiexec and the
-// daemons are no ranks, and only the MPI processes join.
-int mpp_is_rank(void)
-{
-	static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"};
-	const char *j = getenv("MPIPAUSE_JOIN");
-	size_t nv = sizeof(vars) / sizeof(vars[0]) - (j && !strcmp(j, "ranks"));
-	for (size_t i = 0; i < nv; i++) {
-		const char *v = getenv(vars[i]);
-		if (v && *v)
-			return 1;
-	}
-	return 0;
 }
 
 // ms_left is what remains of a deadline on CLOCK_MONOTONIC, in ms (>= 0).

@@ -137,7 +137,7 @@ EXPORT int mpipause_test_reopen(long gen, struct mpp_gate_stats *st)
 }
 
 // mpipause_test_stash moves what waits in fd's receive queue into its
-// stash, as the rank channel's thread does during a pause, if fd is still the file
+// stash, as the shim's thread does during a pause, if fd is still the file
 // with inode ino (0: any); the bytes moved.
 EXPORT ssize_t mpipause_test_stash(int fd, unsigned long ino)
 {

@@ -28,7 +28,7 @@ enum { GATE_OPEN = 0, GATE_CLOSED = 1, GATE_FLUSHING = 2 };
 // but GATE_OPEN takes the slow path. The word has a page of the library's
 // memory to itself so that registration can map a page shared with mpid
 // over it (mpp_gate_page): mpid then closes and reopens the gate by writing
-// the word, without waiting for this process's control thread to be
+// the word, without waiting for the shim's thread to be
 // scheduled, while the send path still loads a fixed address.
 #define MPP_GATE_PAGE_SIZE 4096
 union mpp_gate_page {
@@ -152,8 +152,8 @@ void mpp_hello_value(char *s);
 #define JOIN_TIMEOUT_S 10
 #define JOIN_TIMEOUT_MAX_S 600
 void mpp_rankch_join(void);
-// mpp_is_rank: this process is an MPI process a launcher started (its rank
-// variable is set), not the launcher or one of its daemons.
+// mpp_is_rank (sig.c): this process is an MPI process a launcher started
+// (its rank variable is set), not the launcher or one of its daemons.
 int mpp_is_rank(void);
 int mpp_valid_jobid(const char *id);
 int mpp_join_line(char *b, size_t n, const char *id, long pid, const char *key);
@@ -172,11 +172,12 @@ struct mpp_sig {
 	int32_t fd;  // for 'U'
 };
 enum { MPP_UNHELD_ANCILLARY = 'A', MPP_UNHELD_ZEROCOPY = 'Z', MPP_UNHELD_FASTOPEN = 'F', MPP_UNHELD_PWRITEV2 = 'P' };
-// mpp_report_unheld tells mpid (through the signal pipe and the control
+// mpp_report_unheld tells mpid (through the signal pipe and the shim's
 // thread: "EVENT unheld") of a call on a TCP socket that passed the closed
 // gate unheld, the first few of each closing: a job connection's pause then
-// fails naming it.
-void mpp_report_unheld(int fd, char call);
+// fails naming it. The caller (gate.c) gives the gate word, whose
+// generation names the closing, and the socket's cookie.
+void mpp_report_unheld(int fd, char call, int gate, uint64_t cookie);
 
 // SIGTSTP/SIGCONT (sig.c): install returns the pipe the handler writes to.
 int mpp_signals_install(void);
@@ -200,7 +201,7 @@ ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, int flags, ssize_
 void mpp_quickack(int fd);
 
 // stash.c: the receive-side drain. While a pause is in progress the
-// control thread reads what waits in the receive queues of the rank's TCP
+// shim's thread reads what waits in the receive queues of the rank's TCP
 // sockets into a stash per socket in process memory, so that the kernel reports
 // them empty whether or not the application reads; the wrapped reads give
 // those bytes back first, in order, and the wrapped waits (waits.h) report

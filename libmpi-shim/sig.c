@@ -115,9 +115,9 @@ static void on_cont(int sig, siginfo_t *si, void *uc)
 static _Atomic unsigned reported_gen;
 static _Atomic int reported_n;
 
-void mpp_report_unheld(int fd, char call)
+void mpp_report_unheld(int fd, char call, int gate, uint64_t cookie)
 {
-	unsigned gen = GATE_GEN(atomic_load(&mpp_gate)) + 1;
+	unsigned gen = GATE_GEN(gate) + 1;
 	if (mpp_sig_pipe[1] < 0)
 		return;
 	if (atomic_load(&reported_gen) != gen) {
@@ -126,7 +126,7 @@ void mpp_report_unheld(int fd, char call)
 	}
 	if (atomic_fetch_add(&reported_n, 1) >= MPP_UNHELD_REPORTS)
 		return;
-	struct mpp_sig rec = {.sig = 'U', .call = call, .fd = fd, .ns = (int64_t)mpp_sock_cookie(fd)};
+	struct mpp_sig rec = {.sig = 'U', .call = call, .fd = fd, .ns = (int64_t)cookie};
 	int saved = errno;
 	(void)!REAL(write)(mpp_sig_pipe[1], &rec, sizeof(rec));
 	errno = saved;
@@ -219,6 +219,26 @@ EXPORT sighandler_t signal(int sig, sighandler_t h)
 // process without the shim stops on it as before. No other signal, and no
 // other program's kill, is touched: a script's `kill -STOP` stays one.
 static _Atomic int launcher = -1;
+
+// mpp_is_rank: the launchers put one of these in the environment of each MPI
+// process they start; their own daemons (orted, hydra_pmi_proxy) run
+// without them, except under Slurm: srun gives SLURM_PROCID to whatever it
+// starts, daemons included. MPIPAUSE_JOIN=ranks (the SPANK plugin's, in a
+// batch script and in the steps of the MPI launcher's daemons it runs)
+// leaves SLURM_PROCID out: there the script, mpirun, mpiexec and the
+// daemons are no ranks, and only the MPI processes join.
+int mpp_is_rank(void)
+{
+	static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"};
+	const char *j = getenv("MPIPAUSE_JOIN");
+	size_t nv = sizeof(vars) / sizeof(vars[0]) - (j && !strcmp(j, "ranks"));
+	for (size_t i = 0; i < nv; i++) {
+		const char *v = getenv(vars[i]);
+		if (v && *v)
+			return 1;
+	}
+	return 0;
+}
 
 static int is_launcher(void)
 {

@@ -4,7 +4,7 @@
 // between the job's ranks is empty, and a rank that computes for seconds, or
 // waits somewhere other than in MPI, reads nothing: its queues, and then its
 // peers' send queues, stay full. So while a pause is in progress the
-// control thread reads what waits in the rank's TCP receive queues into a
+// shim's thread reads what waits in the rank's TCP receive queues into a
 // stash per socket, in process memory, which the freeze keeps with the rest
 // of the process (DMTCP drains sockets the same way before a checkpoint).
 // The wrapped reads give those bytes back before anything the kernel holds,
@@ -20,7 +20,7 @@
 // for the others. fd_gen counts the wrapped calls that change which socket
 // a number names, so a drain that raced one starts again.
 //
-// Order is the whole difficulty: the control thread and an application
+// Order is the whole difficulty: the shim's thread and an application
 // thread must never both read one socket at once, or bytes could reach the
 // application out of order. Each fd has a count of application threads
 // inside a wrapped read of it ("busy") and a flag that sends reads to the

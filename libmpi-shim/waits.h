@@ -2,7 +2,7 @@
 //
 // The wrapped waits: poll, ppoll, select, pselect, epoll_wait, epoll_pwait,
 // epoll_pwait2 and the fortified __poll_chk and __ppoll_chk. While a pause
-// is in progress the control thread empties the rank's TCP receive queues
+// is in progress the shim's thread empties the rank's TCP receive queues
 // into stashes (stash.c); the kernel then reports those sockets empty, so
 // an event loop would never learn that its bytes are there. These wrappers
 // report an fd readable while its stash holds bytes, merged with what the

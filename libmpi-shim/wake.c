@@ -3,7 +3,7 @@
 // The wrapped waits' wake and their blocking loop (waits.h).
 //
 // The wake. A thread may have entered a blocking wait while every stash
-// was empty; when the control thread then stashes the bytes that woke it,
+// was empty; when the shim's thread then stashes the bytes that woke it,
 // the kernel re-checks the socket, finds it empty and sleeps on. So every
 // blocking wait (timeout != 0) registers its thread in a small table, and
 // mpp_wait_wake sends each registered thread a signal of its own
@@ -97,7 +97,7 @@ static void unenroll(int i)
 	}
 }
 
-// mpp_wait_wake runs on the control thread after a stash went from empty
+// mpp_wait_wake runs on the shim's thread after a stash went from empty
 // to holding bytes (mpp_stash_live already counts it). The fence pairs
 // with the one a waiter makes between registering and loading
 // mpp_stash_live: a waiter either is seen here or sees the stash.

@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #define MAX_REGS (1 << 20)
@@ -322,8 +323,8 @@ void mpp_wait_close(int fd)
 // shim looking. The kernel's mask is in /proc/self/fdinfo/<epfd> ("tfd: N
 // events: HEX"): a disarmed one keeps only EPOLLONESHOT and its like (or
 // EPOLLERR|EPOLLHUP after the shim's own disarm). Read at most once per
-// arming. The real read and close: the wrapped close would take reg_mu. -1
-// if unknown.
+// arming. Raw syscalls: close and read are wrapped, and close would take
+// reg_mu. -1 if unknown.
 static int kernel_armed(int epfd, int fd)
 {
 	char path[64], buf[4096];
@@ -334,7 +335,7 @@ static int kernel_armed(int epfd, int fd)
 	size_t have = 0;
 	int res = -1;
 	for (;;) {
-		ssize_t k = REAL(read)(f, buf + have, sizeof(buf) - 1 - have);
+		ssize_t k = syscall(SYS_read, f, buf + have, sizeof(buf) - 1 - have);
 		if (k <= 0)
 			break;
 		have += (size_t)k;
@@ -356,7 +357,7 @@ static int kernel_armed(int epfd, int fd)
 		memmove(buf, line, have);
 	}
 out:
-	REAL(close)(f);
+	syscall(SYS_close, f);
 	return res;
 }
 

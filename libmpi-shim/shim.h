@@ -134,8 +134,8 @@ struct mpp_hello {
 void mpp_rankch_start(const struct mpp_hello *h);
 void mpp_rankch_stop(void);
 void mpp_rankch_child(void);
-// mpp_hello_value makes s a value the HELLO can carry (no spaces, ',' or
-// '='), in place: mpi.c applies it to the host name before other ranks get
+// mpp_hello_value makes s a value the HELLO can carry (no space or control
+// character, no ',' or '='), in place: mpi.c applies it to the host name before other ranks get
 // it, so that every rank's copy is the one the HELLO says.
 void mpp_hello_value(char *s);
 // The early JOIN (rankchan.c), from the library's constructor: a rank of a job
@@ -184,12 +184,12 @@ int mpp_signals_install(void);
 void mpp_signals_restore(void);
 void mpp_signals_child(void);
 
-// The shim's own wrappers, called on purpose where the shim serves an
-// application's call by another call the application could have made
-// (close_range's closes, dprintf's write, pwritev2's writev, the dup that
-// keeps a closed socket's held bytes): the bookkeeping of the wrapper must
-// happen as for the application's own call. Aliases of the exported
-// wrappers, bound inside the library.
+// The shim's own wrappers, called on purpose where their bookkeeping must
+// happen as for a call of the application's: an application's call served
+// by another (close_range's closes, dprintf's write, pwritev2's writev),
+// and the dup that keeps a closed socket's held bytes (a new descriptor of
+// the socket, which the drain must know). Aliases of the exported wrappers,
+// bound inside the library.
 int mpp_wrapped_close(int fd);
 ssize_t mpp_wrapped_write(int fd, const void *buf, size_t len);
 ssize_t mpp_wrapped_writev(int fd, const struct iovec *iov, int iovcnt);

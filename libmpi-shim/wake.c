@@ -325,8 +325,8 @@ static int pick_signal(void)
 	return 0;
 }
 
-// The fork hook's part (shim.c): wake_mu is held over a fork, so that no
-// wake is half sent in the child's table.
+// The fork hook's part (shim.c): wake_mu is held over a fork, so that the
+// child never has it locked by a thread that does not go on there.
 void mpp_wait_fork_prepare(void)
 {
 	pthread_mutex_lock(&wake_mu);

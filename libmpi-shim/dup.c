@@ -22,10 +22,10 @@ EXPORT int dup(int fd)
 {
 	int r;
 	if (likely(!atomic_load_explicit(&mpp_epoll_have_sets, memory_order_relaxed))) {
-		r = RW(dup)(fd);
+		r = REAL(dup)(fd);
 	} else {
 		mpp_epoll_lock();
-		r = RW(dup)(fd);
+		r = REAL(dup)(fd);
 		if (r >= 0) {
 			int saved = errno;
 			mpp_epoll_dup_done(fd, r);
@@ -54,8 +54,9 @@ EXPORT int fcntl(int fd, int cmd, ...)
 	va_start(ap, cmd);
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
-	return fcntl_with(RW(fcntl), fd, cmd, arg);
+	return fcntl_with(REAL(fcntl), fd, cmd, arg);
 }
+extern __typeof__(fcntl) mpp_wrapped_fcntl __attribute__((alias("fcntl")));
 
 // Programs built with 64-bit file offsets on glibc 2.28 and later call
 // fcntl64.
@@ -65,9 +66,9 @@ EXPORT int fcntl64(int fd, int cmd, ...)
 	va_start(ap, cmd);
 	void *arg = va_arg(ap, void *);
 	va_end(ap);
-	int (*real)(int, int, ...) = RW(fcntl);
-	if (mpp_wait_real.fcntl64 != NULL)
-		real = mpp_wait_real.fcntl64;
+	int (*real)(int, int, ...) = REAL(fcntl);
+	if (REAL_OPT(fcntl64) != NULL)
+		real = REAL(fcntl64);
 	return fcntl_with(real, fd, cmd, arg);
 }
 
@@ -80,13 +81,13 @@ static int dup_onto(int oldfd, int newfd, int flags, int three)
 {
 	int counted = oldfd != newfd ? mpp_stash_enter(newfd) : 0, r;
 	// newfd's socket goes as by close(): its held bytes under a dup first.
-	if (!GATE_IS_OPEN() && oldfd != newfd && fcntl(oldfd, F_GETFD) >= 0)
+	if (!GATE_IS_OPEN() && oldfd != newfd && REAL(fcntl)(oldfd, F_GETFD) >= 0)
 		mpp_keep_held(newfd);
 	if (likely(!atomic_load_explicit(&mpp_epoll_have_sets, memory_order_relaxed))) {
-		r = three ? RW(dup3)(oldfd, newfd, flags) : RW(dup2)(oldfd, newfd);
+		r = three ? REAL(dup3)(oldfd, newfd, flags) : REAL(dup2)(oldfd, newfd);
 	} else {
 		mpp_epoll_lock();
-		r = three ? RW(dup3)(oldfd, newfd, flags) : RW(dup2)(oldfd, newfd);
+		r = three ? REAL(dup3)(oldfd, newfd, flags) : REAL(dup2)(oldfd, newfd);
 		if (r >= 0 && oldfd != newfd) {
 			int saved = errno;
 			mpp_epoll_dup_done(oldfd, newfd);

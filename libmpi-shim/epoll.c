@@ -213,7 +213,7 @@ static int same_file(const struct reg *r)
 EXPORT int epoll_ctl(int epfd, int op, int fd, struct epoll_event *ev)
 {
 	pthread_mutex_lock(&reg_mu);
-	int ret = RW(epoll_ctl)(epfd, op, fd, ev);
+	int ret = REAL(epoll_ctl)(epfd, op, fd, ev);
 	if (ret == 0) {
 		int saved = errno;
 		struct epset *s = set_get(epfd, (op == EPOLL_CTL_ADD || op == EPOLL_CTL_MOD) && ev && (ev->events & IN_EVENTS));
@@ -254,12 +254,12 @@ static int new_epfd(int fd)
 
 EXPORT int epoll_create(int size)
 {
-	return new_epfd(RW(epoll_create)(size));
+	return new_epfd(REAL(epoll_create)(size));
 }
 
 EXPORT int epoll_create1(int flags)
 {
-	return new_epfd(RW(epoll_create1)(flags));
+	return new_epfd(REAL(epoll_create1)(flags));
 }
 
 // mpp_epoll_dup_done (dup.c): newfd is now a copy of oldfd; an epoll fd's
@@ -275,14 +275,30 @@ void mpp_epoll_dup_done(int oldfd, int newfd)
 	}
 }
 
-// reg_mu for dup.c, held across its real call as epoll_ctl holds it, and
-// for the fork handlers (wake.c).
+// reg_mu for dup.c, held across its real call as epoll_ctl holds it.
 void mpp_epoll_lock(void)
 {
 	pthread_mutex_lock(&reg_mu);
 }
 
 void mpp_epoll_unlock(void)
+{
+	pthread_mutex_unlock(&reg_mu);
+}
+
+// The fork hook's part (shim.c): reg_mu is held over a fork, so that the
+// child's view of the sets is whole.
+void mpp_epoll_fork_prepare(void)
+{
+	pthread_mutex_lock(&reg_mu);
+}
+
+void mpp_epoll_fork_parent(void)
+{
+	pthread_mutex_unlock(&reg_mu);
+}
+
+void mpp_epoll_fork_child(void)
 {
 	pthread_mutex_unlock(&reg_mu);
 }
@@ -396,7 +412,7 @@ static int ep_merge(int epfd, struct epoll_event *ev, int n, int max)
 			n++;
 			if (r->events & EPOLLONESHOT) {
 				struct epoll_event d = {.events = r->events & (EPOLLONESHOT | EPOLLET), .data = r->data};
-				RW(epoll_ctl)(epfd, EPOLL_CTL_MOD, r->fd, &d);
+				REAL(epoll_ctl)(epfd, EPOLL_CTL_MOD, r->fd, &d);
 			}
 		} else {
 			ev[j].events |= want;
@@ -447,7 +463,7 @@ static int ep_now(struct ep_ctx *c, const sigset_t *mask)
 {
 	int p = c->max > 1 ? ep_pending(c->epfd) : 0;
 	int kmax = c->max - (p < c->max - 1 ? p : c->max - 1);
-	int r = RW(epoll_pwait)(c->epfd, c->ev, kmax, 0, mask);
+	int r = REAL(epoll_pwait)(c->epfd, c->ev, kmax, 0, mask);
 	if (r >= 0)
 		return ep_merge(c->epfd, c->ev, r, c->max);
 	if (errno != EINTR)
@@ -469,12 +485,12 @@ static int ep_op_block(void *v, const struct timespec *left, const sigset_t *mas
 {
 	struct ep_ctx *c = v;
 	if (c->ms)
-		return RW(epoll_pwait)(c->epfd, c->ev, c->max, ts_ms(left), mask);
-	if (!RW(epoll_pwait2)) {
+		return REAL(epoll_pwait)(c->epfd, c->ev, c->max, ts_ms(left), mask);
+	if (!REAL_OPT(epoll_pwait2)) {
 		errno = ENOSYS;
 		return -1;
 	}
-	return mpp_wait_real.epoll_pwait2(c->epfd, c->ev, c->max, left, mask);
+	return REAL(epoll_pwait2)(c->epfd, c->ev, c->max, left, mask);
 }
 
 static int ep_op_merge(void *v, int n)
@@ -496,9 +512,9 @@ static int ep_wait(int epfd, struct epoll_event *ev, int max, const struct times
 EXPORT int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout)
 {
 	if (timeout == 0 && likely(LIVE() == 0))
-		return RW(epoll_wait)(epfd, ev, max, 0);
+		return REAL(epoll_wait)(epfd, ev, max, 0);
 	if (max <= 0)
-		return RW(epoll_wait)(epfd, ev, max, timeout);
+		return REAL(epoll_wait)(epfd, ev, max, timeout);
 	struct timespec t = {timeout / 1000, (timeout % 1000) * 1000000L};
 	return ep_wait(epfd, ev, max, timeout >= 0 ? &t : NULL, NULL, 1);
 }
@@ -509,10 +525,10 @@ EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout, c
 	if (timeout == 0) {
 		mask = mpp_with_wake_blocked(mask, &buf);
 		if (likely(LIVE() == 0))
-			return RW(epoll_pwait)(epfd, ev, max, 0, mask);
+			return REAL(epoll_pwait)(epfd, ev, max, 0, mask);
 	}
 	if (max <= 0)
-		return RW(epoll_pwait)(epfd, ev, max, timeout, mask);
+		return REAL(epoll_pwait)(epfd, ev, max, timeout, mask);
 	struct timespec t = {timeout / 1000, (timeout % 1000) * 1000000L};
 	return ep_wait(epfd, ev, max, timeout >= 0 ? &t : NULL, mask, 1);
 }
@@ -520,17 +536,17 @@ EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout, c
 EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max, const struct timespec *tmo, const sigset_t *mask)
 {
 	sigset_t buf;
-	if (!RW(epoll_pwait2)) {
+	if (!REAL_OPT(epoll_pwait2)) {
 		errno = ENOSYS;
 		return -1;
 	}
 	if (ts_zero(tmo)) {
 		mask = mpp_with_wake_blocked(mask, &buf);
 		if (likely(LIVE() == 0))
-			return mpp_wait_real.epoll_pwait2(epfd, ev, max, tmo, mask);
+			return REAL(epoll_pwait2)(epfd, ev, max, tmo, mask);
 	}
 	if (max <= 0 || (tmo && !ts_valid(tmo)))
-		return mpp_wait_real.epoll_pwait2(epfd, ev, max, tmo, mask);
+		return REAL(epoll_pwait2)(epfd, ev, max, tmo, mask);
 	return ep_wait(epfd, ev, max, tmo, mask, 0);
 }
 

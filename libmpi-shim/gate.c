@@ -28,7 +28,7 @@
 // kernel's socket was never full. Holding is invisible to the library.
 //
 // Reopening flushes each socket's held bytes, in order, from the thread that
-// reopens (the shim's control thread), before any later send on that socket
+// reopens (the shim's thread), before any later send on that socket
 // goes to the kernel: a send that arrives while its socket still has held
 // bytes is appended to them.
 //
@@ -83,7 +83,7 @@ struct sock {
 	int gated;    // this socket has passed its call boundary under a closed gate
 	int orphan;   // the application closed its descriptors; fd is the shim's dup
 	int fd;       // the descriptor the bytes go to (moves on close), -1: none known
-	int flushing; // the control thread is sending its held bytes
+	int flushing; // the shim's thread is sending its held bytes
 	int shut;     // a shutdown(SHUT_WR) waits for the held bytes (paths.c)
 	int refs;     // fd_tab entries naming it (under tab_mu)
 	int slot;     // its entry in the shared table while it holds bytes, or -1
@@ -124,31 +124,6 @@ static size_t held_total, hold_max = (size_t)256 << 20;
 static _Atomic unsigned long untracked; // gated-mode calls on fds beyond the tables
 static _Atomic unsigned long lost;      // held bytes whose socket was gone (cookie changed)
 
-struct real mpp_real;
-
-static void *next_sym(const char *name)
-{
-	return dlsym(RTLD_NEXT, name);
-}
-
-void mpp_resolve(void)
-{
-	mpp_real.send = next_sym("send");
-	mpp_real.sendto = next_sym("sendto");
-	mpp_real.sendmsg = next_sym("sendmsg");
-	mpp_real.sendmmsg = next_sym("sendmmsg");
-	mpp_real.write = next_sym("write");
-	mpp_real.writev = next_sym("writev");
-	mpp_real.close = next_sym("close");
-	mpp_real.shutdown = next_sym("shutdown");
-	mpp_real.recv = next_sym("recv");
-	mpp_real.recvfrom = next_sym("recvfrom");
-	mpp_real.recvmsg = next_sym("recvmsg");
-	mpp_real.read = next_sym("read");
-	mpp_real.readv = next_sym("readv");
-	mpp_real.recvmmsg = next_sym("recvmmsg");
-}
-
 static struct shared_entry *new_shared(void)
 {
 	void *p = mmap(NULL, SHARED_SLOTS * sizeof(struct shared_entry), PROT_READ | PROT_WRITE,
@@ -161,7 +136,6 @@ void mpp_gate_init(void)
 	struct rlimit rl;
 	const char *e;
 
-	mpp_resolve();
 	nfds = 4096;
 	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY && rl.rlim_cur > (rlim_t)nfds)
 		nfds = rl.rlim_cur > MAX_FDS ? MAX_FDS : (int)rl.rlim_cur;
@@ -357,6 +331,22 @@ static void hold_release(size_t n)
 	pthread_mutex_unlock(&hold_mu);
 }
 
+// mpp_quickack: while the gate is not open, a read that got bytes, the
+// drain that moved some, and a socket's first held send ask the kernel to
+// acknowledge at once (TCP_QUICKACK: the pending delayed ACK goes now, and
+// the socket leaves its ping-pong mode). The pause's drain waits for
+// "nothing unacknowledged" on the sender's side, and the receiver's delayed
+// ACK of the last segments read otherwise holds that queue for up to the
+// delayed-ACK timeout (8 ms under the sockops cap). On a socket that is not
+// TCP the call just fails. Out of line: the read wrappers' open-gate path
+// never calls it.
+__attribute__((noinline)) void mpp_quickack(int fd)
+{
+	int saved = errno, one = 1;
+	setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
+	errno = saved;
+}
+
 // mpp_sock_cookie is the kernel's identity of fd's socket (SO_COOKIE),
 // which no later socket shares, unlike its number or inode; 0 if fd is not
 // a socket. errno is kept.
@@ -443,7 +433,7 @@ static int nonblocking(int fd, int flags)
 	int saved = errno, fl;
 	if (flags & MSG_DONTWAIT)
 		return 1;
-	fl = fcntl(fd, F_GETFL);
+	fl = REAL(fcntl)(fd, F_GETFL);
 	errno = saved;
 	return fl >= 0 && (fl & O_NONBLOCK);
 }
@@ -503,7 +493,7 @@ static void child_wait(struct sock *s)
 	if (s->await >= 0) {
 		while (!parent_done(s)) {
 			pthread_mutex_unlock(&s->mu);
-			poll(NULL, 0, 1);
+			REAL(poll)(NULL, 0, 1);
 			pthread_mutex_lock(&s->mu);
 		}
 		s->await = -1;
@@ -525,7 +515,7 @@ static void child_wait(struct sock *s)
 void mpp_unheld(int fd, const char *what, char call)
 {
 	if (mpp_is_tcp(fd))
-		mpp_report_unheld(fd, call);
+		mpp_report_unheld(fd, call, atomic_load(&mpp_gate), mpp_sock_cookie(fd));
 	struct sock *s = sock_of(fd, mpp_sock_cookie(fd), 0);
 	struct mpp_gate_stats st = {0};
 	size_t n;
@@ -696,7 +686,7 @@ static int send_all(int fd, const char *b, size_t n, int oob, long long deadline
 			want = n - 1;
 		else if (oob)
 			fl |= MSG_OOB;
-		ssize_t r = mpp_real.send(fd, b, want, fl);
+		ssize_t r = REAL(send)(fd, b, want, fl);
 		if (r > 0) {
 			b += r;
 			n -= r;
@@ -715,7 +705,7 @@ static int send_all(int fd, const char *b, size_t n, int oob, long long deadline
 				}
 				ms = left > INT_MAX ? INT_MAX : (int)left;
 			}
-			poll(&p, 1, ms);
+			REAL(poll)(&p, 1, ms);
 			continue;
 		}
 		return -1;
@@ -752,7 +742,7 @@ static void flush_fd(struct sock *s, struct mpp_gate_stats *st, int word, long l
 	// twice.
 	while (s->flushing) {
 		pthread_mutex_unlock(&s->mu);
-		poll(NULL, 0, 1);
+		REAL(poll)(NULL, 0, 1);
 		pthread_mutex_lock(&s->mu);
 	}
 	s->flushing = 1;
@@ -805,7 +795,7 @@ static void flush_fd(struct sock *s, struct mpp_gate_stats *st, int word, long l
 	if (s->shut) {
 		// The shutdown the application asked for, after its bytes.
 		s->shut = 0;
-		if (s->fd >= 0 && mpp_real.shutdown(s->fd, SHUT_WR) < 0 && errno != ENOTCONN) {
+		if (s->fd >= 0 && REAL(shutdown)(s->fd, SHUT_WR) < 0 && errno != ENOTCONN) {
 			st->flush_errors++;
 			st->flush_errno = errno;
 		}
@@ -820,7 +810,7 @@ static void flush_fd(struct sock *s, struct mpp_gate_stats *st, int word, long l
 		pthread_mutex_lock(&tab_mu);
 		bind_fd(keep, NULL);
 		pthread_mutex_unlock(&tab_mu);
-		mpp_real.close(keep);
+		REAL(close)(keep);
 	}
 	pthread_mutex_unlock(&s->mu);
 }
@@ -946,12 +936,15 @@ int mpp_keep_held(int fd)
 		pthread_mutex_unlock(&s->mu);
 		return -1;
 	}
-	keep = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+	// Through the wrapper: the dup is a new descriptor of the socket, which
+	// the drain must count and a stash holding bytes attach, as it does any
+	// other (stash.c).
+	keep = mpp_wrapped_fcntl(fd, F_DUPFD_CLOEXEC, 0);
 	if (keep < 0 || keep >= nfds) {
 		// No descriptor to keep it under: the held bytes go now.
 		pthread_mutex_unlock(&s->mu);
 		if (keep >= 0)
-			mpp_real.close(keep);
+			REAL(close)(keep);
 		struct mpp_gate_stats st = {0};
 		flush_fd(s, &st, -1, 0);
 		return -1;
@@ -1002,7 +995,7 @@ int mpp_kept_in(unsigned first, unsigned last, int *out, int max)
 int mpp_close_held(int fd)
 {
 	mpp_keep_held(fd);
-	return mpp_real.close(fd);
+	return REAL(close)(fd);
 }
 
 // mpp_defer_shutdown is shutdown(fd, SHUT_WR) while fd's socket has held bytes: the
@@ -1121,7 +1114,7 @@ void mpp_gate_child(void)
 		s->flushing = 0;
 		if (s->orphan && s->fd == fd) {
 			s->orphan = 0;
-			mpp_real.close(fd);
+			REAL(close)(fd);
 		}
 	}
 	if (waits) {
@@ -1142,13 +1135,13 @@ int mpp_state_page(void)
 	if (fd < 0)
 		return -1;
 	if (ftruncate(fd, (off_t)size) < 0 ||
-	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-		mpp_real.close(fd);
+	    REAL(fcntl)(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+		REAL(close)(fd);
 		return -1;
 	}
 	struct mpp_page *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED) {
-		mpp_real.close(fd);
+		REAL(close)(fd);
 		return -1;
 	}
 	memcpy(p->magic, MPP_PAGE_MAGIC, sizeof(p->magic));
@@ -1194,15 +1187,15 @@ int mpp_gate_page(void)
 		return -1;
 	int w = atomic_load(&mpp_gate);
 	if (ftruncate(fd, MPP_GATE_PAGE_SIZE) < 0 || pwrite(fd, &w, sizeof(w), 0) != (ssize_t)sizeof(w) ||
-	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-		mpp_real.close(fd);
+	    REAL(fcntl)(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+		REAL(close)(fd);
 		return -1;
 	}
 	// The gate does not move while the rank registers (only mpid's requests
 	// move it, and there are none yet), so the copy above stays true.
 	if (mmap(&mpp_gate_pg, sizeof(mpp_gate_pg), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, 0) ==
 	    MAP_FAILED) {
-		mpp_real.close(fd);
+		REAL(close)(fd);
 		return -1;
 	}
 	return fd;

@@ -1,8 +1,15 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// MPI_Init, MPI_Init_thread and MPI_Finalize, interposed without relinking:
-// the real functions come from dlsym(RTLD_NEXT). After the real init the
-// rank learns who it is and registers with the node's mpid (rankchan.c).
+// MPI_Init, MPI_Init_thread and MPI_Finalize, interposed without relinking.
+// After the real init the rank learns who it is and registers with the
+// node's mpid (rankchan.c, which writes the HELLO from what it learnt here).
+//
+// The MPI functions are looked up here, when they are called, not in the
+// table of real functions (real.h): they are not libc's, and the MPI
+// library may not be loaded when the constructor fills that table (a
+// program may dlopen it). RTLD_NEXT for the ones the shim wraps (the
+// definition after its own), RTLD_DEFAULT for the PMPI calls and the
+// handles' objects (wherever the loaded MPI defines them).
 //
 // The shim is built once for every MPI: it includes no mpi.h. The few PMPI
 // calls it makes (only when the job id must be agreed on) use the ABI of
@@ -20,7 +27,6 @@
 #include <time.h>
 #include <unistd.h>
 
-#define HOSTLEN 64
 #define IDLEN 96
 
 typedef uintptr_t handle; // MPI_Comm / MPI_Datatype of either ABI
@@ -71,29 +77,21 @@ static int env_jobid(char *id, size_t n)
 	return -1;
 }
 
-static void sanitize(char *s)
-{
-	for (; *s; s++)
-		if (*s <= ' ' || *s == ',' || *s == '=')
-			*s = '_';
-}
-
 static void attach(void)
 {
 	struct abi a;
-	char id[IDLEN] = "", host[HOSTLEN] = "", root[HOSTLEN] = "", small[256 + 2 * HOSTLEN + MPP_KEY_MAX];
-	char *hosts = NULL, *hello = small;
-	size_t hello_len = sizeof(small);
+	char id[IDLEN] = "", host[MPP_HOST_MAX] = "", root[MPP_HOST_MAX] = "";
+	char *hosts = NULL;
 	int rank = -1, size = 0, have_id;
 
 	if (load_abi(&a) < 0) {
-		mpp_ctl_start("HELLO 2 job=unknown rank=-1 size=0\n"); // still gateable
+		mpp_rankch_start(NULL); // still gateable
 		return;
 	}
 	a.comm_rank(a.world, &rank);
 	a.comm_size(a.world, &size);
 	gethostname(host, sizeof(host) - 1);
-	sanitize(host);
+	mpp_hello_value(host); // as the other ranks will get it
 	have_id = env_jobid(id, sizeof(id)) == 0;
 
 	// Collectives on a private duplicate of MPI_COMM_WORLD: nothing the
@@ -114,48 +112,17 @@ static void attach(void)
 		// is the node the job key names (where `mpipause run` ran, or a
 		// Slurm step's first node).
 		if (rank == 0)
-			memcpy(root, host, HOSTLEN);
-		a.bcast(root, HOSTLEN, a.chr, 0, dup);
-		root[HOSTLEN - 1] = 0;
-		if (rank == 0 && size > 0 && size <= 65536) {
-			hosts = calloc((size_t)size, HOSTLEN);
-			// Room for every host: a truncated list would leave nodes
-			// out of every pause (mpid would refuse, short of ranks).
-			char *big = hosts ? malloc(sizeof(small) + (size_t)size * (HOSTLEN + 1)) : NULL;
-			if (big)
-				hello = big, hello_len = sizeof(small) + (size_t)size * (HOSTLEN + 1);
-		}
-		a.gather(host, HOSTLEN, a.chr, hosts, HOSTLEN, a.chr, 0, dup);
+			memcpy(root, host, MPP_HOST_MAX);
+		a.bcast(root, MPP_HOST_MAX, a.chr, 0, dup);
+		root[MPP_HOST_MAX - 1] = 0;
+		if (rank == 0 && size > 0 && size <= 65536)
+			hosts = calloc((size_t)size, MPP_HOST_MAX);
+		a.gather(host, MPP_HOST_MAX, a.chr, hosts, MPP_HOST_MAX, a.chr, 0, dup);
 		a.comm_free(&dup);
 	}
-	sanitize(id);
-	const char *key = mpp_job_key();
-	int n = snprintf(hello, hello_len, "HELLO 2 job=%s rank=%d size=%d pid=%d host=%s", id, rank, size,
-			 (int)getpid(), host);
-	if (key)
-		n += snprintf(hello + n, hello_len - n, " key=%s", key);
-	if (root[0]) {
-		sanitize(root);
-		n += snprintf(hello + n, hello_len - n, " root=%s", root);
-	}
-	if (hosts) {
-		// Distinct hosts, in rank order of first appearance.
-		n += snprintf(hello + n, hello_len - n, " hosts=");
-		int first = 1;
-		for (int i = 0; i < size && (size_t)n < hello_len - HOSTLEN - 2; i++) {
-			char *h = hosts + (size_t)i * HOSTLEN;
-			int seen = 0;
-			for (int j = 0; j < i && !seen; j++)
-				seen = strncmp(h, hosts + (size_t)j * HOSTLEN, HOSTLEN) == 0;
-			if (!seen)
-				n += snprintf(hello + n, hello_len - n, "%s%.*s", first ? "" : ",", HOSTLEN, h), first = 0;
-		}
-		free(hosts);
-	}
-	snprintf(hello + n, hello_len - n, "\n");
-	mpp_ctl_start(hello);
-	if (hello != small)
-		free(hello);
+	struct mpp_hello h = {.job = id, .rank = rank, .size = size, .host = host, .root = root, .hosts = hosts};
+	mpp_rankch_start(&h);
+	free(hosts);
 }
 
 // attach_once: MPICH's Fortran init calls the C MPI_Init (caught there),
@@ -189,7 +156,7 @@ EXPORT int MPI_Init_thread(int *argc, char ***argv, int required, int *provided)
 EXPORT int MPI_Finalize(void)
 {
 	int (*real)(void) = dlsym(RTLD_NEXT, "MPI_Finalize");
-	mpp_ctl_stop();
+	mpp_rankch_stop();
 	return real();
 }
 
@@ -218,7 +185,7 @@ EXPORT int MPI_Finalize(void)
 	EXPORT void name(int *ierr)                                       \
 	{                                                                 \
 		void (*real)(int *) = dlsym(RTLD_NEXT, #name);            \
-		mpp_ctl_stop();                                           \
+		mpp_rankch_stop();                                           \
 		real(ierr);                                               \
 	}
 

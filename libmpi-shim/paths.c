@@ -45,81 +45,21 @@ void closefrom(int low);
 // this many bytes a call, as a short call (the caller calls again).
 #define CHUNK (1 << 20)
 
-static struct {
-	ssize_t (*sendfile)(int, int, off_t *, size_t);
-	ssize_t (*sendfile64)(int, int, off64_t *, size_t);
-	ssize_t (*splice)(int, loff_t *, int, loff_t *, size_t, unsigned);
-	void (*closefrom)(int);
-	int (*vdprintf)(int, const char *, va_list);
-	int (*vdprintf_chk)(int, int, const char *, va_list);
-	ssize_t (*pwritev2)(int, const struct iovec *, int, off_t, int);
-	ssize_t (*pwritev64v2)(int, const struct iovec *, int, off64_t, int);
-	int (*fclose)(FILE *);
-	int (*fflush)(FILE *);
-	int (*execve)(const char *, char *const[], char *const[]);
-	int (*execv)(const char *, char *const[]);
-	int (*execvp)(const char *, char *const[]);
-	int (*execvpe)(const char *, char *const[], char *const[]);
-	int (*fexecve)(int, char *const[], char *const[]);
-	int (*execveat)(int, const char *, char *const[], char *const[], int);
-} real;
 
 // The process the held bytes belong to. A vfork child shares its parent's
 // memory until it execs, and runs no atfork handler: its exec must not send
 // the parent's bytes.
 static pid_t owner;
 
-static void resolve(void)
-{
-#define R(f) real.f = dlsym(RTLD_NEXT, #f)
-	R(sendfile);
-	R(sendfile64);
-	R(splice);
-	R(closefrom);
-	R(vdprintf);
-	real.vdprintf_chk = dlsym(RTLD_NEXT, "__vdprintf_chk");
-	R(pwritev2);
-	R(pwritev64v2);
-	R(fclose);
-	R(fflush);
-	R(execve);
-	R(execv);
-	R(execvp);
-	R(execvpe);
-	R(fexecve);
-	R(execveat);
-#undef R
-}
-#define RL(f) (likely(real.f != NULL) ? real.f : (resolve(), real.f))
-
-// Over a fork the gate's and the stash's tables are held, so that the
-// child's are whole; both locks are leaves, taken in no other order.
-static void at_prepare(void)
-{
-	mpp_gate_fork_prepare();
-	mpp_stash_fork_prepare();
-}
-
-static void at_parent(void)
-{
-	mpp_stash_fork_parent();
-	mpp_gate_fork_parent();
-}
-
-static void at_child(void)
+// The fork hook's part (shim.c): the held bytes are the parent's.
+void mpp_paths_child(void)
 {
 	owner = getpid();
-	mpp_gate_child();
-	mpp_stash_child();
-	mpp_signals_child();
-	mpp_ctl_child();
 }
 
 void mpp_paths_init(void)
 {
-	resolve();
 	owner = getpid();
-	pthread_atfork(at_prepare, at_parent, at_child);
 }
 
 // Exit: what is still held goes before the memory holding it (after the
@@ -189,7 +129,7 @@ static ssize_t file_send(int out, int in, off64_t *offset, size_t count)
 EXPORT ssize_t sendfile(int out, int in, off_t *offset, size_t count)
 {
 	if (GATE_IS_OPEN() || !mpp_is_tcp(out)) {
-		ssize_t r = RL(sendfile)(out, in, offset, count);
+		ssize_t r = REAL(sendfile)(out, in, offset, count);
 		mpp_note_short(out, r, count);
 		return r;
 	}
@@ -203,7 +143,7 @@ EXPORT ssize_t sendfile(int out, int in, off_t *offset, size_t count)
 EXPORT ssize_t sendfile64(int out, int in, off64_t *offset, size_t count)
 {
 	if (GATE_IS_OPEN() || !mpp_is_tcp(out)) {
-		ssize_t r = RL(sendfile64)(out, in, offset, count);
+		ssize_t r = REAL(sendfile64)(out, in, offset, count);
 		mpp_note_short(out, r, count);
 		return r;
 	}
@@ -215,7 +155,7 @@ EXPORT ssize_t sendfile64(int out, int in, off64_t *offset, size_t count)
 EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t len, unsigned flags)
 {
 	if (GATE_IS_OPEN() || off_out != NULL || !mpp_is_tcp(out)) {
-		ssize_t r = RL(splice)(in, off_in, out, off_out, len, flags);
+		ssize_t r = REAL(splice)(in, off_in, out, off_out, len, flags);
 		mpp_note_short(out, r, len);
 		return r;
 	}
@@ -225,7 +165,7 @@ EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t l
 	}
 	if (flags & SPLICE_F_NONBLOCK) {
 		struct pollfd p = {.fd = in, .events = POLLIN};
-		if (poll(&p, 1, 0) == 0) {
+		if (REAL(poll)(&p, 1, 0) == 0) {
 			errno = EAGAIN;
 			return -1;
 		}
@@ -262,8 +202,10 @@ static int close_some(unsigned first, unsigned last, int flags)
 			long fd = strtol(e->d_name, &end, 10);
 			if (*end || e->d_name[0] == '.' || fd == dirfd(d) || fd < (long)first || fd > (long)last)
 				continue;
+			// Through the wrapper: each goes as the application's own
+			// close would (its held bytes kept, its stash left).
 			if (!mpp_kept((int)fd))
-				close((int)fd);
+				mpp_wrapped_close((int)fd);
 		}
 		closedir(d);
 	}
@@ -303,7 +245,7 @@ static ssize_t pwritev2_at(ssize_t (*real)(int, const struct iovec *, int, off64
 	if (off != -1)
 		return real(fd, iov, iovcnt, off, flags);
 	if (flags == 0)
-		return writev(fd, iov, iovcnt);
+		return mpp_wrapped_writev(fd, iov, iovcnt); // gated as the writev it is
 	if (!GATE_IS_OPEN())
 		mpp_unheld(fd, "pwritev2 with flags", MPP_UNHELD_PWRITEV2);
 	ssize_t r = real(fd, iov, iovcnt, off, flags);
@@ -318,21 +260,21 @@ static ssize_t pwritev2_at(ssize_t (*real)(int, const struct iovec *, int, off64
 
 EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int iovcnt, off_t off, int flags)
 {
-	if (!RL(pwritev2)) {
+	if (!REAL_OPT(pwritev2)) {
 		errno = ENOSYS;
 		return -1;
 	}
-	return pwritev2_at((ssize_t(*)(int, const struct iovec *, int, off64_t, int))real.pwritev2, fd, iov, iovcnt, off,
-			   flags);
+	return pwritev2_at((ssize_t(*)(int, const struct iovec *, int, off64_t, int))REAL(pwritev2), fd, iov, iovcnt,
+			   off, flags);
 }
 
 EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int iovcnt, off64_t off, int flags)
 {
-	if (!RL(pwritev64v2)) {
+	if (!REAL_OPT(pwritev64v2)) {
 		errno = ENOSYS;
 		return -1;
 	}
-	return pwritev2_at(real.pwritev64v2, fd, iov, iovcnt, off, flags);
+	return pwritev2_at(REAL(pwritev64v2), fd, iov, iovcnt, off, flags);
 }
 
 // dprintf formats into a stream of glibc's own on the descriptor and writes
@@ -345,7 +287,8 @@ static int print_gated(int fd, char *s, int n)
 {
 	int done = 0;
 	while (n >= 0 && done < n) {
-		ssize_t w = write(fd, s + done, (size_t)(n - done));
+		// Through the wrapper: the text queues behind the held bytes.
+		ssize_t w = mpp_wrapped_write(fd, s + done, (size_t)(n - done));
 		if (w < 0 && errno == EINTR)
 			continue;
 		if (w <= 0) {
@@ -363,7 +306,7 @@ static int print_gated(int fd, char *s, int n)
 EXPORT int vdprintf(int fd, const char *fmt, va_list ap)
 {
 	if (GATE_IS_OPEN() || !mpp_is_tcp(fd))
-		return RL(vdprintf)(fd, fmt, ap);
+		return REAL(vdprintf)(fd, fmt, ap);
 	char *s = NULL;
 	int n = vasprintf(&s, fmt, ap);
 	return print_gated(fd, s, n);
@@ -382,9 +325,9 @@ EXPORT int dprintf(int fd, const char *fmt, ...)
 EXPORT int __vdprintf_chk(int fd, int flag, const char *fmt, va_list ap)
 {
 	if (GATE_IS_OPEN() || !mpp_is_tcp(fd)) {
-		if (!RL(vdprintf_chk))
-			return RL(vdprintf)(fd, fmt, ap);
-		return real.vdprintf_chk(fd, flag, fmt, ap);
+		if (!REAL_OPT(vdprintf_chk))
+			return REAL(vdprintf)(fd, fmt, ap);
+		return REAL(vdprintf_chk)(fd, flag, fmt, ap);
 	}
 	char *s = NULL;
 	int n = __vasprintf_chk(&s, flag, fmt, ap);
@@ -402,8 +345,8 @@ EXPORT int __dprintf_chk(int fd, int flag, const char *fmt, ...)
 
 EXPORT void closefrom(int low)
 {
-	if ((low < 0 || close_range((unsigned)low, UINT_MAX, 0) < 0) && RL(closefrom))
-		real.closefrom(low);
+	if ((low < 0 || close_range((unsigned)low, UINT_MAX, 0) < 0) && REAL_OPT(closefrom))
+		REAL(closefrom)(low);
 }
 
 // stdio writes a socket stream's buffer with glibc's internal write, which
@@ -442,13 +385,13 @@ static int buffered_to_gate(FILE *f)
 EXPORT int fflush(FILE *f)
 {
 	if (GATE_IS_OPEN() || f == NULL)
-		return RL(fflush)(f);
+		return REAL(fflush)(f);
 	flockfile(f);
 	int bad = buffered_to_gate(f);
 	funlockfile(f);
 	if (bad)
 		return EOF;
-	return RL(fflush)(f);
+	return REAL(fflush)(f);
 }
 
 // glibc 2.38 and later declare fclose's argument nonnull, and gcc then
@@ -461,7 +404,7 @@ EXPORT int fflush(FILE *f)
 EXPORT int fclose(FILE *f)
 {
 	if (GATE_IS_OPEN() || f == NULL)
-		return RL(fclose)(f);
+		return REAL(fclose)(f);
 #if defined(__GNUC__) && !defined(__clang__)
 #pragma GCC diagnostic pop
 #endif
@@ -474,7 +417,7 @@ EXPORT int fclose(FILE *f)
 		mpp_wait_close(fd);
 		mpp_keep_held(fd);
 	}
-	int r = RL(fclose)(f);
+	int r = REAL(fclose)(f);
 	int saved = bad ? err : errno;
 	if (fd >= 0)
 		mpp_stash_closed(fd, counted);
@@ -494,7 +437,7 @@ static void before_exec(void)
 		char m[160];
 		int n = snprintf(m, sizeof(m), "mpipause: exec drops %zu received bytes the drain stashed for a socket that stays open\n", lost);
 		if (n > 0) {
-			ssize_t w = write(2, m, (size_t)n);
+			ssize_t w = REAL(write)(2, m, (size_t)n);
 			(void)w;
 		}
 	}
@@ -503,41 +446,41 @@ static void before_exec(void)
 EXPORT int execve(const char *path, char *const argv[], char *const envp[])
 {
 	before_exec();
-	return RL(execve)(path, argv, envp);
+	return REAL(execve)(path, argv, envp);
 }
 
 EXPORT int execv(const char *path, char *const argv[])
 {
 	before_exec();
-	return RL(execv)(path, argv);
+	return REAL(execv)(path, argv);
 }
 
 EXPORT int execvp(const char *file, char *const argv[])
 {
 	before_exec();
-	return RL(execvp)(file, argv);
+	return REAL(execvp)(file, argv);
 }
 
 EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
 {
 	before_exec();
-	return RL(execvpe)(file, argv, envp);
+	return REAL(execvpe)(file, argv, envp);
 }
 
 EXPORT int fexecve(int fd, char *const argv[], char *const envp[])
 {
 	before_exec();
-	return RL(fexecve)(fd, argv, envp);
+	return REAL(fexecve)(fd, argv, envp);
 }
 
 EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const envp[], int flags)
 {
 	before_exec();
-	if (!RL(execveat)) {
+	if (!REAL_OPT(execveat)) {
 		errno = ENOSYS; // a glibc older than 2.34
 		return -1;
 	}
-	return real.execveat(dirfd, path, argv, envp, flags);
+	return REAL(execveat)(dirfd, path, argv, envp, flags);
 }
 
 // The execl family, which glibc builds on its internal execve: the list

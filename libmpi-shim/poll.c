@@ -38,7 +38,7 @@ static int poll_now(struct pollfd *fds, nfds_t n, const sigset_t *mask)
 {
 	struct poll_ctx p = {fds, n};
 	struct timespec zero = {0, 0};
-	int r = RW(ppoll)(fds, n, &zero, mask);
+	int r = REAL(ppoll)(fds, n, &zero, mask);
 	if (r >= 0)
 		return poll_merge(&p, r);
 	if (errno != EINTR)
@@ -62,7 +62,7 @@ static int poll_op_now(void *c, const sigset_t *mask)
 static int poll_op_block(void *c, const struct timespec *left, const sigset_t *mask)
 {
 	struct poll_ctx *p = c;
-	return RW(ppoll)(p->fds, p->n, left, mask);
+	return REAL(ppoll)(p->fds, p->n, left, mask);
 }
 
 static int poll_op_merge(void *c, int n)
@@ -76,7 +76,7 @@ EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
 {
 	if (timeout == 0) {
 		if (likely(LIVE() == 0))
-			return RW(poll)(fds, n, 0);
+			return REAL(poll)(fds, n, 0);
 		return poll_now(fds, n, NULL);
 	}
 	struct poll_ctx p = {fds, n};
@@ -90,11 +90,11 @@ EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const
 	if (ts_zero(tmo)) {
 		mask = mpp_with_wake_blocked(mask, &buf);
 		if (likely(LIVE() == 0))
-			return RW(ppoll)(fds, n, tmo, mask);
+			return REAL(ppoll)(fds, n, tmo, mask);
 		return poll_now(fds, n, mask);
 	}
 	if ((tmo && !ts_valid(tmo)))
-		return RW(ppoll)(fds, n, tmo, mask); // the kernel's EINVAL
+		return REAL(ppoll)(fds, n, tmo, mask); // the kernel's EINVAL
 	struct poll_ctx p = {fds, n};
 	return mpp_wait_loop(&poll_ops, &p, tmo, mask, NULL);
 }
@@ -104,15 +104,15 @@ EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const
 // aborts as it should.
 EXPORT int __poll_chk(struct pollfd *fds, nfds_t n, int timeout, size_t fdslen)
 {
-	if (unlikely(fdslen / sizeof(*fds) < n) && RW(poll_chk))
-		return mpp_wait_real.poll_chk(fds, n, timeout, fdslen);
+	if (unlikely(fdslen / sizeof(*fds) < n) && REAL_OPT(poll_chk))
+		return REAL(poll_chk)(fds, n, timeout, fdslen);
 	return poll(fds, n, timeout);
 }
 
 EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const sigset_t *mask, size_t fdslen)
 {
-	if (unlikely(fdslen / sizeof(*fds) < n) && RW(ppoll_chk))
-		return mpp_wait_real.ppoll_chk(fds, n, tmo, mask, fdslen);
+	if (unlikely(fdslen / sizeof(*fds) < n) && REAL_OPT(ppoll_chk))
+		return REAL(ppoll_chk)(fds, n, tmo, mask, fdslen);
 	return ppoll(fds, n, tmo, mask);
 }
 
@@ -163,7 +163,7 @@ static int sel_op_now(void *c, const sigset_t *mask)
 	struct sel_ctx *s = c;
 	struct timespec zero = {0, 0};
 	sel_restore(s);
-	int r = RW(pselect)(s->nfds, s->set[0], s->set[1], s->set[2], &zero, mask);
+	int r = REAL(pselect)(s->nfds, s->set[0], s->set[1], s->set[2], &zero, mask);
 	if (r >= 0)
 		return sel_merge(s, r);
 	if (errno != EINTR)
@@ -184,7 +184,7 @@ static int sel_op_block(void *c, const struct timespec *left, const sigset_t *ma
 {
 	struct sel_ctx *s = c;
 	sel_restore(s);
-	return RW(pselect)(s->nfds, s->set[0], s->set[1], s->set[2], left, mask);
+	return REAL(pselect)(s->nfds, s->set[0], s->set[1], s->set[2], left, mask);
 }
 
 static int sel_op_merge(void *c, int n)
@@ -204,7 +204,7 @@ static int sel_run(int nfds, fd_set *r, fd_set *w, fd_set *e, const struct times
 	int ret;
 
 	if (3 * s.bytes > sizeof(stack) && !(s.save = malloc(3 * s.bytes)))
-		return RW(pselect)(nfds, r, w, e, tmo, mask); // no memory: no stashes
+		return REAL(pselect)(nfds, r, w, e, tmo, mask); // no memory: no stashes
 	for (int k = 0; k < 3; k++) {
 		if (s.set[k])
 			memcpy((char *)s.save + k * s.bytes, s.set[k], s.bytes);
@@ -229,9 +229,9 @@ static int sel_run(int nfds, fd_set *r, fd_set *w, fd_set *e, const struct times
 EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *e, struct timeval *tv)
 {
 	if (tv && tv->tv_sec == 0 && tv->tv_usec == 0 && likely(LIVE() == 0))
-		return RW(select)(nfds, r, w, e, tv);
+		return REAL(select)(nfds, r, w, e, tv);
 	if (nfds < 0 || (tv && (tv->tv_sec < 0 || tv->tv_usec < 0 || tv->tv_usec >= 1000000)))
-		return RW(select)(nfds, r, w, e, tv); // the kernel's EINVAL
+		return REAL(select)(nfds, r, w, e, tv); // the kernel's EINVAL
 	struct timespec t, left;
 	if (tv) {
 		t.tv_sec = tv->tv_sec;
@@ -252,9 +252,9 @@ EXPORT int pselect(int nfds, fd_set *r, fd_set *w, fd_set *e, const struct times
 	if (ts_zero(tmo)) {
 		mask = mpp_with_wake_blocked(mask, &buf);
 		if (likely(LIVE() == 0))
-			return RW(pselect)(nfds, r, w, e, tmo, mask);
+			return REAL(pselect)(nfds, r, w, e, tmo, mask);
 	}
 	if (nfds < 0 || (tmo && !ts_valid(tmo)))
-		return RW(pselect)(nfds, r, w, e, tmo, mask);
+		return REAL(pselect)(nfds, r, w, e, tmo, mask);
 	return sel_run(nfds, r, w, e, tmo, mask, NULL);
 }

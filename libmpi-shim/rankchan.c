@@ -2,7 +2,9 @@
 //
 // The rank channel: the shim's channel to the node's mpid (whose end is
 // internal/ranks), one unix stream connection per rank, opened after
-// MPI_Init, served by a thread of the shim.
+// MPI_Init, served by a thread of the shim. Every line the shim sends on it
+// is written here: mpi.c gives the HELLO's values (mpp_rankch_start), the
+// constructor asks for the JOIN (mpp_rankch_join).
 //
 // Protocol (internal/ranks/doc.go lists the lines): text lines. The shim
 // says
@@ -28,7 +30,7 @@
 //
 // Before all that, from the library's constructor, a rank of a job that
 // names itself (MPIPAUSE_JOBID) asks mpid once to move it into the job's
-// cgroup, on a connection of its own (mpp_ctl_join):
+// cgroup, on a connection of its own (mpp_rankch_join):
 //   JOIN 2 job=<id> pid=<pid> key=<job key>      answered by     OK | ERR <reason>
 // The kernel charges a socket to the cgroup of the process that creates it,
 // at creation, for good: a rank must be in the job's cgroup before MPI_Init
@@ -47,25 +49,24 @@
 #include <stdlib.h>
 #include <string.h>
 #include <dirent.h>
-#include <dlfcn.h>
 #include <netinet/in.h>
 #include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
-static int ctl_fd = -1;
-static pthread_t ctl_thread;
+static int rankch_fd = -1;
+static pthread_t rankch_thread;
 static int have_thread;
 static _Atomic int stopping; // MPI_Finalize closed the channel, not mpid
-// ctl_fd changes when the channel is lost and made again (serve), while
-// mpp_ctl_stop may hang it up from another thread.
-static pthread_mutex_t ctl_mu = PTHREAD_MUTEX_INITIALIZER;
+// rankch_fd changes when the channel is lost and made again (serve), while
+// mpp_rankch_stop may hang it up from another thread.
+static pthread_mutex_t rankch_mu = PTHREAD_MUTEX_INITIALIZER;
 // Kept for registering again with a restarted mpid: the same HELLO and the
 // same two pages, so the new mpid sees this rank exactly as the old one did.
 static char *hello_line;
 static int page_fd = -1, gate_fd = -1;
-static int wake[2] = {-1, -1}; // mpp_ctl_stop ends the wait between attempts
+static int wake[2] = {-1, -1}; // mpp_rankch_stop ends the wait between attempts
 
 static void warn(const char *fmt, const char *arg)
 {
@@ -75,7 +76,7 @@ static void warn(const char *fmt, const char *arg)
 	char line[512];
 	int n = snprintf(line, sizeof(line), fmt, arg);
 	if (n > 0)
-		mpp_real.write(2, line, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
+		REAL(write)(2, line, (size_t)n < sizeof(line) ? (size_t)n : sizeof(line) - 1);
 }
 
 // sock_addr fills in mpid's address: $MPIPAUSE_MPID_SOCKET (a path, or
@@ -107,7 +108,7 @@ static int send_line(const char *s)
 {
 	size_t n = strlen(s);
 	while (n > 0) {
-		ssize_t r = mpp_real.send(ctl_fd, s, n, MSG_NOSIGNAL);
+		ssize_t r = REAL(send)(rankch_fd, s, n, MSG_NOSIGNAL);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r <= 0)
@@ -144,7 +145,7 @@ static int send_hello(const char *hello, int pagefd, int gatefd)
 		memcpy(CMSG_DATA(c), fds, nfd * sizeof(int));
 	}
 	do
-		r = mpp_real.sendmsg(ctl_fd, &m, MSG_NOSIGNAL);
+		r = REAL(sendmsg)(rankch_fd, &m, MSG_NOSIGNAL);
 	while (r < 0 && errno == EINTR);
 	if (r < 0)
 		return -1;
@@ -191,7 +192,6 @@ static int drain_n;
 // share its stash (stash.c), and each is watched.
 static uint64_t drain_ck[DRAIN_MAX];
 static int drain_socks;
-static int (*real_poll)(struct pollfd *, nfds_t, int);
 // The set of the DRAIN being read: "DRAIN <n>" and then n cookies in
 // COOKIES lines ("C <hex> ..."), sorted once complete.
 static uint64_t drain_set[MPP_DRAIN_MAX];
@@ -224,7 +224,7 @@ static void drain_scan(void)
 		int v = 0, dom = 0, lst = 1;
 		uint64_t ck = 0;
 		socklen_t l = sizeof(v);
-		if (*end || e->d_name[0] == '.' || fd == dirfd(d) || fd == ctl_fd)
+		if (*end || e->d_name[0] == '.' || fd == dirfd(d) || fd == rankch_fd)
 			continue;
 		if (getsockopt((int)fd, SOL_SOCKET, SO_PROTOCOL, &v, &l) < 0 || v != IPPROTO_TCP)
 			continue;
@@ -406,7 +406,7 @@ static void serve_conn(int sigfd)
 	size_t have = 0;
 
 	for (;;) {
-		struct pollfd p[2 + DRAIN_MAX] = {{.fd = ctl_fd, .events = POLLIN}, {.fd = sigfd, .events = POLLIN}};
+		struct pollfd p[2 + DRAIN_MAX] = {{.fd = rankch_fd, .events = POLLIN}, {.fd = sigfd, .events = POLLIN}};
 		nfds_t np = 2;
 		int ms = -1;
 		if (!draining()) {
@@ -428,7 +428,7 @@ static void serve_conn(int sigfd)
 			p[1].fd = -1;
 		// The real poll: the wrapped one reports stashed sockets readable,
 		// which here would spin.
-		int ready = real_poll(p, np, ms);
+		int ready = REAL(poll)(p, np, ms);
 		if (ready < 0) {
 			if (errno == EINTR)
 				continue;
@@ -457,7 +457,7 @@ static void serve_conn(int sigfd)
 		if (sigfd >= 0 && (p[1].revents & POLLIN)) {
 			struct mpp_sig rec;
 			char out[128];
-			while (read(sigfd, &rec, sizeof(rec)) == (ssize_t)sizeof(rec)) {
+			while (REAL(read)(sigfd, &rec, sizeof(rec)) == (ssize_t)sizeof(rec)) {
 				// at=0: the clock failed in the handler; mpid then takes
 				// the request as it comes.
 				if (rec.sig == 'U')
@@ -478,7 +478,7 @@ static void serve_conn(int sigfd)
 		}
 		if (!(p[0].revents & (POLLIN | POLLHUP | POLLERR)))
 			continue;
-		ssize_t r = recv(ctl_fd, buf + have, sizeof(buf) - 1 - have, 0);
+		ssize_t r = REAL(recv)(rankch_fd, buf + have, sizeof(buf) - 1 - have, 0);
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r <= 0)
@@ -492,7 +492,7 @@ static void serve_conn(int sigfd)
 	}
 gone:
 	// Hang up, so that mpid (or whatever spoke) sees the channel end.
-	shutdown(ctl_fd, SHUT_RDWR);
+	REAL(shutdown)(rankch_fd, SHUT_RDWR);
 }
 
 // connect_mpid opens a channel to mpid at a, checks who serves it and
@@ -509,20 +509,20 @@ static int connect_mpid(const struct sockaddr_un *a, socklen_t l, const char **w
 	*why = "mpipause: %s is not served by root or by this user; not registering\n";
 	if (getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cr, &cl) < 0 || (cr.uid != 0 && cr.uid != getuid()))
 		goto fail;
-	pthread_mutex_lock(&ctl_mu);
-	ctl_fd = fd;
-	pthread_mutex_unlock(&ctl_mu);
+	pthread_mutex_lock(&rankch_mu);
+	rankch_fd = fd;
+	pthread_mutex_unlock(&rankch_mu);
 	if (send_hello(hello_line, page_fd, gate_fd) < 0) {
 		*why = "mpipause: mpid at %s closed the connection; this rank runs without pause support\n";
-		pthread_mutex_lock(&ctl_mu);
-		ctl_fd = -1;
-		pthread_mutex_unlock(&ctl_mu);
+		pthread_mutex_lock(&rankch_mu);
+		rankch_fd = -1;
+		pthread_mutex_unlock(&rankch_mu);
 		goto fail;
 	}
 	return fd;
 fail:
 	if (fd >= 0)
-		close(fd);
+		REAL(close)(fd);
 	return -1;
 }
 
@@ -538,12 +538,12 @@ static int again(int sigfd)
 
 	for (;;) {
 		struct pollfd p[2] = {{.fd = wake[0], .events = POLLIN}, {.fd = sigfd, .events = POLLIN}};
-		int r = poll(p, sigfd >= 0 ? 2 : 1, ms);
+		int r = REAL(poll)(p, sigfd >= 0 ? 2 : 1, ms);
 		if (atomic_load(&stopping) || (r > 0 && (p[0].revents & POLLIN)))
 			return -1;
 		if (r > 0 && (p[1].revents & POLLIN)) {
 			char c;
-			while (read(sigfd, &c, 1) == 1)
+			while (REAL(read)(sigfd, &c, 1) == 1)
 				;
 		}
 		if (r != 0)
@@ -561,18 +561,14 @@ static void *serve(void *arg)
 {
 	int sigfd = (int)(intptr_t)arg;
 
-	real_poll = (int (*)(struct pollfd *, nfds_t, int))dlsym(RTLD_NEXT, "poll");
-	if (!real_poll)
-		real_poll = poll;
-
 	for (;;) {
 		serve_conn(sigfd);
 		if (atomic_load(&stopping))
 			break;
-		pthread_mutex_lock(&ctl_mu);
-		close(ctl_fd);
-		ctl_fd = -1;
-		pthread_mutex_unlock(&ctl_mu);
+		pthread_mutex_lock(&rankch_mu);
+		REAL(close)(rankch_fd);
+		rankch_fd = -1;
+		pthread_mutex_unlock(&rankch_mu);
 		if (atomic_load(&mpp_gate) != GATE_OPEN) {
 			struct mpp_gate_stats st;
 			mpp_gate_open(&st);
@@ -584,7 +580,8 @@ static void *serve(void *arg)
 	return NULL;
 }
 
-void mpp_ctl_start(const char *hello)
+// start opens the channel with the HELLO line hello.
+static void start(const char *hello)
 {
 	struct sockaddr_un a;
 	const char *name, *why;
@@ -604,7 +601,7 @@ void mpp_ctl_start(const char *hello)
 		goto fail;
 	}
 	int sigfd = mpp_signals_install();
-	if (pthread_create(&ctl_thread, NULL, serve, (void *)(intptr_t)sigfd) != 0) {
+	if (pthread_create(&rankch_thread, NULL, serve, (void *)(intptr_t)sigfd) != 0) {
 		mpp_signals_restore();
 		warn("mpipause: cannot start the shim thread (%s); this rank runs without pause support\n",
 		     strerror(errno));
@@ -614,53 +611,133 @@ void mpp_ctl_start(const char *hello)
 	// A restarted mpid counts the processes that run a thread of this name
 	// among the ranks it waits for to register again; the name grants
 	// nothing (a process names its own threads).
-	pthread_setname_np(ctl_thread, MPP_CTL_THREAD_NAME);
+	pthread_setname_np(rankch_thread, MPP_RANKCH_THREAD_NAME);
 	return;
 fail:
-	if (ctl_fd >= 0)
-		close(ctl_fd);
-	ctl_fd = -1;
+	if (rankch_fd >= 0)
+		REAL(close)(rankch_fd);
+	rankch_fd = -1;
 }
 
-// mpp_ctl_child: a forked child is not a rank (mpid speaks to its parent)
-// and has no control thread: its copy of the rank channel is closed, so
-// that mpid sees the channel close when the parent's does, and nothing of
-// the child's reaches mpid as the parent's. The control thread may have
-// held ctl_mu at the fork.
-void mpp_ctl_child(void)
+// mpp_hello_value: a value of the HELLO is one token without ',' or '='
+// (the hosts list's separator, the fields'), whatever the host or the
+// environment named.
+void mpp_hello_value(char *s)
 {
-	pthread_mutex_init(&ctl_mu, NULL);
+	for (; *s; s++)
+		if (*s <= ' ' || *s == ',' || *s == '=')
+			*s = '_';
+}
+
+// put appends v (at most max bytes; -1: all of it) at n of the line b,
+// made a value the line can carry; the line's new length.
+static int put(char *b, size_t len, int n, const char *v, int max)
+{
+	int at = n;
+	n += snprintf(b + n, len - n, "%.*s", max, v);
+	mpp_hello_value(b + at);
+	return n;
+}
+
+// HELLO_ROOM holds a HELLO without its hosts list: the id, the numbers, two
+// host names and the key.
+#define HELLO_ROOM (256 + 2 * MPP_HOST_MAX + MPP_KEY_MAX)
+
+// mpp_rankch_start registers this rank with what mpi.c learnt at MPI_Init:
+//   HELLO 2 job=<id> rank=<r> size=<n> pid=<pid> host=<name>[ key=<job key>][ root=<h>][ hosts=<h0,h1,...>]
+// (hosts: rank 0's list of the distinct hosts, in rank order of first
+// appearance). Without h, the MPI library's ABI is unknown and the HELLO
+// says only that much: the rank is still gateable.
+void mpp_rankch_start(const struct mpp_hello *h)
+{
+	char small[HELLO_ROOM], *line = small;
+	size_t len = sizeof(small);
+	const char *key = mpp_job_key();
+	int n;
+
+	if (!h) {
+		start("HELLO 2 job=unknown rank=-1 size=0\n");
+		return;
+	}
+	if (h->hosts) {
+		// Room for every host: a truncated list would leave nodes out of
+		// every pause (mpid would refuse, short of ranks).
+		size_t big = sizeof(small) + (size_t)h->size * (MPP_HOST_MAX + 1);
+		char *b = malloc(big);
+		if (b)
+			line = b, len = big;
+	}
+	n = snprintf(line, len, "HELLO 2 job=");
+	n = put(line, len, n, h->job, -1);
+	n += snprintf(line + n, len - n, " rank=%d size=%d pid=%d host=", h->rank, h->size, (int)getpid());
+	n = put(line, len, n, h->host, -1);
+	if (key)
+		n += snprintf(line + n, len - n, " key=%s", key);
+	if (h->root[0]) {
+		n += snprintf(line + n, len - n, " root=");
+		n = put(line, len, n, h->root, -1);
+	}
+	if (h->hosts) {
+		n += snprintf(line + n, len - n, " hosts=");
+		int first = 1;
+		for (int i = 0; i < h->size && (size_t)n < len - MPP_HOST_MAX - 2; i++) {
+			const char *x = h->hosts + (size_t)i * MPP_HOST_MAX;
+			int seen = 0;
+			for (int j = 0; j < i && !seen; j++)
+				seen = strncmp(x, h->hosts + (size_t)j * MPP_HOST_MAX, MPP_HOST_MAX) == 0;
+			if (seen)
+				continue;
+			if (!first)
+				n += snprintf(line + n, len - n, ",");
+			n = put(line, len, n, x, MPP_HOST_MAX);
+			first = 0;
+		}
+	}
+	snprintf(line + n, len - n, "\n");
+	start(line);
+	if (line != small)
+		free(line);
+}
+
+// mpp_rankch_child: a forked child is not a rank (mpid speaks to its parent)
+// and has no thread of the shim: its copy of the rank channel is closed, so
+// that mpid sees the channel close when the parent's does, and nothing of
+// the child's reaches mpid as the parent's. The shim's thread may have
+// held rankch_mu at the fork.
+void mpp_rankch_child(void)
+{
+	pthread_mutex_init(&rankch_mu, NULL);
 	have_thread = 0;
-	if (ctl_fd >= 0)
-		mpp_real.close(ctl_fd);
-	ctl_fd = -1;
+	if (rankch_fd >= 0)
+		REAL(close)(rankch_fd);
+	rankch_fd = -1;
 	for (int i = 0; i < 2; i++) {
 		if (wake[i] >= 0)
-			mpp_real.close(wake[i]);
+			REAL(close)(wake[i]);
 		wake[i] = -1;
 	}
 }
 
-// mpp_ctl_stop unregisters: mpid sees the connection close. The gate is
+// mpp_rankch_stop unregisters: mpid sees the connection close. The gate is
 // opened first so that nothing stays held past MPI_Finalize.
-void mpp_ctl_stop(void)
+void mpp_rankch_stop(void)
 {
 	if (!have_thread)
 		return;
 	atomic_store(&stopping, 1);
 	mpp_signals_restore();
-	pthread_mutex_lock(&ctl_mu);
-	if (ctl_fd >= 0)
-		shutdown(ctl_fd, SHUT_RDWR);
-	pthread_mutex_unlock(&ctl_mu);
-	if (write(wake[1], "", 1) < 0) {
+	pthread_mutex_lock(&rankch_mu);
+	if (rankch_fd >= 0)
+		REAL(shutdown)(rankch_fd, SHUT_RDWR);
+	pthread_mutex_unlock(&rankch_mu);
+	if (REAL(write)(wake[1], "", 1) < 0) {
 		// The thread polls "stopping" at least once a second anyway.
 	}
-	pthread_join(ctl_thread, NULL);
+	pthread_join(rankch_thread, NULL);
 	have_thread = 0;
-	if (ctl_fd >= 0)
-		close(ctl_fd);
-	ctl_fd = -1;
+	if (rankch_fd >= 0)
+		REAL(close)(rankch_fd);
+	rankch_fd = -1;
 	if (atomic_load(&mpp_gate) != GATE_OPEN) {
 		struct mpp_gate_stats st;
 		mpp_gate_open(&st);
@@ -715,26 +792,6 @@ int mpp_join_line(char *b, size_t n, const char *id, long pid, const char *key)
 	return r > 0 && (size_t)r < n ? r : -1;
 }
 
-// mpp_is_rank: the launchers put one of these in the environment of each MPI
-// process they start; their own daemons (orted, hydra_pmi_proxy) run
-// without them, except under Slurm: srun gives SLURM_PROCID to whatever it
-// starts, daemons included. MPIPAUSE_JOIN=ranks (the SPANK plugin's, in a
-// batch script and in the steps of the MPI launcher's daemons it runs)
-// leaves SLURM_PROCID out: there the script, mpirun, mpiexec and the
-// daemons are no ranks, and only the MPI processes join.
-int mpp_is_rank(void)
-{
-	static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"};
-	const char *j = getenv("MPIPAUSE_JOIN");
-	size_t nv = sizeof(vars) / sizeof(vars[0]) - (j && !strcmp(j, "ranks"));
-	for (size_t i = 0; i < nv; i++) {
-		const char *v = getenv(vars[i]);
-		if (v && *v)
-			return 1;
-	}
-	return 0;
-}
-
 // ms_left is what remains of a deadline on CLOCK_MONOTONIC, in ms (>= 0).
 static int ms_left(const struct timespec *end)
 {
@@ -773,7 +830,7 @@ static int wait_fd(int fd, short ev, const struct timespec *end)
 {
 	for (;;) {
 		struct pollfd p = {.fd = fd, .events = ev};
-		int r = poll(&p, 1, ms_left(end));
+		int r = REAL(poll)(&p, 1, ms_left(end));
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r <= 0)
@@ -811,7 +868,7 @@ static int join(const char *line, const struct sockaddr_un *a, socklen_t al, con
 		goto out;
 	}
 	while (sent < len) {
-		ssize_t r = mpp_real.send(fd, line + sent, len - sent, MSG_NOSIGNAL);
+		ssize_t r = REAL(send)(fd, line + sent, len - sent, MSG_NOSIGNAL);
 		if (r > 0) {
 			sent += (size_t)r;
 			continue;
@@ -833,7 +890,7 @@ static int join(const char *line, const struct sockaddr_un *a, socklen_t al, con
 			snprintf(why, wn, "mpid at %s answered a line too long", name);
 			goto out;
 		}
-		ssize_t r = recv(fd, reply + have, sizeof(reply) - 1 - have, 0);
+		ssize_t r = REAL(recv)(fd, reply + have, sizeof(reply) - 1 - have, 0);
 		if (r > 0) {
 			have += (size_t)r;
 			continue;
@@ -863,15 +920,15 @@ static int join(const char *line, const struct sockaddr_un *a, socklen_t al, con
 	else
 		snprintf(why, wn, "mpid at %s answered %.64s", name, reply);
 out:
-	mpp_real.close(fd);
+	REAL(close)(fd);
 	return rc;
 }
 
-// mpp_ctl_join runs from the library's constructor: a rank of a job named
+// mpp_rankch_join runs from the library's constructor: a rank of a job named
 // by MPIPAUSE_JOBID asks the node's mpid to move it into the job's cgroup
 // before it creates any socket. No mpid, no answer in time, or a
 // refusal: one warning line, and the process goes on as it would have.
-void mpp_ctl_join(void)
+void mpp_rankch_join(void)
 {
 	const char *id = getenv("MPIPAUSE_JOBID");
 	const char *key = mpp_job_key();
@@ -902,15 +959,15 @@ out:
 	errno = saved;
 }
 
-// mpipause_test_ctl_start and mpipause_test_ctl_stop run the rank channel
+// mpipause_test_rankch_start and mpipause_test_rankch_stop run the rank channel
 // without MPI, for the C tests, which then play mpid's part on
 // $MPIPAUSE_MPID_SOCKET.
-EXPORT void mpipause_test_ctl_start(const char *hello)
+EXPORT void mpipause_test_rankch_start(const char *hello)
 {
-	mpp_ctl_start(hello);
+	start(hello);
 }
 
-EXPORT void mpipause_test_ctl_stop(void)
+EXPORT void mpipause_test_rankch_stop(void)
 {
-	mpp_ctl_stop();
+	mpp_rankch_stop();
 }

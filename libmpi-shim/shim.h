@@ -10,6 +10,8 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include "real.h"
+
 #define EXPORT __attribute__((visibility("default")))
 #define likely(x) __builtin_expect(!!(x), 1)
 
@@ -26,7 +28,7 @@ enum { GATE_OPEN = 0, GATE_CLOSED = 1, GATE_FLUSHING = 2 };
 // but GATE_OPEN takes the slow path. The word has a page of the library's
 // memory to itself so that registration can map a page shared with mpid
 // over it (mpp_gate_page): mpid then closes and reopens the gate by writing
-// the word, without waiting for this process's control thread to be
+// the word, without waiting for the shim's thread to be
 // scheduled, while the send path still loads a fixed address.
 #define MPP_GATE_PAGE_SIZE 4096
 union mpp_gate_page {
@@ -36,31 +38,9 @@ union mpp_gate_page {
 extern union mpp_gate_page mpp_gate_pg;
 #define mpp_gate (mpp_gate_pg.word)
 
-// The real functions, found with dlsym(RTLD_NEXT) at load.
-struct real {
-	ssize_t (*send)(int, const void *, size_t, int);
-	ssize_t (*sendto)(int, const void *, size_t, int, const struct sockaddr *, socklen_t);
-	ssize_t (*sendmsg)(int, const struct msghdr *, int);
-	int (*sendmmsg)(int, struct mmsghdr *, unsigned int, int);
-	ssize_t (*write)(int, const void *, size_t);
-	ssize_t (*writev)(int, const struct iovec *, int);
-	int (*close)(int);
-	int (*shutdown)(int, int);
-	ssize_t (*recv)(int, void *, size_t, int);
-	ssize_t (*recvfrom)(int, void *, size_t, int, struct sockaddr *, socklen_t *);
-	ssize_t (*recvmsg)(int, struct msghdr *, int);
-	ssize_t (*read)(int, void *, size_t);
-	ssize_t (*readv)(int, const struct iovec *, int);
-	int (*recvmmsg)(int, struct mmsghdr *, unsigned int, int, struct timespec *);
-};
-extern struct real mpp_real;
 
 // The fast path's test: one relaxed load of the gate word.
 #define GATE_IS_OPEN() likely(atomic_load_explicit(&mpp_gate, memory_order_relaxed) == GATE_OPEN)
-
-// The real functions are resolved by the library constructor; a call that
-// comes earlier (another library's constructor) resolves them itself.
-#define REAL(fn) (likely(mpp_real.fn != NULL) ? mpp_real.fn : (mpp_resolve(), mpp_real.fn))
 
 struct mpp_gate_stats {
 	int gate;                // GATE_*
@@ -87,7 +67,6 @@ static inline __attribute__((always_inline)) void mpp_note_short(int fd, ssize_t
 		mpp_fd_short[fd] = r >= 0 && (size_t)r < want;
 }
 
-void mpp_resolve(void);
 int mpp_close_held(int fd);
 int mpp_keep_held(int fd);
 int mpp_kept(int fd);
@@ -95,11 +74,16 @@ int mpp_kept_in(unsigned first, unsigned last, int *out, int max);
 int mpp_defer_shutdown(int fd);
 void mpp_unheld(int fd, const char *what, char call);
 void mpp_gate_end(const char *why);
-// The fork hook's parts (paths.c): prepare and parent hold the table's
-// lock over a fork; child makes the child a process of its own.
+// The fork hook (shim.c) is one pthread_atfork registration that calls each
+// part's functions in one fixed order; mpp_fork_init registers it, once,
+// from the constructor or from a blocking wait that comes earlier (wake.c).
+// The parts: gate.c's prepare and parent hold its table's lock over a fork,
+// its child makes the child a process of its own.
+void mpp_fork_init(void);
 void mpp_gate_fork_prepare(void);
 void mpp_gate_fork_parent(void);
 void mpp_gate_child(void);
+void mpp_paths_child(void);
 uint64_t mpp_sock_cookie(int fd);
 int mpp_is_tcp(int fd);
 ssize_t mpp_send_all(int fd, const void *b, size_t n);
@@ -135,26 +119,41 @@ void mpp_gate_open(struct mpp_gate_stats *st); // forced: flush everything, then
 int mpp_gate_flushing(long gen);
 void mpp_gate_flush(struct mpp_gate_stats *st, int word);
 void mpp_gate_state(struct mpp_gate_stats *st);
-// The rank channel to mpid (rankchan.c): start after MPI_Init with the HELLO
-// line, stop at MPI_Finalize.
-void mpp_ctl_start(const char *hello);
-void mpp_ctl_stop(void);
-void mpp_ctl_child(void);
+// The rank channel to mpid (rankchan.c): start after MPI_Init with what the
+// rank learnt there (NULL: the MPI library's ABI is not one the shim knows;
+// the rank registers all the same, to be gateable), stop at MPI_Finalize.
+// rankchan.c writes every line of the channel, the HELLO from these values.
+struct mpp_hello {
+	const char *job;   // the job's id
+	int rank, size;    // in MPI_COMM_WORLD
+	const char *host;  // this rank's host
+	const char *root;  // rank 0's host, "" if not known
+	const char *hosts; // on rank 0, every rank's host (size entries of MPP_HOST_MAX bytes), else NULL
+};
+#define MPP_HOST_MAX 64 // a host name's bytes, its NUL among them
+void mpp_rankch_start(const struct mpp_hello *h);
+void mpp_rankch_stop(void);
+void mpp_rankch_child(void);
+// mpp_hello_value makes s a value the HELLO can carry (no space or control
+// character, no ',' or '='), in place: mpi.c applies it to the host name before other ranks get
+// it, so that every rank's copy is the one the HELLO says.
+void mpp_hello_value(char *s);
 // The early JOIN (rankchan.c), from the library's constructor: a rank of a job
 // named by MPIPAUSE_JOBID asks mpid to move it into the job's cgroup before
 // it creates any socket (the kernel charges a socket to its creator's
 // cgroup for good). At most JOIN_TIMEOUT_S seconds, or MPIPAUSE_JOIN_TIMEOUT
 // (1 to JOIN_TIMEOUT_MAX_S); never fails the process.
-// The shim's control thread's name (at most 15 characters): mpid looks for
-// it in /proc/PID/task/*/comm (internal/ranks.CtlThreadName).
-#define MPP_CTL_THREAD_NAME "mpipause-ctl"
+// The name of the shim's thread that serves the rank channel (at most 15
+// characters): mpid looks for it in /proc/PID/task/*/comm
+// (internal/ranks.CtlThreadName).
+#define MPP_RANKCH_THREAD_NAME "mpipause-ctl"
 
 #define MPP_JOBID_MAX 128
 #define JOIN_TIMEOUT_S 10
 #define JOIN_TIMEOUT_MAX_S 600
-void mpp_ctl_join(void);
-// mpp_is_rank: this process is an MPI process a launcher started (its rank
-// variable is set), not the launcher or one of its daemons.
+void mpp_rankch_join(void);
+// mpp_is_rank (sig.c): this process is an MPI process a launcher started
+// (its rank variable is set), not the launcher or one of its daemons.
 int mpp_is_rank(void);
 int mpp_valid_jobid(const char *id);
 int mpp_join_line(char *b, size_t n, const char *id, long pid, const char *key);
@@ -173,16 +172,28 @@ struct mpp_sig {
 	int32_t fd;  // for 'U'
 };
 enum { MPP_UNHELD_ANCILLARY = 'A', MPP_UNHELD_ZEROCOPY = 'Z', MPP_UNHELD_FASTOPEN = 'F', MPP_UNHELD_PWRITEV2 = 'P' };
-// mpp_report_unheld tells mpid (through the signal pipe and the control
+// mpp_report_unheld tells mpid (through the signal pipe and the shim's
 // thread: "EVENT unheld") of a call on a TCP socket that passed the closed
 // gate unheld, the first few of each closing: a job connection's pause then
-// fails naming it.
-void mpp_report_unheld(int fd, char call);
+// fails naming it. The caller (gate.c) gives the gate word, whose
+// generation names the closing, and the socket's cookie.
+void mpp_report_unheld(int fd, char call, int gate, uint64_t cookie);
 
 // SIGTSTP/SIGCONT (sig.c): install returns the pipe the handler writes to.
 int mpp_signals_install(void);
 void mpp_signals_restore(void);
 void mpp_signals_child(void);
+
+// The shim's own wrappers, called on purpose where their bookkeeping must
+// happen as for a call of the application's: an application's call served
+// by another (close_range's closes, dprintf's write, pwritev2's writev),
+// and the dup that keeps a closed socket's held bytes (a new descriptor of
+// the socket, which the drain must know). Aliases of the exported wrappers,
+// bound inside the library.
+int mpp_wrapped_close(int fd);
+ssize_t mpp_wrapped_write(int fd, const void *buf, size_t len);
+ssize_t mpp_wrapped_writev(int fd, const struct iovec *iov, int iovcnt);
+int mpp_wrapped_fcntl(int fd, int cmd, ...);
 
 ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, int flags, ssize_t (*real)(void *), void *arg);
 // mpp_quickack sends fd's pending delayed ACK now (TCP_QUICKACK); errno is
@@ -190,7 +201,7 @@ ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, int flags, ssize_
 void mpp_quickack(int fd);
 
 // stash.c: the receive-side drain. While a pause is in progress the
-// control thread reads what waits in the receive queues of the rank's TCP
+// shim's thread reads what waits in the receive queues of the rank's TCP
 // sockets into a stash per socket in process memory, so that the kernel reports
 // them empty whether or not the application reads; the wrapped reads give
 // those bytes back first, in order, and the wrapped waits (waits.h) report
@@ -243,6 +254,14 @@ void __chk_fail(void) __attribute__((noreturn));
 // not otherwise see. mpp_wait_init runs from the constructor.
 void mpp_wait_wake(void);
 void mpp_wait_init(void);
+void mpp_wait_fork_prepare(void);
+void mpp_wait_fork_parent(void);
+void mpp_wait_child(void);
+// epoll.c's part of the fork hook: its view of the epoll sets is whole in
+// the child.
+void mpp_epoll_fork_prepare(void);
+void mpp_epoll_fork_parent(void);
+void mpp_epoll_fork_child(void);
 // mpp_wait_close forgets what epoll.c knows of fd (an epoll set, or a
 // registration in one), before fd is closed.
 void mpp_wait_close(int fd);

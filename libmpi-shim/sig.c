@@ -28,10 +28,6 @@ int mpp_sig_pipe[2] = {-1, -1};
 static struct sigaction app[2]; // what the application asked for: [0] SIGTSTP, [1] SIGCONT
 static _Atomic int installed;
 
-static int (*real_sigaction)(int, const struct sigaction *, struct sigaction *);
-static sighandler_t (*real_signal)(int, sighandler_t);
-static int (*real_kill)(pid_t, int);
-
 static int slot(int sig)
 {
 	return sig == SIGTSTP ? 0 : sig == SIGCONT ? 1 : -1;
@@ -50,7 +46,7 @@ static void note(char kind)
 	if (clock_gettime(CLOCK_MONOTONIC, &ts) == 0)
 		rec.ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 	if (mpp_sig_pipe[1] >= 0)
-		(void)!mpp_real.write(mpp_sig_pipe[1], &rec, sizeof(rec));
+		(void)!REAL(write)(mpp_sig_pipe[1], &rec, sizeof(rec));
 	errno = saved;
 }
 
@@ -111,14 +107,6 @@ static void on_cont(int sig, siginfo_t *si, void *uc)
 	run_app(1, sig, si, uc);
 }
 
-static void resolve(void)
-{
-	if (!real_sigaction)
-		real_sigaction = dlsym(RTLD_NEXT, "sigaction");
-	if (!real_signal)
-		real_signal = dlsym(RTLD_NEXT, "signal");
-}
-
 // The first MPP_UNHELD_REPORTS unheld calls of each closing are reported
 // (reported_gen: the gate generation + 1 they belong to): enough that a
 // program's own connections do not hide a job connection's, and bounded
@@ -127,9 +115,9 @@ static void resolve(void)
 static _Atomic unsigned reported_gen;
 static _Atomic int reported_n;
 
-void mpp_report_unheld(int fd, char call)
+void mpp_report_unheld(int fd, char call, int gate, uint64_t cookie)
 {
-	unsigned gen = GATE_GEN(atomic_load(&mpp_gate)) + 1;
+	unsigned gen = GATE_GEN(gate) + 1;
 	if (mpp_sig_pipe[1] < 0)
 		return;
 	if (atomic_load(&reported_gen) != gen) {
@@ -138,9 +126,9 @@ void mpp_report_unheld(int fd, char call)
 	}
 	if (atomic_fetch_add(&reported_n, 1) >= MPP_UNHELD_REPORTS)
 		return;
-	struct mpp_sig rec = {.sig = 'U', .call = call, .fd = fd, .ns = (int64_t)mpp_sock_cookie(fd)};
+	struct mpp_sig rec = {.sig = 'U', .call = call, .fd = fd, .ns = (int64_t)cookie};
 	int saved = errno;
-	(void)!mpp_real.write(mpp_sig_pipe[1], &rec, sizeof(rec));
+	(void)!REAL(write)(mpp_sig_pipe[1], &rec, sizeof(rec));
 	errno = saved;
 }
 
@@ -150,7 +138,6 @@ int mpp_signals_install(void)
 {
 	struct sigaction sa;
 
-	resolve();
 	if (pipe2(mpp_sig_pipe, O_CLOEXEC | O_NONBLOCK) < 0)
 		return -1;
 	memset(&sa, 0, sizeof(sa));
@@ -160,11 +147,11 @@ int mpp_signals_install(void)
 	// for it or go to another thread.
 	sigemptyset(&sa.sa_mask);
 	sa.sa_sigaction = on_tstp;
-	int tstp = real_sigaction(SIGTSTP, &sa, &app[0]);
+	int tstp = REAL(sigaction)(SIGTSTP, &sa, &app[0]);
 	sa.sa_sigaction = on_cont;
-	if (tstp < 0 || real_sigaction(SIGCONT, &sa, &app[1]) < 0) {
-		close(mpp_sig_pipe[0]);
-		close(mpp_sig_pipe[1]);
+	if (tstp < 0 || REAL(sigaction)(SIGCONT, &sa, &app[1]) < 0) {
+		REAL(close)(mpp_sig_pipe[0]);
+		REAL(close)(mpp_sig_pipe[1]);
 		mpp_sig_pipe[0] = mpp_sig_pipe[1] = -1;
 		return -1;
 	}
@@ -177,8 +164,8 @@ void mpp_signals_restore(void)
 {
 	if (!atomic_exchange(&installed, 0))
 		return;
-	real_sigaction(SIGTSTP, &app[0], NULL);
-	real_sigaction(SIGCONT, &app[1], NULL);
+	REAL(sigaction)(SIGTSTP, &app[0], NULL);
+	REAL(sigaction)(SIGCONT, &app[1], NULL);
 }
 
 // mpp_signals_child: a forked child is not a rank: Ctrl-Z stops it as it
@@ -189,7 +176,7 @@ void mpp_signals_child(void)
 	mpp_signals_restore();
 	for (int i = 0; i < 2; i++) {
 		if (mpp_sig_pipe[i] >= 0)
-			mpp_real.close(mpp_sig_pipe[i]);
+			REAL(close)(mpp_sig_pipe[i]);
 		mpp_sig_pipe[i] = -1;
 	}
 }
@@ -198,9 +185,8 @@ EXPORT int sigaction(int sig, const struct sigaction *act, struct sigaction *old
 {
 	int i = slot(sig);
 
-	resolve();
 	if (i < 0 || !atomic_load(&installed))
-		return real_sigaction(sig, act, old);
+		return REAL(sigaction)(sig, act, old);
 	if (old)
 		*old = app[i];
 	if (act)
@@ -212,9 +198,8 @@ EXPORT sighandler_t signal(int sig, sighandler_t h)
 {
 	int i = slot(sig);
 
-	resolve();
 	if (i < 0 || !atomic_load(&installed))
-		return real_signal(sig, h);
+		return REAL(signal)(sig, h);
 	sighandler_t prev = (app[i].sa_flags & SA_SIGINFO) ? SIG_DFL : app[i].sa_handler;
 	memset(&app[i], 0, sizeof(app[i]));
 	app[i].sa_handler = h;
@@ -234,6 +219,26 @@ EXPORT sighandler_t signal(int sig, sighandler_t h)
 // process without the shim stops on it as before. No other signal, and no
 // other program's kill, is touched: a script's `kill -STOP` stays one.
 static _Atomic int launcher = -1;
+
+// mpp_is_rank: the launchers put one of these in the environment of each MPI
+// process they start; their own daemons (orted, hydra_pmi_proxy) run
+// without them, except under Slurm: srun gives SLURM_PROCID to whatever it
+// starts, daemons included. MPIPAUSE_JOIN=ranks (the SPANK plugin's, in a
+// batch script and in the steps of the MPI launcher's daemons it runs)
+// leaves SLURM_PROCID out: there the script, mpirun, mpiexec and the
+// daemons are no ranks, and only the MPI processes join.
+int mpp_is_rank(void)
+{
+	static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "SLURM_PROCID"};
+	const char *j = getenv("MPIPAUSE_JOIN");
+	size_t nv = sizeof(vars) / sizeof(vars[0]) - (j && !strcmp(j, "ranks"));
+	for (size_t i = 0; i < nv; i++) {
+		const char *v = getenv(vars[i]);
+		if (v && *v)
+			return 1;
+	}
+	return 0;
+}
 
 static int is_launcher(void)
 {
@@ -257,9 +262,7 @@ static int is_launcher(void)
 
 EXPORT int kill(pid_t pid, int sig)
 {
-	if (!real_kill)
-		real_kill = dlsym(RTLD_NEXT, "kill");
 	if (sig == SIGSTOP && is_launcher())
 		sig = SIGTSTP;
-	return real_kill(pid, sig);
+	return REAL(kill)(pid, sig);
 }

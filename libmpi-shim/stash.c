@@ -4,7 +4,7 @@
 // between the job's ranks is empty, and a rank that computes for seconds, or
 // waits somewhere other than in MPI, reads nothing: its queues, and then its
 // peers' send queues, stay full. So while a pause is in progress the
-// control thread reads what waits in the rank's TCP receive queues into a
+// shim's thread reads what waits in the rank's TCP receive queues into a
 // stash per socket, in process memory, which the freeze keeps with the rest
 // of the process (DMTCP drains sockets the same way before a checkpoint).
 // The wrapped reads give those bytes back before anything the kernel holds,
@@ -20,7 +20,7 @@
 // for the others. fd_gen counts the wrapped calls that change which socket
 // a number names, so a drain that raced one starts again.
 //
-// Order is the whole difficulty: the control thread and an application
+// Order is the whole difficulty: the shim's thread and an application
 // thread must never both read one socket at once, or bytes could reach the
 // application out of order. Each fd has a count of application threads
 // inside a wrapped read of it ("busy") and a flag that sends reads to the
@@ -467,7 +467,7 @@ ssize_t mpp_stash_fd(int fd, ino_t ino)
 			s->cap = cap;
 		}
 		size_t take = s->cap - s->len < room ? s->cap - s->len : room;
-		ssize_t r = mpp_real.recv(fd, s->buf + s->len, take, MSG_DONTWAIT);
+		ssize_t r = REAL(recv)(fd, s->buf + s->len, take, MSG_DONTWAIT);
 		if (r > 0) {
 			atomic_fetch_add_explicit(&stash_bytes, (size_t)r, memory_order_relaxed);
 			s->len += (size_t)r;
@@ -588,7 +588,7 @@ void mpp_stash_adopt(int fd)
 	pthread_mutex_lock(&s->mu);
 	if (s->ino == st.st_ino && holding(s) && !attach(s, fd, SLOW_HELD)) {
 		static const char m[] = "mpipause: no memory to follow a new descriptor of a drained socket: its reads may overtake\n";
-		ssize_t w = write(2, m, sizeof(m) - 1);
+		ssize_t w = REAL(write)(2, m, sizeof(m) - 1);
 		(void)w;
 	}
 	pthread_mutex_unlock(&s->mu);
@@ -677,7 +677,7 @@ size_t mpp_stash_exec_lost(void)
 		struct stash *s = pool[i];
 		pthread_mutex_lock(&s->mu);
 		for (int j = 0; j < s->nfd; j++)
-			if (s->ino != 0 && !(fcntl(s->fds[j], F_GETFD) & FD_CLOEXEC)) {
+			if (s->ino != 0 && !(REAL(fcntl)(s->fds[j], F_GETFD) & FD_CLOEXEC)) {
 				lost += s->len - s->off;
 				break;
 			}

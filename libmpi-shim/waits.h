@@ -2,7 +2,7 @@
 //
 // The wrapped waits: poll, ppoll, select, pselect, epoll_wait, epoll_pwait,
 // epoll_pwait2 and the fortified __poll_chk and __ppoll_chk. While a pause
-// is in progress the control thread empties the rank's TCP receive queues
+// is in progress the shim's thread empties the rank's TCP receive queues
 // into stashes (stash.c); the kernel then reports those sockets empty, so
 // an event loop would never learn that its bytes are there. These wrappers
 // report an fd readable while its stash holds bytes, merged with what the
@@ -33,35 +33,6 @@
 
 #define unlikely(x) __builtin_expect(!!(x), 0)
 #define LIVE() atomic_load_explicit(&mpp_stash_live, memory_order_relaxed)
-
-// The real functions of every call these files wrap, found with
-// dlsym(RTLD_NEXT) by mpp_wait_resolve (wake.c).
-struct wait_real {
-	int (*poll)(struct pollfd *, nfds_t, int);
-	int (*ppoll)(struct pollfd *, nfds_t, const struct timespec *, const sigset_t *);
-	int (*select)(int, fd_set *, fd_set *, fd_set *, struct timeval *);
-	int (*pselect)(int, fd_set *, fd_set *, fd_set *, const struct timespec *, const sigset_t *);
-	int (*epoll_wait)(int, struct epoll_event *, int, int);
-	int (*epoll_pwait)(int, struct epoll_event *, int, int, const sigset_t *);
-	int (*epoll_pwait2)(int, struct epoll_event *, int, const struct timespec *, const sigset_t *);
-	int (*epoll_ctl)(int, int, int, struct epoll_event *);
-	int (*epoll_create)(int);
-	int (*epoll_create1)(int);
-	int (*dup)(int);
-	int (*dup2)(int, int);
-	int (*dup3)(int, int, int);
-	int (*fcntl)(int, int, ...);
-	int (*fcntl64)(int, int, ...);
-	int (*poll_chk)(struct pollfd *, nfds_t, int, size_t);
-	int (*ppoll_chk)(struct pollfd *, nfds_t, const struct timespec *, const sigset_t *, size_t);
-	int (*sigaction)(int, const struct sigaction *, struct sigaction *);
-};
-extern struct wait_real mpp_wait_real;
-void mpp_wait_resolve(void);
-
-// As wrap.c's REAL: resolved by mpp_wait_init, or by the first call that
-// comes earlier (another library's constructor).
-#define RW(fn) (likely(mpp_wait_real.fn != NULL) ? mpp_wait_real.fn : (mpp_wait_resolve(), mpp_wait_real.fn))
 
 static inline int ts_valid(const struct timespec *t)
 {
@@ -103,12 +74,12 @@ int mpp_wait_loop(const struct wait_ops *ops, void *c, const struct timespec *tm
 // that is not registered is never the one a wake is for).
 const sigset_t *mpp_with_wake_blocked(const sigset_t *app, sigset_t *buf);
 
-// What dup.c, and the fork handlers (wake.c), need of epoll.c's view of the
-// epoll sets: mpp_epoll_have_sets is nonzero once any set is known (until
-// then a dup has nothing to tell it); mpp_epoll_lock and mpp_epoll_unlock
-// take and give back the mutex the view is kept under, held across the real
-// call that changes the kernel's sets; mpp_epoll_dup_done, with it held,
-// says that newfd is now a copy of oldfd.
+// What dup.c needs of epoll.c's view of the epoll sets: mpp_epoll_have_sets
+// is nonzero once any set is known (until then a dup has nothing to tell
+// it); mpp_epoll_lock and mpp_epoll_unlock take and give back the mutex the
+// view is kept under, held across the real call that changes the kernel's
+// sets; mpp_epoll_dup_done, with it held, says that newfd is now a copy of
+// oldfd.
 extern _Atomic int mpp_epoll_have_sets;
 void mpp_epoll_lock(void);
 void mpp_epoll_unlock(void);

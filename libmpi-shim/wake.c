@@ -3,7 +3,7 @@
 // The wrapped waits' wake and their blocking loop (waits.h).
 //
 // The wake. A thread may have entered a blocking wait while every stash
-// was empty; when the control thread then stashes the bytes that woke it,
+// was empty; when the shim's thread then stashes the bytes that woke it,
 // the kernel re-checks the socket, finds it empty and sleeps on. So every
 // blocking wait (timeout != 0) registers its thread in a small table, and
 // mpp_wait_wake sends each registered thread a signal of its own
@@ -44,34 +44,6 @@
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
-
-struct wait_real mpp_wait_real;
-
-void mpp_wait_resolve(void)
-{
-#define R(fn, name)                                  \
-	if (!mpp_wait_real.fn)                       \
-		mpp_wait_real.fn = dlsym(RTLD_NEXT, name)
-	R(poll, "poll");
-	R(ppoll, "ppoll");
-	R(select, "select");
-	R(pselect, "pselect");
-	R(epoll_wait, "epoll_wait");
-	R(epoll_pwait, "epoll_pwait");
-	R(epoll_pwait2, "epoll_pwait2");
-	R(epoll_ctl, "epoll_ctl");
-	R(epoll_create, "epoll_create");
-	R(epoll_create1, "epoll_create1");
-	R(dup, "dup");
-	R(dup2, "dup2");
-	R(dup3, "dup3");
-	R(fcntl, "fcntl");
-	R(fcntl64, "fcntl64");
-	R(poll_chk, "__poll_chk");
-	R(ppoll_chk, "__ppoll_chk");
-	R(sigaction, "sigaction");
-#undef R
-}
 
 static int wake_sig; // 0: no signal; blocking waits then wake every SLICE_NS
 static _Atomic int inited;
@@ -125,7 +97,7 @@ static void unenroll(int i)
 	}
 }
 
-// mpp_wait_wake runs on the control thread after a stash went from empty
+// mpp_wait_wake runs on the shim's thread after a stash went from empty
 // to holding bytes (mpp_stash_live already counts it). The fence pairs
 // with the one a waiter makes between registering and loading
 // mpp_stash_live: a waiter either is seen here or sees the stash.
@@ -321,7 +293,7 @@ const sigset_t *mpp_with_wake_blocked(const sigset_t *app, sigset_t *buf)
 static int sig_free(int s)
 {
 	struct sigaction old;
-	return RW(sigaction)(s, NULL, &old) == 0 && !(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_DFL;
+	return REAL(sigaction)(s, NULL, &old) == 0 && !(old.sa_flags & SA_SIGINFO) && old.sa_handler == SIG_DFL;
 }
 
 static int pick_signal(void)
@@ -353,25 +325,25 @@ static int pick_signal(void)
 	return 0;
 }
 
-static void at_prepare(void)
+// The fork hook's part (shim.c): wake_mu is held over a fork, so that the
+// child never has it locked by a thread that does not go on there.
+void mpp_wait_fork_prepare(void)
 {
-	mpp_epoll_lock();
 	pthread_mutex_lock(&wake_mu);
 }
 
-static void at_parent(void)
+void mpp_wait_fork_parent(void)
 {
 	pthread_mutex_unlock(&wake_mu);
-	mpp_epoll_unlock();
 }
 
 // The child has one thread, which is in no wait.
-static void at_child(void)
+void mpp_wait_child(void)
 {
 	for (int i = 0; i < WAITERS; i++)
 		atomic_store_explicit(&waiters[i], 0, memory_order_relaxed);
 	my_tid = 0;
-	at_parent();
+	pthread_mutex_unlock(&wake_mu);
 }
 
 // mpp_wait_init runs from the library's constructor, before any thread of
@@ -381,7 +353,6 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 
 static void wait_init_once(void)
 {
-	mpp_wait_resolve();
 	int sig = pick_signal();
 	if (sig) {
 		// SA_RESTART although the waits are never restarted: a wake
@@ -393,10 +364,12 @@ static void wait_init_once(void)
 		sa.sa_handler = on_wake;
 		sa.sa_flags = SA_RESTART;
 		sigemptyset(&sa.sa_mask);
-		if (RW(sigaction)(sig, &sa, NULL) == 0)
+		if (REAL(sigaction)(sig, &sa, NULL) == 0)
 			wake_sig = sig;
 	}
-	pthread_atfork(at_prepare, at_parent, at_child);
+	// A wait before the constructor may come with threads that fork: the
+	// fork hook goes in now.
+	mpp_fork_init();
 	atomic_store_explicit(&inited, 1, memory_order_release);
 }
 

@@ -161,6 +161,10 @@ EXPORT int sendmmsg(int fd, struct mmsghdr *vec, unsigned int vlen, int flags)
 	return (int)i;
 }
 
+// The aliases the shim calls where it means its own wrapper (shim.h).
+extern __typeof__(write) mpp_wrapped_write __attribute__((alias("write")));
+extern __typeof__(writev) mpp_wrapped_writev __attribute__((alias("writev")));
+
 // close: with the gate open nothing is held anywhere (reopening flushes
 // before it says open), so the fast path only forgets the fd's last call.
 EXPORT int close(int fd)
@@ -175,22 +179,12 @@ EXPORT int close(int fd)
 	errno = saved;
 	return r;
 }
+extern __typeof__(close) mpp_wrapped_close __attribute__((alias("close")));
 
 // The receive side is never gated. While the gate is not open (a pause
 // draining), a read that got bytes asks the kernel to acknowledge at once
-// (TCP_QUICKACK: the pending delayed ACK goes now, and the socket leaves
-// its ping-pong mode): the drain waits for "nothing unacknowledged" on the
-// sender's side, and the receiver's delayed ACK of the last segments read
-// otherwise holds that queue for up to the delayed-ACK timeout (8 ms under
-// the sockops cap). On a socket that is not TCP the call just fails. Open
-// gate: one load after the real call, nothing else.
-__attribute__((noinline)) void mpp_quickack(int fd)
-{
-	int saved = errno, one = 1;
-	setsockopt(fd, IPPROTO_TCP, TCP_QUICKACK, &one, sizeof(one));
-	errno = saved;
-}
-
+// (mpp_quickack, gate.c). Open gate: one load after the real call, nothing
+// else.
 #define RECEIVED(fd, r)                                  \
 	do {                                             \
 		if (!GATE_IS_OPEN() && (r) > 0)          \

@@ -39,6 +39,12 @@ for so in "$@"; do
 					off = m; sub(/\(.*/, "", off); r = m; sub(/^[^(]*\(/, "", r); sub(/\)$/, "", r)
 					reads = reads (reads ? ", " : "") ((r in reg) ? reg[r] : r) (off ? "+" off : "")
 				}
+				# The real call itself may load the pointer: call *off(%reg).
+				if ($1 == "call" && match($2, /^\*(-?0x[0-9a-f]+)?\(%[a-z0-9]+\)/)) {
+					m = substr($2, RSTART + 1, RLENGTH - 1)
+					off = m; sub(/\(.*/, "", off); r = m; sub(/^[^(]*\(/, "", r); sub(/\)$/, "", r)
+					reads = reads (reads ? ", " : "") ((r in reg) ? reg[r] : r) (off ? "+" off : "")
+				}
 				if ($1 == "call" && $2 ~ /^\*/) { done = 1; exit }
 			}
 			END {

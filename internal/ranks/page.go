@@ -480,7 +480,7 @@ func (p *statePage) gateState() uint32 {
 }
 
 // CtlThreadName is the name the shim gives its control thread
-// (MPP_CTL_THREAD_NAME in libmpi-shim/shim.h).
+// (MPP_RANKCH_THREAD_NAME in libmpi-shim/shim.h).
 const CtlThreadName = "mpipause-ctl"
 
 // CtlThread is the thread id of pid's shim control thread, found by its

@@ -363,8 +363,8 @@ static void test_bad_sets(void)
 
 int main(void)
 {
-	void (*start)(const char *) = (void (*)(const char *))dlsym(RTLD_DEFAULT, "mpipause_test_ctl_start");
-	void (*stop)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_ctl_stop");
+	void (*start)(const char *) = (void (*)(const char *))dlsym(RTLD_DEFAULT, "mpipause_test_rankch_start");
+	void (*stop)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_rankch_stop");
 	stash_bytes = (size_t (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_stash_bytes");
 	stash_max = (size_t (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_stash_max");
 	if (!start || !stop || !stash_bytes || !stash_max) {

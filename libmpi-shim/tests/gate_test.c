@@ -1236,7 +1236,7 @@ static void test_stash_dup2(void)
 	close(s[0]);
 }
 
-// The control thread stashes while an application thread reads the same
+// The shim's thread stashes while an application thread reads the same
 // socket without pause: no byte lost, none out of order.
 #define RACE_BYTES (64u << 20)
 struct race {
@@ -1288,7 +1288,7 @@ static void *race_writer(void *arg)
 }
 
 // race_alias_reader reads the socket through descriptors of its own, made
-// and closed as it goes (dup, fcntl F_DUPFD), while the control thread
+// and closed as it goes (dup, fcntl F_DUPFD), while the shim's thread
 // stashes through the original: the stash belongs to the socket, so every
 // descriptor gets the stream in order, whoever drained it.
 static void *race_alias_reader(void *arg)

@@ -490,7 +490,7 @@ static int run_program(uint64_t seed, int verbose)
 
 // The receive side: programs that read one socket by many descriptors
 // (the same routes) while the drain stashes its bytes at random points
-// through any of them (mpipause_test_stash, as the control thread does in
+// through any of them (mpipause_test_stash, as the shim's thread does in
 // a pause), and close descriptors. The model: the reads, in call order,
 // get exactly the bytes the peer sent, each once; MSG_PEEK sees the next
 // ones. The socket is non-blocking, so a read that bypassed the stash

@@ -2,7 +2,7 @@
 //
 // C tests of the wrapped waits (waits.h) over loopback TCP, run with
 // libmpipause.so preloaded (make -C libmpi-shim test). Bytes are moved
-// into an fd's stash as the control thread does during a pause
+// into an fd's stash as the shim's thread does during a pause
 // (mpipause_test_stash); the kernel then holds nothing for the fd, and
 // only the shim can tell an event loop that it is readable.
 #include <dlfcn.h>

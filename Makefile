@@ -53,7 +53,7 @@ $(GOLANGCI_LINT):
 	@mkdir -p $(BIN)/tools
 	GOBIN=$(BIN)/tools $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 
-check-format: $(GOLANGCI_LINT) ## fail if a Go file is not gofmt-formatted, go vet reports a problem, golangci-lint (.golangci.yml: the module boundaries) finds a product package importing the kernel tests, the rig or the tooling, or the product module requires one of their modules
+check-format: $(GOLANGCI_LINT) ## fail if a Go file is not gofmt-formatted, go vet reports a problem, golangci-lint (.golangci.yml: the module boundaries) finds a product package importing the kernel tests, the rig or the tooling, the product module requires one of their modules, or a built program is tracked
 	@f=$$("$$($(GO) env GOROOT)/bin/gofmt" -l $$(git ls-files '*.go')); \
 		[ -z "$$f" ] || { echo "not gofmt-formatted: $$f (run: gofmt -w $$f)" >&2; exit 1; }
 	$(GO) vet $(GOPKGS)
@@ -67,6 +67,10 @@ check-format: $(GOLANGCI_LINT) ## fail if a Go file is not gofmt-formatted, go v
 	@m=$$(GOWORK=off $(GO) list -m all | grep -E '/kernel-tests|gonum|vishvananda'); \
 		[ -z "$$m" ] || { echo "the product module requires test or tooling modules: $$m" >&2; exit 1; }
 	@GOWORK=off $(GO) list -test -deps ./... >/dev/null || { echo "the product module imports what its go.mod does not require" >&2; exit 1; }
+	@# Built programs belong in bin/; the only ELF files tracked are the
+	@# generated BPF objects (make check-generate rebuilds them).
+	@e=$$(git ls-files -z | xargs -0 sh -c 'for f; do case $$f in *.o) continue;; esac; [ "$$(head -c4 "$$f" | od -An -c | tr -d " ")" = 177ELF ] && echo "$$f"; done; true' _); \
+		[ -z "$$e" ] || { echo "built programs are tracked: $$e (git rm --cached them; make puts its output in bin/)" >&2; exit 1; }
 
 # make test's tiers, in order; after each, its time (scripts/tier-clock.sh),
 # and at the end all of them: what the CI budget is measured by.

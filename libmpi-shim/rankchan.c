@@ -6,19 +6,10 @@
 // is written here: mpi.c gives the HELLO's values (mpp_rankch_start), the
 // constructor asks for the JOIN (mpp_rankch_join).
 //
-// Protocol (internal/ranks/doc.go lists the lines): text lines. The shim
-// says
-//   HELLO 2 job=<id> rank=<r> size=<n> pid=<pid> host=<name> key=<job key>[ root=<h>][ hosts=<h0,h1,...>]
-// and then answers each request of mpid with one line:
-//   CLOSE -> CLOSED <state>     STATE -> STATE <state>     OPEN -> OPENED flushed=<n> errors=<n>
-//   REOPEN [gen] -> REOPENED, at once, then "EVENT flushed bytes=<n> errors=<n> errno=<e>" after the
-//                   flush; "REOPENED stale" (no event) if the gate is open or in another generation
-//   DRAIN <n>, then n socket cookies in lines "C <hex> ..." -> DRAINING sockets=<n> stashed=<bytes>:
-//            while the gate stays closed this thread moves what arrives on those of the process's
-//            sockets into their stashes (stash.c), and leaves every other socket alone;
-//            "DRAINING off" if the gate is open; "DRAINING disabled" with MPIPAUSE_RECV_DRAIN=0
-// and, unasked, "EVENT pause at=<ns>" / "EVENT resume at=<ns>" when the rank gets SIGTSTP /
-// SIGCONT (sig.c; ns: CLOCK_MONOTONIC in the handler); where <state> is "gate=<open|closed|flushing> gated=<n> closing=<n> held=<bytes>".
+// Its lines (JOIN, HELLO, the requests, this thread's answers and the
+// unasked EVENTs) are listed once, in internal/ranks/doc.go, the package
+// comment of mpid's parser; a change to a line changes that list.
+//
 // mpid checks the HELLO's pid against the connection's SO_PEERCRED; the
 // shim checks that mpid runs as root or as the rank's own user.
 //
@@ -29,13 +20,11 @@
 // mpid answers (attempts back off to one a second).
 //
 // Before all that, from the library's constructor, a rank of a job that
-// names itself (MPIPAUSE_JOBID) asks mpid once to move it into the job's
-// cgroup, on a connection of its own (mpp_rankch_join):
-//   JOIN 2 job=<id> pid=<pid> key=<job key>      answered by     OK | ERR <reason>
-// The kernel charges a socket to the cgroup of the process that creates it,
-// at creation, for good: a rank must be in the job's cgroup before MPI_Init
-// opens its sockets, or mpid, which watches the job's sockets by cgroup,
-// never sees them.
+// names itself (MPIPAUSE_JOBID) asks mpid once, with a JOIN on a connection
+// of its own, to move it into the job's cgroup (mpp_rankch_join): the
+// kernel charges a socket to the cgroup of the process that creates it, at
+// creation, for good, and mpid watches a job's sockets by cgroup, so a rank
+// must be in the job's cgroup before MPI_Init opens its sockets.
 #include "shim.h"
 #include "req.h"
 

@@ -145,7 +145,7 @@ void mpp_hello_value(char *s);
 // (1 to JOIN_TIMEOUT_MAX_S); never fails the process.
 // The name of the shim's thread that serves the rank channel (at most 15
 // characters): mpid looks for it in /proc/PID/task/*/comm
-// (internal/ranks.CtlThreadName).
+// (internal/ranks.ShimThreadName).
 #define MPP_RANKCH_THREAD_NAME "mpipause-ctl"
 
 #define MPP_JOBID_MAX 128

@@ -121,7 +121,7 @@ func (r *registry) adopt() (interrupted []record) {
 		for _, pid := range procs {
 			// A registered rank runs the shim's control thread; the
 			// launcher's daemons and the ranks' own children do not.
-			if ranks.CtlThread(pid) != 0 {
+			if ranks.ShimThread(pid) != 0 {
 				j.missing[pid] = true
 			}
 		}

@@ -479,13 +479,13 @@ func (p *statePage) gateState() uint32 {
 	return atomic.LoadUint32((*uint32)(unsafe.Pointer(&p.mem[32]))) & 3
 }
 
-// CtlThreadName is the name the shim gives its control thread
+// ShimThreadName is the name the shim gives its control thread
 // (MPP_RANKCH_THREAD_NAME in libmpi-shim/shim.h).
-const CtlThreadName = "mpipause-ctl"
+const ShimThreadName = "mpipause-ctl"
 
-// CtlThread is the thread id of pid's shim control thread, found by its
+// ShimThread is the thread id of pid's shim control thread, found by its
 // name among pid's threads; 0 if it has none (not a registered rank).
-func CtlThread(pid int) int {
+func ShimThread(pid int) int {
 	dir := fmt.Sprintf("/proc/%d/task", pid)
 	tasks, err := os.ReadDir(dir)
 	if err != nil {
@@ -493,7 +493,7 @@ func CtlThread(pid int) int {
 	}
 	for _, t := range tasks {
 		comm, err := os.ReadFile(filepath.Join(dir, t.Name(), "comm"))
-		if err != nil || strings.TrimSpace(string(comm)) != CtlThreadName {
+		if err != nil || strings.TrimSpace(string(comm)) != ShimThreadName {
 			continue
 		}
 		if tid, err := strconv.Atoi(t.Name()); err == nil {

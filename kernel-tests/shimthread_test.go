@@ -13,11 +13,11 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// ctlThreads is, per rank of the job (by pid), its shim control thread's
+// shimThreads is, per rank of the job (by pid), its shim control thread's
 // scheduling: policy and niceness. Threads are found by the name the shim
 // gives them, which is also what a user could give any thread (docs/security.md,
 // H4).
-func ctlThreads(t *testing.T, id string) map[int]unix.SchedAttr {
+func shimThreads(t *testing.T, id string) map[int]unix.SchedAttr {
 	t.Helper()
 	out := map[int]unix.SchedAttr{}
 	for _, cg := range nodeJobCgroups(t, id) {
@@ -33,20 +33,20 @@ func ctlThreads(t *testing.T, id string) map[int]unix.SchedAttr {
 	return out
 }
 
-// TestCtlThreadNeverRaised: mpid gives no thread of a rank real-time
+// TestShimThreadNeverRaised: mpid gives no thread of a rank real-time
 // policy or a lower niceness, at registration, inside a pause step (held
 // at node0's first DRAIN, when every node has prepared and the drain needs
 // the shim's control thread most), once paused, or after the resume: a
 // rank's process is its user's, and whatever root grants one of its
 // threads the user can keep (a fork, an exec) (docs/security.md,
 // "Scheduling").
-func TestCtlThreadNeverRaised(t *testing.T) {
+func TestShimThreadNeverRaised(t *testing.T) {
 	for _, lib := range mpiLibs {
-		t.Run(lib.name, func(t *testing.T) { ctlThreadNeverRaised(t, lib) })
+		t.Run(lib.name, func(t *testing.T) { shimThreadNeverRaised(t, lib) })
 	}
 }
 
-func ctlThreadNeverRaised(t *testing.T, lib mpiLib) {
+func shimThreadNeverRaised(t *testing.T, lib mpiLib) {
 	bin := binDir(t)
 	sharedRig(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
@@ -60,7 +60,7 @@ func ctlThreadNeverRaised(t *testing.T, lib mpiLib) {
 	atHold(t, hold, 6, job)
 	normal := func(when string) {
 		t.Helper()
-		th := ctlThreads(t, id)
+		th := shimThreads(t, id)
 		if len(th) != 6 {
 			t.Fatalf("%s: %d shim control threads found, want 6", when, len(th))
 		}

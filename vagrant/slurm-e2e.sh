@@ -276,9 +276,17 @@ lib_run() {
 				return
 			fi
 			clean[$lib]=$((${clean[$lib]:-0} + 1))
-			ms=$(mpipause status --json "$id" | jq -r '.total_ms | floor')
-			[ "$how" != scontrol ] || pause_ms+=("$ms")
-			pass "$lib: $what $i: paused within $((SECONDS - t)) s (mpid: $ms ms), Slurm $(job_state "$sid"); connections empty on$j; ranks in Slurm's job cgroup"
+			js=$(mpipause status --json "$id")
+			ms=$(jq -r '.total_ms | floor' <<<"$js")
+			# Where the time went: mpid's phases (round, rounds, ms).
+			ph=$(jq -r '[.phases // [] | .[] | "\(.name) \(.ms | floor)"] | join(", ")' <<<"$js")
+			if [ "$how" = scontrol ]; then
+				pause_ms+=("$ms")
+				while read -r name pms; do
+					phase_ms[$name]=$((${phase_ms[$name]:-0} + pms))
+				done < <(jq -r '.phases // [] | .[] | "\(.name) \(.ms | floor)"' <<<"$js")
+			fi
+			pass "$lib: $what $i: paused within $((SECONDS - t)) s (mpid: $ms ms: $ph), Slurm $(job_state "$sid"); connections empty on$j; ranks in Slurm's job cgroup"
 		else
 			[ "$how" != scontrol ] || lost=$((lost + 1))
 			late=$(mpipause status --json "$id" | jq -r '.failure | "\(.phase): \(.reason)"')
@@ -483,6 +491,8 @@ declare -A clean
 # pause_ms: mpid's time (total_ms) of each scontrol suspend's committed
 # pause; lost: the suspends whose pause Slurm's SIGSTOP overtook.
 pause_ms=() lost=0
+# phase_ms[PHASE]: the ms of PHASE summed over those pauses.
+declare -A phase_ms
 # dac_override on|off: mpid's unit on every node with (a drop-in) or
 # without CAP_DAC_OVERRIDE, mpid restarted (docs/slurm.md, "Launching MPI
 # under Slurm").
@@ -525,6 +535,13 @@ if [ "${#pause_ms[@]}" -gt 0 ]; then
 	mapfile -t sorted < <(printf '%s\n' "${pause_ms[@]}" | sort -n)
 	pct() { echo "${sorted[$(((${#sorted[@]} * $1 + 99) / 100 - 1))]}"; }
 	echo "INFO scontrol suspends: $((${#sorted[@]} + lost)), paused ${#sorted[@]}, lost to Slurm's SIGSTOP $lost; mpid's pause: p50 $(pct 50) ms, p99 $(pct 99) ms, max ${sorted[-1]} ms"
+	sum=0
+	for v in "${pause_ms[@]}"; do sum=$((sum + v)); done
+	shares=''
+	for name in "${!phase_ms[@]}"; do
+		shares+=" $name $((phase_ms[$name] * 100 / (sum > 0 ? sum : 1)))%"
+	done
+	echo "INFO where those pauses' time went (mpid's phases, share of their total):$shares"
 fi
 # A suspend may lose the race with Slurm's SIGSTOP now and then (above),
 # not every one of a library's.

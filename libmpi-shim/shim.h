@@ -77,8 +77,8 @@ void mpp_gate_end(const char *why);
 // The fork hook (shim.c) is one pthread_atfork registration that calls each
 // part's functions in one fixed order; mpp_fork_init registers it, once,
 // from the constructor or from a blocking wait that comes earlier (wake.c).
-// The parts: gate.c's prepare and parent hold its table's lock over a fork,
-// its child makes the child a process of its own.
+// The parts: gateword.c's prepare and parent hold the gate's table's lock
+// over a fork, its child makes the child a process of its own.
 void mpp_fork_init(void);
 void mpp_gate_fork_prepare(void);
 void mpp_gate_fork_parent(void);

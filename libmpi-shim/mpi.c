@@ -2,7 +2,8 @@
 //
 // MPI_Init, MPI_Init_thread and MPI_Finalize, interposed without relinking.
 // After the real init the rank learns who it is and registers with the
-// node's mpid (rankchan.c, which writes the HELLO from what it learnt here).
+// node's mpid (rankchan.c; rankhello.c writes the HELLO from what it learnt
+// here).
 //
 // The MPI functions are looked up here, when they are called, not in the
 // table of real functions (real.h): they are not libc's, and the MPI

@@ -122,7 +122,8 @@ void mpp_gate_state(struct mpp_gate_stats *st);
 // The rank channel to mpid (rankchan.c): start after MPI_Init with what the
 // rank learnt there (NULL: the MPI library's ABI is not one the shim knows;
 // the rank registers all the same, to be gateable), stop at MPI_Finalize.
-// rankchan.c writes every line of the channel, the HELLO from these values.
+// Every line of the channel is written there or in its two parts,
+// rankserve.c and rankhello.c (the HELLO, from these values).
 struct mpp_hello {
 	const char *job;   // the job's id
 	int rank, size;    // in MPI_COMM_WORLD
@@ -138,7 +139,7 @@ void mpp_rankch_child(void);
 // character, no ',' or '='), in place: mpi.c applies it to the host name before other ranks get
 // it, so that every rank's copy is the one the HELLO says.
 void mpp_hello_value(char *s);
-// The early JOIN (rankchan.c), from the library's constructor: a rank of a job
+// The early JOIN (rankhello.c), from the library's constructor: a rank of a job
 // named by MPIPAUSE_JOBID asks mpid to move it into the job's cgroup before
 // it creates any socket (the kernel charges a socket to its creator's
 // cgroup for good). At most JOIN_TIMEOUT_S seconds, or MPIPAUSE_JOIN_TIMEOUT

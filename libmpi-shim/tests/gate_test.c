@@ -717,7 +717,7 @@ static void test_launcher_stop(void)
 	rmdir(dir);
 }
 
-// The early JOIN (rankchan.c): the formatting and the job id rules.
+// The early JOIN (rankhello.c): the formatting and the job id rules.
 static void test_join_line(void)
 {
 	int (*line)(char *, size_t, const char *, long, const char *) =

@@ -6,7 +6,7 @@
 // set of cookies); it passes on what the signal handler saw (sig.c) as
 // unasked EVENT lines; and, while a pause drains, it watches the job's own
 // sockets in the same poll and moves what arrives into their stashes
-// (stash.c). One thread does all three so that an answer never
+// (stash.c, drain.c). One thread does all three so that an answer never
 // overtakes an EVENT it follows from, and no lock is needed between them.
 #include "shim.h"
 #include "rankchan.h"

@@ -19,8 +19,8 @@ EXPORT const char mpipause_shim_version[] = "mpipause-shim 0.2";
 // order below is the order, whichever part started first.
 //
 // Prepare takes epoll.c's reg_mu, wake.c's wake_mu, gate.c's mpp_tab_mu
-// and stash.c's tab_mu, in that order; parent gives them back in the
-// reverse order. Each is a leaf lock (no thread waits for another lock
+// and stash.c's mpp_stash_tab_mu, in that order; parent gives them back in
+// the reverse order. Each is a leaf lock (no thread waits for another lock
 // while it holds one of them), so the forking thread, holding some, never
 // waits for a thread that waits for it.
 //

@@ -201,7 +201,7 @@ ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, int flags, ssize_
 // kept, and on a socket that is not TCP it does nothing.
 void mpp_quickack(int fd);
 
-// stash.c: the receive-side drain. While a pause is in progress the
+// stash.c and drain.c: the receive-side drain. While a pause is in progress the
 // shim's thread reads what waits in the receive queues of the rank's TCP
 // sockets into a stash per socket in process memory, so that the kernel reports
 // them empty whether or not the application reads; the wrapped reads give
@@ -220,7 +220,8 @@ unsigned mpp_stash_edge(int fd);
 // mpp_stash_fd moves what waits in fd's receive queue into its socket's
 // stash, unless an application thread is reading a descriptor of the socket
 // right now (that thread gets the bytes) or fd is no longer the file with
-// inode ino (0: any). Returns the bytes moved, 0 if none, -1 if skipped.
+// inode ino (0: any). Returns the bytes moved, 0 if none, -1 if skipped
+// (drain.c).
 ssize_t mpp_stash_fd(int fd, ino_t ino);
 // mpp_stash_forget detaches fd from its socket's stash (the bytes stay for
 // the socket's other descriptors); mpp_stash_closing and mpp_stash_closed

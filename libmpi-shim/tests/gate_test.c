@@ -1009,7 +1009,7 @@ static int child(const char *want)
 }
 
 
-// The receive-side drain (stash.c): bytes moved out of the kernel's receive
+// The receive-side drain (drain.c, stash.c): bytes moved out of the kernel's receive
 // queue come back first, in order, through every read call.
 static ssize_t (*stash_fd)(int fd, unsigned long ino);
 

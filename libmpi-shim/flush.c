@@ -244,7 +244,6 @@ void mpp_gate_open(struct mpp_gate_stats *st)
 	mpp_gate_flush(st, f);
 }
 
-
 // mpp_keep_held is called before the application's fd goes (close, dup2
 // over fd, close_range, fclose): the kernel would deliver bytes written
 // before a close, so the shim must too. If fd is the descriptor its

@@ -58,8 +58,8 @@
 // fast path's "last call short" flag, and each descriptor's socket. An fd
 // beyond them is never gated: it passes through, and is counted.
 #define MAX_FDS (1 << 20)
-unsigned char *mpp_fd_short;         // last send call on fd was short
-int mpp_nfds;                        // size of the tables
+unsigned char *mpp_fd_short;      // last send call on fd was short
+int mpp_nfds;                     // size of the tables
 struct sock *_Atomic *mpp_fd_tab; // made on the slow path
 int mpp_tab_hi;                   // mpp_fd_tab is empty from here on (under mpp_tab_mu)
 #define fd_short mpp_fd_short

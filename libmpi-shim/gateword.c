@@ -36,7 +36,9 @@ union mpp_gate_page mpp_gate_pg __attribute__((aligned(MPP_GATE_PAGE_SIZE))); //
 // forked child shares with its parent. A child's write to a socket whose
 // bytes its parent holds must come after them: the child waits until the
 // parent's entry for that socket is gone (mpp_gate_child, mpp_child_wait).
-enum { SHARED_SLOTS = 4096 };
+enum {
+	SHARED_SLOTS = 4096
+};
 struct shared_entry {
 	_Atomic uint64_t cookie; // 0: free
 	_Atomic uint64_t held;
@@ -44,7 +46,7 @@ struct shared_entry {
 static struct shared_entry *shared;        // this process's entries
 static struct shared_entry *parent_shared; // in a forked child: its parent's
 static pid_t parent_pid;                   // in a forked child
-_Atomic int mpp_awaiting;                    // in a forked child: sockets waiting for the parent
+_Atomic int mpp_awaiting;                  // in a forked child: sockets waiting for the parent
 
 static struct shared_entry *new_shared(void)
 {
@@ -142,7 +144,6 @@ void mpp_gate_close(void)
 	atomic_store_explicit(&mpp_gate, c, memory_order_release);
 	mpp_publish_gate(c);
 }
-
 
 // parent_done reports whether the parent no longer holds bytes for s's
 // socket (or is gone: then they are lost, as when a process dies).

@@ -111,7 +111,7 @@ static int send_hello(const char *hello, int pagefd, int gatefd)
 		struct cmsghdr align;
 	} u;
 	struct msghdr m = {.msg_iov = &v, .msg_iovlen = 1};
-	int fds[2] = {pagefd, gatefd}, nfd = pagefd < 0 ? 0 : gatefd < 0 ? 1 : 2;
+	int fds[2] = {pagefd, gatefd}, nfd = pagefd < 0 ? 0 : (gatefd < 0 ? 1 : 2);
 	ssize_t r;
 
 	if (nfd > 0) {
@@ -133,7 +133,6 @@ static int send_hello(const char *hello, int pagefd, int gatefd)
 		return mpp_rankch_send_line(hello + r);
 	return 0;
 }
-
 
 // connect_mpid opens a channel to mpid at a, checks who serves it and
 // registers (HELLO): the fd, or -1 with why in why.
@@ -243,7 +242,7 @@ void mpp_rankch_open(const char *hello)
 	if (pthread_create(&rankch_thread, NULL, serve, (void *)(intptr_t)sigfd) != 0) {
 		mpp_signals_restore();
 		mpp_rankch_warn("mpipause: cannot start the shim thread (%s); this rank runs without pause support\n",
-		     strerror(errno));
+				strerror(errno));
 		goto fail;
 	}
 	have_thread = 1;

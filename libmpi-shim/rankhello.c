@@ -160,7 +160,7 @@ static int ms_left(const struct timespec *end)
 	struct timespec now;
 	clock_gettime(CLOCK_MONOTONIC, &now);
 	long ms = (end->tv_sec - now.tv_sec) * 1000 + (end->tv_nsec - now.tv_nsec) / 1000000;
-	return ms < 0 ? 0 : ms > JOIN_TIMEOUT_MAX_S * 1000 ? JOIN_TIMEOUT_MAX_S * 1000 : (int)ms;
+	return ms < 0 ? 0 : (ms > JOIN_TIMEOUT_MAX_S * 1000 ? JOIN_TIMEOUT_MAX_S * 1000 : (int)ms);
 }
 
 // join_timeout_s is how long the JOIN waits for mpid's answer, in seconds.
@@ -197,7 +197,7 @@ static int wait_fd(int fd, short ev, const struct timespec *end)
 			continue;
 		if (r <= 0)
 			return r;
-		return (p.revents & ev) ? 1 : (p.revents & (POLLERR | POLLHUP | POLLNVAL)) ? -1 : 0;
+		return (p.revents & ev) ? 1 : ((p.revents & (POLLERR | POLLHUP | POLLNVAL)) ? -1 : 0);
 	}
 }
 
@@ -303,20 +303,20 @@ void mpp_rankch_join(void)
 		return;
 	if (!key) {
 		mpp_rankch_warn("mpipause: this rank has no job key (MPIPAUSE_JOBKEY): launch the job with `mpipause run`; "
-		     "this rank could not join its job's cgroup, so %s\n",
-		     "the job will not be pausable cleanly");
+				"this rank could not join its job's cgroup, so %s\n",
+				"the job will not be pausable cleanly");
 		goto out;
 	}
 	if (mpp_join_line(line, sizeof(line), id, (long)getpid(), key) < 0) {
 		mpp_rankch_warn("mpipause: MPIPAUSE_JOBID is not a valid job id (1 to 128 printable characters, no spaces, no '='); "
-		     "this rank could not join its job's cgroup, so %s\n",
-		     "the job will not be pausable cleanly");
+				"this rank could not join its job's cgroup, so %s\n",
+				"the job will not be pausable cleanly");
 		goto out;
 	}
 	socklen_t al = mpp_rankch_addr(&a, &name);
 	if (join(line, &a, al, name, why, sizeof(why)) < 0)
 		mpp_rankch_warn("mpipause: this rank could not join its job's cgroup (%s); the job will not be pausable cleanly\n",
-		     why);
+				why);
 out:
 	errno = saved;
 }

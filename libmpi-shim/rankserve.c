@@ -24,7 +24,7 @@
 
 static const char *gate_name(int g)
 {
-	return g == GATE_OPEN ? "open" : g == GATE_CLOSED ? "closed" : "flushing";
+	return g == GATE_OPEN ? "open" : (g == GATE_CLOSED ? "closed" : "flushing");
 }
 
 static void state_line(char *b, size_t n, const char *verb)
@@ -271,7 +271,6 @@ static int answer(char *line, size_t n, void *arg)
 		return -1;
 	return full_check();
 }
-
 
 // mpp_rankch_serve answers mpid's requests and passes the signals the handler
 // saw on as unsolicited "EVENT pause at=<ns>" / "EVENT resume at=<ns>" lines, until the

@@ -18,11 +18,15 @@
 // The gate word: a state in the low 2 bits and, above them, the generation
 // of the close it belongs to. Open is 0 whatever the generation, so the
 // send path compares the whole word with one constant.
-enum { GATE_OPEN = 0, GATE_CLOSED = 1, GATE_FLUSHING = 2 };
+enum {
+	GATE_OPEN = 0,
+	GATE_CLOSED = 1,
+	GATE_FLUSHING = 2
+};
 #define GATE_GEN_MASK 0x1fffffffu
-#define GATE_STATE(w) ((w) & 3)
+#define GATE_STATE(w) (3 & (w))
 #define GATE_GEN(w) (((unsigned)(w) >> 2) & GATE_GEN_MASK)
-#define GATE_WORD(state, gen) ((int)((((unsigned)(gen) & GATE_GEN_MASK) << 2) | (unsigned)(state)))
+#define GATE_WORD(state, gen) ((int)(((GATE_GEN_MASK & (unsigned)(gen)) << 2) | (unsigned)(state)))
 
 // mpp_gate is what every wrapped send call loads first (relaxed): anything
 // but GATE_OPEN takes the slow path. The word has a page of the library's
@@ -37,7 +41,6 @@ union mpp_gate_page {
 };
 extern union mpp_gate_page mpp_gate_pg;
 #define mpp_gate (mpp_gate_pg.word)
-
 
 // The fast path's test: one relaxed load of the gate word.
 #define GATE_IS_OPEN() likely(atomic_load_explicit(&mpp_gate, memory_order_relaxed) == GATE_OPEN)
@@ -167,12 +170,17 @@ const char *mpp_job_key(void);
 // ns is CLOCK_MONOTONIC when the handler ran: mpid, on the same machine,
 // leaves alone a request that a resume (or pause) has answered since.
 struct mpp_sig {
-	int64_t ns;  // for 'U': the socket's cookie
-	char sig;    // 'T' SIGTSTP, 'C' SIGCONT, 'U' a call the gate cannot hold
-	char call;   // for 'U': MPP_UNHELD_*
-	int32_t fd;  // for 'U'
+	int64_t ns; // for 'U': the socket's cookie
+	char sig;   // 'T' SIGTSTP, 'C' SIGCONT, 'U' a call the gate cannot hold
+	char call;  // for 'U': MPP_UNHELD_*
+	int32_t fd; // for 'U'
 };
-enum { MPP_UNHELD_ANCILLARY = 'A', MPP_UNHELD_ZEROCOPY = 'Z', MPP_UNHELD_FASTOPEN = 'F', MPP_UNHELD_PWRITEV2 = 'P' };
+enum {
+	MPP_UNHELD_ANCILLARY = 'A',
+	MPP_UNHELD_ZEROCOPY = 'Z',
+	MPP_UNHELD_FASTOPEN = 'F',
+	MPP_UNHELD_PWRITEV2 = 'P'
+};
 // mpp_report_unheld tells mpid (through the signal pipe and the shim's
 // thread: "EVENT unheld") of a call on a TCP socket that passed the closed
 // gate unheld, the first few of each closing: a job connection's pause then

@@ -79,7 +79,6 @@ size_t mpp_stash_bytes(void)
 	return atomic_load_explicit(&mpp_stash_held, memory_order_relaxed);
 }
 
-
 void mpp_stash_init(void)
 {
 	mpp_drain_init();

@@ -26,7 +26,11 @@ struct stash {
 
 // A descriptor's read flag (mpp_read_slow): SLOW_DRAIN while a drain is
 // taking from its socket, SLOW_HELD while its socket's stash holds bytes.
-enum { SLOW_NONE, SLOW_DRAIN, SLOW_HELD };
+enum {
+	SLOW_NONE,
+	SLOW_DRAIN,
+	SLOW_HELD
+};
 
 // stash.c: the stashes by socket, and the descriptors attached to each.
 // mpp_stash_tab_mu guards the pool of stashes (a leaf lock: it may be taken

@@ -53,9 +53,17 @@ $(GOLANGCI_LINT):
 	@mkdir -p $(BIN)/tools
 	GOBIN=$(BIN)/tools $(GO) install github.com/golangci/golangci-lint/v2/cmd/golangci-lint@$(GOLANGCI_LINT_VERSION)
 
-check-format: $(GOLANGCI_LINT) ## fail if a Go file is not gofmt-formatted, go vet reports a problem, golangci-lint (.golangci.yml: the module boundaries) finds a product package importing the kernel tests, the rig or the tooling, the product module requires one of their modules, or a built program is tracked
+check-format: $(GOLANGCI_LINT) ## fail if a Go file is not gofmt-formatted, a C file of the shim (libmpi-shim/, its tests too) is not clang-format-formatted (libmpi-shim/.clang-format), go vet reports a problem, golangci-lint (.golangci.yml: the module boundaries) finds a product package importing the kernel tests, the rig or the tooling, the product module requires one of their modules, or a built program is tracked
 	@f=$$("$$($(GO) env GOROOT)/bin/gofmt" -l $$(git ls-files '*.go')); \
 		[ -z "$$f" ] || { echo "not gofmt-formatted: $$f (run: gofmt -w $$f)" >&2; exit 1; }
+	@# The shim's C, by libmpi-shim/.clang-format (clang-format 14: another
+	@# version lays some constructs out otherwise). A failure that names no
+	@# file (no clang-format, a bad style file) prints what clang-format said.
+	@command -v clang-format >/dev/null || { echo "no clang-format (make deps installs it)" >&2; exit 1; }
+	@o=$$(clang-format --dry-run --Werror $$(git ls-files 'libmpi-shim/*.c' 'libmpi-shim/*.h') 2>&1) || { \
+		f=$$(sed -n 's/^\([^:]*\):[0-9]*:[0-9]*: error: code should be clang-formatted.*/\1/p' <<<"$$o" | sort -u | tr '\n' ' '); \
+		[ -n "$$f" ] || { echo "$$o" >&2; exit 1; }; \
+		echo "not clang-format-formatted: $${f% } (run: clang-format -i $${f% })" >&2; exit 1; }
 	$(GO) vet $(GOPKGS)
 	$(GO) vet -tags failpoints ./internal/node/ ./internal/mpid/ ./cmd/mpid/
 	@# go.work resolves the other modules for any package, required or not:

@@ -73,7 +73,7 @@ EXPORT int fcntl64(int fd, int cmd, ...)
 }
 
 // dup2 and dup3 close newfd's file as close() does: its held bytes stay
-// for that socket (gate.c) and it leaves that socket's stash (stash.c), or
+// for that socket (flush.c) and it leaves that socket's stash (stash.c), or
 // newfd would read the closed socket's bytes first; then it is a copy of
 // oldfd's socket, stash and all. Only if
 // they succeed: a dup2 from a bad oldfd leaves newfd and its bytes alone.

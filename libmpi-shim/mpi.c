@@ -2,7 +2,8 @@
 //
 // MPI_Init, MPI_Init_thread and MPI_Finalize, interposed without relinking.
 // After the real init the rank learns who it is and registers with the
-// node's mpid (rankchan.c, which writes the HELLO from what it learnt here).
+// node's mpid (rankchan.c; rankhello.c writes the HELLO from what it learnt
+// here).
 //
 // The MPI functions are looked up here, when they are called, not in the
 // table of real functions (real.h): they are not libc's, and the MPI
@@ -163,30 +164,30 @@ EXPORT int MPI_Finalize(void)
 // Fortran entry points (gfortran's names: lower case, one underscore; the
 // mpi_f08 module's *_f08_). MPI_Fint is int in both libraries; ierr may be
 // absent (NULL) with mpi_f08.
-#define FORTRAN_INIT(name)                                                \
-	EXPORT void name(int *ierr)                                       \
-	{                                                                 \
-		void (*real)(int *) = dlsym(RTLD_NEXT, #name);            \
-		int e = 0;                                                \
-		real(ierr ? ierr : &e);                                   \
-		if ((ierr ? *ierr : e) == 0)                              \
-			attach_once();                                    \
+#define FORTRAN_INIT(name)                                     \
+	EXPORT void name(int *ierr)                            \
+	{                                                      \
+		void (*real)(int *) = dlsym(RTLD_NEXT, #name); \
+		int e = 0;                                     \
+		real(ierr ? ierr : &e);                        \
+		if ((ierr ? *ierr : e) == 0)                   \
+			attach_once();                         \
 	}
-#define FORTRAN_INIT_THREAD(name)                                         \
-	EXPORT void name(int *required, int *provided, int *ierr)         \
-	{                                                                 \
+#define FORTRAN_INIT_THREAD(name)                                            \
+	EXPORT void name(int *required, int *provided, int *ierr)            \
+	{                                                                    \
 		void (*real)(int *, int *, int *) = dlsym(RTLD_NEXT, #name); \
-		int e = 0;                                                \
-		real(required, provided, ierr ? ierr : &e);               \
-		if ((ierr ? *ierr : e) == 0)                              \
-			attach_once();                                    \
+		int e = 0;                                                   \
+		real(required, provided, ierr ? ierr : &e);                  \
+		if ((ierr ? *ierr : e) == 0)                                 \
+			attach_once();                                       \
 	}
-#define FORTRAN_FINALIZE(name)                                            \
-	EXPORT void name(int *ierr)                                       \
-	{                                                                 \
-		void (*real)(int *) = dlsym(RTLD_NEXT, #name);            \
-		mpp_rankch_stop();                                           \
-		real(ierr);                                               \
+#define FORTRAN_FINALIZE(name)                                 \
+	EXPORT void name(int *ierr)                            \
+	{                                                      \
+		void (*real)(int *) = dlsym(RTLD_NEXT, #name); \
+		mpp_rankch_stop();                             \
+		real(ierr);                                    \
 	}
 
 FORTRAN_INIT(mpi_init_)

@@ -45,7 +45,6 @@ void closefrom(int low);
 // this many bytes a call, as a short call (the caller calls again).
 #define CHUNK (1 << 20)
 
-
 // The process the held bytes belong to. A vfork child shares its parent's
 // memory until it execs, and runs no atfork handler: its exec must not send
 // the parent's bytes.
@@ -192,7 +191,9 @@ EXPORT ssize_t splice(int in, loff_t *off_in, int out, loff_t *off_out, size_t l
 
 static int close_some(unsigned first, unsigned last, int flags)
 {
-	enum { MAX_KEPT = 256 };
+	enum {
+		MAX_KEPT = 256
+	};
 	int kept[MAX_KEPT], nk;
 	DIR *d = opendir("/proc/self/fd");
 	if (d) {
@@ -485,18 +486,18 @@ EXPORT int execveat(int dirfd, const char *path, char *const argv[], char *const
 
 // The execl family, which glibc builds on its internal execve: the list
 // becomes an argv (and, for execle, the environment after its NULL).
-#define ARGV_FROM_LIST(arg, ap, argv)                                              \
-	do {                                                                      \
-		size_t n_ = 1;                                                    \
-		va_list c_;                                                       \
-		va_copy(c_, ap);                                                  \
-		while (va_arg(c_, char *) != NULL)                                \
-			n_++;                                                     \
-		va_end(c_);                                                       \
-		argv = alloca((n_ + 1) * sizeof(char *));                         \
-		argv[0] = (char *)(arg);                                          \
-		for (size_t i_ = 1; i_ <= n_; i_++)                               \
-			argv[i_] = va_arg(ap, char *);                            \
+#define ARGV_FROM_LIST(arg, ap, argv)                     \
+	do {                                              \
+		size_t n_ = 1;                            \
+		va_list c_;                               \
+		va_copy(c_, ap);                          \
+		while (va_arg(c_, char *) != NULL)        \
+			n_++;                             \
+		va_end(c_);                               \
+		argv = alloca((n_ + 1) * sizeof(char *)); \
+		argv[0] = (char *)(arg);                  \
+		for (size_t i_ = 1; i_ <= n_; i_++)       \
+			argv[i_] = va_arg(ap, char *);    \
 	} while (0)
 
 EXPORT int execl(const char *path, const char *arg, ...)

@@ -128,7 +128,7 @@ EXPORT int __ppoll_chk(struct pollfd *fds, nfds_t n, const struct timespec *tmo,
 struct sel_ctx {
 	int nfds;
 	fd_set *set[3];
-	size_t bytes; // of each set
+	size_t bytes;        // of each set
 	unsigned long *save; // the caller's sets, 3 x bytes
 };
 

@@ -13,10 +13,10 @@
 #include "shim.h"
 
 #define MPP_REAL_STUB(type, name, sym, params, args) \
-	static type lazy_##name params                  \
-	{                                               \
-		mpp_real_resolve();                     \
-		return mpp_real.name args;              \
+	static type lazy_##name params               \
+	{                                            \
+		mpp_real_resolve();                  \
+		return mpp_real.name args;           \
 	}
 MPP_REAL_CALLS(MPP_REAL_STUB)
 #undef MPP_REAL_STUB
@@ -34,10 +34,14 @@ static int lazy_fcntl(int fd, int cmd, ...)
 }
 
 #define MPP_REAL_INIT(type, name, sym, params, args) .name = lazy_##name,
+// Each entry of MPP_REAL_CALLS ends in its own comma, which clang-format
+// cannot see: it would indent the next initializer as a continuation.
+// clang-format off
 struct real mpp_real = {
 	MPP_REAL_CALLS(MPP_REAL_INIT)
 	.fcntl = lazy_fcntl,
 };
+// clang-format on
 #undef MPP_REAL_INIT
 _Atomic int mpp_real_ready;
 

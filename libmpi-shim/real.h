@@ -22,6 +22,10 @@
 #include <sys/uio.h>
 #include <time.h>
 
+// The two tables below are laid out by hand, one function an entry:
+// clang-format would take their parameter lists for expressions (FILE * f).
+// clang-format off
+
 // X(type, name, symbol, parameters, arguments): the functions every glibc
 // the shim supports has. Each entry starts out as a stub that fills the
 // table and then makes the call (real.c), so a call that comes before the
@@ -94,6 +98,7 @@
 	X(int, ppoll_chk, "__ppoll_chk",                                                                    \
 	  (struct pollfd *f, nfds_t n, const struct timespec *t, const sigset_t *m, size_t l), ())          \
 	X(int, fcntl64, "fcntl64", (int fd, int cmd, ...), ())
+// clang-format on
 
 #define MPP_REAL_FIELD(type, name, sym, params, args) type(*name) params;
 struct real {
@@ -113,8 +118,8 @@ void mpp_real_resolve(void);
 // REAL(fn) is libc's fn, past every wrapper. REAL_OPT(fn) is the same for a
 // function of MPP_REAL_OPTIONAL, NULL if this glibc has none.
 #define REAL(fn) (mpp_real.fn)
-#define REAL_OPT(fn)                                                                                     \
+#define REAL_OPT(fn)                                                                                         \
 	(__builtin_expect(atomic_load_explicit(&mpp_real_ready, memory_order_acquire) != 0, 1) ? mpp_real.fn \
-											     : (mpp_real_resolve(), mpp_real.fn))
+											       : (mpp_real_resolve(), mpp_real.fn))
 
 #endif

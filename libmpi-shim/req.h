@@ -12,8 +12,8 @@ enum mpp_req {
 	MPP_REQ_CLOSE,
 	MPP_REQ_STATE,
 	MPP_REQ_OPEN,
-	MPP_REQ_REOPEN,  // gen: the generation, or -1 for any
-	MPP_REQ_BAD_GEN, // "REOPEN x" with x not a generation
+	MPP_REQ_REOPEN,    // gen: the generation, or -1 for any
+	MPP_REQ_BAD_GEN,   // "REOPEN x" with x not a generation
 	MPP_REQ_DRAIN,     // gen: how many socket cookies follow in COOKIES lines
 	MPP_REQ_BAD_DRAIN, // "DRAIN x" with x not a count up to MPP_DRAIN_MAX
 	MPP_REQ_COOKIES,   // "C <hex> ...": part of a DRAIN's set (mpp_parse_cookies)

@@ -18,11 +18,11 @@ EXPORT const char mpipause_shim_version[] = "mpipause-shim 0.2";
 // child is then made a process of its own. One registration, so that the
 // order below is the order, whichever part started first.
 //
-// Prepare takes epoll.c's reg_mu, wake.c's wake_mu, gate.c's tab_mu and
-// stash.c's tab_mu, in that order; parent gives them back in the reverse
-// order. Each is a leaf lock (no thread waits for another lock while it
-// holds one of them), so the forking thread, holding some, never waits for
-// a thread that waits for it.
+// Prepare takes epoll.c's reg_mu, wake.c's wake_mu, gate.c's mpp_tab_mu
+// and stash.c's mpp_stash_tab_mu, in that order; parent gives them back in
+// the reverse order. Each is a leaf lock (no thread waits for another lock
+// while it holds one of them), so the forking thread, holding some, never
+// waits for a thread that waits for it.
 //
 // In the child, the gate, the stash, the signals and the rank channel are
 // made the child's first (each gives back its own lock, or holds none),

@@ -18,11 +18,15 @@
 // The gate word: a state in the low 2 bits and, above them, the generation
 // of the close it belongs to. Open is 0 whatever the generation, so the
 // send path compares the whole word with one constant.
-enum { GATE_OPEN = 0, GATE_CLOSED = 1, GATE_FLUSHING = 2 };
+enum {
+	GATE_OPEN = 0,
+	GATE_CLOSED = 1,
+	GATE_FLUSHING = 2
+};
 #define GATE_GEN_MASK 0x1fffffffu
-#define GATE_STATE(w) ((w) & 3)
+#define GATE_STATE(w) (3 & (w))
 #define GATE_GEN(w) (((unsigned)(w) >> 2) & GATE_GEN_MASK)
-#define GATE_WORD(state, gen) ((int)((((unsigned)(gen) & GATE_GEN_MASK) << 2) | (unsigned)(state)))
+#define GATE_WORD(state, gen) ((int)(((GATE_GEN_MASK & (unsigned)(gen)) << 2) | (unsigned)(state)))
 
 // mpp_gate is what every wrapped send call loads first (relaxed): anything
 // but GATE_OPEN takes the slow path. The word has a page of the library's
@@ -37,7 +41,6 @@ union mpp_gate_page {
 };
 extern union mpp_gate_page mpp_gate_pg;
 #define mpp_gate (mpp_gate_pg.word)
-
 
 // The fast path's test: one relaxed load of the gate word.
 #define GATE_IS_OPEN() likely(atomic_load_explicit(&mpp_gate, memory_order_relaxed) == GATE_OPEN)
@@ -77,8 +80,8 @@ void mpp_gate_end(const char *why);
 // The fork hook (shim.c) is one pthread_atfork registration that calls each
 // part's functions in one fixed order; mpp_fork_init registers it, once,
 // from the constructor or from a blocking wait that comes earlier (wake.c).
-// The parts: gate.c's prepare and parent hold its table's lock over a fork,
-// its child makes the child a process of its own.
+// The parts: gateword.c's prepare and parent hold the gate's table's lock
+// over a fork, its child makes the child a process of its own.
 void mpp_fork_init(void);
 void mpp_gate_fork_prepare(void);
 void mpp_gate_fork_parent(void);
@@ -122,7 +125,8 @@ void mpp_gate_state(struct mpp_gate_stats *st);
 // The rank channel to mpid (rankchan.c): start after MPI_Init with what the
 // rank learnt there (NULL: the MPI library's ABI is not one the shim knows;
 // the rank registers all the same, to be gateable), stop at MPI_Finalize.
-// rankchan.c writes every line of the channel, the HELLO from these values.
+// Every line of the channel is written there or in its two parts,
+// rankserve.c and rankhello.c (the HELLO, from these values).
 struct mpp_hello {
 	const char *job;   // the job's id
 	int rank, size;    // in MPI_COMM_WORLD
@@ -138,7 +142,7 @@ void mpp_rankch_child(void);
 // character, no ',' or '='), in place: mpi.c applies it to the host name before other ranks get
 // it, so that every rank's copy is the one the HELLO says.
 void mpp_hello_value(char *s);
-// The early JOIN (rankchan.c), from the library's constructor: a rank of a job
+// The early JOIN (rankhello.c), from the library's constructor: a rank of a job
 // named by MPIPAUSE_JOBID asks mpid to move it into the job's cgroup before
 // it creates any socket (the kernel charges a socket to its creator's
 // cgroup for good). At most JOIN_TIMEOUT_S seconds, or MPIPAUSE_JOIN_TIMEOUT
@@ -166,12 +170,17 @@ const char *mpp_job_key(void);
 // ns is CLOCK_MONOTONIC when the handler ran: mpid, on the same machine,
 // leaves alone a request that a resume (or pause) has answered since.
 struct mpp_sig {
-	int64_t ns;  // for 'U': the socket's cookie
-	char sig;    // 'T' SIGTSTP, 'C' SIGCONT, 'U' a call the gate cannot hold
-	char call;   // for 'U': MPP_UNHELD_*
-	int32_t fd;  // for 'U'
+	int64_t ns; // for 'U': the socket's cookie
+	char sig;   // 'T' SIGTSTP, 'C' SIGCONT, 'U' a call the gate cannot hold
+	char call;  // for 'U': MPP_UNHELD_*
+	int32_t fd; // for 'U'
 };
-enum { MPP_UNHELD_ANCILLARY = 'A', MPP_UNHELD_ZEROCOPY = 'Z', MPP_UNHELD_FASTOPEN = 'F', MPP_UNHELD_PWRITEV2 = 'P' };
+enum {
+	MPP_UNHELD_ANCILLARY = 'A',
+	MPP_UNHELD_ZEROCOPY = 'Z',
+	MPP_UNHELD_FASTOPEN = 'F',
+	MPP_UNHELD_PWRITEV2 = 'P'
+};
 // mpp_report_unheld tells mpid (through the signal pipe and the shim's
 // thread: "EVENT unheld") of a call on a TCP socket that passed the closed
 // gate unheld, the first few of each closing: a job connection's pause then
@@ -200,7 +209,7 @@ ssize_t mpp_gated(int fd, const struct iovec *iov, int iovcnt, int flags, ssize_
 // kept, and on a socket that is not TCP it does nothing.
 void mpp_quickack(int fd);
 
-// stash.c: the receive-side drain. While a pause is in progress the
+// stash.c and drain.c: the receive-side drain. While a pause is in progress the
 // shim's thread reads what waits in the receive queues of the rank's TCP
 // sockets into a stash per socket in process memory, so that the kernel reports
 // them empty whether or not the application reads; the wrapped reads give
@@ -219,7 +228,8 @@ unsigned mpp_stash_edge(int fd);
 // mpp_stash_fd moves what waits in fd's receive queue into its socket's
 // stash, unless an application thread is reading a descriptor of the socket
 // right now (that thread gets the bytes) or fd is no longer the file with
-// inode ino (0: any). Returns the bytes moved, 0 if none, -1 if skipped.
+// inode ino (0: any). Returns the bytes moved, 0 if none, -1 if skipped
+// (drain.c).
 ssize_t mpp_stash_fd(int fd, ino_t ino);
 // mpp_stash_forget detaches fd from its socket's stash (the bytes stay for
 // the socket's other descriptors); mpp_stash_closing and mpp_stash_closed

@@ -30,7 +30,7 @@ static _Atomic int installed;
 
 static int slot(int sig)
 {
-	return sig == SIGTSTP ? 0 : sig == SIGCONT ? 1 : -1;
+	return sig == SIGTSTP ? 0 : (sig == SIGCONT ? 1 : -1);
 }
 
 // note writes a signal's record for the shim's thread.

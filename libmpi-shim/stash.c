@@ -1,24 +1,27 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// The receive-side drain. A pause can commit only when every receive queue
-// between the job's ranks is empty, and a rank that computes for seconds, or
-// waits somewhere other than in MPI, reads nothing: its queues, and then its
-// peers' send queues, stay full. So while a pause is in progress the
-// shim's thread reads what waits in the rank's TCP receive queues into a
-// stash per socket, in process memory, which the freeze keeps with the rest
-// of the process (DMTCP drains sockets the same way before a checkpoint).
-// The wrapped reads give those bytes back before anything the kernel holds,
-// in order, and the wrapped waits (waits.h) report the fd readable while its
-// stash is not empty.
+// The stashes of the receive-side drain. A pause can commit only when every
+// receive queue between the job's ranks is empty, and a rank that computes for
+// seconds, or waits somewhere other than in MPI, reads nothing: its queues, and
+// then its peers' send queues, stay full. So while a pause is in progress the
+// shim's thread reads what waits in the rank's TCP receive queues into a stash
+// per socket, in process memory, which the freeze keeps with the rest of the
+// process (DMTCP drains sockets the same way before a checkpoint). The wrapped
+// reads give those bytes back before anything the kernel holds, in order, and
+// the wrapped waits (waits.h) report the fd readable while its stash is not
+// empty.
 //
 // A stash belongs to the socket (its inode), not to a descriptor: every
 // descriptor of the socket the process has is attached to the one stash
-// (tab[fd]), so a read by any of them gets the stashed bytes first. The
-// drain attaches the descriptors it finds in /proc/self/fd; one made later
-// by a wrapped call (dup, dup2, dup3, fcntl's F_DUPFD, SCM_RIGHTS) is
-// attached by mpp_stash_adopt; closing one detaches it, and the bytes stay
-// for the others. fd_gen counts the wrapped calls that change which socket
-// a number names, so a drain that raced one starts again.
+// (tab[fd]), so a read by any of them gets the stashed bytes first. The drain
+// attaches the descriptors it finds in /proc/self/fd; one made later by a
+// wrapped call (dup, dup2, dup3, fcntl's F_DUPFD, SCM_RIGHTS) is attached by
+// mpp_stash_adopt; closing one detaches it, and the bytes stay for the others.
+// mpp_stash_fd_gen counts the wrapped calls that change which socket a number
+// names, so a drain that raced one starts again.
+//
+// Filling the stashes is drain.c's. This file keeps them: which descriptor
+// reads which stash, and the reads that give a stash back.
 //
 // Order is the whole difficulty: the shim's thread and an application
 // thread must never both read one socket at once, or bytes could reach the
@@ -34,6 +37,7 @@
 // bytes. The fast path of a read is therefore one atomic increment, one load
 // and one decrement around the real call.
 #include "shim.h"
+#include "stash.h"
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -48,19 +52,6 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-struct stash {
-	pthread_mutex_t mu;
-	char *buf;
-	size_t off, len, cap; // buf[off, len) waits for the application
-	int err;              // an error the drain's read got, given after the bytes
-	// The socket (its inode) while the stash is in use, 0 while free: set
-	// under tab_mu (claim), cleared under tab_mu and mu (release); atomic,
-	// since a reader checks it under mu alone.
-	_Atomic(ino_t) ino;
-	int *fds; // the descriptors attached (tab[fd] == this), nfd of capfd
-	int nfd, capfd;
-};
-
 // Per-fd arrays, as large as gate.c's tables (mpp_nfds); calloc'd, so the
 // pages of fds never used are never touched. An fd beyond them is never
 // stashed.
@@ -73,59 +64,24 @@ static _Atomic unsigned *edge;
 // at most mpp_nfds.
 static struct stash **pool;
 static int npool;
-static pthread_mutex_t tab_mu = PTHREAD_MUTEX_INITIALIZER;
-static _Atomic unsigned fd_gen;
+pthread_mutex_t mpp_stash_tab_mu = PTHREAD_MUTEX_INITIALIZER;
+_Atomic unsigned mpp_stash_fd_gen;
 // Above every descriptor ever attached: a forked child clears tab below it.
 static _Atomic int tab_top;
 static _Atomic int in_use; // stashes whose ino is set
 _Atomic int mpp_stash_live;
-enum { SLOW_NONE, SLOW_DRAIN, SLOW_HELD };
 
-// The stashes together hold at most stash_max bytes (MPIPAUSE_STASH_MAX_MB,
-// default 256 MiB): a rank that does not read while its peers send for the
-// whole drain time would otherwise make the process grow without bound.
-// Past it the drain takes nothing more (the bytes stay in the kernel, where
-// the pause's check finds them) and says so (mpp_stash_full).
-#define STASH_MAX_MB_DEFAULT 256
-static size_t stash_max = (size_t)STASH_MAX_MB_DEFAULT << 20;
-static _Atomic size_t stash_bytes;
-static _Atomic int stash_full;
-
-size_t mpp_stash_max(void)
-{
-	return stash_max;
-}
+// What the stashes hold together; drain.c's cap bounds it.
+_Atomic size_t mpp_stash_held;
 
 size_t mpp_stash_bytes(void)
 {
-	return atomic_load_explicit(&stash_bytes, memory_order_relaxed);
-}
-
-int mpp_stash_full(int clear)
-{
-	return clear ? atomic_exchange(&stash_full, 0) : atomic_load(&stash_full);
-}
-
-// stash_max_env reads MPIPAUSE_STASH_MAX_MB: decimal MiB, 0 allowed (the
-// drain then takes nothing); anything else keeps the default.
-static void stash_max_env(void)
-{
-	const char *e = getenv("MPIPAUSE_STASH_MAX_MB");
-	size_t v = 0;
-	if (!e || !*e)
-		return;
-	for (const char *c = e; *c; c++) {
-		if (*c < '0' || *c > '9' || v > (SIZE_MAX >> 20) / 10)
-			return;
-		v = v * 10 + (size_t)(*c - '0');
-	}
-	if (v <= SIZE_MAX >> 20)
-		stash_max = v << 20;
+	return atomic_load_explicit(&mpp_stash_held, memory_order_relaxed);
 }
 
 void mpp_stash_init(void)
 {
-	stash_max_env();
+	mpp_drain_init();
 	if (mpp_nfds <= 0)
 		return;
 	mpp_read_busy = calloc(mpp_nfds, sizeof(*mpp_read_busy));
@@ -147,18 +103,19 @@ void mpp_stash_init(void)
 	}
 }
 
-static int tracked(int fd)
+int mpp_stash_tracked(int fd)
 {
 	return tab != NULL && (unsigned)fd < (unsigned)mpp_nfds;
 }
 
-static int holding(const struct stash *s)
+int mpp_stash_holding(const struct stash *s)
 {
 	return s->len > s->off || s->err != 0;
 }
 
-// find is the stash of the socket with inode ino, or NULL; under tab_mu.
-static struct stash *find(ino_t ino)
+// mpp_stash_find is the stash of the socket with inode ino, or NULL; under
+// mpp_stash_tab_mu.
+struct stash *mpp_stash_find(ino_t ino)
 {
 	for (int i = 0; i < npool; i++)
 		if (pool[i]->ino == ino)
@@ -166,10 +123,10 @@ static struct stash *find(ino_t ino)
 	return NULL;
 }
 
-// claim takes a free stash (or makes one) for the socket ino; under tab_mu.
-// The caller locks it before anything else can: a free stash is locked
-// only for a moment, by a reader finding it detached.
-static struct stash *claim(ino_t ino)
+// mpp_stash_claim takes a free stash (or makes one) for the socket ino; under
+// mpp_stash_tab_mu. The caller locks it before anything else can: a free stash
+// is locked only for a moment, by a reader finding it detached.
+struct stash *mpp_stash_claim(ino_t ino)
 {
 	struct stash *s = NULL;
 	for (int i = 0; i < npool && !s; i++)
@@ -190,10 +147,10 @@ static struct stash *claim(ino_t ino)
 // with s->mu held.
 static void release(struct stash *s)
 {
-	pthread_mutex_lock(&tab_mu);
+	pthread_mutex_lock(&mpp_stash_tab_mu);
 	s->ino = 0;
 	atomic_fetch_sub_explicit(&in_use, 1, memory_order_seq_cst);
-	pthread_mutex_unlock(&tab_mu);
+	pthread_mutex_unlock(&mpp_stash_tab_mu);
 }
 
 static int attached(const struct stash *s, int fd)
@@ -204,9 +161,9 @@ static int attached(const struct stash *s, int fd)
 	return 0;
 }
 
-// attach makes fd one of s's descriptors, with slow as its flag; with s->mu
-// held. 0 if there was no memory for it.
-static int attach(struct stash *s, int fd, int slow)
+// mpp_stash_attach makes fd one of s's descriptors, with slow as its flag; with
+// s->mu held. 0 if there was no memory for it.
+int mpp_stash_attach(struct stash *s, int fd, int slow)
 {
 	if (attached(s, fd))
 		return 1;
@@ -229,7 +186,7 @@ static int attach(struct stash *s, int fd, int slow)
 	return 1;
 }
 
-static void set_slow(struct stash *s, int slow)
+void mpp_stash_set_slow(struct stash *s, int slow)
 {
 	for (int i = 0; i < s->nfd; i++) {
 		if (slow == SLOW_HELD)
@@ -238,9 +195,9 @@ static void set_slow(struct stash *s, int slow)
 	}
 }
 
-// detach_all ends the slow path of every descriptor of s and frees it;
-// with s->mu held, and s holding nothing.
-static void detach_all(struct stash *s)
+// mpp_stash_detach_all ends the slow path of every descriptor of s and frees
+// it; with s->mu held, and s holding nothing.
+void mpp_stash_detach_all(struct stash *s)
 {
 	for (int i = 0; i < s->nfd; i++) {
 		// A number closed by a call the shim does not see may have been
@@ -260,241 +217,31 @@ static void detach_all(struct stash *s)
 // attaches the descriptors again under the same mutex.
 static void emptied(struct stash *s)
 {
-	atomic_fetch_sub_explicit(&stash_bytes, s->len - s->off, memory_order_relaxed);
+	atomic_fetch_sub_explicit(&mpp_stash_held, s->len - s->off, memory_order_relaxed);
 	free(s->buf);
 	s->buf = NULL;
 	s->off = s->len = s->cap = 0;
 	s->err = 0;
 	atomic_fetch_sub_explicit(&mpp_stash_live, 1, memory_order_relaxed);
-	detach_all(s);
+	mpp_stash_detach_all(s);
 }
 
 // mpp_stash_ready takes no lock: a wait must not block behind a thread
 // that reads fd under its mutex.
 int mpp_stash_ready(int fd)
 {
-	return tracked(fd) && atomic_load_explicit(&mpp_read_slow[fd], memory_order_acquire) == SLOW_HELD;
+	return mpp_stash_tracked(fd) && atomic_load_explicit(&mpp_read_slow[fd], memory_order_acquire) == SLOW_HELD;
 }
 
 unsigned mpp_stash_edge(int fd)
 {
-	return tracked(fd) ? atomic_load_explicit(&edge[fd], memory_order_acquire) : 0;
+	return mpp_stash_tracked(fd) ? atomic_load_explicit(&edge[fd], memory_order_acquire) : 0;
 }
 
-static int names(int fd, ino_t ino)
+int mpp_stash_names(int fd, ino_t ino)
 {
 	struct stat st;
 	return fstat(fd, &st) == 0 && S_ISSOCK(st.st_mode) && st.st_ino == ino;
-}
-
-// The process's socket descriptors by inode, as /proc/self/fd showed them
-// when fd_gen was scan_gen: one scan serves every socket a drain attaches
-// until a wrapped call changes a number's socket (a rank with a thousand
-// connections would otherwise read its thousand descriptors a thousand
-// times). Used by the drain's thread alone; scan_mu for the C tests, which
-// call the drain from theirs.
-struct fd_ino {
-	ino_t ino;
-	int fd;
-};
-static struct fd_ino *scan;
-static int nscan, capscan, scanned;
-static unsigned scan_gen;
-static pthread_mutex_t scan_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static int by_ino(const void *a, const void *b)
-{
-	const struct fd_ino *x = a, *y = b;
-	return x->ino < y->ino ? -1 : x->ino > y->ino;
-}
-
-// rescan reads /proc/self/fd into scan; 0 if it could not.
-static int rescan(unsigned gen)
-{
-	DIR *d = opendir("/proc/self/fd");
-	if (!d)
-		return 0;
-	nscan = 0;
-	struct dirent *e;
-	while ((e = readdir(d))) {
-		char *end;
-		long fd = strtol(e->d_name, &end, 10);
-		struct stat st;
-		if (*end || e->d_name[0] == '.' || fd == dirfd(d) || !tracked((int)fd))
-			continue;
-		if (fstat((int)fd, &st) < 0 || !S_ISSOCK(st.st_mode))
-			continue;
-		if (nscan == capscan) {
-			int c = capscan ? capscan * 2 : 64;
-			struct fd_ino *n = realloc(scan, (size_t)c * sizeof(*n));
-			if (!n) {
-				closedir(d);
-				scanned = 0;
-				return 0;
-			}
-			scan = n;
-			capscan = c;
-		}
-		scan[nscan++] = (struct fd_ino){st.st_ino, (int)fd};
-	}
-	closedir(d);
-	qsort(scan, (size_t)nscan, sizeof(*scan), by_ino);
-	scan_gen = gen;
-	scanned = 1;
-	return 1;
-}
-
-// lookup is where scan's entries of socket ino begin (NULL: none).
-static struct fd_ino *lookup(ino_t ino)
-{
-	struct fd_ino key = {ino, 0};
-	struct fd_ino *at = bsearch(&key, scan, (size_t)nscan, sizeof(*scan), by_ino);
-	while (at && at > scan && at[-1].ino == ino)
-		at--;
-	return at;
-}
-
-static int listed(const struct fd_ino *at, ino_t ino, int fd)
-{
-	for (; at && at < scan + nscan && at->ino == ino; at++)
-		if (at->fd == fd)
-			return 1;
-	return 0;
-}
-
-// attach_found attaches, with SLOW_DRAIN, every descriptor of the socket
-// ino the process had at fd_gen gen (mpp_nfds at most: the table's size),
-// fd (the drain's) among them: a scan that does not list it is older than
-// the socket (sockets made since do not move fd_gen) and is made again. 0
-// if one could not be attached.
-static int attach_found(struct stash *s, ino_t ino, int fd, unsigned gen)
-{
-	pthread_mutex_lock(&scan_mu);
-	int ok = (scanned && scan_gen == gen) || rescan(gen);
-	struct fd_ino *at = ok ? lookup(ino) : NULL;
-	if (ok && !listed(at, ino, fd) && (ok = rescan(gen)))
-		at = lookup(ino);
-	for (; ok && at && at < scan + nscan && at->ino == ino; at++)
-		ok = attach(s, at->fd, SLOW_DRAIN);
-	if (ok)
-		ok = attach(s, fd, SLOW_DRAIN); // listed or not: it is the one read
-	pthread_mutex_unlock(&scan_mu);
-	return ok;
-}
-
-ssize_t mpp_stash_fd(int fd, ino_t ino)
-{
-	struct stat st;
-	if (!tracked(fd) || pool == NULL)
-		return 0;
-	if (ino == 0) {
-		if (fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode))
-			return 0;
-		ino = st.st_ino;
-	}
-	pthread_mutex_lock(&tab_mu);
-	struct stash *s = find(ino);
-	int fresh = s == NULL;
-	if (fresh)
-		s = claim(ino);
-	pthread_mutex_unlock(&tab_mu);
-	if (!s)
-		return 0; // the bytes stay in the kernel; the pause will say so
-	if (fresh)
-		pthread_mutex_lock(&s->mu);
-	else if (pthread_mutex_trylock(&s->mu) != 0)
-		return -1; // an application thread reads the socket under the mutex
-	if (s->ino != ino) {
-		pthread_mutex_unlock(&s->mu); // emptied and freed meanwhile: next time
-		return -1;
-	}
-	int was = holding(s);
-	if (!was) {
-		// Every descriptor of the socket to the slow path, then none may
-		// be in a read, and none may have been made or closed since the
-		// count was read: else the drain tries again in a moment.
-		unsigned gen = atomic_load_explicit(&fd_gen, memory_order_seq_cst);
-		int ok = attach_found(s, ino, fd, gen);
-		for (int i = 0; ok && i < s->nfd; i++)
-			ok = atomic_load_explicit(&mpp_read_busy[s->fds[i]], memory_order_seq_cst) == 0;
-		if (!ok || atomic_load_explicit(&fd_gen, memory_order_seq_cst) != gen) {
-			detach_all(s);
-			pthread_mutex_unlock(&s->mu);
-			return -1;
-		}
-	}
-	// From here until the unlock no wrapped close of a descriptor of the
-	// socket can finish (see mpp_stash_closing), so fd names one file
-	// throughout: the socket the drain found, or, if the application closed
-	// that since and the number came back, another file whose bytes are not
-	// the drain's to take (a pipe's would even come back as ENOTSOCK).
-	if (!names(fd, ino)) {
-		if (!was)
-			detach_all(s);
-		pthread_mutex_unlock(&s->mu);
-		return 0;
-	}
-	ssize_t moved = 0;
-	int saved = errno;
-	for (;;) {
-		int n = 0;
-		if (s->err || ioctl(fd, FIONREAD, &n) < 0 || n <= 0)
-			break;
-		// Only this thread adds to stash_bytes, so the room cannot shrink
-		// under it (readers only take away).
-		size_t used = atomic_load_explicit(&stash_bytes, memory_order_relaxed);
-		size_t room = used < stash_max ? stash_max - used : 0;
-		if (room == 0) {
-			atomic_store(&stash_full, 1); // the bytes stay in the kernel
-			break;
-		}
-		if ((size_t)n > room)
-			n = (int)room;
-		if (s->cap - s->len < (size_t)n) {
-			// Slide what was read already to the front before growing.
-			if (s->off > 0) {
-				memmove(s->buf, s->buf + s->off, s->len - s->off);
-				s->len -= s->off;
-				s->off = 0;
-			}
-			size_t want = s->len + (size_t)n, cap = s->cap ? s->cap : 64 << 10;
-			while (cap < want)
-				cap *= 2;
-			char *b = realloc(s->buf, cap);
-			if (!b)
-				break; // the bytes stay in the kernel; the pause will say so
-			s->buf = b;
-			s->cap = cap;
-		}
-		size_t take = s->cap - s->len < room ? s->cap - s->len : room;
-		ssize_t r = REAL(recv)(fd, s->buf + s->len, take, MSG_DONTWAIT);
-		if (r > 0) {
-			atomic_fetch_add_explicit(&stash_bytes, (size_t)r, memory_order_relaxed);
-			s->len += (size_t)r;
-			moved += r;
-			continue;
-		}
-		if (r < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
-			s->err = errno; // consumed here: the application must still see it
-		break;
-	}
-	errno = saved;
-	int woke = holding(s) && !was;
-	if (woke) {
-		set_slow(s, SLOW_HELD);
-		atomic_fetch_add_explicit(&mpp_stash_live, 1, memory_order_release);
-	} else if (!was) {
-		detach_all(s);
-	}
-	pthread_mutex_unlock(&s->mu);
-	// As a wrapped read under a closed gate does: the ACK of what was just
-	// moved goes now, not at the delayed-ACK timer (up to 8 ms under the
-	// sockops cap), since the drain waits for the peer's send queue too.
-	if (moved > 0)
-		mpp_quickack(fd);
-	if (woke)
-		mpp_wait_wake();
-	return moved;
 }
 
 // detach takes fd out of its socket's stash, as a close of it does: the
@@ -515,7 +262,7 @@ static void detach(int fd)
 			break;
 		}
 	if (s->nfd == 0 && s->ino != 0) {
-		if (holding(s))
+		if (mpp_stash_holding(s))
 			emptied(s);
 		else
 			release(s);
@@ -544,49 +291,50 @@ int mpp_stash_closing(int fd)
 // and leave fd as it was: they detach it once they succeeded.
 int mpp_stash_enter(int fd)
 {
-	if (!tracked(fd))
+	if (!mpp_stash_tracked(fd))
 		return 0;
 	atomic_fetch_add_explicit(&mpp_read_busy[fd], 1, memory_order_seq_cst);
 	return 1;
 }
 
 // mpp_stash_closed ends a close: the number may name another file now,
-// which a drain under way must learn (fd_gen) before its count goes.
+// which a drain under way must learn (mpp_stash_fd_gen) before its count goes.
 void mpp_stash_closed(int fd, int counted)
 {
 	if (!counted)
 		return;
-	atomic_fetch_add_explicit(&fd_gen, 1, memory_order_seq_cst);
+	atomic_fetch_add_explicit(&mpp_stash_fd_gen, 1, memory_order_seq_cst);
 	atomic_fetch_sub_explicit(&mpp_read_busy[fd], 1, memory_order_release);
 }
 
 void mpp_stash_forget(int fd)
 {
-	if (tracked(fd))
+	if (mpp_stash_tracked(fd))
 		detach(fd);
 }
 
-// mpp_stash_adopt follows a wrapped call that made fd a new descriptor of
-// a socket (dup, dup2, dup3, F_DUPFD, SCM_RIGHTS): if the socket's stash
-// holds bytes, fd reads them first too. A drain under way either sees
-// fd_gen move and starts again, or is seen here (in_use) and waited for.
+// mpp_stash_adopt follows a wrapped call that made fd a new descriptor of a
+// socket (dup, dup2, dup3, F_DUPFD, SCM_RIGHTS): if the socket's stash holds
+// bytes, fd reads them first too. A drain under way either sees
+// mpp_stash_fd_gen move and starts again, or is seen here (in_use) and waited
+// for.
 void mpp_stash_adopt(int fd)
 {
-	if (!tracked(fd))
+	if (!mpp_stash_tracked(fd))
 		return;
-	atomic_fetch_add_explicit(&fd_gen, 1, memory_order_seq_cst);
+	atomic_fetch_add_explicit(&mpp_stash_fd_gen, 1, memory_order_seq_cst);
 	if (atomic_load_explicit(&in_use, memory_order_seq_cst) == 0)
 		return;
 	struct stat st;
 	if (fstat(fd, &st) < 0 || !S_ISSOCK(st.st_mode))
 		return;
-	pthread_mutex_lock(&tab_mu);
-	struct stash *s = find(st.st_ino);
-	pthread_mutex_unlock(&tab_mu);
+	pthread_mutex_lock(&mpp_stash_tab_mu);
+	struct stash *s = mpp_stash_find(st.st_ino);
+	pthread_mutex_unlock(&mpp_stash_tab_mu);
 	if (!s)
 		return;
 	pthread_mutex_lock(&s->mu);
-	if (s->ino == st.st_ino && holding(s) && !attach(s, fd, SLOW_HELD)) {
+	if (s->ino == st.st_ino && mpp_stash_holding(s) && !mpp_stash_attach(s, fd, SLOW_HELD)) {
 		static const char m[] = "mpipause: no memory to follow a new descriptor of a drained socket: its reads may overtake\n";
 		ssize_t w = REAL(write)(2, m, sizeof(m) - 1);
 		(void)w;
@@ -610,17 +358,17 @@ void mpp_stash_adopt_rights(const struct msghdr *msg)
 	}
 }
 
-// mpp_stash_fork_prepare holds tab_mu across a fork, so that the child's
-// pool (npool and its entries) is not half-made by a thread that does not
-// go on in it; tab_mu is a leaf lock, taken last.
+// mpp_stash_fork_prepare holds mpp_stash_tab_mu across a fork, so that the
+// child's pool (npool and its entries) is not half-made by a thread that does
+// not go on in it; mpp_stash_tab_mu is a leaf lock, taken last.
 void mpp_stash_fork_prepare(void)
 {
-	pthread_mutex_lock(&tab_mu);
+	pthread_mutex_lock(&mpp_stash_tab_mu);
 }
 
 void mpp_stash_fork_parent(void)
 {
-	pthread_mutex_unlock(&tab_mu);
+	pthread_mutex_unlock(&mpp_stash_tab_mu);
 }
 
 // mpp_stash_child: a forked child is not the process that drained the
@@ -634,7 +382,7 @@ void mpp_stash_fork_parent(void)
 // touches, so they cost it no memory).
 void mpp_stash_child(void)
 {
-	pthread_mutex_unlock(&tab_mu); // taken by mpp_stash_fork_prepare
+	pthread_mutex_unlock(&mpp_stash_tab_mu); // taken by mpp_stash_fork_prepare
 	if (pool == NULL)
 		return;
 	int top = atomic_load(&tab_top);
@@ -653,12 +401,10 @@ void mpp_stash_child(void)
 		s->nfd = s->capfd = 0;
 		s->ino = 0;
 	}
-	pthread_mutex_init(&scan_mu, NULL);
-	scan = NULL;
-	nscan = capscan = scanned = 0;
+	mpp_drain_child();
 	atomic_store(&in_use, 0);
 	atomic_store(&mpp_stash_live, 0);
-	atomic_store(&stash_bytes, 0);
+	atomic_store(&mpp_stash_held, 0);
 }
 
 // mpp_stash_exec_lost is what an exec now would lose: the bytes of stashes
@@ -669,10 +415,10 @@ size_t mpp_stash_exec_lost(void)
 	if (pool == NULL || atomic_load(&mpp_stash_live) == 0)
 		return 0;
 	// pool[0, n) never changes once made; a stash's mutex is never taken
-	// under tab_mu (release takes them in the other order).
-	pthread_mutex_lock(&tab_mu);
+	// under mpp_stash_tab_mu (release takes them in the other order).
+	pthread_mutex_lock(&mpp_stash_tab_mu);
 	int n = npool;
-	pthread_mutex_unlock(&tab_mu);
+	pthread_mutex_unlock(&mpp_stash_tab_mu);
 	for (int i = 0; i < n; i++) {
 		struct stash *s = pool[i];
 		pthread_mutex_lock(&s->mu);
@@ -698,7 +444,7 @@ static size_t copy_out(struct stash *s, const struct iovec *iov, int iovcnt, int
 	}
 	if (!peek) {
 		s->off += done;
-		atomic_fetch_sub_explicit(&stash_bytes, done, memory_order_relaxed);
+		atomic_fetch_sub_explicit(&mpp_stash_held, done, memory_order_relaxed);
 	}
 	return done;
 }
@@ -707,7 +453,7 @@ static size_t copy_out(struct stash *s, const struct iovec *iov, int iovcnt, int
 static ssize_t serve(struct stash *s, const struct iovec *iov, int iovcnt, int flags,
 		     ssize_t (*real)(void *arg, const struct iovec *rest, int restcnt), void *arg)
 {
-	int was = holding(s);
+	int was = mpp_stash_holding(s);
 	size_t want = 0;
 	for (int i = 0; i < iovcnt; i++)
 		want += iov[i].iov_len;
@@ -744,7 +490,7 @@ static ssize_t serve(struct stash *s, const struct iovec *iov, int iovcnt, int f
 	} else {
 		r = real(arg, iov, iovcnt);
 	}
-	if (was && !holding(s))
+	if (was && !mpp_stash_holding(s))
 		emptied(s);
 	return r;
 }
@@ -760,11 +506,11 @@ ssize_t mpp_stash_read(int fd, const struct iovec *iov, int iovcnt, int flags,
 		       ssize_t (*real)(void *arg, const struct iovec *rest, int restcnt), void *arg)
 {
 	for (;;) {
-		struct stash *s = tracked(fd) ? atomic_load_explicit(&tab[fd], memory_order_acquire) : NULL;
+		struct stash *s = mpp_stash_tracked(fd) ? atomic_load_explicit(&tab[fd], memory_order_acquire) : NULL;
 		if (s) {
 			pthread_mutex_lock(&s->mu);
 			if (s->ino != 0 && attached(s, fd)) {
-				if (!names(fd, s->ino)) {
+				if (!mpp_stash_names(fd, s->ino)) {
 					// Closed by a call the shim does not see, and the
 					// number reused: these bytes are not this file's.
 					pthread_mutex_unlock(&s->mu);
@@ -777,7 +523,7 @@ ssize_t mpp_stash_read(int fd, const struct iovec *iov, int iovcnt, int flags,
 			}
 			pthread_mutex_unlock(&s->mu);
 		}
-		if (!tracked(fd))
+		if (!mpp_stash_tracked(fd))
 			return real(arg, iov, iovcnt);
 		atomic_fetch_add_explicit(&mpp_read_busy[fd], 1, memory_order_seq_cst);
 		if (atomic_load_explicit(&mpp_read_slow[fd], memory_order_seq_cst) == SLOW_NONE) {
@@ -789,7 +535,6 @@ ssize_t mpp_stash_read(int fd, const struct iovec *iov, int iovcnt, int flags,
 		sched_yield(); // a drain is attaching the socket's descriptors
 	}
 }
-
 
 // mpipause_test_stash_bytes is what the stashes hold now, and
 // mpipause_test_stash_max their cap, for the C tests.

@@ -11,7 +11,6 @@
 #include <netinet/tcp.h>
 #include <string.h>
 
-
 struct send_args {
 	int fd;
 	const void *buf;
@@ -170,7 +169,7 @@ extern __typeof__(writev) mpp_wrapped_writev __attribute__((alias("writev")));
 EXPORT int close(int fd)
 {
 	if ((unsigned)fd < (unsigned)mpp_nfds)
-		mpp_fd_short[fd] = 0; // the number's next socket starts at a boundary
+		mpp_fd_short[fd] = 0;        // the number's next socket starts at a boundary
 	int counted = mpp_stash_closing(fd); // nor may it get this one's bytes
 	mpp_wait_close(fd);
 	int r = GATE_IS_OPEN() ? REAL(close)(fd) : mpp_close_held(fd);
@@ -185,10 +184,10 @@ extern __typeof__(close) mpp_wrapped_close __attribute__((alias("close")));
 // draining), a read that got bytes asks the kernel to acknowledge at once
 // (mpp_quickack, gate.c). Open gate: one load after the real call, nothing
 // else.
-#define RECEIVED(fd, r)                                  \
-	do {                                             \
-		if (!GATE_IS_OPEN() && (r) > 0)          \
-			mpp_quickack(fd);                \
+#define RECEIVED(fd, r)                         \
+	do {                                    \
+		if (!GATE_IS_OPEN() && (r) > 0) \
+			mpp_quickack(fd);       \
 	} while (0)
 
 // The reads. Fast path: the fd's busy count up, its slow flag loaded (see
@@ -212,7 +211,13 @@ static inline __attribute__((always_inline)) void read_leave(int fd)
 		atomic_fetch_sub_explicit(&mpp_read_busy[fd], 1, memory_order_release);
 }
 
-enum rd_kind { RD_RECV, RD_RECVFROM, RD_RECVMSG, RD_READ, RD_READV };
+enum rd_kind {
+	RD_RECV,
+	RD_RECVFROM,
+	RD_RECVMSG,
+	RD_READ,
+	RD_READV
+};
 
 struct rd_args {
 	enum rd_kind kind;
@@ -282,13 +287,13 @@ EXPORT ssize_t recvfrom(int fd, void *buf, size_t len, int flags, struct sockadd
 
 // A message may carry descriptors (SCM_RIGHTS), one of them of a socket
 // whose stash holds bytes: its reads must get them first too.
-#define ADOPT_RIGHTS(msg)                                                          \
-	do {                                                                       \
+#define ADOPT_RIGHTS(msg)                                                                                    \
+	do {                                                                                                 \
 		if (__builtin_expect((msg) != NULL && (msg)->msg_controllen >= sizeof(struct cmsghdr), 0)) { \
-			int saved_ = errno;                                        \
-			mpp_stash_adopt_rights(msg);                               \
-			errno = saved_;                                            \
-		}                                                                  \
+			int saved_ = errno;                                                                  \
+			mpp_stash_adopt_rights(msg);                                                         \
+			errno = saved_;                                                                      \
+		}                                                                                            \
 	} while (0)
 
 EXPORT ssize_t recvmsg(int fd, struct msghdr *msg, int flags)

@@ -6,6 +6,7 @@ set -euo pipefail
 
 pkgs=(
 	make gcc gfortran pkg-config # build (gfortran: the Fortran test program)
+	clang-format                 # make check-format: the shim's C layout (libmpi-shim/.clang-format)
 	clang llvm libbpf-dev bpftool # BPF objects (make generate) and inspection
 	libclang-rt-14-dev           # libFuzzer, for the shim's C fuzz target
 	openmpi-bin libopenmpi-dev   # Open MPI 4.1 (mpirun.openmpi, mpicc.openmpi)

@@ -1,9 +1,9 @@
 // Package ranks is mpid's end of the rank channel: the unix socket on which
 // the shim (libmpipause.so) of every MPI rank of the node registers after
 // MPI_Init, and through which mpid closes, inspects and reopens the rank's
-// send gate. libmpi-shim/rankchan.c is the other end; this comment is the
-// protocol's one description, and docs/mpid.md, "Rank channel", says why
-// it is so.
+// send gate. libmpi-shim/rankchan.c (with rankserve.c and rankhello.c)
+// is the other end; this comment is the protocol's one description, and
+// docs/mpid.md, "Rank channel", says why it is so.
 //
 // A rank is authenticated by the kernel, not by what it says: the pid in its
 // HELLO must be the pid SO_PEERCRED reports for the connection. A rank that

@@ -17,7 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// The state page a shim shares with mpid (libmpi-shim/gate.c, struct
+// The state page a shim shares with mpid (libmpi-shim/gateword.c, struct
 // mpp_page in shim.h): a header, then per fd a "last call short" byte, a
 // "gated" byte and, at heldOffset, a uint64 of bytes held. mpid reads it
 // without asking the rank anything.

@@ -250,7 +250,7 @@ func TestGatePage(t *testing.T) {
 
 // TestStatePageGate: without a gate page, Quiet and GateClosed read the
 // state page's copy of the gate word, which the shim publishes whole, its
-// generation included (libmpi-shim/gate.c publish_gate).
+// generation included (libmpi-shim/gateword.c mpp_publish_gate).
 func TestStatePageGate(t *testing.T) {
 	for _, tc := range []struct {
 		name          string

@@ -13,15 +13,15 @@
 #include <unistd.h>
 
 static int failures __attribute__((unused));
-#define CHECK(cond, ...)                                                                   \
-	do {                                                                               \
-		if (!(cond)) {                                                             \
-			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);    \
-			fprintf(stderr, __VA_ARGS__);                                      \
-			fprintf(stderr, "\n");                                             \
-			failures++;                                                        \
-			return;                                                            \
-		}                                                                          \
+#define CHECK(cond, ...)                                                                \
+	do {                                                                            \
+		if (!(cond)) {                                                          \
+			fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
+			fprintf(stderr, __VA_ARGS__);                                   \
+			fprintf(stderr, "\n");                                          \
+			failures++;                                                     \
+			return;                                                         \
+		}                                                                       \
 	} while (0)
 
 static void die(const char *what)

@@ -365,8 +365,8 @@ int main(void)
 {
 	void (*start)(const char *) = (void (*)(const char *))dlsym(RTLD_DEFAULT, "mpipause_test_rankch_start");
 	void (*stop)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_rankch_stop");
-	stash_bytes = (size_t (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_stash_bytes");
-	stash_max = (size_t (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_stash_max");
+	stash_bytes = (size_t(*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_stash_bytes");
+	stash_max = (size_t(*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_stash_max");
 	if (!start || !stop || !stash_bytes || !stash_max) {
 		fprintf(stderr, "FAIL: libmpipause.so is not preloaded (run: make -C libmpi-shim test)\n");
 		return 1;

@@ -2,7 +2,7 @@
 //
 // libFuzzer target for the shim's decoder of mpid's requests (req.c): the
 // input arrives in pieces as recv would deliver it into the channel's
-// 256-byte buffer, and every line decoded must obey what rankchan.c relies on.
+// 256-byte buffer, and every line decoded must obey what rankserve.c relies on.
 // Built and run by `make -C libmpi-shim fuzz` (clang's -fsanitize=fuzzer).
 #include "req.h"
 
@@ -38,7 +38,7 @@ static int check(char *line, size_t n, void *arg)
 			abort();
 		break;
 	case MPP_REQ_DRAIN:
-		// The count of cookies to follow: what rankchan.c sizes its set by.
+		// The count of cookies to follow: what rankserve.c sizes its set by.
 		if (strlen(line) != n || gen < 0 || gen > MPP_DRAIN_MAX)
 			abort();
 		if (gen > 0 && (strncmp(line, "DRAIN ", 6) != 0 || strtol(line + 6, NULL, 10) != gen))
@@ -97,7 +97,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 			abort();
 		have = (size_t)left;
 		if (have == sizeof(buf) - 1)
-			break; // rankchan.c hangs up here: a line longer than any request
+			break; // rankserve.c hangs up here: a line longer than any request
 	}
 	return 0;
 }

@@ -36,8 +36,6 @@ static void (*gate_close)(void);
 static void (*gate_open)(struct mpp_gate_stats *);
 static void (*gate_state)(struct mpp_gate_stats *);
 
-
-
 // tcp_pair returns a connected loopback TCP pair: s[0] sends, s[1] receives.
 
 static void nonblock(int fd)
@@ -717,7 +715,7 @@ static void test_launcher_stop(void)
 	rmdir(dir);
 }
 
-// The early JOIN (rankchan.c): the formatting and the job id rules.
+// The early JOIN (rankhello.c): the formatting and the job id rules.
 static void test_join_line(void)
 {
 	int (*line)(char *, size_t, const char *, long, const char *) =
@@ -822,7 +820,7 @@ static int reap(pid_t pid, int errfd, char *out, size_t n, double *secs)
 		have += (size_t)r;
 	out[have] = 0;
 	close(errfd);
-	return st == -1 ? -1 : WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+	return st == -1 ? -1 : (WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st));
 }
 
 // take accepts the shim's connection (at most 5 s) and reads its line.
@@ -1008,8 +1006,7 @@ static int child(const char *want)
 	return 0;
 }
 
-
-// The receive-side drain (stash.c): bytes moved out of the kernel's receive
+// The receive-side drain (drain.c, stash.c): bytes moved out of the kernel's receive
 // queue come back first, in order, through every read call.
 static ssize_t (*stash_fd)(int fd, unsigned long ino);
 
@@ -1143,7 +1140,7 @@ static void test_stash_close(void)
 	int num = s[1];
 	close(s[1]);
 	tcp_pair(t, 0);
-	int again = t[0] == num ? t[0] : t[1] == num ? t[1] : -1;
+	int again = t[0] == num ? t[0] : (t[1] == num ? t[1] : -1);
 	CHECK(again >= 0, "fd %d was not reused (%d, %d)", num, t[0], t[1]);
 	nonblock(again);
 	char c;
@@ -1369,7 +1366,9 @@ static void test_stash_race(void)
 // have been inside a critical section at the fork (a buffer freed and not
 // yet forgotten, an array moved by realloc): the child's shim must start
 // from what it can trust, and the child exit cleanly.
-enum { FORKS = 3000 };
+enum {
+	FORKS = 3000
+};
 struct fork_race {
 	_Atomic int stop;
 	int hold_fd;

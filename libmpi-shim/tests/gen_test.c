@@ -43,7 +43,12 @@
 static void (*gate_close)(void);
 static void (*gate_open)(struct mpp_gate_stats *);
 
-enum { MAX_ALIASES = 8, MAX_OPS = 40, MAX_CHUNK = 1500, MAX_STREAM = MAX_OPS * MAX_CHUNK };
+enum {
+	MAX_ALIASES = 8,
+	MAX_OPS = 40,
+	MAX_CHUNK = 1500,
+	MAX_STREAM = MAX_OPS * MAX_CHUNK
+};
 
 // rng: xorshift64*, one state a program.
 static uint64_t rng_state;

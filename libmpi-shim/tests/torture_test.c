@@ -154,7 +154,9 @@ static int body(size_t n, char *want)
 // what the call took.
 static void test_sendfile(void)
 {
-	enum { N = 300000 };
+	enum {
+		N = 300000
+	};
 	static char want[7 + N], got[7 + N + 1];
 	int s[2];
 	tcp_pair(s, 0);
@@ -227,7 +229,12 @@ static int reuse(int fd, int ln, const struct sockaddr_in *a, int *peer)
 	return fd;
 }
 
-enum { BY_CLOSE_RANGE, BY_CLOSEFROM, BY_DUP2, BY_RAW_CLOSE };
+enum {
+	BY_CLOSE_RANGE,
+	BY_CLOSEFROM,
+	BY_DUP2,
+	BY_RAW_CLOSE
+};
 
 // T3: bytes held for a socket go to that socket, whatever then gets its
 // number; a close the shim cannot see loses them, and says so, rather than

@@ -46,9 +46,6 @@ __attribute__((weak)) int epoll_pwait2(int epfd, struct epoll_event *events, int
 static ssize_t (*stash)(int fd, unsigned long ino);
 static int (*wake_signal)(void);
 
-
-
-
 static void close_pair(int s[2])
 {
 	close(s[0]);
@@ -345,7 +342,9 @@ static void test_mix(void)
 // few waits (none starves), never more than maxevents at once.
 static void test_maxevents(void)
 {
-	enum { N = 6 };
+	enum {
+		N = 6
+	};
 	int s[N][2], ep = epoll_create1(0), seen = 0;
 	struct epoll_event ev[2];
 	for (int i = 0; i < N; i++) {
@@ -403,7 +402,14 @@ static void test_reuse_dup(void)
 // receiver's SO_RCVLOWAT keeps the kernel from waking the waiter when the
 // bytes arrive (as if it had woken, found the socket empty after the drain,
 // and slept on); once they are stashed it must return with the fd.
-enum { W_POLL, W_EPOLL, W_EPOLL_ET, W_SELECT, W_PPOLL_MASKED, W_EPOLL_PWAIT2 };
+enum {
+	W_POLL,
+	W_EPOLL,
+	W_EPOLL_ET,
+	W_SELECT,
+	W_PPOLL_MASKED,
+	W_EPOLL_PWAIT2
+};
 
 struct waiter {
 	int kind, fd, ep, timeout_ms;
@@ -599,7 +605,7 @@ static void test_timeout(void)
 
 int main(void)
 {
-	stash = (ssize_t (*)(int, unsigned long))dlsym(RTLD_DEFAULT, "mpipause_test_stash");
+	stash = (ssize_t(*)(int, unsigned long))dlsym(RTLD_DEFAULT, "mpipause_test_stash");
 	wake_signal = (int (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_wait_signal");
 	if (!stash || !wake_signal) {
 		fprintf(stderr, "FAIL: libmpipause.so (with stash.c and wake.c) is not preloaded "

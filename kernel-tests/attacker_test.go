@@ -437,10 +437,10 @@ func attackSquat(args []string) error {
 	return nil
 }
 
-// The peer port's attacks (issue 20's H2 and L3) come from the network:
+// The peer port's attacks (H2 and L3) come from the network:
 // the stand-in runs in another node, as a user without the cluster key.
 // Its plain connections open with the hello of the hand-written
-// handshake the peer port spoke until issue 20 (quiesce/tcp.go then):
+// handshake the peer port spoke before TLS (then in quiesce/tcp.go):
 // there, a hello with a nonce is answered without any proof from the
 // client, so the stand-in gets as far as a stranger can. To a TLS server
 // the same bytes are a malformed record.

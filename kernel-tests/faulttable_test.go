@@ -458,7 +458,7 @@ func printTable(t *testing.T, rows []faultRow, table map[string]map[string]*cell
 	t.Logf("faults | jobs whose output differed from an unpaused run: %d of %d finished (%d jobs in all; those with a rank killed end by design)", differed, finished, jobs)
 }
 
-// faultRows are the faults of issue 5: mpid killed on a node (and started
+// faultRows are the fault table's rows (docs/testing.md): mpid killed on a node (and started
 // again at once: the pause rolls back, or completes if the new mpid and its
 // re-registered ranks answered within the phase's deadline) and on the
 // coordinator, a node's link cut (healed inside the deadline, or not), a
@@ -479,7 +479,7 @@ func faultRows(bin string) []faultRow {
 		{name: "node2 link cut, heals", node: 2, allowed: []string{outRolledBack, outCompleted}, inject: cutLink(true)},
 		{name: "node2 link cut, stays cut", node: 2, allowed: []string{outRolledBack}, inject: cutLink(false), waits: true},
 		{name: "rank SIGKILL on node2", node: 2, allowed: []string{outRolledBack}, perTrialJob: true, inject: killRank},
-		// The lease gap (issue 25): COMMIT done on node1, on its way to
+		// The lease gap: COMMIT done on node1, on its way to
 		// node2 (whose link is cut), when the coordinator dies, and the
 		// coordinator back only once the other nodes have settled: they
 		// must agree without it (before the decider, node1 stayed paused

@@ -19,7 +19,7 @@ import (
 	"github.com/mpipause/mpipause/kernel-tests/tools/bench"
 )
 
-// TestConcurrentJobs (issue 5, load): 20 jobs at once on the rig (one rank
+// TestConcurrentJobs (load): 20 jobs at once on the rig (one rank
 // per node each: 60 ranks on two cores), half Open MPI, half MPICH, each
 // paused and resumed several times from four "shells"
 // working at the same time, from node0 and node1 (which forwards to the

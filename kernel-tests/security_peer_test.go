@@ -1,7 +1,7 @@
 package kerneltests
 
 // The security table's rows for the peer port (TCP 7170, mpid to mpid):
-// issue 20's attacks from the network, by someone without the cluster key
+// the attacks from the network by someone without the cluster key
 // (H2, L3), and a node's name resolving to another member of the cluster
 // (H5). Like the other rows, each is judged on node0's mpid and on the
 // job, never on the attacker's error text, and has a positive control.

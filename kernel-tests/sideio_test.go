@@ -38,8 +38,8 @@ const (
 	sideBackEnv   = "MPIPAUSE_KT_SIDEBACK"
 )
 
-// TestPauseSideIO is issue 21's end-to-end test, "nothing lost, whatever
-// the program does": a real 3 x 2 job of each library (apps/sideio.c) whose
+// TestPauseSideIO is the end-to-end test of "nothing lost, whatever the
+// program does": a real 3 x 2 job of each library (apps/sideio.c) whose
 // ranks, besides an all-to-all exchange over MPI, each keep a TCP
 // connection of their own to a server outside the job (the test binary in
 // node1, in a cgroup of its own: no shim, never frozen) and send it a
@@ -59,7 +59,7 @@ func TestPauseSideIO(t *testing.T) {
 }
 
 // TestPauseSideIOTalkBack is TestPauseSideIO with a server that talks back
-// (issue 21: the receive-side drain takes bytes only from the job's own
+// (the receive-side drain takes bytes only from the job's own
 // connections): on every rank's own connection it also sends a numbered
 // stream, all the time, paused or not, which the rank reads with raw
 // read/recvfrom syscalls the shim does not wrap, every 2 ms, and checks

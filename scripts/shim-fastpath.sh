@@ -5,8 +5,8 @@
 # wrappers' open-gate path as the compiler laid it out: the instructions
 # from the function's entry to its first indirect call (the real send,
 # through mpp_real), and the memory reads among them, named by the symbol
-# the address came from. Issue 21 asks that this path stay one load of the
-# gate word (then the real function's pointer, which any wrapper reads);
+# the address came from. This path must stay one load of the gate word
+# (then the real function's pointer, which any wrapper reads);
 # `make bench-base` prints it for the base build and this one.
 #
 # The first indirect call is the real call only because the gate test is

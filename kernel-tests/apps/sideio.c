@@ -1,6 +1,6 @@
 // SPDX-License-Identifier: Apache-2.0
 //
-// sideio: an MPI program that also does I/O of its own, for issue 21's
+// sideio: an MPI program that also does I/O of its own, for the
 // end-to-end test ("nothing lost, whatever the program does").
 //
 // The main thread runs xchg's all-to-all exchange (irregular message sizes,

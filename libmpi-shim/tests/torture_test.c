@@ -1,10 +1,10 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // The shim's torture suite: what programs do besides MPI, with bytes held
-// under a closed gate (issue 21's table). Each case has a real TCP peer
-// that checks the exact byte stream it received, in order, across a closed
-// and reopened gate. Run with libmpipause.so preloaded and
-// MPIPAUSE_HOLD_MAX_MB=1 (make -C libmpi-shim test).
+// under a closed gate (libmpi-shim/README.md's tables name its cases). Each
+// case has a real TCP peer that checks the exact byte stream it received,
+// in order, across a closed and reopened gate. Run with libmpipause.so
+// preloaded and MPIPAUSE_HOLD_MAX_MB=1 (make -C libmpi-shim test).
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>

@@ -52,6 +52,10 @@ type coordinator struct {
 	wanted map[string]ranks.Request
 }
 
+// slowPause is how long a pause may go before the journal says, once a
+// round at most this often, what it waits on.
+const slowPause = time.Second
+
 // do runs a status, pause or resume request of a caller with uid, for the
 // job the caller names (lookup). A pause or resume of a job coordinated
 // elsewhere goes to the coordinator's mpid.
@@ -134,6 +138,7 @@ func (c *coordinator) pause(ctx context.Context, req ctl.Request, v ctl.Job, pro
 	defer cancel(nil)
 	var drained uint64
 	var once sync.Once
+	var logged time.Time
 	ctx = quiesce.WithProgress(ctx, func(p quiesce.Progress) {
 		// The first drain check: DRAIN's first round, or PREPARE's answers
 		// where every node made one there.
@@ -148,6 +153,13 @@ func (c *coordinator) pause(ctx context.Context, req ctl.Request, v ctl.Job, pro
 					cancel(fmt.Errorf("only %d of the job's %d ranks are registered with mpid (the others exited, are still starting, or run without the shim)", p.Report.Ranks, v.Ranks))
 				}
 			})
+		}
+		if !p.Done && len(p.Report.Pending) > 0 {
+			if now := time.Now(); now.Sub(start) > slowPause && now.Sub(logged) > slowPause {
+				logged = now
+				c.log.Info("slow pause: waiting", "job", req.Job, "phase", p.Phase, "round", p.Round,
+					"ms", now.Sub(start).Milliseconds(), "on", waitingOn(p.Report, 8))
+			}
 		}
 		if progress != nil {
 			progress(toProgress(p, len(v.Nodes), start))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ctl"
@@ -183,4 +184,52 @@ func plural(n int, what string) string {
 		return "1 " + what
 	}
 	return fmt.Sprintf("%d %ss", n, what)
+}
+
+// waitingOn says in one line what a pause's round still waits on: each
+// pending node's gates not yet closed and its connections holding bytes,
+// at most max connections in all (a job's thousands would flood the
+// journal). A pause that a scheduler started has no CLI to show its
+// progress, so the journal is where an operator learns why it was slow.
+func waitingOn(rep quiesce.Report, max int) string {
+	var b strings.Builder
+	listed, conns := 0, 0
+	for _, n := range rep.Pending {
+		conns += len(n.Conns)
+	}
+	for i, n := range rep.Pending {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(cmp.Or(n.Node, "?"))
+		b.WriteString(":")
+		if n.Err != "" {
+			fmt.Fprintf(&b, " error %q", n.Err)
+		}
+		if n.Ungated > 0 {
+			fmt.Fprintf(&b, " %s still mid-send", plural(n.Ungated, "socket"))
+		}
+		if n.Violations+n.Late > 0 {
+			fmt.Fprintf(&b, " %s past closed gates", plural(int(n.Violations+n.Late), "byte"))
+		}
+		for _, c := range n.Conns {
+			if listed == max {
+				break
+			}
+			listed++
+			fmt.Fprintf(&b, " rank %d %s->%s", c.Rank, c.Local, c.Remote)
+			if c.SendQueue > 0 {
+				fmt.Fprintf(&b, " unacked %d", c.SendQueue)
+			}
+			if c.Unread > 0 {
+				fmt.Fprintf(&b, " unread %d", c.Unread)
+			}
+			b.WriteString(",")
+		}
+	}
+	s := strings.TrimSuffix(strings.ReplaceAll(b.String(), ",;", ";"), ",")
+	if conns > listed {
+		s += fmt.Sprintf(" (and %d more connections)", conns-listed)
+	}
+	return s
 }

@@ -372,6 +372,7 @@ func TestMPIDMinimalCaps(t *testing.T) {
 		job.finish(ctx, t, "the job paused by mpids with the unit's capabilities", serial(t, app, 6, args...))
 	})
 	t.Run("another user's job", func(t *testing.T) { otherUserJob(ctx, t, bin, obs, check) })
+	t.Run("another user's held rank named at once", func(t *testing.T) { otherUserHeldRank(ctx, t, bin, obs) })
 	t.Run("logs journald-style on the journal only, no refusals", func(t *testing.T) {
 		for i := range pids {
 			// A kernel refusal mpid lives with (SCHED_RR refused: it runs on
@@ -483,6 +484,79 @@ func otherUserJob(ctx context.Context, t *testing.T, bin string, readers ...load
 	release(t, hold)
 	job.finish(ctx, t, "uid 65534's job", serial(t, app, 2, args...))
 	t.Logf("uid 65534's MPICH job: its ranks moved into %s, paused (%d connections empty, frozen) and resumed; output unchanged", cg, j.Connections)
+}
+
+// otherUserHeldRank: a job of uid 65534 whose last rank has bytes waiting,
+// unread, and is stopped by a signal, under the mpids of the unit's
+// capabilities. The pause fails at once naming that rank and what holds it,
+// not at its --timeout with "still hold bytes": mpid finds which rank owns
+// a connection by copying the ranks' descriptors (pidfd_getfd, with
+// CAP_SYS_PTRACE), where /proc/PID/fd, mode 0500 and the user's, is shut
+// to a root without CAP_DAC_READ_SEARCH.
+func otherUserHeldRank(ctx context.Context, t *testing.T, bin string, obs loader.Observer) {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "mpipause-kt-held-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	for _, f := range []string{"mpipause", "libmpipause.so", "apps/xchg.mpich"} {
+		b, err := os.ReadFile(filepath.Join(bin, f))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), b, 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	busy := filepath.Join(dir, "busy")
+	if err := os.Mkdir(busy, 0o777); err != nil {
+		t.Fatal(err)
+	}
+	for _, d := range []string{dir, busy} {
+		if err := os.Chmod(d, 0o777); err != nil {
+			t.Fatal(err)
+		}
+	}
+	id := fmt.Sprintf("caps-held-%d", os.Getpid())
+	app := filepath.Join(dir, "xchg.mpich")
+	args := []string{"-m", "a2a", "-n", "40", "-s", "256K", "-B", busy}
+	argv := []string{filepath.Join(bin, "rig"), "exec", "node0", "--",
+		"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", "--",
+		filepath.Join(dir, "mpipause"), "run", "--jobid", id, "--", "mpiexec.mpich", "-launcher", "fork", "-n", "2", app}
+	job := start(ctx, t, "", []string{"MPIPAUSE_RIG=" + jobRig}, append(argv, args...)...)
+	killJobOnCleanup(t, id)
+	defer cli(context.Background(), t, "node0", nil, "resume", id)
+	waitFor(t, "the last rank's compute phase", 2*time.Minute, job.done, func() bool {
+		return strings.Contains(job.out.String(), "computes until")
+	})
+	waitFor(t, "bytes waiting, unread, for the busy rank", time.Minute, job.done, func() bool {
+		return stuckUnread(ctx, t, obs)
+	})
+	cg := nodeJobCgroups(t, id)[0]
+	pid := rankPidOn(t, cg, 1)
+	if uid := strings.Fields(procStatus(t, pid)["Uid"]); len(uid) == 0 || uid[0] != "65534" {
+		t.Fatalf("rank 1 (pid %d) runs as uid %v, want 65534", pid, uid)
+	}
+	kill(t, pid, syscall.SIGSTOP)
+	const timeout = 60 * time.Second
+	t0 := time.Now()
+	j, r := jobJSON(ctx, t, "pause", id, "--timeout", timeout.String())
+	took := time.Since(t0)
+	kill(t, pid, syscall.SIGCONT)
+	f := j.Failure
+	if r.code != 1 || j.State != ctl.StateRunning || f == nil {
+		t.Fatalf("pause of uid 65534's job with rank 1 stopped: exit %d, state %q, failure %+v; want exit 1, running, a failure report\n%s%s", r.code, j.State, f, r.stdout, r.stderr)
+	}
+	if took > timeout/2 || f.Phase != "DRAIN" || f.Rank != 1 || !strings.Contains(f.Reason, "stopped by a signal") {
+		t.Errorf("pause of uid 65534's job with rank 1 stopped failed after %v (--timeout %v) in %s, blaming rank %d: %s; want at once, in DRAIN, rank 1, \"stopped by a signal\"",
+			took.Round(time.Millisecond), timeout, f.Phase, f.Rank, f.Reason)
+	}
+	if err := os.WriteFile(filepath.Join(busy, "done"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	job.finish(ctx, t, "uid 65534's job after a pause its stopped rank rolled back", serial(t, app, 2, args...))
+	t.Logf("uid 65534's job, rank 1 stopped with bytes unread: the pause failed after %v: %s", took.Round(time.Millisecond), f.Reason)
 }
 
 // TestMPIDEachCapNeeded takes each capability of the unit away in turn and

@@ -127,7 +127,7 @@ func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeRep
 			h = heldConn{since: t, rank: -1}
 		}
 		now[k] = h
-		lookup = lookup || (h.rank < 0 && t.Sub(h.since) >= stuckAfter)
+		lookup = lookup || (!h.looked && t.Sub(h.since) >= stuckAfter)
 	}
 	l.mu.Unlock()
 	if lookup {
@@ -137,10 +137,14 @@ func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeRep
 		}
 		own := owners(pids)
 		for k, h := range now {
+			if t.Sub(h.since) < stuckAfter {
+				continue
+			}
+			h.looked = true
 			if rank, ok := own[k]; ok {
 				h.rank = rank
-				now[k] = h
 			}
+			now[k] = h
 		}
 	}
 	l.mu.Lock()

@@ -2,13 +2,14 @@ package node
 
 import (
 	"bufio"
-	"encoding/hex"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
+
+	"golang.org/x/sys/unix"
 )
 
 // owners maps the connections (local→remote) of pids to the pid's rank.
@@ -29,91 +30,97 @@ func owners(ranks map[int]int) map[[2]netip.AddrPort]int {
 // descriptor is one file descriptor of a process.
 type descriptor struct{ pid, fd int }
 
+// maxOwnerFds bounds the descriptor numbers looked at in one process: a
+// rank can open as many as its limit allows (a million), and each number
+// costs mpid a system call.
+const maxOwnerFds = 1 << 16
+
 // descriptors maps the TCP connections (local→remote) of pids to every
-// descriptor of theirs that names the connection's socket, by the socket
-// inodes in /proc/PID/fd and the netns's /proc/PID/net/tcp{,6}. Reading
-// the latter walks the kernel's whole TCP hash table (20-30 ms on the
-// rig): for reports that list connections and the rare check that saw
-// bytes pass a closed gate, never for every round.
+// descriptor of theirs that names the connection's socket. Each of a
+// process's descriptor numbers (below its table's size, FDSize in
+// /proc/PID/status) is copied into mpid with pidfd_getfd(2) and its ends
+// read from the copy, which is closed at once. Not /proc/PID/fd: that
+// directory is its owner's, mode 0500, and mpid's unit has no
+// CAP_DAC_READ_SEARCH, so another user's rank's descriptors would not be
+// seen at all; pidfd_getfd asks only for CAP_SYS_PTRACE, which the unit
+// has (docs/mpid.md). For reports that list connections and the rare
+// check that saw bytes pass a closed gate, never for every round.
 func descriptors(pids []int) map[[2]netip.AddrPort][]descriptor {
-	byInode := map[uint64][]descriptor{}
-	var anyPid int
-	for _, pid := range pids {
-		dir := fmt.Sprintf("/proc/%d/fd", pid)
-		fds, err := os.ReadDir(dir)
-		if err != nil {
-			continue
-		}
-		anyPid = pid
-		for _, f := range fds {
-			fd, err := strconv.Atoi(f.Name())
-			if err != nil {
-				continue
-			}
-			l, err := os.Readlink(filepath.Join(dir, f.Name()))
-			if err != nil {
-				continue
-			}
-			if s, ok := strings.CutPrefix(l, "socket:["); ok {
-				if ino, err := strconv.ParseUint(strings.TrimSuffix(s, "]"), 10, 64); err == nil {
-					byInode[ino] = append(byInode[ino], descriptor{pid, fd})
-				}
-			}
-		}
-	}
 	out := map[[2]netip.AddrPort][]descriptor{}
-	if anyPid == 0 {
-		return out
-	}
-	for _, f := range []string{"tcp", "tcp6"} {
-		file, err := os.Open(fmt.Sprintf("/proc/%d/net/%s", anyPid, f))
-		if err != nil {
+	for _, pid := range pids {
+		n := min(fdTableSize(pid), maxOwnerFds)
+		if n == 0 {
 			continue
 		}
-		sc := bufio.NewScanner(file)
-		sc.Scan() // header
-		for sc.Scan() {
-			fl := strings.Fields(sc.Text())
-			if len(fl) < 10 {
-				continue
+		pidfd, err := unix.PidfdOpen(pid, 0)
+		if err != nil {
+			continue // gone
+		}
+		for fd := 0; fd < n; fd++ {
+			cp, err := unix.PidfdGetfd(pidfd, fd, 0)
+			if errors.Is(err, unix.EBADF) {
+				continue // no descriptor of that number
 			}
-			ino, err := strconv.ParseUint(fl[9], 10, 64)
 			if err != nil {
-				continue
+				break // not ours to see (ptrace rules, a filter), gone, or mpid out of descriptors
 			}
-			ds, ok := byInode[ino]
-			if !ok {
-				continue
-			}
-			l, err1 := parseProcAddr(fl[1])
-			r, err2 := parseProcAddr(fl[2])
-			if err1 == nil && err2 == nil {
-				out[[2]netip.AddrPort{l, r}] = ds
+			k, ok := tcpEnds(cp)
+			unix.Close(cp)
+			if ok {
+				out[k] = append(out[k], descriptor{pid, fd})
 			}
 		}
-		file.Close()
+		unix.Close(pidfd)
 	}
 	return out
 }
 
-// parseProcAddr parses /proc/net/tcp's "ADDR:PORT": the address as 32-bit
-// words in host (little-endian) order, the port big-endian hex.
-func parseProcAddr(s string) (netip.AddrPort, error) {
-	a, p, ok := strings.Cut(s, ":")
-	if !ok {
-		return netip.AddrPort{}, fmt.Errorf("no port in %q", s)
-	}
-	raw, err := hex.DecodeString(a)
-	if err != nil || (len(raw) != 4 && len(raw) != 16) {
-		return netip.AddrPort{}, fmt.Errorf("address %q", a)
-	}
-	for i := 0; i < len(raw); i += 4 {
-		raw[i], raw[i+1], raw[i+2], raw[i+3] = raw[i+3], raw[i+2], raw[i+1], raw[i]
-	}
-	port, err := strconv.ParseUint(p, 16, 16)
+// fdTableSize is the size of process pid's descriptor table (FDSize in
+// /proc/PID/status, which any user may read), 0 if it cannot be read.
+func fdTableSize(pid int) int {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
 	if err != nil {
-		return netip.AddrPort{}, fmt.Errorf("port %q", p)
+		return 0
 	}
-	addr, _ := netip.AddrFromSlice(raw)
-	return netip.AddrPortFrom(addr.Unmap(), uint16(port)), nil
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "FDSize:"); ok {
+			n, err := strconv.Atoi(strings.TrimSpace(v))
+			if err != nil || n < 0 {
+				return 0
+			}
+			return n
+		}
+	}
+	return 0
+}
+
+// tcpEnds is the local and remote address of fd if it is a connected TCP
+// socket, IPv4-mapped addresses unmapped as the observer gives them.
+func tcpEnds(fd int) ([2]netip.AddrPort, bool) {
+	if p, err := unix.GetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_PROTOCOL); err != nil || p != unix.IPPROTO_TCP {
+		return [2]netip.AddrPort{}, false
+	}
+	l, err := unix.Getsockname(fd)
+	if err != nil {
+		return [2]netip.AddrPort{}, false
+	}
+	r, err := unix.Getpeername(fd)
+	if err != nil {
+		return [2]netip.AddrPort{}, false // listening, or not connected yet
+	}
+	la, ok1 := addrPort(l)
+	ra, ok2 := addrPort(r)
+	return [2]netip.AddrPort{la, ra}, ok1 && ok2
+}
+
+func addrPort(sa unix.Sockaddr) (netip.AddrPort, bool) {
+	switch a := sa.(type) {
+	case *unix.SockaddrInet4:
+		return netip.AddrPortFrom(netip.AddrFrom4(a.Addr), uint16(a.Port)), true
+	case *unix.SockaddrInet6:
+		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr).Unmap(), uint16(a.Port)), true
+	}
+	return netip.AddrPort{}, false
 }

@@ -169,8 +169,9 @@ func (l *Role) unheld(job string) error {
 }
 
 type heldConn struct {
-	since time.Time
-	rank  int // the owner, or -1 if not looked up or not found
+	since  time.Time
+	rank   int  // the owner, or -1 if not looked up or not found
+	looked bool // looked up once: a connection no rank owns is not looked up every round
 }
 
 // stuckAfter is how long a connection holds bytes before its owner is looked up.

@@ -272,6 +272,22 @@ static int answer(char *line, size_t n, void *arg)
 	return full_check();
 }
 
+// emptied says whether fd, readable when polled, has nothing waiting now
+// and has not ended: an application thread read the bytes between the poll
+// and the drain. The socket stays watched (its next bytes wake the poll),
+// where dropping it as ended would leave whatever its peer sends next to
+// the application alone, which may not read before the pause's deadline
+// (a rank computing, or starved of CPU): the drain would never finish.
+static int emptied(int fd)
+{
+	char c;
+	int saved = errno;
+	ssize_t r = REAL(recv)(fd, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+	int empty = r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK);
+	errno = saved;
+	return empty;
+}
+
 // mpp_rankch_serve answers mpid's requests and passes the signals the handler
 // saw on as unsolicited "EVENT pause at=<ns>" / "EVENT resume at=<ns>" lines, until the
 // channel ends.
@@ -324,7 +340,7 @@ void mpp_rankch_serve(int sigfd)
 			ssize_t m = mpp_stash_fd(p[i].fd, drain_ino[i - 2]);
 			if (m < 0)
 				drain_skip[i - 2] = 1;
-			else if (m == 0)
+			else if (m == 0 && !emptied(p[i].fd))
 				drain_fds[i - 2].fd = -1; // readable with nothing to move: end of stream or an error
 		}
 		if (full_check() < 0)

@@ -18,6 +18,8 @@
 // - cap: past MPIPAUSE_STASH_MAX_MB the drain takes nothing more, the rest
 //   stays in the kernel, and the shim tells mpid ("EVENT stash full"); after
 //   the reopen every byte reaches the program in order.
+// - read_first: the program reads a drained socket itself, often before
+//   the drain's thread does; once it stops, what arrives next is drained.
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -225,6 +227,81 @@ static void test_aliases(void)
 	close(job[0]), close(b1), close(b2), close(b3);
 }
 
+// read_first: the program reads its job socket itself, a thread blocked
+// in recv when the bytes come: the drain's thread sees the socket readable
+// but may not read it while a program's read is under way, and when it
+// looks again the program has taken the bytes (readable, nothing to
+// move). Once the program stops reading (a rank that computes, or gets no
+// CPU), what its peer sends next must still be drained: a socket the
+// program emptied has not ended.
+struct reader {
+	int fd;
+	pid_t tid;
+	ssize_t got;
+	char b;
+};
+
+static void *read_one(void *arg)
+{
+	struct reader *r = arg;
+	__atomic_store_n(&r->tid, (pid_t)syscall(SYS_gettid), __ATOMIC_SEQ_CST);
+	r->got = recv(r->fd, &r->b, 1, 0);
+	return NULL;
+}
+
+// sleeping says whether thread tid of this process is asleep (state S).
+static int sleeping(pid_t tid)
+{
+	char path[64], st[256];
+	snprintf(path, sizeof(path), "/proc/self/task/%d/stat", (int)tid);
+	FILE *f = fopen(path, "r");
+	if (!f)
+		return 0;
+	size_t n = fread(st, 1, sizeof(st) - 1, f);
+	fclose(f);
+	st[n] = 0;
+	char *p = strrchr(st, ')');
+	return p && p[1] == ' ' && p[2] == 'S';
+}
+
+static void test_read_first(void)
+{
+	int job[2];
+	char b[64], out[256];
+	tcp_pair(job, 0);
+	CHECK(say("CLOSE\n") == 0 && line("CLOSED", out, sizeof(out)) == 0 && strstr(out, "gate=closed"),
+	      "close: %s", out);
+	uint64_t ck = cookie(job[1]);
+	CHECK(drain(&ck, 1, out, sizeof(out)) == 0, "no DRAINING answer");
+	for (int i = 0; i < 10; i++) {
+		struct reader r = {.fd = job[1]};
+		pthread_t t;
+		CHECK(pthread_create(&t, NULL, read_one, &r) == 0, "thread");
+		int asleep = 0;
+		for (int w = 0; w < 5000 && !asleep; w++) {
+			pid_t tid = __atomic_load_n(&r.tid, __ATOMIC_SEQ_CST);
+			asleep = tid > 0 && sleeping(tid);
+			if (!asleep)
+				usleep(1000);
+		}
+		CHECK(asleep, "the reading thread never blocked in recv");
+		CHECK(peer_send(job[0], "x", 1) == 1, "send %d", i);
+		pthread_join(t, NULL);
+		CHECK(r.got == 1 && r.b == 'x', "read %d: %zd bytes", i, r.got);
+	}
+	CHECK(peer_send(job[0], "tail", 4) == 4 && delivered(job[0]), "send");
+	for (int i = 0; i < 5000 && unread(job[1]) != 0; i++)
+		usleep(1000);
+	CHECK(unread(job[1]) == 0, "the drain left %d bytes in the kernel once the program stopped reading",
+	      unread(job[1]));
+	CHECK(say("OPEN\n") == 0 && line("OPENED", out, sizeof(out)) == 0, "open: %s", out);
+	ssize_t r = recv(job[1], b, sizeof(b), 0);
+	CHECK(r == 4 && memcmp(b, "tail", 4) == 0, "the job socket gave %zd bytes: %.*s, want tail", r,
+	      (int)(r > 0 ? r : 0), b);
+	CHECK(stash_bytes() == 0, "%zu bytes left in the stashes", stash_bytes());
+	close(job[0]), close(job[1]);
+}
+
 // unheld: calls the gate cannot hold (MSG_ZEROCOPY, sendmsg with
 // ancillary data) on a socket under the closed gate go to the kernel, and
 // the shim tells mpid which call, on which descriptor of which socket
@@ -396,6 +473,7 @@ int main(void)
 	const struct test tests[] = {
 		{"only_job_sockets", test_only_job_sockets},
 		{"aliases", test_aliases},
+		{"read_first", test_read_first},
 		{"unheld", test_unheld},
 		{"cap", test_cap},
 		{"bad_sets", test_bad_sets},

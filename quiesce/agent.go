@@ -44,6 +44,13 @@ type Agent struct {
 	// node (its Nodes[0]) is refused, whatever its transport delivered it
 	// (a name that resolves to the wrong member).
 	Self string
+	// CPUTime, if set, is the process's CPU time so far. A node waiting
+	// for its queues to drain (drainUntil) then waits between two checks
+	// at least the CPU time the last one cost, so that its checks take at
+	// most half a CPU: mpid runs them at real-time priority, and where CPU
+	// is scarce (one emulated core, every core busy) checks back to back
+	// would take it from the very ranks whose reads the drain waits for.
+	CPUTime func() time.Duration
 }
 
 type jobState struct {
@@ -477,17 +484,27 @@ func (a *Agent) settle(ctx context.Context, req Message) {
 	a.drainUntil(ctx, req.Job, rep, err, time.Now().Add(req.Wait), func() bool { return false })
 }
 
-// drainUntil checks the job's queues on this node every DrainPoll, from
-// the check rep (or its error), until they are empty, until has passed,
+// drainUntil checks the job's queues on this node every DrainPoll (or,
+// with CPUTime, after as long as the last check cost in CPU), from the
+// check rep (or its error), until they are empty, until has passed,
 // ctx ends or stop says to give way; it returns the last check. A check
 // that saw bytes sent through closed gates ends the wait at once: a node
 // counts those per check, and the next, clean, check would hide them.
 func (a *Agent) drainUntil(ctx context.Context, job string, rep NodeReport, err error, until time.Time, stop func() bool) (NodeReport, error) {
-	for err == nil && !rep.Clean() && rep.Violations == 0 && rep.Late == 0 && time.Now().Add(DrainPoll).Before(until) {
-		if stop() || sleep(ctx, DrainPoll) != nil {
+	var cost time.Duration
+	for err == nil && !rep.Clean() && rep.Violations == 0 && rep.Late == 0 {
+		wait := max(DrainPoll, cost)
+		if !time.Now().Add(wait).Before(until) || stop() || sleep(ctx, wait) != nil {
 			break
 		}
+		var c0 time.Duration
+		if a.CPUTime != nil {
+			c0 = a.CPUTime()
+		}
 		rep, err = a.node.Drain(ctx, job)
+		if a.CPUTime != nil {
+			cost = a.CPUTime() - c0
+		}
 	}
 	return rep, err
 }

@@ -303,6 +303,7 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 	}
 	agent := quiesce.NewAgent(local, tr, retry)
 	agent.Self = d.cfg.Node
+	agent.CPUTime = processCPU
 	agent.OnExpire = func(job string, err error) {
 		// The coordinator died or lost this node mid-pause: the agent
 		// thawed and reopened the job here on its own (G3,
@@ -413,4 +414,14 @@ func (d *Daemon) logFeatures(f loader.Features) {
 		return
 	}
 	d.log.Info("kernel observer", "observer", f.String())
+}
+
+// processCPU is mpid's CPU time so far (user and system, every thread), 0
+// if the kernel does not say.
+func processCPU() time.Duration {
+	var ru unix.Rusage
+	if unix.Getrusage(unix.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

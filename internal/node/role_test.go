@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/loader"
+	"golang.org/x/sys/unix"
 )
 
 func TestStatusDying(t *testing.T) {
@@ -151,7 +152,8 @@ func TestHeldByKernel(t *testing.T) {
 }
 
 // TestLate: bytes sent through a closed gate count as late (drained again)
-// only where every descriptor of their socket, found through /proc, is a
+// only where every descriptor of their socket, found by copying the
+// process's descriptors (descriptors), is a
 // rank's whose page says it holds nothing; anything the page cannot vouch
 // for stays a violation.
 func TestLate(t *testing.T) {
@@ -203,5 +205,49 @@ func TestLate(t *testing.T) {
 	other := violation{c: loader.Conn{Local: remote, Remote: netip.MustParseAddrPort("127.0.0.1:1")}, bytes: 40}
 	if late(other, desc, held(0, true)) {
 		t.Error("a connection with no descriptor found: late")
+	}
+}
+
+// TestDescriptorsBounded: the owner lookup looks at no descriptor number
+// past maxOwnerFds in a process, however large its table (a rank may open
+// a million): a connection on a low number is found, the same socket
+// moved past the bound is not.
+func TestDescriptorsBounded(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	server, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer server.Close()
+	key := [2]netip.AddrPort{netip.MustParseAddrPort(client.LocalAddr().String()), netip.MustParseAddrPort(client.RemoteAddr().String())}
+	raw, err := client.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fd int
+	raw.Control(func(f uintptr) { fd = int(f) })
+	defer func(m int) { maxOwnerFds = m }(maxOwnerFds)
+	maxOwnerFds = fd + 100
+	high := fd + 200
+	if err := unix.Dup2(fd, high); err != nil {
+		t.Fatalf("dup2 to %d: %v", high, err)
+	}
+	defer unix.Close(high)
+	ds := descriptors([]int{os.Getpid()})[key]
+	if len(ds) != 1 || ds[0].fd != fd {
+		t.Fatalf("descriptors of %v with the bound at %d: %v, want only fd %d (not %d, past the bound)", key, maxOwnerFds, ds, fd, high)
+	}
+	maxOwnerFds = high + 1
+	if ds := descriptors([]int{os.Getpid()})[key]; len(ds) != 2 {
+		t.Fatalf("descriptors of %v with the bound at %d: %v, want fds %d and %d", key, maxOwnerFds, ds, fd, high)
 	}
 }

@@ -157,29 +157,7 @@ func TestHeldByKernel(t *testing.T) {
 // rank's whose page says it holds nothing; anything the page cannot vouch
 // for stays a violation.
 func TestLate(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	client, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	server, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer server.Close()
-	local := netip.MustParseAddrPort(client.LocalAddr().String())
-	remote := netip.MustParseAddrPort(client.RemoteAddr().String())
-	raw, err := client.(*net.TCPConn).SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var fd int
-	raw.Control(func(f uintptr) { fd = int(f) })
+	local, remote, fd := loopbackConn(t)
 	desc := descriptors([]int{os.Getpid()})
 	if ds := desc[[2]netip.AddrPort{local, remote}]; len(ds) != 1 || ds[0] != (descriptor{os.Getpid(), fd}) {
 		t.Fatalf("descriptors of %s->%s: %v, want [{%d %d}]", local, remote, ds, os.Getpid(), fd)
@@ -213,28 +191,8 @@ func TestLate(t *testing.T) {
 // a million): a connection on a low number is found, the same socket
 // moved past the bound is not.
 func TestDescriptorsBounded(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	client, err := net.Dial("tcp", ln.Addr().String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer client.Close()
-	server, err := ln.Accept()
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer server.Close()
-	key := [2]netip.AddrPort{netip.MustParseAddrPort(client.LocalAddr().String()), netip.MustParseAddrPort(client.RemoteAddr().String())}
-	raw, err := client.(*net.TCPConn).SyscallConn()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var fd int
-	raw.Control(func(f uintptr) { fd = int(f) })
+	local, remote, fd := loopbackConn(t)
+	key := [2]netip.AddrPort{local, remote}
 	defer func(m int) { maxOwnerFds = m }(maxOwnerFds)
 	maxOwnerFds = fd + 100
 	high := fd + 200
@@ -250,4 +208,31 @@ func TestDescriptorsBounded(t *testing.T) {
 	if ds := descriptors([]int{os.Getpid()})[key]; len(ds) != 2 {
 		t.Fatalf("descriptors of %v with the bound at %d: %v, want fds %d and %d", key, maxOwnerFds, ds, fd, high)
 	}
+}
+
+// loopbackConn connects a TCP pair on loopback, closed when the test ends,
+// and returns its client's ends and descriptor.
+func loopbackConn(t *testing.T) (local, remote netip.AddrPort, fd int) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	client, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { client.Close() })
+	server, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { server.Close() })
+	raw, err := client.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	raw.Control(func(f uintptr) { fd = int(f) })
+	return netip.MustParseAddrPort(client.LocalAddr().String()), netip.MustParseAddrPort(client.RemoteAddr().String()), fd
 }

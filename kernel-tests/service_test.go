@@ -417,31 +417,7 @@ func TestMPIDMinimalCaps(t *testing.T) {
 // resume it; it ends with the output of an unpaused run.
 func otherUserJob(ctx context.Context, t *testing.T, bin string, readers ...loader.Observer) {
 	t.Helper()
-	// What the user runs must be theirs to read: the checkout may be
-	// private. mpipause finds the shim next to itself.
-	dir, err := os.MkdirTemp("", "mpipause-kt-caps-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	for _, f := range []string{"mpipause", "libmpipause.so", "apps/xchg.mpich"} {
-		b, err := os.ReadFile(filepath.Join(bin, f))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(dir, filepath.Base(f)), b, 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	hold := filepath.Join(dir, "hold")
-	if err := os.Mkdir(hold, 0o777); err != nil {
-		t.Fatal(err)
-	}
-	for _, d := range []string{dir, hold} {
-		if err := os.Chmod(d, 0o777); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir, hold := nobodysCopy(t, bin, "hold")
 	id := fmt.Sprintf("caps-uid-%d", os.Getpid())
 	app := filepath.Join(dir, "xchg.mpich")
 	args := []string{"-m", "a2a", "-n", "40", "-s", "256K"}
@@ -486,16 +462,13 @@ func otherUserJob(ctx context.Context, t *testing.T, bin string, readers ...load
 	t.Logf("uid 65534's MPICH job: its ranks moved into %s, paused (%d connections empty, frozen) and resumed; output unchanged", cg, j.Connections)
 }
 
-// otherUserHeldRank: a job of uid 65534 whose last rank has bytes waiting,
-// unread, and is stopped by a signal, under the mpids of the unit's
-// capabilities. The pause fails at once naming that rank and what holds it,
-// not at its --timeout with "still hold bytes": mpid finds which rank owns
-// a connection by copying the ranks' descriptors (pidfd_getfd, with
-// CAP_SYS_PTRACE), where /proc/PID/fd, mode 0500 and the user's, is shut
-// to a root without CAP_DAC_READ_SEARCH.
-func otherUserHeldRank(ctx context.Context, t *testing.T, bin string, obs loader.Observer) {
+// nobodysCopy copies mpipause, the shim and MPICH's xchg into a new
+// directory that uid 65534 may use, with a subdirectory sub it may write
+// (removed when the test ends): what the user runs must be theirs to read,
+// and the checkout may be private. mpipause finds the shim next to itself.
+func nobodysCopy(t *testing.T, bin, sub string) (dir, subdir string) {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "mpipause-kt-held-")
+	dir, err := os.MkdirTemp("", "mpipause-kt-uid-")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -509,15 +482,28 @@ func otherUserHeldRank(ctx context.Context, t *testing.T, bin string, obs loader
 			t.Fatal(err)
 		}
 	}
-	busy := filepath.Join(dir, "busy")
-	if err := os.Mkdir(busy, 0o777); err != nil {
+	subdir = filepath.Join(dir, sub)
+	if err := os.Mkdir(subdir, 0o777); err != nil {
 		t.Fatal(err)
 	}
-	for _, d := range []string{dir, busy} {
+	for _, d := range []string{dir, subdir} {
 		if err := os.Chmod(d, 0o777); err != nil {
 			t.Fatal(err)
 		}
 	}
+	return dir, subdir
+}
+
+// otherUserHeldRank: a job of uid 65534 whose last rank has bytes waiting,
+// unread, and is stopped by a signal, under the mpids of the unit's
+// capabilities. The pause fails at once naming that rank and what holds it,
+// not at its --timeout with "still hold bytes": mpid finds which rank owns
+// a connection by copying the ranks' descriptors (pidfd_getfd, with
+// CAP_SYS_PTRACE), where /proc/PID/fd, mode 0500 and the user's, is shut
+// to a root without CAP_DAC_READ_SEARCH.
+func otherUserHeldRank(ctx context.Context, t *testing.T, bin string, obs loader.Observer) {
+	t.Helper()
+	dir, busy := nobodysCopy(t, bin, "busy")
 	id := fmt.Sprintf("caps-held-%d", os.Getpid())
 	app := filepath.Join(dir, "xchg.mpich")
 	args := []string{"-m", "a2a", "-n", "40", "-s", "256K", "-B", busy}

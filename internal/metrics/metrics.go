@@ -48,8 +48,8 @@ var Phases = []string{"prepare", "drain", "freeze", "verify", "thaw", "commit", 
 var Steps = []string{"prepare", "drain", "freeze", "verify", "commit", "rethaw", "thaw", "open"}
 
 // Buckets, in seconds, of the pause's phases and of pauses and resumes
-// whole: measured on the rig, phases take 1-12 ms, pauses 8-160 ms, resumes
-// 1-3 ms (docs/benchmarks.md, "The current figures"); a pause the drain cannot finish
+// whole: measured on the rig, phases take 0.3-25 ms, pauses 10-71 ms, resumes
+// 0.5-1.3 ms (docs/benchmarks.md, "The current figures"); a pause the drain cannot finish
 // is rolled back after --drain-timeout (10 s), or the user's --timeout.
 var DurationBuckets = []float64{.0005, .001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60}
 

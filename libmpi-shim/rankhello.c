@@ -51,9 +51,9 @@ static int put(char *b, size_t len, int n, const char *v, int max)
 #define HELLO_ROOM (256 + 2 * MPP_HOST_MAX + MPP_KEY_MAX)
 
 // mpp_rankch_start registers this rank with what mpi.c learnt at MPI_Init:
-//   HELLO 2 job=<id> rank=<r> size=<n> pid=<pid> host=<name>[ key=<job key>][ root=<h>][ hosts=<h0,h1,...>]
-// (hosts: rank 0's list of the distinct hosts, in rank order of first
-// appearance). Without h, the MPI library's ABI is unknown and the HELLO
+//   HELLO 2 job=<id> rank=<r> size=<n> pid=<pid> tstp=<hex> host=<name>[ key=<job key>][ root=<h>][ hosts=<h0,h1,...>]
+// (tstp: where the shim's SIGTSTP handler begins, mpp_tstp_entry; hosts:
+// rank 0's list of the distinct hosts, in rank order of first appearance). Without h, the MPI library's ABI is unknown and the HELLO
 // says only that much: the rank is still gateable.
 void mpp_rankch_start(const struct mpp_hello *h)
 {
@@ -76,7 +76,8 @@ void mpp_rankch_start(const struct mpp_hello *h)
 	}
 	n = snprintf(line, len, "HELLO 2 job=");
 	n = put(line, len, n, h->job, -1);
-	n += snprintf(line + n, len - n, " rank=%d size=%d pid=%d host=", h->rank, h->size, (int)getpid());
+	n += snprintf(line + n, len - n, " rank=%d size=%d pid=%d tstp=%lx host=", h->rank, h->size, (int)getpid(),
+		      (unsigned long)mpp_tstp_entry());
 	n = put(line, len, n, h->host, -1);
 	if (key)
 		n += snprintf(line + n, len - n, " key=%s", key);

@@ -359,10 +359,11 @@ void mpp_rankch_serve(int sigfd)
 										   : "msg-fastopen",
 						 (int)rec.fd, (unsigned long long)rec.ns);
 				else if (rec.ns > 0)
-					snprintf(out, sizeof(out), "EVENT %s at=%lld\n", rec.sig == 'T' ? "pause" : "resume",
-						 (long long)rec.ns);
+					snprintf(out, sizeof(out), "EVENT %s at=%lld%s\n", rec.sig == 'C' ? "resume" : "pause",
+						 (long long)rec.ns, rec.sig == 't' ? " overtaken" : "");
 				else
-					snprintf(out, sizeof(out), "EVENT %s\n", rec.sig == 'T' ? "pause" : "resume");
+					snprintf(out, sizeof(out), "EVENT %s%s\n", rec.sig == 'C' ? "resume" : "pause",
+						 rec.sig == 't' ? " overtaken" : "");
 				if (mpp_rankch_send_line(out) < 0)
 					goto gone;
 			}

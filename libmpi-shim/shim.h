@@ -171,7 +171,7 @@ const char *mpp_job_key(void);
 // leaves alone a request that a resume (or pause) has answered since.
 struct mpp_sig {
 	int64_t ns; // for 'U': the socket's cookie
-	char sig;   // 'T' SIGTSTP, 'C' SIGCONT, 'U' a call the gate cannot hold
+	char sig;   // 'T' SIGTSTP, 't' one its SIGCONT overtook, 'C' SIGCONT, 'U' a call the gate cannot hold
 	char call;  // for 'U': MPP_UNHELD_*
 	int32_t fd; // for 'U'
 };
@@ -190,6 +190,10 @@ void mpp_report_unheld(int fd, char call, int gate, uint64_t cookie);
 
 // SIGTSTP/SIGCONT (sig.c): install returns the pipe the handler writes to.
 int mpp_signals_install(void);
+// mpp_tstp_entry is the first instruction of the shim's SIGTSTP handler: a
+// frozen thread whose next instruction it is holds a SIGTSTP delivered
+// before the freeze (internal/mpid/signals.go, framed).
+uintptr_t mpp_tstp_entry(void);
 void mpp_signals_restore(void);
 void mpp_signals_child(void);
 

@@ -92,11 +92,20 @@ static uintptr_t interrupted_at(const void *uc)
 
 static void on_tstp(int sig, siginfo_t *si, void *uc)
 {
-	if (overtaken)
+	// Overtaken, mpid still hears of it ('t'): it may have seen this
+	// frame while the thread was frozen and wait for its request.
+	if (overtaken) {
 		overtaken = 0;
-	else
+		note('t');
+	} else {
 		note('T');
+	}
 	run_app(0, sig, si, uc);
+}
+
+uintptr_t mpp_tstp_entry(void)
+{
+	return (uintptr_t)on_tstp;
 }
 
 static void on_cont(int sig, siginfo_t *si, void *uc)

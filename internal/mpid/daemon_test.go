@@ -710,6 +710,90 @@ func TestRankRequestAnsweredSince(t *testing.T) {
 	waitState(ctl.StatePaused)
 }
 
+// TestRankRequestFramedAtThaw: a SIGTSTP the kernel delivered to a rank's
+// thread just as the pause froze it has its handler's frame built and out
+// of the pending set; the resume's SIGCONT, taken by another thread, does
+// not cancel it, and its handler stamps it after the thaw (on the VMs the
+// job paused again 76 ms after Slurm's resume and stayed paused). The
+// look at the rank's threads when the thaw begins (a thread about to run
+// the handler its HELLO names) answers that request; the shim's
+// "overtaken" report answers it where the SIGCONT interrupted that frame;
+// a signal after either pauses the job.
+func TestRankRequestFramedAtThaw(t *testing.T) {
+	mem := quiesce.NewMemNetwork(1, quiesce.Faults{})
+	defer mem.Close()
+	n := startNode(t, "node0", mem, testKeys(t))
+	const entry = 0x7f0012345678
+	var framed atomic.Bool
+	n.reg.procs = fakeProcs{
+		tstp:  func(int) bool { return false },
+		frame: func(_ int, e uint64) bool { return framed.Load() && e == entry },
+	}
+	created := n.ask(t, ctl.OpCreate, "j1")
+	s := n.rankWith(t, "j1", created.Token, 0, 1, fmt.Sprintf(" tstp=%x", entry))
+	var marks int
+	handled := func() { t.Helper(); s.handled(t, n, &marks) }
+	waitState := func(want string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			st := n.ask(t, ctl.OpStatus, "j1")
+			n.coord.evMu.Lock()
+			idle := len(n.coord.events) == 0
+			n.coord.evMu.Unlock()
+			if st.Job != nil && st.Job.State == want && idle {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the job did not become %s: %+v", want, st.Job)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	requests := func() int { return strings.Count(n.log.String(), `msg="rank event"`) }
+	pauseResumeFramed := func() {
+		t.Helper()
+		if rep := n.ask(t, ctl.OpPause, "j1"); rep.Err != nil {
+			t.Fatalf("pause: %+v", rep.Err)
+		}
+		framed.Store(true)
+		if rep := n.ask(t, ctl.OpResume, "j1"); rep.Err != nil {
+			t.Fatalf("resume: %+v", rep.Err)
+		}
+		framed.Store(false)
+	}
+
+	pauseResumeFramed()
+	before := requests()
+	s.send("EVENT pause at=%d\n", monotonic()) // the framed handler, after the thaw
+	handled()
+	if got := requests() - before; got != 0 {
+		t.Fatalf("a SIGTSTP framed at the freeze paused the job again after the resume (%d requests)", got)
+	}
+	if st := n.ask(t, ctl.OpStatus, "j1"); st.Job == nil || st.Job.State != ctl.StateRunning {
+		t.Fatalf("after the framed SIGTSTP's request: %+v", st.Job)
+	}
+	s.send("EVENT pause at=%d\n", monotonic()) // the user's next suspend
+	handled()
+	waitState(ctl.StatePaused)
+	if rep := n.ask(t, ctl.OpResume, "j1"); rep.Err != nil {
+		t.Fatalf("resume: %+v", rep.Err)
+	}
+	waitState(ctl.StateRunning)
+
+	// The SIGCONT interrupted the framed handler on its own thread: the
+	// shim reports the stop as overtaken, which answers what the thaw saw.
+	pauseResumeFramed()
+	before = requests()
+	s.send("EVENT pause at=%d overtaken\n", monotonic())
+	handled()
+	if got := requests() - before; got != 0 {
+		t.Fatalf("an overtaken stop was acted on (%d requests)", got)
+	}
+	s.send("EVENT pause at=%d\n", monotonic()) // the user's next suspend
+	handled()
+	waitState(ctl.StatePaused)
+}
+
 // TestRankContinuedWhileFrozen: Slurm's proctrack/cgroup resumes a step by
 // thawing its own cgroup and sending SIGCONT to the tasks alone; the ranks
 // stay frozen in theirs (mpid's freeze), their handlers cannot run, and
@@ -829,7 +913,15 @@ func testKeys(t *testing.T) *quiesce.Keyring {
 // kernel's where it sets none.
 type fakeProcs struct {
 	tstp, cont func(pid int) bool
+	frame      func(pid int, entry uint64) bool
 	parentOf   func(pid int) int
+}
+
+func (f fakeProcs) framed(pid int, entry uint64) bool {
+	if f.frame != nil {
+		return f.frame(pid, entry)
+	}
+	return kernelProcs{}.framed(pid, entry)
 }
 
 func (f fakeProcs) pending(pid int, sig syscall.Signal) bool {

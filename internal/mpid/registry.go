@@ -152,6 +152,7 @@ var (
 // frozen rank runs no handler) and its parent.
 type processes interface {
 	pending(pid int, sig syscall.Signal) bool
+	framed(pid int, entry uint64) bool
 	parent(pid int) int
 }
 
@@ -159,6 +160,7 @@ type processes interface {
 type kernelProcs struct{}
 
 func (kernelProcs) pending(pid int, sig syscall.Signal) bool { return signalPending(pid, sig) }
+func (kernelProcs) framed(pid int, entry uint64) bool        { return ranks.SignalFramed(pid, entry) }
 func (kernelProcs) parent(pid int) int                       { return ppid(pid) }
 
 // procsOr is r's look at processes, the kernel's unless a test set one.

@@ -37,7 +37,12 @@ func (r *registry) Thawing(id string) {
 	if r.ranks != nil {
 		procs := r.procsOr()
 		for _, rk := range r.ranks.Ranks(id) {
-			if procs.pending(rk.Pid, syscall.SIGTSTP) {
+			// A SIGTSTP the freeze caught waiting, or one whose handler's
+			// frame the kernel had built on a thread when the freeze
+			// caught it: out of the pending set, its handler runs after
+			// the thaw, and a SIGCONT taken by another thread does not
+			// cancel it (the shim's on_cont sees only its own thread).
+			if procs.pending(rk.Pid, syscall.SIGTSTP) || rk.Tstp != 0 && procs.framed(rk.Pid, rk.Tstp) {
 				if held == nil {
 					held = map[int]bool{}
 				}
@@ -120,6 +125,13 @@ func (r *registry) answered(id string, pid int, q ranks.Request) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	j := r.jobs[id]
+	if q.Overtaken {
+		// The shim left it out itself; it answers what Thawing saw.
+		if j != nil {
+			delete(j.tstpHeld, pid)
+		}
+		return true
+	}
 	if j == nil {
 		return false
 	}

@@ -29,6 +29,7 @@
 //	HELLO, after MPI_Init, with the state page's and the gate page's fds
 //	(SCM_RIGHTS):
 //	shim → mpid  HELLO 2 job=<id> rank=<r> size=<n> pid=<pid> host=<h> key=<job key>
+//	             [tstp=<hex: where the shim's SIGTSTP handler begins>]
 //	             [root=<host of rank 0>] [hosts=<h0,h1,...> (rank 0)]
 //
 //	Requests, and the shim's answers:
@@ -63,4 +64,8 @@
 //	                                                its handler; an older shim's
 //	                                                plain EVENT pause / resume is
 //	                                                taken as it comes)
+//	EVENT pause at=<ns> overtaken                  (a SIGTSTP whose handler a
+//	                                                SIGCONT interrupted at its
+//	                                                first instruction: never
+//	                                                acted on)
 package ranks

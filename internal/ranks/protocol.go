@@ -136,6 +136,8 @@ func ParseHello(line string) (*Rank, error) {
 			r.Pid, err = strconv.Atoi(v)
 		case "host":
 			r.Host = v
+		case "tstp":
+			r.Tstp, err = strconv.ParseUint(v, 16, 64)
 		case "hosts":
 			hosts = v
 		case "root":
@@ -215,17 +217,26 @@ type Request struct {
 	// between by a pause another rank asked for). 0: not stamped (a shim
 	// of an older release).
 	At int64
+	// Overtaken: a pause whose SIGTSTP a SIGCONT overtook on the rank's
+	// thread (its handler ran after the continue's): the shim reports it
+	// for mpid to count against what it saw while the rank was frozen,
+	// never to act on.
+	Overtaken bool
 }
 
 // ParseRequest parses the event "pause[ at=<ns>]" or "resume[ at=<ns>]",
 // ns a positive decimal without sign.
 func ParseRequest(ev string) (Request, error) {
-	op, at, stamped := strings.Cut(ev, " ")
+	body, overtaken := strings.CutSuffix(ev, " overtaken")
+	op, at, stamped := strings.Cut(body, " ")
 	if op != "pause" && op != "resume" {
 		return Request{}, fmt.Errorf("not a pause or resume request: %q", ev)
 	}
+	if overtaken && op != "pause" {
+		return Request{}, fmt.Errorf("malformed request %q", ev)
+	}
 	if !stamped {
-		return Request{Op: op}, nil
+		return Request{Op: op, Overtaken: overtaken}, nil
 	}
 	v, ok := strings.CutPrefix(at, "at=")
 	if !ok || v == "" || strings.Trim(v, "0123456789") != "" {
@@ -235,7 +246,7 @@ func ParseRequest(ev string) (Request, error) {
 	if err != nil || n <= 0 {
 		return Request{}, fmt.Errorf("malformed request %q", ev)
 	}
-	return Request{Op: op, At: n}, nil
+	return Request{Op: op, At: n, Overtaken: overtaken}, nil
 }
 
 // ParseFlushed parses the event "flushed bytes=<n> errors=<n> errno=<e>".

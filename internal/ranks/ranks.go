@@ -46,6 +46,11 @@ type Rank struct {
 	// Key is the job key the launcher gave the rank (MPIPAUSE_JOBKEY): a
 	// secret, so never marshalled.
 	Key string `json:"-"`
+	// Tstp is where the shim's SIGTSTP handler begins in the rank (0: a
+	// shim that does not say): a frozen thread about to run it holds a
+	// SIGTSTP delivered before the freeze. The rank's word, trusted only
+	// about its own requests.
+	Tstp uint64 `json:"-"`
 
 	conn *net.UnixConn
 	page *statePage // nil if the shim sent none

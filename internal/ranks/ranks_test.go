@@ -25,11 +25,14 @@ func TestParseHello(t *testing.T) {
 	if r.Job != "j-1" || r.Rank != 0 || r.Size != 6 || r.Pid != 42 || r.Host != "node0" || strings.Join(r.Hosts, " ") != "node0 node1 node2" {
 		t.Errorf("parsed %+v", r)
 	}
-	r, err = ParseHello("HELLO 2 job=j-1 rank=3 size=6 pid=43 host=node1 root=node0 key=node0:1f")
-	if err != nil || r.Root != "node0" || r.Hosts != nil {
+	if r.Tstp != 0 {
+		t.Errorf("a HELLO without tstp= parsed with Tstp %x", r.Tstp)
+	}
+	r, err = ParseHello("HELLO 2 job=j-1 rank=3 size=6 pid=43 tstp=7f0012345678 host=node1 root=node0 key=node0:1f")
+	if err != nil || r.Root != "node0" || r.Hosts != nil || r.Tstp != 0x7f0012345678 {
 		t.Errorf("rank 3: %+v %v", r, err)
 	}
-	for _, bad := range []string{"", "HELLO 1 job=x rank=0 size=1 pid=1 key=k", "HELLO 2 job=x rank=0 size=1 pid=1", "HELLO 2 job=x rank=0 size=1 pid=1 key=a=b", "HELLO 2 job=x pid=1 root=a root=b key=k", "HELLO 2 job=x key=k", "HELLO 2 pid=3 key=k", "HELLO 2 job=x pid=1 rank=one key=k", "HELLO 2 job=x job=y pid=1 key=k", "HELLO 2 job=x pid=1 junk key=k"} {
+	for _, bad := range []string{"", "HELLO 1 job=x rank=0 size=1 pid=1 key=k", "HELLO 2 job=x rank=0 size=1 pid=1", "HELLO 2 job=x rank=0 size=1 pid=1 key=a=b", "HELLO 2 job=x pid=1 root=a root=b key=k", "HELLO 2 job=x key=k", "HELLO 2 pid=3 key=k", "HELLO 2 job=x pid=1 rank=one key=k", "HELLO 2 job=x job=y pid=1 key=k", "HELLO 2 job=x pid=1 junk key=k", "HELLO 2 job=x pid=1 tstp=xyz key=k", "HELLO 2 job=x pid=1 tstp=1 tstp=2 key=k"} {
 		if _, err := ParseHello(bad); err == nil {
 			t.Errorf("ParseHello(%q) accepted", bad)
 		}
@@ -107,13 +110,16 @@ func TestParseRequest(t *testing.T) {
 		"resume":                        {Op: "resume"},
 		"pause at=1":                    {Op: "pause", At: 1},
 		"resume at=9223372036854775807": {Op: "resume", At: 1<<63 - 1},
+		"pause at=5 overtaken":          {Op: "pause", At: 5, Overtaken: true},
+		"pause overtaken":               {Op: "pause", Overtaken: true},
 	} {
 		if got, err := ParseRequest(in); err != nil || got != want {
 			t.Errorf("ParseRequest(%q) = %+v, %v; want %+v", in, got, err, want)
 		}
 	}
 	for _, bad := range []string{"", "pause ", "pause at=", "pause at=0", "pause at=-1", "pause at=+1", "pause at=1 ",
-		"pause at=9223372036854775808", "pause at=1x", "pause  at=1", "pause when=1", "stop at=1", "Pause", "pause at=0x10"} {
+		"pause at=9223372036854775808", "pause at=1x", "pause  at=1", "pause when=1", "stop at=1", "Pause", "pause at=0x10",
+		"resume at=5 overtaken", "pause at=5 overtaken ", "pause at=+5 overtaken", "pause at=0 overtaken", "overtaken", "pause at=5 overtaken overtaken"} {
 		if q, err := ParseRequest(bad); err == nil {
 			t.Errorf("ParseRequest(%q) accepted: %+v", bad, q)
 		}

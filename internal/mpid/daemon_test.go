@@ -610,6 +610,34 @@ func (s *testShim) handled(t *testing.T, n *testNode, marks *int) {
 	}
 }
 
+// rankRequestChecks gives the checks of a rank's requests to n about job:
+// handled returns once every event s sent before it is handled;
+// waitState once the job is in state want and the rank's request that
+// took it there has ended (the next one would be dropped as one under way
+// otherwise); requests counts the rank events mpid acted on.
+func rankRequestChecks(t *testing.T, n *testNode, s *testShim, job string) (handled func(), waitState func(want string), requests func() int) {
+	var marks int
+	handled = func() { t.Helper(); s.handled(t, n, &marks) }
+	waitState = func(want string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			st := n.ask(t, ctl.OpStatus, job)
+			n.coord.evMu.Lock()
+			idle := len(n.coord.events) == 0
+			n.coord.evMu.Unlock()
+			if st.Job != nil && st.Job.State == want && idle {
+				return
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the job did not become %s: %+v", want, st.Job)
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	requests = func() int { return strings.Count(n.log.String(), `msg="rank event"`) }
+	return handled, waitState, requests
+}
+
 // TestRankRequestAnsweredSince: a rank's SIGTSTP is the user's action at
 // the moment of the signal. A rank frozen by the pause another rank asked
 // for sends its own request after the resume (seen in TestPauseResume,
@@ -627,28 +655,7 @@ func TestRankRequestAnsweredSince(t *testing.T) {
 	n.reg.procs = fakeProcs{tstp: func(int) bool { return held.Load() }}
 	created := n.ask(t, ctl.OpCreate, "j1")
 	s := n.rank(t, "j1", created.Token, 0, 1)
-	var marks int
-	handled := func() { t.Helper(); s.handled(t, n, &marks) }
-	// waitState returns once the job is in state want and the rank's
-	// request that took it there has ended (the next one would be dropped
-	// as one under way otherwise).
-	waitState := func(want string) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); ; {
-			st := n.ask(t, ctl.OpStatus, "j1")
-			n.coord.evMu.Lock()
-			idle := len(n.coord.events) == 0
-			n.coord.evMu.Unlock()
-			if st.Job != nil && st.Job.State == want && idle {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the job did not become %s: %+v", want, st.Job)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
-	requests := func() int { return strings.Count(n.log.String(), `msg="rank event"`) }
+	handled, waitState, requests := rankRequestChecks(t, n, s, "j1")
 
 	signalled := monotonic() // the rank's SIGTSTP, its thread frozen before it sends
 	if rep := n.ask(t, ctl.OpPause, "j1"); rep.Err != nil {
@@ -731,25 +738,7 @@ func TestRankRequestFramedAtThaw(t *testing.T) {
 	}
 	created := n.ask(t, ctl.OpCreate, "j1")
 	s := n.rankWith(t, "j1", created.Token, 0, 1, fmt.Sprintf(" tstp=%x", entry))
-	var marks int
-	handled := func() { t.Helper(); s.handled(t, n, &marks) }
-	waitState := func(want string) {
-		t.Helper()
-		for deadline := time.Now().Add(10 * time.Second); ; {
-			st := n.ask(t, ctl.OpStatus, "j1")
-			n.coord.evMu.Lock()
-			idle := len(n.coord.events) == 0
-			n.coord.evMu.Unlock()
-			if st.Job != nil && st.Job.State == want && idle {
-				return
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("the job did not become %s: %+v", want, st.Job)
-			}
-			time.Sleep(time.Millisecond)
-		}
-	}
-	requests := func() int { return strings.Count(n.log.String(), `msg="rank event"`) }
+	handled, waitState, requests := rankRequestChecks(t, n, s, "j1")
 	pauseResumeFramed := func() {
 		t.Helper()
 		if rep := n.ask(t, ctl.OpPause, "j1"); rep.Err != nil {

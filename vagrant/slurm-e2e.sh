@@ -19,6 +19,11 @@
 # time limit, a task over its memory limit (Slurm's cgroup OOM-kills it),
 # sstat's and sacct's CPU counts, and --cpu-bind. One line per check, PASS or FAIL, then "N passed, N failed".
 #
+# With --only suspend, the scontrol suspends alone: each library's job
+# suspended and resumed until one suspend has paused it cleanly (at most
+# --pauses), then its end; no preemption and none of what Slurm does to a
+# step (make test's VM tier: the rest is make check-vagrant-slurm's).
+#
 # With --only sbatch, instead: the same 3 x 2 job launched the way most
 # users do, by the library's own launcher inside an sbatch script (Open
 # MPI's mpirun, MPICH's mpiexec with Hydra's slurm launcher), with what
@@ -27,7 +32,7 @@
 # pauses it, every connection empty, and resume gives the unpaused result
 # (sbatch_run).
 #
-#   slurm-e2e.sh [--nodes N] [--pauses N] [--bin DIR] [--libs LIST] [--only sbatch] [--quiet S]
+#   slurm-e2e.sh [--nodes N] [--pauses N] [--bin DIR] [--libs LIST] [--only suspend|sbatch] [--quiet S]
 #
 # --quiet S (default 5): after each suspend the driver first looks at the
 # pause S seconds later. It runs on node0, whose one emulated core also runs
@@ -40,7 +45,7 @@ set -uo pipefail
 
 nodes=3 pauses=2 bin=/vagrant/bin libs=openmpi,mpich only='' quiet=5
 usage() {
-	echo "usage: slurm-e2e.sh [--nodes N] [--pauses N] [--bin DIR] [--libs openmpi,mpich] [--only sbatch] [--quiet S]" >&2
+	echo "usage: slurm-e2e.sh [--nodes N] [--pauses N] [--bin DIR] [--libs openmpi,mpich] [--only suspend|sbatch] [--quiet S]" >&2
 	exit 2
 }
 while [ $# -gt 0 ]; do
@@ -60,7 +65,7 @@ while [ $# -gt 0 ]; do
 	*) usage ;;
 	esac
 done
-[[ $nodes =~ ^[1-9]$ && $pauses =~ ^[0-9]+$ && $quiet =~ ^[0-9]+$ && $only =~ ^(|sbatch)$ ]] || usage
+[[ $nodes =~ ^[1-9]$ && $pauses =~ ^[0-9]+$ && $quiet =~ ^[0-9]+$ && $only =~ ^(|suspend|sbatch)$ ]] || usage
 here=$(cd "$(dirname "$0")" && pwd)
 # shellcheck source=vagrant/e2e-lib.sh
 . "$here/e2e-lib.sh"
@@ -109,17 +114,40 @@ ranks_on() {
 	# shellcheck disable=SC2016 # the node's shell expands them
 	on "$1" sh -c 'for p in $(pgrep -u "$1" -f "$2"); do c=$(cat "/proc/$p/cgroup" 2>/dev/null) && echo "$p ${c#0::}"; done' sh "$(id -u)" "^[^ ]*/apps/xchg[.]"
 }
+# per_node FUNC ARGS...: FUNC NODE ARGS... on every node at once (a node's
+# calls take seconds on an emulated VM, and the checks run while the job
+# is frozen or after it ran on), their outputs in node order; fails if
+# any failed (its output says why). Waits for its own calls only: srun
+# runs in the background too.
+per_node() {
+	local f=$1 d k rc=0 pids=()
+	shift
+	d=$(mktemp -d)
+	for ((k = 0; k < nodes; k++)); do
+		(
+			"$f" "node$k" "$@" >"$d/$k"
+			echo $? >"$d/$k.rc"
+		) &
+		pids+=($!)
+	done
+	wait "${pids[@]}"
+	for ((k = 0; k < nodes; k++)); do
+		cat "$d/$k"
+		[ "$(cat "$d/$k.rc" 2>/dev/null)" = 0 ] || rc=1
+	done
+	rm -rf "$d"
+	return $rc
+}
+# ranks_at NODE: ranks_on's lines, each after the node's name.
+ranks_at() { ranks_on "$1" | sed "s/^/$1 /"; }
 # in_job_cgroups SLURMID: every rank on every node is inside Slurm's cgroup
 # of the job (/.../job_ID/): none taken out of it.
 in_job_cgroups() {
 	local id=$1 n p cg bad="" found=0
-	for ((k = 0; k < nodes; k++)); do
-		n=node$k
-		while read -r p cg; do
-			found=$((found + 1))
-			case $cg in *"/job_$id/"*) ;; *) bad+=" $n:$p:$cg" ;; esac
-		done < <(ranks_on "$n")
-	done
+	while read -r n p cg; do
+		found=$((found + 1))
+		case $cg in *"/job_$id/"*) ;; *) bad+=" $n:$p:$cg" ;; esac
+	done < <(per_node ranks_at)
 	[ "$found" = "$ranks" ] || bad+=" (found $found of the $ranks ranks)"
 	[ -z "$bad" ] || {
 		echo "$bad"
@@ -128,35 +156,34 @@ in_job_cgroups() {
 }
 # places ID: every node's cgroups of the job as mpid placed them.
 places() { mpipause status --json "$1" | jq -r '[.cgroups[]? | "\(.node):\(.placed)"] | unique | join(" ")'; }
-# empty_everywhere ID: each node's kernel sees the job's connections, all
-# empty (its own mpipause observe, by the cgroups its mpid names).
-empty_everywhere() {
-	local id=$1 n j args cg res kind out=''
-	for ((k = 0; k < nodes; k++)); do
-		n=node$k
-		args=()
-		for cg in $(on "$n" mpipause status --json "$id" | jq -r '.node as $n | .cgroups[]? | select(.node == $n) | .dir'); do
-			args+=(--cgroup "$cg")
-		done
-		[ ${#args[@]} -gt 0 ] || {
-			echo "$n names no cgroup of $id"
+# empty_on NODE ID: NODE's kernel sees the job's connections, all empty
+# (its own mpipause observe, by the cgroups its mpid names): " NODE:N(bpf)
+# NODE:N(sock_diag)", or why not.
+empty_on() {
+	local n=$1 id=$2 j args=() cg res kind out=''
+	for cg in $(on "$n" mpipause status --json "$id" | jq -r '.node as $n | .cgroups[]? | select(.node == $n) | .dir'); do
+		args+=(--cgroup "$cg")
+	done
+	[ ${#args[@]} -gt 0 ] || {
+		printf ' %s names no cgroup of %s' "$n" "$id"
+		return 1
+	}
+	# Both of the kernel's views: the BPF observer's and sock_diag's.
+	for kind in bpf sock_diag; do
+		j=$(on "$n" sudo -n mpipause observe --observer "$kind" "${args[@]}" --json) || {
+			printf ' %s: observe (%s) failed' "$n" "$kind"
 			return 1
 		}
-		# Both of the kernel's views: the BPF observer's and sock_diag's.
-		for kind in bpf sock_diag; do
-			j=$(on "$n" sudo -n mpipause observe --observer "$kind" "${args[@]}" --json) || {
-				echo "$n: observe ($kind) failed"
-				return 1
-			}
-			res=$(echo "$j" | jq -er 'select(.summary.connections > 0 and all(.connections[]; .send_queue_bytes == 0 and .unread_bytes == 0)) | .summary.connections') || {
-				echo "$n ($kind): $(echo "$j" | jq -c '[.connections[] | select(.send_queue_bytes > 0 or .unread_bytes > 0)] | length') connections hold bytes (or none seen)"
-				return 1
-			}
-			out+=" $n:$res($kind)"
-		done
+		res=$(echo "$j" | jq -er 'select(.summary.connections > 0 and all(.connections[]; .send_queue_bytes == 0 and .unread_bytes == 0)) | .summary.connections') || {
+			printf ' %s (%s): %s connections hold bytes (or none seen)' "$n" "$kind" "$(echo "$j" | jq -c '[.connections[] | select(.send_queue_bytes > 0 or .unread_bytes > 0)] | length')"
+			return 1
+		}
+		out+=" $n:$res($kind)"
 	done
-	echo "$out"
+	printf '%s' "$out"
 }
+# empty_everywhere ID: empty_on on every node.
+empty_everywhere() { per_node empty_on "$1"; }
 # here_cgroups ID: --cgroup DIR for each of node0's cgroups of job ID, as
 # its mpid names them (none when it names none).
 here_cgroups() {
@@ -336,6 +363,8 @@ lib_run() {
 		else
 			pass "$lib: $what $i: Slurm's SIGSTOP came before the pause committed ($late): rolled back, ranks in Slurm's job cgroup, resumed by Slurm as without mpipause: running and exchanging"
 		fi
+		# One clean pause is what --only suspend asks of a library.
+		[ "$only" != suspend ] || [ "${clean[$lib]:-0}" = 0 ] || break
 	done
 	touch "$stop/stop"
 	wait "$srun_pid"
@@ -539,7 +568,9 @@ if [ "$only" = sbatch ]; then
 	summary
 	exit
 fi
-for l in "${lib_list[@]}" "${lib_list[0]} preempt"; do
+runs=("${lib_list[@]}")
+[ "$only" = suspend ] || runs+=("${lib_list[0]} preempt")
+for l in "${runs[@]}"; do
 	# shellcheck disable=SC2086 # LIB [HOW]
 	lib_run $l
 	# A run that failed leaves its job: it would hold the nodes.
@@ -565,6 +596,10 @@ fi
 for l in "${lib_list[@]}"; do
 	[ "${clean[$l]:-0}" -gt 0 ] || fail "$l: no suspend of its jobs paused before Slurm's SIGSTOP"
 done
+if [ "$only" = suspend ]; then
+	summary
+	exit
+fi
 
 # What Slurm does to a step, with mpipause and without (--mpipause=no).
 # outcomes SRUN-ARGS...: "JobState exit" of a one-task step with mpipause,

@@ -39,4 +39,18 @@ for p in libvirt virtualbox; do
 	fi
 	echo "vagrant validate ($p): $(tail -1 "$d/out")"
 done
+
+# boot-check.sh's emulator_panic, on consoles of both kinds: it decides
+# whether a guest panic reruns the check or fails it.
+eval "$(sed -n '/^emulator_panic() {/,/^}/p' boot-check.sh)"
+printf 'BUG: kernel NULL pointer dereference\nRSP: 0018:ffffc90000003e98 EFLAGS: 00010246\nKernel panic - not syncing: Fatal exception\n' >"$d/guest.log"
+printf 'RIP: 0010:net_rx_action+0xec/0x3d0\nRSP: 0018:ffffc90000003e98 EFLAGS: 81e81483\nKernel panic - not syncing: Fatal exception in interrupt\n' >"$d/tcg.log"
+export MPIPAUSE_VM_CONSOLE_DIR=$d
+got=$(emulator_panic guest)/$(emulator_panic "guest tcg")
+if [ "$got" = "/tcg: EFLAGS 81e81483" ]; then
+	echo "boot-check.sh: a guest's own panic fails the check, an emulator's reruns it"
+else
+	echo "boot-check.sh: emulator_panic on a guest's own panic and on an emulator's: got \"$got\", want \"/tcg: EFLAGS 81e81483\"" >&2
+	rc=1
+fi
 exit $rc

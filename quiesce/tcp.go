@@ -52,8 +52,9 @@ type TCPTransport struct {
 	// TCP and, with an Identity, a TLS handshake paid).
 	OnDial func(to string)
 
-	mu   sync.Mutex
-	idle map[peerAddr][]*tcpConn // most recently used last
+	mu    sync.Mutex
+	idle  map[peerAddr][]*tcpConn // most recently used last
+	local localSlot               // ServeLocal's
 }
 
 // peerAddr keys the pool by the node a connection was opened to as well as
@@ -145,6 +146,9 @@ func (t *TCPTransport) CloseIdle() {
 
 // Call implements Transport.
 func (t *TCPTransport) Call(ctx context.Context, to string, req Message) (Message, error) {
+	if l := t.localTo(to); l != nil {
+		return l.call(ctx, &req)
+	}
 	addr := to
 	if t.Resolve != nil {
 		var err error

@@ -314,7 +314,9 @@ func TestFaultTable(t *testing.T) {
 				if out != outStuck {
 					c.wrong++
 				}
-				replays = append(replays, replay+"   # "+out)
+				// With its reason: CI keeps only the output's tail,
+				// where the trial's own line may not be.
+				replays = append(replays, replay+"   # "+out+why)
 			}
 			t.Logf("faults: %-28s %-7s trial %d (%s, seed %d, drew %s): %s%s", row.name, phase, k+1, lib.name, trialSeed, strings.Join(tr.choices, ", "), out, why)
 			if out == outStuck {

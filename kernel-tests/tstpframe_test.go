@@ -16,6 +16,7 @@ import (
 	"github.com/mpipause/mpipause/internal/cgroupv2"
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/internal/testutil"
+	"github.com/mpipause/mpipause/loader"
 	"golang.org/x/sys/unix"
 )
 
@@ -28,7 +29,9 @@ import (
 // another thread does not cancel it: after the thaw the rank still asks
 // for a pause, stamped after the thaw (on the VMs this paused a job again
 // right after Slurm's resume). A SIGCONT taken by the framed thread itself
-// runs first and the shim reports the stop as overtaken.
+// runs first and the shim reports the stop as overtaken. The kernel's
+// signal clock (loader.SignalClock), which mpid orders a rank's requests
+// by, has the SIGTSTP generated before the SIGCONT all the same.
 //
 // The delivery is made to meet the freeze by ptrace: the thread is held in
 // its signal-delivery stop while the cgroup freezes, then let go with the
@@ -78,6 +81,14 @@ func framedAtFreeze(t *testing.T, another bool, want string) {
 		t.Fatalf("the rank's HELLO names no SIGTSTP handler: %+v", r)
 	}
 	pid := r.Pid
+	clock, err := loader.OpenSignalClock()
+	if err != nil {
+		t.Fatalf("signal clock: %v", err)
+	}
+	defer clock.Close()
+	if err := clock.Watch(pid); err != nil {
+		t.Fatal(err)
+	}
 	cg := testutil.NewCgroup(t)
 	if err := cgroupv2.AddProc(cg, pid); err != nil {
 		t.Fatal(err)
@@ -155,6 +166,9 @@ func framedAtFreeze(t *testing.T, another bool, want string) {
 	}
 	if ranks.SignalFramed(pid, r.Tstp) {
 		t.Errorf("the frame is still there after its handler ran")
+	}
+	if sig, ok := clock.Last(pid); !ok || sig.Tstp == 0 || sig.Tstp >= sig.Cont || sig.Cont >= thawed {
+		t.Errorf("the kernel's times %+v (watched %v): want the SIGTSTP generated before the SIGCONT, both before the thaw (%d)", sig, ok, thawed)
 	}
 	release(t, hold)
 	p.finish(ctx, t, "the framed rank", serial(t, xchg, 1, "-n", "3", "-s", "1K"))

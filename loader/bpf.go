@@ -226,7 +226,7 @@ func (o *BPFObserver) setUp(set []job) error {
 }
 
 type collectionSpecs struct {
-	sockops, sockstat, tcpiter, conniter *ebpf.CollectionSpec
+	sockops, sockstat, tcpiter, conniter, signals *ebpf.CollectionSpec
 }
 
 func loadSpecs() (collectionSpecs, error) {
@@ -242,6 +242,9 @@ func loadSpecs() (collectionSpecs, error) {
 		return s, err
 	}
 	if s.conniter, err = loadConniter(); err != nil {
+		return s, err
+	}
+	if s.signals, err = loadSignals(); err != nil {
 		return s, err
 	}
 	if recordsMaxEntries != 0 {

@@ -917,3 +917,104 @@ func TestBPFScanTCP(t *testing.T) {
 		t.Errorf("%d connections, want the job's 2:\n%s", len(cs), dump(cs))
 	}
 }
+
+// TestPacingSnapshot: a drain check's Snapshot (Pacing) reuses a recent
+// walk of the job's cgroups for its namespaces only where conniter reads
+// every namespace's records, so that a connection in a namespace the walk
+// missed makes it walk again; with iter/tcp passes alone (conniter refused,
+// by the kernel or the test) every Snapshot walks. Each mode this kernel
+// can run is tested.
+func TestPacingSnapshot(t *testing.T) {
+	testutil.RequirePrivileged(t)
+	t.Run("iter-tcp-passes", func(t *testing.T) {
+		if !withRefused(t, []string{ProgConnIter, ProgConnIterSkc}) {
+			return
+		}
+		testPacing(t, false)
+	})
+	t.Run("kernel-as-is", func(t *testing.T) {
+		f, err := Probe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("conniter on this kernel: %q", f.ConnIter)
+		testPacing(t, f.ConnIter != "")
+	})
+}
+
+func testPacing(t *testing.T, reuses bool) {
+	r := newRig(t)
+	client := startHelper(t, r.nsA, r.cgroup)
+	o := openBPF(t, Config{Cgroup: r.cgroup, FollowJob: true})
+	if (o.connIter != nil) != reuses {
+		t.Fatalf("conniter loaded: %v, want %v", o.connIter != nil, reuses)
+	}
+	pace := Pacing(context.Background())
+	snap := func(ctx context.Context) []Conn {
+		t.Helper()
+		cs, err := o.Snapshot(ctx)
+		if err != nil {
+			t.Fatalf("Snapshot: %v", err)
+		}
+		return cs
+	}
+	walks := func() int { return o.ns.walks }
+
+	snap(context.Background())
+	w := walks()
+	snap(pace)
+	if reuses && walks() != w {
+		t.Errorf("a Pacing Snapshot right after a walk walked again")
+	}
+	if !reuses && walks() != w+1 {
+		t.Errorf("a Pacing Snapshot without conniter reused a walk")
+	}
+
+	// The server starts in nsB, where no process of the job was at the
+	// last walk, and the connection is made there.
+	server := startHelper(t, r.nsB, r.cgroup)
+	cli, srv := connect(t, r, client, server)
+	w = walks()
+	cs := snap(pace)
+	s, ok := byCookie(cs, srv.cookie)
+	if !ok {
+		t.Fatalf("a Pacing Snapshot left out the connection in a namespace its reused walk did not list:\n%s", dump(cs))
+	}
+	if s.Netns != r.nsB {
+		t.Errorf("its server end's namespace %q, want %q", s.Netns, r.nsB)
+	}
+	mustConn(t, cs, cli.cookie)
+	if walks() != w+1 {
+		t.Errorf("walks: %d after the unknown namespace, want %d", walks(), w+1)
+	}
+	if !reuses {
+		return
+	}
+
+	w = walks()
+	snap(pace)
+	if walks() != w {
+		t.Errorf("a Pacing Snapshot walked with every connection's namespace listed")
+	}
+	snap(context.Background())
+	if walks() != w+1 {
+		t.Errorf("a Snapshot without Pacing did not walk")
+	}
+
+	o.ns.lastAt = o.ns.lastAt.Add(-PacingReuse)
+	w = walks()
+	snap(pace)
+	if walks() != w+1 {
+		t.Errorf("a Pacing Snapshot reused a walk PacingReuse old")
+	}
+
+	other := testutil.NewCgroup(t)
+	if err := o.Watch(other); err != nil {
+		t.Fatal(err)
+	}
+	w = walks()
+	snap(pace)
+	if walks() != w+1 {
+		t.Errorf("a Pacing Snapshot reused a walk made before a Watch")
+	}
+}

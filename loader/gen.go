@@ -10,3 +10,4 @@ package loader
 //go:generate go tool bpf2go -target bpfel -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror" sockstat ../bpf/sockstat.bpf.c -- -I../bpf/include
 //go:generate go tool bpf2go -target bpfel -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror" tcpiter ../bpf/tcpiter.bpf.c -- -I../bpf/include
 //go:generate go tool bpf2go -target bpfel -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror" conniter ../bpf/conniter.bpf.c -- -I../bpf/include
+//go:generate go tool bpf2go -target bpfel -cc clang -strip llvm-strip -cflags "-O2 -g -Wall -Werror" signals ../bpf/signals.bpf.c -- -I../bpf/include

@@ -1,6 +1,7 @@
 package loader
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -10,6 +11,7 @@ import (
 	"runtime"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 
@@ -40,6 +42,12 @@ type netnsSet struct {
 	// process, no CAP_SYS_PTRACE). Their connections are not seen, and an
 	// observer must say so rather than report the rest as the whole job.
 	denied []int
+	// last is what the last walk of jobDirs listed, at lastAt: what a
+	// pacing Snapshot may reuse (listFor). Nil until a walk, and again
+	// when the dirs change.
+	last   []netns
+	lastAt time.Time
+	walks  int // of jobDirs, for the tests
 }
 
 // openNetnsSet opens the observer's own namespace (that of the calling
@@ -74,6 +82,7 @@ func openNetnsSet(paths []string, follow bool, limits cgroupv2.Bound) (*netnsSet
 // ancestor covers it.
 func (s *netnsSet) setDirs(dirs []string) {
 	s.jobDirs = outermost(dirs)
+	s.last = nil
 }
 
 // outermost returns the dirs that are not below another of dirs.
@@ -125,12 +134,24 @@ func openNetns(path, label string) (netns, error) {
 	return netns{label: label, ino: st.Ino, f: f}, nil
 }
 
+// listFor returns the namespaces to look in for a Snapshot of ctx: the
+// last walk's if ctx is Pacing and the walk is younger than PacingReuse,
+// else list's.
+func (s *netnsSet) listFor(ctx context.Context) ([]netns, error) {
+	if s.last != nil && pacing(ctx) && time.Since(s.lastAt) < PacingReuse {
+		return s.last, nil
+	}
+	return s.list()
+}
+
 // list returns the namespaces to look in now, refreshing the followed ones.
 func (s *netnsSet) list() ([]netns, error) {
 	out := append([]netns{s.own}, s.explicit...)
 	if !s.follow {
 		return out, nil
 	}
+	s.walks++
+	defer func() { s.lastAt = time.Now() }()
 	inos, denied, err := jobNetns(s.jobDirs, s.limits)
 	if err != nil {
 		return nil, err
@@ -180,6 +201,7 @@ func (s *netnsSet) list() ([]netns, error) {
 		}
 		out = append(out, ns)
 	}
+	s.last = out
 	return out, nil
 }
 

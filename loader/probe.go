@@ -19,6 +19,7 @@ const (
 	ProgTCPIter     = "tcpiter"      // iter/tcp: adopts connections established before their cgroup was watched
 	ProgConnIter    = "conniter"     // iter over the conns map with bpf_rdonly_cast (Linux 6.2+)
 	ProgConnIterSkc = "conniter_skc" // the same with bpf_skc_to_tcp_sock (Linux 5.9+)
+	ProgSignals     = "signals"      // tp_btf/signal_generate: the ranks' SIGTSTP and SIGCONT times (SignalClock)
 )
 
 // Features is what the running kernel lets the BPF observer load, found by
@@ -41,6 +42,10 @@ type Features struct {
 	// and closes of the connections it registered, and an adopted
 	// connection's byte counts include its FINs.
 	State bool
+	// Signals: the signal clock loads (SignalClock, mpid's, not the
+	// observer's). Without it a rank's SIGTSTP is ordered against its
+	// SIGCONT by its handler's stamp and mpid's looks at its own thaws.
+	Signals bool
 	// Fallbacks lists each program that did not load, in probe order.
 	Fallbacks []Fallback
 	// Loads is each program the probe tried, in probe order, with the
@@ -90,6 +95,9 @@ func (f Features) Weaker() []string {
 	if f.Adoption && !f.State {
 		w = append(w, "an adopted connection's byte counts include its FINs")
 	}
+	if !f.Signals {
+		w = append(w, "a SIGTSTP whose handler a freeze that is not mpid's held (a resource manager's, its handler's frame built as it froze) can pause the job again after its resume: `mpipause resume JOBID` recovers")
+	}
 	if f.ConnIter == "" {
 		w = append(w, "each kernel check walks the whole TCP table of every namespace the job uses (slower on a busy node)")
 	}
@@ -108,11 +116,14 @@ func (f Features) String() string {
 	if f.ConnIter != "" {
 		progs = append(progs, f.ConnIter)
 	}
+	if f.Signals {
+		progs = append(progs, ProgSignals)
+	}
 	return f.Mode() + " (" + strings.Join(progs, ", ") + ")"
 }
 
 // probeOrder is the order Probe loads the programs in.
-var probeOrder = []string{ProgSockops, ProgState, ProgTCPIter, ProgConnIter, ProgConnIterSkc}
+var probeOrder = []string{ProgSockops, ProgState, ProgTCPIter, ProgConnIter, ProgConnIterSkc, ProgSignals}
 
 // decide turns what loaded (each program's load error, nil if it loaded;
 // a program missing from refused was not tried) into Features, or fails
@@ -136,6 +147,12 @@ func decide(refused map[string]error) (Features, error) {
 	f.Adoption = refused[ProgTCPIter] == nil
 	if !f.Adoption {
 		f.Fallbacks = append(f.Fallbacks, Fallback{ProgTCPIter, reason(ProgTCPIter), "sock_diag finds the connections made before their cgroup was watched, without byte counts"})
+	}
+	if _, tried := refused[ProgSignals]; tried {
+		f.Signals = refused[ProgSignals] == nil
+		if !f.Signals {
+			f.Fallbacks = append(f.Fallbacks, Fallback{ProgSignals, reason(ProgSignals), "a rank's SIGTSTP is ordered by its handler's stamp and mpid's looks at its own thaws"})
+		}
 	}
 	switch {
 	case refused[ProgConnIter] == nil:
@@ -263,6 +280,7 @@ func probe(refuse map[string]error) (Features, error) {
 		{ProgTCPIter, tcpiterProgMpipauseTcpiter, specs.tcpiter},
 		{ProgConnIter, conniterProgMpipauseConniter, specs.conniter},
 		{ProgConnIterSkc, conniterProgMpipauseConniterSkc, specs.conniter},
+		{ProgSignals, signalsProgMpipauseSignal, specs.signals},
 	} {
 		if err := refuse[p.name]; err != nil {
 			refused[p.name] = err

@@ -57,7 +57,7 @@ func withRefused(t *testing.T, progs []string) bool {
 func TestDecide(t *testing.T) {
 	refused := func(progs ...string) map[string]error {
 		m := map[string]error{}
-		for _, p := range []string{ProgSockops, ProgState, ProgTCPIter, ProgConnIter, ProgConnIterSkc} {
+		for _, p := range probeOrder {
 			m[p] = nil
 		}
 		for _, p := range progs {
@@ -81,7 +81,8 @@ func TestDecide(t *testing.T) {
 		{kernel: "locked down", refused: refused(ProgConnIter, ProgConnIterSkc), adoption: true, state: true, mode: ModeDegraded, fallbacks: []string{ProgConnIter, ProgConnIterSkc}},
 		{kernel: "adoption without the state tracepoint", refused: refused(ProgState), connIter: ProgConnIter, adoption: true, mode: ModeDegraded, fallbacks: []string{ProgState}},
 		{kernel: "no iterator at all", refused: refused(ProgConnIter, ProgConnIterSkc, ProgTCPIter), err: "nothing can read the job's connections"},
-		{kernel: "below 5.10 (no sockops with socket storage)", refused: refused(ProgSockops, ProgState, ProgTCPIter, ProgConnIter, ProgConnIterSkc), err: "needs Linux 5.10 or later with BTF"},
+		{kernel: "below 5.10 (no sockops with socket storage)", refused: refused(ProgSockops, ProgState, ProgTCPIter, ProgConnIter, ProgConnIterSkc, ProgSignals), err: "needs Linux 5.10 or later with BTF"},
+		{kernel: "no signal tracepoint", refused: refused(ProgSignals), connIter: ProgConnIter, adoption: true, state: true, mode: ModeDegraded, fallbacks: []string{ProgSignals}},
 	} {
 		t.Run(tt.kernel, func(t *testing.T) {
 			f, err := decide(tt.refused)

@@ -24,15 +24,36 @@ const recordSize = int(unsafe.Sizeof(record{}))
 // which adopts the connections the job established before the programs
 // were attached; after that a single pass over the conns map reads every
 // connection of every namespace, counters included (read from tcp_sock).
+// With ctx Pacing, and conniter loaded, the namespaces of the job's
+// processes may be those of a walk up to PacingReuse old, unless a
+// connection shows one it did not list.
 func (o *BPFObserver) Snapshot(ctx context.Context) ([]Conn, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.closed {
 		return nil, ErrClosed
 	}
-	nss, err := o.ns.list()
+	cs, unknown, err := o.snapshot(ctx)
+	if err == nil && unknown && pacing(ctx) {
+		// A connection in a namespace the reused walk did not list (a
+		// rank that moved, a new one): walk again, as without Pacing.
+		cs, _, err = o.snapshot(exact(ctx))
+	}
+	return cs, err
+}
+
+// snapshot is Snapshot's one read; unknown says that some record was in a
+// namespace the list did not have (left out of cs).
+func (o *BPFObserver) snapshot(ctx context.Context) ([]Conn, bool, error) {
+	if o.connIter == nil {
+		// Without conniter a pass reads only the listed namespaces: a
+		// connection in one the reused walk missed would never show, so
+		// Pacing cannot hold here and every Snapshot walks.
+		ctx = exact(ctx)
+	}
+	nss, err := o.ns.listFor(ctx)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	o.skipped = o.ns.deniedSkipped(o.skipped[:0])
 	labels := make(map[uint32]string, len(nss))
@@ -43,11 +64,11 @@ func (o *BPFObserver) Snapshot(ctx context.Context) ([]Conn, error) {
 			continue // adopted already, or no adoption on this kernel
 		}
 		if err := ctx.Err(); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		recs, err := o.readTCPIter(ns)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		scanned = append(scanned, recs...)
 		o.adopted[ns.ino] = true
@@ -58,19 +79,21 @@ func (o *BPFObserver) Snapshot(ctx context.Context) ([]Conn, error) {
 		}
 	}
 	if err := ctx.Err(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if o.connIter == nil {
-		return conns(scanned, labels, bootOffset()), nil
+		cs, unknown := conns(scanned, labels, bootOffset())
+		return cs, unknown, nil
 	}
 	recs, err := o.readConnIter()
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if o.tcpIter == nil {
 		recs = o.watchedOnly(recs)
 	}
-	return conns(recs, labels, bootOffset()), nil
+	cs, unknown := conns(recs, labels, bootOffset())
+	return cs, unknown, nil
 }
 
 // watchedOnly drops the records of sockets whose cgroup is not in a
@@ -136,13 +159,14 @@ func (o *BPFObserver) Skipped() []string {
 // halved the CPU time of BenchmarkConvert10k, the collector's included. The
 // label is looked up once per run of records of one namespace, not once per
 // record.
-func conns(recs []record, labels map[uint32]string, boot time.Duration) []Conn {
+func conns(recs []record, labels map[uint32]string, boot time.Duration) ([]Conn, bool) {
 	out := make([]Conn, len(recs))
 	n := 0
 	var (
-		ino   uint32
-		label string
-		ok    bool
+		ino     uint32
+		label   string
+		ok      bool
+		unknown bool
 	)
 	for i := range recs {
 		r := &recs[i]
@@ -151,12 +175,13 @@ func conns(recs []record, labels map[uint32]string, boot time.Duration) []Conn {
 			label, ok = labels[ino]
 		}
 		if !ok {
+			unknown = true
 			continue // a namespace this observer does not watch
 		}
 		r.fill(&out[n], label, boot)
 		n++
 	}
-	return out[:n]
+	return out[:n], unknown
 }
 
 // readTCPIter runs the iter/tcp program once in ns (adopting the job's

@@ -120,7 +120,10 @@ func TestConns(t *testing.T) {
 	for i, ino := range []uint32{1, 1, 2, 3, 3, 1, 4, 4, 3} {
 		recs = append(recs, record{Cookie: uint64(i), Netns: ino})
 	}
-	got := conns(recs, map[uint32]string{1: "a", 3: "c"}, 0)
+	got, unknown := conns(recs, map[uint32]string{1: "a", 3: "c"}, 0)
+	if !unknown {
+		t.Errorf("conns with records of namespaces 2 and 4 says none was unknown")
+	}
 	type cn struct {
 		Cookie uint64
 		Netns  string
@@ -133,11 +136,14 @@ func TestConns(t *testing.T) {
 	if diff := cmp.Diff(want, short); diff != "" {
 		t.Errorf("conns (-want +got):\n%s", diff)
 	}
-	if got := conns(nil, nil, 0); len(got) != 0 {
-		t.Errorf("conns of no records: %d", len(got))
+	if got, unknown := conns(nil, nil, 0); len(got) != 0 || unknown {
+		t.Errorf("conns of no records: %d, unknown %v", len(got), unknown)
 	}
-	if got := conns(recs[2:3], map[uint32]string{1: "a"}, 0); len(got) != 0 {
-		t.Errorf("conns of an unwatched namespace's record: %v", got)
+	if got, unknown := conns(recs[2:3], map[uint32]string{1: "a"}, 0); len(got) != 0 || !unknown {
+		t.Errorf("conns of an unwatched namespace's record: %v, unknown %v", got, unknown)
+	}
+	if _, unknown := conns(recs[:2], map[uint32]string{1: "a"}, 0); unknown {
+		t.Errorf("conns of watched namespaces' records says one was unknown")
 	}
 }
 

@@ -377,6 +377,7 @@ func (c *checker) programs() {
 		{loader.ProgTCPIter, "adopts connections made before their cgroup was watched"},
 		{loader.ProgConnIter, "reads the job's connections at each kernel check (bpf_rdonly_cast)"},
 		{loader.ProgConnIterSkc, "the same with bpf_skc_to_tcp_sock"},
+		{loader.ProgSignals, "times the ranks' SIGTSTP and SIGCONT (signal_generate)"},
 	} {
 		name := "bpf-" + strings.ReplaceAll(p.name, "_", "-")
 		ok, tried := loaded[p.name]
@@ -399,6 +400,8 @@ func (c *checker) programs() {
 		switch p.name {
 		case loader.ProgSockops:
 			status, fix = statusMissing, "Linux 5.10 or later with BTF: nothing else registers the job's connections"
+		case loader.ProgSignals:
+			fix = "a kernel with BTF that allows tp_btf programs (5.5 or later): docs/mpid.md, \"A rank's SIGTSTP and SIGCONT\""
 		case loader.ProgTCPIter:
 			if !connIter {
 				status = statusMissing

@@ -51,8 +51,8 @@ type fakeNode struct {
 var _ nodeFacts = (*fakeNode)(nil)
 
 func fullFeatures() loader.Features {
-	f := loader.Features{ConnIter: loader.ProgConnIter, Adoption: true, State: true}
-	for _, p := range []string{loader.ProgSockops, loader.ProgState, loader.ProgTCPIter, loader.ProgConnIter, loader.ProgConnIterSkc} {
+	f := loader.Features{ConnIter: loader.ProgConnIter, Adoption: true, State: true, Signals: true}
+	for _, p := range []string{loader.ProgSockops, loader.ProgState, loader.ProgTCPIter, loader.ProgConnIter, loader.ProgConnIterSkc, loader.ProgSignals} {
 		f.Loads = append(f.Loads, loader.Load{Program: p})
 	}
 	return f
@@ -260,13 +260,13 @@ func TestCheckKernels(t *testing.T) {
 		n := healthyNode()
 		n.release = "5.10.0-35-amd64"
 		n.memBefore, n.memAfter = 64<<10, unix.RLIM_INFINITY
-		f := loader.Features{ConnIter: loader.ProgConnIterSkc}
+		f := loader.Features{ConnIter: loader.ProgConnIterSkc, Signals: true}
 		r := "load program: invalid argument"
 		load := func(p, refused string) loader.Load { return loader.Load{Program: p, Refused: refused} }
 		fb := func(p, instead string) loader.Fallback {
 			return loader.Fallback{Program: p, Reason: r, Instead: instead}
 		}
-		f.Loads = []loader.Load{load(loader.ProgSockops, ""), load(loader.ProgState, r), load(loader.ProgTCPIter, r), load(loader.ProgConnIter, r), load(loader.ProgConnIterSkc, "")}
+		f.Loads = []loader.Load{load(loader.ProgSockops, ""), load(loader.ProgState, r), load(loader.ProgTCPIter, r), load(loader.ProgConnIter, r), load(loader.ProgConnIterSkc, ""), load(loader.ProgSignals, "")}
 		f.Fallbacks = []loader.Fallback{fb(loader.ProgState, "sockops notes the FINs"), fb(loader.ProgTCPIter, "sock_diag finds them"), fb(loader.ProgConnIter, "conniter_skc")}
 		n.features = f
 		rows, _, code := runCheck(t, n)
@@ -280,6 +280,7 @@ func TestCheckKernels(t *testing.T) {
 		wantRow(t, rows, "bpf-tcpiter", statusDegraded, "sock_diag finds them")
 		wantRow(t, rows, "bpf-conniter", statusOK, "refused: "+r+"; instead: conniter_skc")
 		wantRow(t, rows, "bpf-conniter-skc", statusOK, "loaded")
+		wantRow(t, rows, "bpf-signals", statusOK, "loaded")
 		wantRow(t, rows, "observer", statusDegraded, "weaker: a connection made before mpid watched")
 	})
 	t.Run("4.19", func(t *testing.T) {

@@ -448,7 +448,7 @@ func (c *coordinator) rankEvent(r *ranks.Rank, ev string) {
 // actOnRequest pauses or resumes job key on rank r's request q, as the
 // rank's own uid (a rank's signal pauses its job, and nothing else). An
 // operation under way (a user's) is waited for, and the request made
-// after it.
+// after it unless answered since.
 func (c *coordinator) actOnRequest(r *ranks.Rank, key string, q ranks.Request) {
 	op := map[string]string{"pause": ctl.OpPause, "resume": ctl.OpResume}[q.Op]
 	for {
@@ -459,10 +459,16 @@ func (c *coordinator) actOnRequest(r *ranks.Rank, key string, q ranks.Request) {
 			if idle := c.reg.whenIdle(key); idle != nil {
 				select {
 				case <-idle:
-					continue
 				case <-c.done:
 					return
 				}
+				// The operation waited for may have ended in the other
+				// one since (a resume's SIGCONT while a pause failed).
+				if c.reg.answered(key, r.Pid, q) {
+					c.log.Info(q.Op+" request left alone: answered while it waited", "job", r.Job, "rank", r.Rank, "pid", r.Pid)
+					return
+				}
+				continue
 			}
 			c.log.Info(q.Op+" request left alone", "job", r.Job, "reason", ce.Message)
 		case errors.As(err, &ce) && ce.Code == ctl.CodeElsewhere:

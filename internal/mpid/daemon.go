@@ -120,6 +120,9 @@ type Daemon struct {
 	// observer is the kernel observer's mode and programs, "" with
 	// Config.Observers given.
 	observer string
+	// signals times the ranks' SIGTSTP and SIGCONT in the kernel; nil
+	// where it cannot (and with Config.Observers given).
+	signals *loader.SignalClock
 
 	reg   *registry
 	coord *coordinator
@@ -194,6 +197,15 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 		d.logFeatures(f)
 		d.observer = f.String()
 		d.cfg.Observers = BPFObservers{Warn: d.log.Warn}
+		if f.Signals {
+			// The probe loaded it; attaching may still fail (then as
+			// the probe's fallback would be).
+			if d.signals, err = loader.OpenSignalClock(); err != nil {
+				d.log.Warn("signal clock not attached; a rank's SIGTSTP is ordered by its handler's stamp", "error", err)
+			} else {
+				defer d.signals.Close()
+			}
+		}
 	}
 	if d.cfg.Nice != 0 || d.cfg.RTPriority != 0 {
 		rtErr, err := schedule(d.cfg.Nice, d.cfg.RTPriority)
@@ -219,6 +231,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	var pl net.Listener
 	var id *quiesce.Identity
 	var tr quiesce.Transport = d.cfg.Network
+	var tcp *quiesce.TCPTransport
 	if d.cfg.Network == nil {
 		if id, err = quiesce.NewIdentity(d.cfg.Node, d.cfg.ClusterKey); err != nil {
 			return err
@@ -226,7 +239,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 		if pl, err = net.Listen("tcp", d.cfg.PeerListen); err != nil {
 			return fmt.Errorf("peer port %s: %w", d.cfg.PeerListen, err)
 		}
-		tcp := &quiesce.TCPTransport{Resolve: d.resolve, Identity: id, OnDial: func(string) { d.metrics.PeerDialled() }}
+		tcp = &quiesce.TCPTransport{Resolve: d.resolve, Identity: id, OnDial: func(string) { d.metrics.PeerDialled() }}
 		defer tcp.CloseIdle()
 		tr = tcp
 	}
@@ -242,6 +255,11 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	rs := ranks.NewServer(rl)
 	rs.Limits = d.bounded(b.rank, accept.UIDKey, "rank socket", "rank")
 	d.wire(rs, tr, ctx.Done())
+	if tcp != nil {
+		// Calls to this node (every round of a job it coordinates starts
+		// with one) skip the loopback and its TLS.
+		tcp.ServeLocal(ctx, d.cfg.Node, d.peer.handle)
+	}
 	for _, rec := range d.reg.adopt() {
 		go d.coord.confirmRollback(rec.Job, rec.Nodes)
 	}
@@ -321,6 +339,9 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 		d.log.Warn("pause committed, its coordinator silent since; its decider says it holds: paused here", "job", job)
 	}
 	d.reg.agent = agent
+	if d.signals != nil {
+		d.reg.signals = d.signals
+	}
 	d.coord = &coordinator{node: d.cfg.Node, observer: d.observer, reg: d.reg, ranks: rs, agent: agent, tr: tr,
 		metrics: d.metrics, drain: d.cfg.Drain, retry: retry, log: d.log, done: done}
 	d.peer = &peer{node: d.cfg.Node, key: d.cfg.ClusterKey, reg: d.reg, coord: d.coord, agent: agent, log: d.log}

@@ -34,6 +34,8 @@ type memCgroups struct {
 	procs  map[int]string
 	frozen map[string]bool
 	hold   chan struct{}
+	// refuse, if set, fails the next Freeze (after hold).
+	refuse error
 	// deny refuses Create at and below it, as systemd's 0555 hierarchy
 	// root does to a root daemon without CAP_DAC_OVERRIDE (mpid's unit).
 	deny string
@@ -215,6 +217,10 @@ func (c *memCgroups) Freeze(ctx context.Context, dir string) error {
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	if err := c.refuse; err != nil {
+		c.refuse = nil
+		return err
+	}
 	c.frozen[dir] = true
 	return nil
 }
@@ -610,6 +616,21 @@ func (s *testShim) handled(t *testing.T, n *testNode, marks *int) {
 	}
 }
 
+// pauseResumeHolding pauses and resumes job on n with hold(true) while
+// the job is paused: what the fakes show the thaw's looks (a signal
+// pending or framed on the frozen rank), gone again after the resume.
+func (n *testNode) pauseResumeHolding(t *testing.T, job string, hold func(bool)) {
+	t.Helper()
+	if rep := n.ask(t, ctl.OpPause, job); rep.Err != nil {
+		t.Fatalf("pause: %+v", rep.Err)
+	}
+	hold(true)
+	if rep := n.ask(t, ctl.OpResume, job); rep.Err != nil {
+		t.Fatalf("resume: %+v", rep.Err)
+	}
+	hold(false)
+}
+
 // rankRequestChecks gives the checks of a rank's requests to n about job:
 // handled returns once every event s sent before it is handled;
 // waitState once the job is in state want and the rank's request that
@@ -695,14 +716,7 @@ func TestRankRequestAnsweredSince(t *testing.T) {
 	handled()
 	waitState(ctl.StateRunning)
 
-	if rep := n.ask(t, ctl.OpPause, "j1"); rep.Err != nil {
-		t.Fatalf("pause: %+v", rep.Err)
-	}
-	held.Store(true)
-	if rep := n.ask(t, ctl.OpResume, "j1"); rep.Err != nil {
-		t.Fatalf("resume: %+v", rep.Err)
-	}
-	held.Store(false)
+	n.pauseResumeHolding(t, "j1", held.Store)
 	before := requests()
 	s.send("EVENT pause at=%d\n", monotonic()) // the held signal's handler, after the thaw
 	handled()
@@ -739,17 +753,7 @@ func TestRankRequestFramedAtThaw(t *testing.T) {
 	created := n.ask(t, ctl.OpCreate, "j1")
 	s := n.rankWith(t, "j1", created.Token, 0, 1, fmt.Sprintf(" tstp=%x", entry))
 	handled, waitState, requests := rankRequestChecks(t, n, s, "j1")
-	pauseResumeFramed := func() {
-		t.Helper()
-		if rep := n.ask(t, ctl.OpPause, "j1"); rep.Err != nil {
-			t.Fatalf("pause: %+v", rep.Err)
-		}
-		framed.Store(true)
-		if rep := n.ask(t, ctl.OpResume, "j1"); rep.Err != nil {
-			t.Fatalf("resume: %+v", rep.Err)
-		}
-		framed.Store(false)
-	}
+	pauseResumeFramed := func() { t.Helper(); n.pauseResumeHolding(t, "j1", framed.Store) }
 
 	pauseResumeFramed()
 	before := requests()
@@ -928,4 +932,183 @@ func (f fakeProcs) parent(pid int) int {
 		return f.parentOf(pid)
 	}
 	return kernelProcs{}.parent(pid)
+}
+
+// fakeClock is a signal clock whose signals the test sends: every watched
+// process gets them.
+type fakeClock struct {
+	mu      sync.Mutex
+	times   map[int]loader.SignalTimes
+	watches int
+}
+
+func (f *fakeClock) Watch(pid int) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.times == nil {
+		f.times = map[int]loader.SignalTimes{}
+	}
+	if _, ok := f.times[pid]; !ok {
+		f.times[pid] = loader.SignalTimes{}
+	}
+	f.watches++
+	return nil
+}
+
+func (f *fakeClock) Forget(pid int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.times, pid)
+}
+
+func (f *fakeClock) Last(pid int) (loader.SignalTimes, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	t, ok := f.times[pid]
+	return t, ok
+}
+
+// send is the kernel generating sig for every watched process, now.
+func (f *fakeClock) send(sig syscall.Signal) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	now := monotonic()
+	for pid, t := range f.times {
+		if sig == syscall.SIGTSTP {
+			t.Tstp = now
+		} else {
+			t.Cont = now
+		}
+		f.times[pid] = t
+	}
+}
+
+// TestRankRequestOrderedByKernel: where the kernel times a rank's signals,
+// a request is ordered by when its signal was generated, not by when its
+// handler ran. On the VMs a pause lost Slurm's race and was rolled back;
+// Slurm's freeze then held a rank whose SIGTSTP handler's frame was built,
+// and after `scontrol resume` (SIGCONT, thaw) the handler asked, stamped
+// after the resume, and the job paused again: mpid had thawed nothing
+// itself, so none of its looks ran.
+func TestRankRequestOrderedByKernel(t *testing.T) {
+	mem := quiesce.NewMemNetwork(1, quiesce.Faults{})
+	defer mem.Close()
+	n := startNode(t, "node0", mem, testKeys(t))
+	clock := &fakeClock{}
+	n.reg.signals = clock
+	var held atomic.Bool
+	n.reg.procs = fakeProcs{tstp: func(int) bool { return held.Load() }, frame: func(int, uint64) bool { return false }}
+	created := n.ask(t, ctl.OpCreate, "j1")
+	s := n.rank(t, "j1", created.Token, 0, 1)
+	handled, waitState, requests := rankRequestChecks(t, n, s, "j1")
+	if clock.watches != 1 {
+		t.Fatalf("the rank's registration watched %d processes, want 1", clock.watches)
+	}
+	noRequest := func(what string) {
+		t.Helper()
+		before := requests()
+		handled()
+		if got := requests() - before; got != 0 {
+			t.Fatalf("%s was acted on (%d requests)", what, got)
+		}
+		if st := n.ask(t, ctl.OpStatus, "j1"); st.Job == nil || st.Job.State != ctl.StateRunning {
+			t.Fatalf("after %s: %+v", what, st.Job)
+		}
+	}
+
+	// Slurm's suspend and resume while mpid does nothing: the handler of
+	// the SIGTSTP runs after both.
+	clock.send(syscall.SIGTSTP)
+	clock.send(syscall.SIGCONT)
+	s.send("EVENT pause at=%d\n", monotonic())
+	noRequest("a SIGTSTP generated before the SIGCONT")
+
+	// The next suspend is the user's.
+	clock.send(syscall.SIGTSTP)
+	s.send("EVENT pause at=%d\n", monotonic())
+	handled()
+	waitState(ctl.StatePaused)
+
+	// A SIGCONT generated before a pause began, its handler after.
+	clock.send(syscall.SIGCONT)
+	if rep := n.ask(t, ctl.OpResume, "j1"); rep.Err != nil {
+		t.Fatalf("resume: %+v", rep.Err)
+	}
+	if rep := n.ask(t, ctl.OpPause, "j1"); rep.Err != nil {
+		t.Fatalf("pause: %+v", rep.Err)
+	}
+	before := requests()
+	s.send("EVENT resume at=%d\n", monotonic())
+	handled()
+	if got := requests() - before; got != 0 {
+		t.Fatalf("a SIGCONT generated before the pause was acted on (%d requests)", got)
+	}
+
+	// A SIGTSTP generated while this node's pause held, its handler after
+	// this node's resume (no SIGCONT): the look at the thaw is not needed.
+	clock.send(syscall.SIGTSTP)
+	held.Store(true)
+	if rep := n.ask(t, ctl.OpResume, "j1"); rep.Err != nil {
+		t.Fatalf("resume: %+v", rep.Err)
+	}
+	held.Store(false)
+	s.send("EVENT pause at=%d\n", monotonic())
+	noRequest("a SIGTSTP generated before this node's resume")
+
+	// A SIGTSTP pending at this node's thaw that a SIGCONT then discarded
+	// (its handler never runs): the user's next suspend still pauses.
+	n.pauseResumeHolding(t, "j1", held.Store)
+	clock.send(syscall.SIGCONT)
+	clock.send(syscall.SIGTSTP)
+	s.send("EVENT pause at=%d\n", monotonic())
+	handled()
+	waitState(ctl.StatePaused)
+}
+
+// TestRankRequestAnsweredWhileWaiting: a rank's request that waited for an
+// operation under way is made after it only if nothing answered it
+// meanwhile. Here a user's pause fails (Slurm's freeze won the race), the
+// rank's SIGTSTP request waited for it, and Slurm's resume sent SIGCONT
+// meanwhile: the request must not pause the job after the resume.
+func TestRankRequestAnsweredWhileWaiting(t *testing.T) {
+	mem := quiesce.NewMemNetwork(1, quiesce.Faults{})
+	defer mem.Close()
+	n := startNode(t, "node0", mem, testKeys(t))
+	clock := &fakeClock{}
+	n.reg.signals = clock
+	created := n.ask(t, ctl.OpCreate, "j1")
+	s := n.rank(t, "j1", created.Token, 0, 1)
+	handled, waitState, requests := rankRequestChecks(t, n, s, "j1")
+	hold := make(chan struct{})
+	n.cgroups.mu.Lock()
+	n.cgroups.hold, n.cgroups.refuse = hold, errors.New("frozen by its cgroup (the test's)")
+	n.cgroups.mu.Unlock()
+	user := make(chan ctl.Reply, 1)
+	go func() { user <- n.ask(t, ctl.OpPause, "j1") }()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(time.Millisecond) {
+		if st := n.ask(t, ctl.OpStatus, "j1"); st.Job != nil && st.Job.State == ctl.StatePausing {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the user's pause never began")
+		}
+	}
+	clock.send(syscall.SIGTSTP)
+	s.send("EVENT pause at=%d\n", monotonic())
+	handled()
+	if got := requests(); got != 1 {
+		t.Fatalf("the rank's request was not taken up (%d requests)", got)
+	}
+	clock.send(syscall.SIGCONT)
+	n.cgroups.mu.Lock()
+	n.cgroups.hold = nil
+	n.cgroups.mu.Unlock()
+	close(hold)
+	if rep := <-user; rep.Err == nil {
+		t.Fatal("the user's pause did not fail")
+	}
+	waitState(ctl.StateRunning)
+	if !strings.Contains(n.log.String(), "pause request left alone: answered while it waited") {
+		t.Fatalf("the waiting request was not left alone:\n%s", n.log.String())
+	}
 }

@@ -131,6 +131,10 @@ type registry struct {
 	// procs is the look at the ranks' processes: the kernel's (nil), or a
 	// test's, whose ranks are not frozen and whose processes are made up.
 	procs processes
+	// signals orders a rank's SIGTSTP against its SIGCONT and this node's
+	// thaws by the kernel's generation times (signals.go); nil where the
+	// kernel cannot keep them (no BTF, the program refused).
+	signals signalClock
 	// done closes when mpid stops.
 	done <-chan struct{}
 	// treeChanged hears (without blocking, buffered by one) that a node
@@ -456,10 +460,12 @@ func (r *registry) Changed(rk *ranks.Rank, gone bool, err error) {
 			r.maybeEndLocked(j)
 		}
 		r.mu.Unlock()
+		r.unwatchSignals(rk)
 	default:
 		// Its shim's control thread is raised only for a pause step
 		// (node.Role.Prepare), never for registering.
 		r.log.Info("rank registered", "job", rk.Job, "rank", rk.Rank, "size", rk.Size, "pid", rk.Pid, "host", rk.Host)
+		r.watchSignals(rk)
 	}
 }
 

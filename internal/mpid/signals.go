@@ -9,13 +9,62 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/loader"
 	"golang.org/x/sys/unix"
 )
 
 // A rank's SIGTSTP or SIGCONT asks for its job's pause or resume
-// (coordinator.rankEvent): the stamps here tell a request that an
-// operation since has answered from one still to act on, and a SIGCONT
-// sent to a rank of a job paused here is noticed (watchContinue).
+// (coordinator.rankEvent): the kernel's generation times of the signals
+// (signalClock), or where it cannot keep them the handler's stamps and the
+// looks at a thaw, tell a request that an operation since has answered
+// from one still to act on, and a SIGCONT sent to a rank of a job paused
+// here is noticed (watchContinue).
+
+// signalClock is when the kernel generated each watched rank's last
+// SIGTSTP and SIGCONT (loader.SignalClock). A handler's own stamp cannot
+// order its signal: a SIGTSTP whose handler's frame a freeze caught (this
+// node's or a resource manager's) runs after the thaw, after the SIGCONT
+// that ended the stop was sent, and a handler stamps when it runs.
+type signalClock interface {
+	Watch(pid int) error
+	Forget(pid int)
+	Last(pid int) (loader.SignalTimes, bool)
+}
+
+// watchSignals starts the clock on a rank that registered. A full map
+// leaves the rank to the stamps and the looks.
+func (r *registry) watchSignals(rk *ranks.Rank) {
+	if r.signals == nil {
+		return
+	}
+	if err := r.signals.Watch(rk.Pid); err != nil {
+		if ok, held := r.refusals.allow("signal clock: " + err.Error()); ok {
+			r.log.Warn("rank's signals not timed by the kernel; its SIGTSTP is ordered by its handler's stamp", "job", rk.Job, "rank", rk.Rank, "pid", rk.Pid, "error", err, "repeats_not_logged", held)
+		}
+	}
+}
+
+// unwatchSignals stops the clock on a rank gone, unless its process has
+// registered again meanwhile (a new connection before the old one's end).
+func (r *registry) unwatchSignals(rk *ranks.Rank) {
+	if r.signals == nil || r.ranks == nil {
+		return
+	}
+	for _, o := range r.ranks.Ranks(rk.JobKey()) {
+		if o.Pid == rk.Pid {
+			return
+		}
+	}
+	r.signals.Forget(rk.Pid)
+}
+
+// signalTimes is rank pid's times, if the kernel keeps them.
+func (r *registry) signalTimes(pid int) (loader.SignalTimes, bool) {
+	if r.signals == nil {
+		return loader.SignalTimes{}, false
+	}
+	return r.signals.Last(pid)
+}
 
 // monotonic is CLOCK_MONOTONIC in nanoseconds: the clock the shim's signal
 // handler stamps a rank's request with, on the same machine.
@@ -37,6 +86,9 @@ func (r *registry) Thawing(id string) {
 	if r.ranks != nil {
 		procs := r.procsOr()
 		for _, rk := range r.ranks.Ranks(id) {
+			if _, ok := r.signalTimes(rk.Pid); ok {
+				continue // answered orders its requests by the kernel's times
+			}
 			// A SIGTSTP the freeze caught waiting, or one whose handler's
 			// frame the kernel had built on a thread when the freeze
 			// caught it: out of the pending set, its handler runs after
@@ -112,16 +164,22 @@ func (r *registry) watchContinue(id string, t int64) {
 	}
 }
 
-// answered says whether a rank's request of job id, stamped by its signal
-// handler, has been answered since: a pause signalled before the job's last
-// resume here (the rank was frozen by the pause another rank asked for,
-// and its own request comes after the resume: pausing again would undo
-// the user's resume), or a resume signalled before the last pause began
-// here. A rank that had SIGTSTP pending while frozen, at the
-// thaw, stamps it after the resume: its first pause request stamped since
-// (or unstamped) is that signal's. Otherwise an unstamped request (a shim
-// of an older release) is taken as it comes.
+// answered says whether a rank's request of job id has been answered
+// since: a pause signalled before the job's last resume here, or before
+// the rank's last SIGCONT (the rank was frozen by the pause another rank
+// asked for, or by a resource manager's freeze, and its own handler runs
+// after the resume: pausing again would undo the user's resume), or a
+// resume signalled before the last pause began here.
+//
+// Where the kernel times the rank's signals (signalClock) their generation
+// times decide. Otherwise the handler's stamp does, and the looks at the
+// last thaw (Thawing): a rank that had SIGTSTP pending or framed then
+// stamps it after the resume, so its first pause request since (or
+// unstamped) is that signal's; an unstamped request (a shim of an older
+// release) is taken as it comes. A SIGTSTP a freeze that is not this
+// node's caught is seen by the kernel's times alone.
 func (r *registry) answered(id string, pid int, q ranks.Request) bool {
+	sig, timed := r.signalTimes(pid)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	j := r.jobs[id]
@@ -138,7 +196,14 @@ func (r *registry) answered(id string, pid int, q ranks.Request) bool {
 	if q.Op != "pause" {
 		// Against the pause's beginning, not its commit: a SIGCONT handled
 		// while the pause drained came after the request that began it.
+		if timed && sig.Cont > 0 {
+			return sig.Cont < j.pauseBegan
+		}
 		return q.At > 0 && q.At < j.pauseBegan
+	}
+	if timed && sig.Tstp > 0 {
+		delete(j.tstpHeld, pid)
+		return sig.Tstp < max(sig.Cont, j.resumed)
 	}
 	if q.At > 0 && q.At < j.resumed {
 		return true

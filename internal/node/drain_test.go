@@ -27,11 +27,13 @@ import (
 type fakeObserver struct {
 	mu    sync.Mutex
 	conns []loader.Conn
+	paced []bool // each Snapshot's loader.IsPacing
 }
 
-func (o *fakeObserver) Snapshot(context.Context) ([]loader.Conn, error) {
+func (o *fakeObserver) Snapshot(ctx context.Context) ([]loader.Conn, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
+	o.paced = append(o.paced, loader.IsPacing(ctx))
 	return slices.Clone(o.conns), nil
 }
 func (o *fakeObserver) Kind() string { return "fake" }
@@ -52,6 +54,13 @@ func conn(cookie uint64, local, remote string) loader.Conn {
 // context, the server, the job's key and the lines the rank gets.
 func oneRank(t *testing.T, name string, event *atomic.Pointer[string]) (context.Context, *ranks.Server, string, <-chan string) {
 	t.Helper()
+	return oneRankHolding(t, name, event, nil)
+}
+
+// oneRankHolding is oneRank whose shim runs beforeState (if set) before
+// each STATE answer: a shim slow to answer, or one that never does.
+func oneRankHolding(t *testing.T, name string, event *atomic.Pointer[string], beforeState func()) (context.Context, *ranks.Server, string, <-chan string) {
+	t.Helper()
 	addr := fmt.Sprintf("@mpipause-mpid-%s-%d", name, os.Getpid())
 	s, err := ranks.Listen(addr)
 	if err != nil {
@@ -60,7 +69,7 @@ func oneRank(t *testing.T, name string, event *atomic.Pointer[string]) (context.
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	go s.Serve(ctx)
-	lines := fakeRank(t, addr, "j", 3, event)
+	lines := fakeRank(t, addr, "j", 3, event, beforeState)
 	if err := s.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
 		t.Fatal(err)
 	}
@@ -110,8 +119,9 @@ func TestJobConns(t *testing.T) {
 
 // fakeShim registers as a rank with pid, answers CLOSE and STATE, and
 // sends every line it is asked on lines; with event set, it sends that
-// line (an EVENT) before each STATE answer.
-func fakeRank(t *testing.T, addr, job string, rank int, event *atomic.Pointer[string]) <-chan string {
+// line (an EVENT) before each STATE answer, and with beforeState set it
+// runs it first.
+func fakeRank(t *testing.T, addr, job string, rank int, event *atomic.Pointer[string], beforeState func()) <-chan string {
 	t.Helper()
 	c, err := net.Dial("unix", addr)
 	if err != nil {
@@ -133,6 +143,9 @@ func fakeRank(t *testing.T, addr, job string, rank int, event *atomic.Pointer[st
 			case l == "CLOSE":
 				fmt.Fprint(c, "CLOSED gate=closed gated=0 closing=0 held=0\n")
 			case l == "STATE":
+				if beforeState != nil {
+					beforeState()
+				}
 				if ev := event.Load(); ev != nil {
 					fmt.Fprint(c, *ev+"\n")
 				}
@@ -377,6 +390,45 @@ func TestVerifyIgnoresProgramsOwn(t *testing.T) {
 	}
 }
 
+// TestOnlyDrainChecksPace: the drain's checks may reuse the observer's
+// walk of the job's namespaces (loader.Pacing); PREPARE's read, the
+// baseline of the counts of bytes sent through closed gates, and the check
+// after the freeze, which proves the pause, may not.
+func TestOnlyDrainChecksPace(t *testing.T) {
+	var event atomic.Pointer[string]
+	ctx, s, job, _ := oneRank(t, "pace", &event)
+	obs := &fakeObserver{conns: []loader.Conn{conn(0x11, "10.0.0.1:5000", "10.0.0.2:6000")}}
+	l := &Role{Name: "n1", Ranks: s, Jobs: observed{obs}, Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	last := func() bool {
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		if len(obs.paced) == 0 {
+			t.Fatal("no Snapshot")
+		}
+		p := obs.paced[len(obs.paced)-1]
+		obs.paced = nil
+		return p
+	}
+	if err := l.Prepare(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	if last() {
+		t.Errorf("PREPARE's read was Pacing")
+	}
+	if _, err := l.Drain(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	if !last() {
+		t.Errorf("a drain check was not Pacing")
+	}
+	if _, err := l.Verify(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	if last() {
+		t.Errorf("the check after the freeze was Pacing")
+	}
+}
+
 // TestDrainFailsOnHeldRank: a rank with bytes unread on this node that
 // something else holds still (a SIGSTOP, a freeze above the job's cgroups)
 // fails the drain at once, naming the rank and what holds it, and so does
@@ -437,4 +489,49 @@ func (observed) Committed(string)                           {}
 func (observed) Thawing(string)                             {}
 func (observed) WithJob(_ string, fn func(uint32, string) error) error {
 	return fn(0, "")
+}
+
+// TestDrainGivesUpOnHeldShim: a rank whose shim does not answer the drain's
+// gate-state request because something else holds it still (Slurm froze
+// the step during the request, on the VMs) fails the drain as a held rank
+// at once, not when the drain's deadline ends 30 s later; a shim that is
+// merely slow to answer, and not held, is waited for.
+func TestDrainGivesUpOnHeldShim(t *testing.T) {
+	answer := make(chan struct{}, 1)
+	ctx, s, job, _ := oneRankHolding(t, "heldshim", new(atomic.Pointer[string]), func() {
+		select { // answered by the test, or not while the test runs
+		case <-answer:
+		case <-time.After(30 * time.Second):
+		}
+	})
+	var held atomic.Bool
+	l := &Role{Name: "n1", Ranks: s, Jobs: observed{&fakeObserver{}}, Log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		HeldBy: func(int) string {
+			if held.Load() {
+				return "frozen by its cgroup or one above it (the test's)"
+			}
+			return ""
+		}}
+
+	// Slow, not held: answered after several looks.
+	go func() {
+		time.Sleep(3 * heldPoll)
+		answer <- struct{}{}
+	}()
+	if _, err := l.Drain(ctx, job); err != nil {
+		t.Fatalf("a shim slow to answer: %v", err)
+	}
+
+	held.Store(true)
+	step, stepCancel := context.WithTimeout(ctx, 5*time.Second)
+	defer stepCancel()
+	_, err := l.Drain(step, job)
+	if !errors.Is(err, ErrHeld) {
+		t.Fatalf("a held shim that does not answer: %v, want ErrHeld (not the step's deadline)", err)
+	}
+	for _, want := range []string{"rank 3", "frozen by its cgroup"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("error %q lacks %q", err, want)
+		}
+	}
 }

@@ -43,6 +43,12 @@ const (
 // kernelReport reads the job's connections on this node, counting bytes
 // sent through closed gates as under says.
 func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeReport, under check) (quiesce.NodeReport, kernelRead, error) {
+	if under != checkFrozen {
+		// A drain check only says when the pause goes on: it may look in
+		// the namespaces PREPARE's read walked. The check after the freeze
+		// proves the pause and walks again (loader.Pacing).
+		ctx = loader.Pacing(ctx)
+	}
 	all, err := l.conns(ctx, job)
 	if err != nil {
 		return rep, kernelRead{}, err

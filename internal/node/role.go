@@ -359,7 +359,7 @@ func (l *Role) Prepare(ctx context.Context, job string) error {
 	l.mu.Unlock()
 	err = l.eachRank(job, "close gate", func(r *ranks.Rank) error {
 		r.ClearStashFull()
-		return r.CloseGate(ctx)
+		return l.unlessHeld(ctx, r, r.CloseGate)
 	})
 	if err != nil {
 		return err
@@ -420,7 +420,11 @@ func (l *Role) Drain(ctx context.Context, job string) (quiesce.NodeReport, error
 		if r.Quiet() {
 			return nil
 		}
-		g, err := r.State(ctx)
+		var g ranks.Gate
+		err := l.unlessHeld(ctx, r, func(ctx context.Context) (err error) {
+			g, err = r.State(ctx)
+			return err
+		})
 		ungated.Add(int64(g.Closing))
 		if g.Closing > 0 {
 			mu.Lock()
@@ -479,10 +483,7 @@ func (l *Role) heldStill(job string, rep quiesce.NodeReport, closing map[int]boo
 	if len(waiting) == 0 {
 		return nil
 	}
-	heldBy := l.HeldBy
-	if heldBy == nil {
-		heldBy = heldByKernel
-	}
+	heldBy := l.heldBy()
 	var errs []error
 	for _, r := range l.Ranks.Ranks(job) {
 		if !waiting[r.Rank] {
@@ -493,6 +494,46 @@ func (l *Role) heldStill(job string, rep quiesce.NodeReport, closing map[int]boo
 		}
 	}
 	return errors.Join(errs...)
+}
+
+func (l *Role) heldBy() func(pid int) string {
+	if l.HeldBy == nil {
+		return heldByKernel
+	}
+	return l.HeldBy
+}
+
+// heldPoll is how often a request to a rank that has not answered yet
+// looks whether something else holds the rank still (unlessHeld): a
+// shim answers in well under a millisecond when it runs.
+const heldPoll = 100 * time.Millisecond
+
+// unlessHeld makes ask, a request to rank r's shim, and gives it up as
+// soon as something other than the pause holds the rank still (heldBy): a
+// stopped or frozen shim answers only once that lets go, so waiting spends
+// the drain's whole deadline (30 s on the VMs, where Slurm's freeze came
+// during the request) before the same rollback. The request itself is
+// left owed (ranks.Rank.request), as any abandoned one.
+func (l *Role) unlessHeld(ctx context.Context, r *ranks.Rank, ask func(context.Context) error) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	done := make(chan error, 1)
+	go func() { done <- ask(ctx) }()
+	tick := time.NewTicker(heldPoll)
+	defer tick.Stop()
+	heldBy := l.heldBy()
+	for {
+		select {
+		case err := <-done:
+			return err
+		case <-tick.C:
+			if how := heldBy(r.Pid); how != "" {
+				cancel()
+				<-done
+				return &HeldError{Rank: r.Rank, Pid: r.Pid, Node: l.Name, How: how}
+			}
+		}
+	}
 }
 
 // heldByKernel says what holds process pid still, from /proc and its

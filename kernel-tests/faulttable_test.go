@@ -956,7 +956,20 @@ func startFaultJob(ctx context.Context, t *testing.T, obs loader.Observer, lib m
 	f := &faultJob{id: id, app: filepath.Join(binDir(t), "apps", "xchg."+lib.name), stop: t.TempDir()}
 	f.args = []string{"-m", "a2a", "-s", "128K", "-t", "2000"}
 	f.proc = runJob(ctx, t, lib, id, f.app, append(f.args, "-n", "1000000", "-E", f.stop)...)
-	waitProgress(ctx, t, obs, f.done, sentBytes(ctx, obs), 4<<20)
+	// A job that ends before it runs fails the table with what it said:
+	// its launcher's exit and output are the only account of why.
+	since := sentBytes(ctx, obs)
+	waitForWhy(t, "job "+id+" to make progress", time.Minute, f.done, func() (bool, string) {
+		if sentBytes(ctx, obs) > since+4<<20 {
+			return true, ""
+		}
+		select {
+		case <-f.done:
+			return false, fmt.Sprintf("%v; its output:\n%s", f.err, f.out.String())
+		default:
+			return false, ""
+		}
+	})
 	waitRegisteredAgain(ctx, t, id, f.done)
 	return f
 }

@@ -677,7 +677,8 @@ func judge(ctx context.Context, t *testing.T, obs loader.Observer, tr *trial, j 
 	for sentBytes(ctx, obs) < before+4<<20 {
 		select {
 		case <-tr.job.done:
-			return outStuck, ": the job ended during the trial:\n" + tr.job.out.String()
+			return outStuck, fmt.Sprintf(": the job ended during the trial (%v); its output:\n%s\nnode%d's mpid log, its end:\n%s",
+				tr.job.err, tr.job.out.String(), tr.row.node, logTail(filepath.Join(rigDir(jobRig), fmt.Sprintf("mpid-node%d.log", tr.row.node)), 40))
 		default:
 		}
 		if time.Now().After(deadline) {
@@ -1022,4 +1023,17 @@ func (f *faultJob) kill(t *testing.T) {
 	}
 	f.cmd.Process.Kill()
 	<-f.done
+}
+
+// logTail is the last n lines of the file at path, or why it cannot be read.
+func logTail(path string, n int) string {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return err.Error()
+	}
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
 }

@@ -11,6 +11,8 @@ import (
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
+
+	"github.com/mpipause/mpipause/internal/sockdiag"
 	"golang.org/x/sys/unix"
 )
 
@@ -81,9 +83,11 @@ type BPFObserver struct {
 
 	mu     sync.Mutex // serializes Snapshot, Watch, Unwatch, Close and Detach
 	closed bool
-	lock   *os.File // the pin directory, flocked around a conniter pass
-	buf    []record // records of the last pass, when not in recMem
-	tail   []byte   // the seq_file output of the last conniter pass
+	lock   *os.File                      // the pin directory, flocked around a conniter pass
+	buf    []record                      // records of the last pass, when not in recMem
+	tail   []byte                        // the seq_file output of the last conniter pass
+	lastNS []netns                       // the namespaces the last Snapshot looked in (Recheck)
+	diag   map[uint64]*sockdiag.DiagConn // Recheck's, by namespace inode
 }
 
 // record is one iterator record, struct tcp_record of bpf/include/mpipause.h.
@@ -431,6 +435,7 @@ func (o *BPFObserver) Close() error {
 	}
 	o.closed = true
 	o.release()
+	o.closeDiag()
 	o.ns.close()
 	if o.lock != nil {
 		o.lock.Close()

@@ -1018,3 +1018,82 @@ func testPacing(t *testing.T, reuses bool) {
 		t.Errorf("a Pacing Snapshot reused a walk made before a Watch")
 	}
 }
+
+// TestRecheck: where each Snapshot walks the hash tables (conniter
+// refused, by the kernel or the test), Recheck reads the connections a
+// Snapshot listed again by exact lookups, in each of their namespaces:
+// state and queues as a Snapshot then reads them, the counters left out;
+// a connection closed since comes back out of ESTABLISHED, one made since
+// not at all. Where conniter loads, Recheck declines (ErrNoRecheck).
+func TestRecheck(t *testing.T) {
+	testutil.RequirePrivileged(t)
+	t.Run("iter-tcp-passes", func(t *testing.T) {
+		if !withRefused(t, []string{ProgConnIter, ProgConnIterSkc}) {
+			return
+		}
+		testRecheck(t, true)
+	})
+	t.Run("kernel-as-is", func(t *testing.T) {
+		f, err := Probe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		testRecheck(t, f.ConnIter == "")
+	})
+}
+
+func testRecheck(t *testing.T, rechecks bool) {
+	r, client, server := newPair(t)
+	o := openBPF(t, Config{Cgroup: r.cgroup, FollowJob: true})
+	cli, srv := connect(t, r, client, server)
+	const n = 30000
+	client.do("write %s %d", cli.id, n)
+	cs := waitFor(t, o, "the bytes delivered and acknowledged", func(cs []Conn) bool {
+		c, ok1 := byCookie(cs, cli.cookie)
+		s, ok2 := byCookie(cs, srv.cookie)
+		return ok1 && ok2 && c.SendQueue == 0 && s.Unread == n
+	})
+	got, err := o.Recheck(context.Background(), cs)
+	if !rechecks {
+		if !errors.Is(err, ErrNoRecheck) {
+			t.Fatalf("Recheck with conniter loaded: %v, want ErrNoRecheck", err)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("Recheck: %v", err)
+	}
+	if len(got) != len(cs) {
+		t.Fatalf("Recheck returned %d connections for %d:\n%s", len(got), len(cs), dump(got))
+	}
+	for i, c := range cs {
+		g := got[i]
+		if g.Cookie != c.Cookie || g.Local != c.Local || g.Remote != c.Remote || g.Netns != c.Netns || g.State != c.State ||
+			g.SendQueue != c.SendQueue || g.Unread != c.Unread || g.Counted || g.BytesSent != 0 {
+			t.Errorf("rechecked %+v\nsnapshot  %+v", g, c)
+		}
+	}
+	if s := mustConn(t, got, srv.cookie); s.Netns != r.nsB || s.Unread != n {
+		t.Errorf("the server end in %q with %d unread, want %q and %d", s.Netns, s.Unread, r.nsB, n)
+	}
+	// Closed since, and made since.
+	cli2, _ := connect(t, r, client, server)
+	client.do("close %s", cli.id)
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		got, err = o.Recheck(context.Background(), cs)
+		if err != nil {
+			t.Fatalf("Recheck: %v", err)
+		}
+		if c := mustConn(t, got, cli.cookie); c.State != StateEstablished {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the closed client still ESTABLISHED after 10 s:\n%s", dump(got))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if _, ok := byCookie(got, cli2.cookie); ok {
+		t.Errorf("Recheck listed a connection made after the Snapshot it rechecked")
+	}
+}

@@ -73,6 +73,7 @@ func (o *BPFObserver) snapshot(ctx context.Context) ([]Conn, bool, error) {
 		scanned = append(scanned, recs...)
 		o.adopted[ns.ino] = true
 	}
+	o.keepDiag(nss)
 	for ino := range o.adopted {
 		if _, ok := labels[uint32(ino)]; !ok {
 			delete(o.adopted, ino) // gone: a new namespace may reuse the inode

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"errors"
 	"net/netip"
 	"time"
 
@@ -43,13 +44,22 @@ const (
 // kernelReport reads the job's connections on this node, counting bytes
 // sent through closed gates as under says.
 func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeReport, under check) (quiesce.NodeReport, kernelRead, error) {
-	if under != checkFrozen {
-		// A drain check only says when the pause goes on: it may look in
-		// the namespaces PREPARE's read walked. The check after the freeze
-		// proves the pause and walks again (loader.Pacing).
-		ctx = loader.Pacing(ctx)
-	}
-	all, err := l.conns(ctx, job)
+	return l.kernelReportBy(ctx, job, rep, under, under == checkFrozen)
+}
+
+// kernelReportBy is kernelReport, its read a walk (a Snapshot) if walk,
+// else a recheck of the last read's connections where the observer has
+// one (loader.Rechecker: where a Snapshot walks the kernel's hash tables,
+// a drain check then costs what the job holds). A recheck reads queues and
+// states, not the byte counts: it leaves the count of bytes sent through
+// closed gates to the reads that walk, and its clean answer is confirmed
+// by one (a clean answer is what the coordinator freezes on; the walk also
+// sees a connection made since the last, and takes the count the check
+// after the freeze compares with). Checks after that, clean too (settle's,
+// another node's rounds), need no walk: nothing was unclean since.
+func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.NodeReport, under check, walk bool) (quiesce.NodeReport, kernelRead, error) {
+	rep := rep0
+	all, rechecked, err := l.read(ctx, job, under, walk)
 	if err != nil {
 		return rep, kernelRead{}, err
 	}
@@ -85,11 +95,19 @@ func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeRep
 	}
 	var sent map[uint64]uint64
 	var through []violation
-	if under != checkOpen {
+	switch {
+	case under == checkOpen:
+		delete(l.sentAt, job)
+	case rechecked:
+		// The count since the walk that took sentAt is the next walk's.
+		rep.Counted = l.sentAt[job] != nil && l.counted[job]
+	default:
 		sent, through = violations(l.sentAt[job], mine)
 		l.sentAt[job] = sent
-	} else {
-		delete(l.sentAt, job)
+		if l.counted == nil {
+			l.counted = map[string]bool{}
+		}
+		l.counted[job] = rep.Counted
 	}
 	l.mu.Unlock()
 	// After the freeze the kind decides between another drain and a
@@ -165,7 +183,63 @@ func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeRep
 			SendQueue: uint64(c.SendQueue), Unread: uint64(c.Unread), Rank: rank})
 	}
 	rep.Empty = len(rep.Conns) == 0 && rep.Ungated == 0
+	clean := under == checkGated && rep.Empty && rep.Violations == 0 && rep.Late == 0
+	l.mu.Lock()
+	confirmed := l.confirmed[job]
+	l.mu.Unlock()
+	if rechecked && clean && !confirmed {
+		return l.kernelReportBy(ctx, job, rep0, under, true)
+	}
+	l.mu.Lock()
+	if l.confirmed == nil {
+		l.confirmed = map[string]bool{}
+	}
+	l.confirmed[job] = clean && (confirmed || !rechecked)
+	l.mu.Unlock()
+	l.remember(job, all)
 	return rep, kernelRead{conns: all, d: d, sides: sd}, nil
+}
+
+// read is a kernel read of the job's connections on this node: a recheck
+// of the last read's unless walk, or the observer cannot (or need not)
+// recheck; rechecked says which it was.
+func (l *Role) read(ctx context.Context, job string, under check, walk bool) (conns []loader.Conn, rechecked bool, err error) {
+	if under != checkFrozen {
+		// A drain check only says when the pause goes on: it may look in
+		// the namespaces PREPARE's read walked. The check after the freeze
+		// proves the pause and walks again (loader.Pacing).
+		ctx = loader.Pacing(ctx)
+	}
+	if !walk {
+		l.mu.Lock()
+		prev, ok := l.last[job]
+		l.mu.Unlock()
+		obs, err := l.Jobs.Observer(job)
+		if err != nil {
+			return nil, false, err
+		}
+		if rc, can := obs.(loader.Rechecker); ok && can {
+			cs, err := rc.Recheck(ctx, prev)
+			if err == nil {
+				return cs, true, nil
+			}
+			if !errors.Is(err, loader.ErrNoRecheck) {
+				return nil, false, err
+			}
+		}
+	}
+	conns, err = l.conns(ctx, job)
+	return conns, false, err
+}
+
+// remember keeps conns as the job's last kernel read here.
+func (l *Role) remember(job string, conns []loader.Conn) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.last == nil {
+		l.last = map[string][]loader.Conn{}
+	}
+	l.last[job] = conns
 }
 
 // violation is a connection that took bytes from its process while every

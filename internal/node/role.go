@@ -90,6 +90,14 @@ type Role struct {
 	// drains is, per job with a pause under way, the job's connections its
 	// ranks were told to drain (by socket cookie) and this node's addresses.
 	drains map[string]*drainSet
+	// last is, per job with a pause under way, the connections of the
+	// last kernel read: what a drain check rechecks (loader.Rechecker).
+	last map[string][]loader.Conn
+	// confirmed is, per job, that the last drain check was clean and read
+	// by a walk: a clean recheck after it needs no walk of its own.
+	confirmed map[string]bool
+	// counted is, per job, the Counted of the report that took sentAt.
+	counted map[string]bool
 }
 
 // drainSet is what a pause's DRAIN requests named on this node, and what
@@ -212,9 +220,10 @@ func (l *Role) left(job string) error {
 
 // seenConn is a connection as a kernel read found it (Role.seen).
 type seenConn struct {
-	state loader.TCPState
-	seq   uint32
-	sent  uint64
+	state   loader.TCPState
+	seq     uint32
+	sent    uint64
+	counted bool // seq and sent were read (a recheck reads neither)
 }
 
 // closing records conns as the job's last kernel read on this node and
@@ -230,7 +239,7 @@ func (l *Role) closing(job string, conns []loader.Conn, first bool) bool {
 	now := make(map[uint64]seenConn, len(conns))
 	for _, c := range conns {
 		if c.State != loader.StateListen {
-			now[c.Cookie] = seenConn{state: c.State, seq: c.WriteSeq, sent: c.BytesSent}
+			now[c.Cookie] = seenConn{state: c.State, seq: c.WriteSeq, sent: c.BytesSent, counted: c.Counted}
 		}
 	}
 	l.mu.Lock()
@@ -245,7 +254,7 @@ func (l *Role) closing(job string, conns []loader.Conn, first bool) bool {
 	}
 	for _, c := range conns {
 		p, ok := was[c.Cookie]
-		if ok && c.Counted && c.WriteSeq-p.seq > uint32(c.BytesSent-p.sent) {
+		if ok && c.Counted && p.counted && c.WriteSeq-p.seq > uint32(c.BytesSent-p.sent) {
 			return true // a FIN: write_seq counts it, what was sent does not
 		}
 	}
@@ -356,9 +365,15 @@ func (l *Role) Prepare(ctx context.Context, job string) error {
 	}
 	l.gated[job] = was
 	delete(l.sentAt, job)
+	delete(l.last, job)
+	delete(l.confirmed, job)
 	l.mu.Unlock()
 	err = l.eachRank(job, "close gate", func(r *ranks.Rank) error {
 		r.ClearStashFull()
+		if r.HasGatePage() {
+			// A write of its gate word: nothing to wait for, held or not.
+			return r.CloseGate(ctx)
+		}
 		return l.unlessHeld(ctx, r, r.CloseGate)
 	})
 	if err != nil {
@@ -374,6 +389,7 @@ func (l *Role) Prepare(ctx context.Context, job string) error {
 		return err
 	}
 	l.closing(job, conns, true)
+	l.remember(job, conns)
 	d, sd := l.sidesOf(job, conns, true)
 	return l.startDrains(job, d, sd.jobConns(conns), true)
 }
@@ -627,6 +643,9 @@ func (l *Role) Open(ctx context.Context, job string) error {
 		delete(l.sentAt, job)
 		delete(l.seen, job)
 		delete(l.drains, job)
+		delete(l.last, job)
+		delete(l.confirmed, job)
+		delete(l.counted, job)
 		l.mu.Unlock()
 	}
 	return err

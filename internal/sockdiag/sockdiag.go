@@ -581,3 +581,115 @@ func decodeTCPInfo(b []byte) TCPInfo {
 		NotsentBytes:  u32(offTINotsent),
 	}
 }
+
+// ID names one socket for [DiagConn.LookupTCP]: its 4-tuple as the socket
+// sees it and its cookie.
+type ID struct {
+	Local, Remote netip.AddrPort
+	Cookie        uint64
+}
+
+// LookupTCP reads the sockets ids name, each by an exact lookup
+// (SOCK_DIAG_BY_FAMILY without NLM_F_DUMP: inet_diag_find_one_icsk, a hash
+// lookup of the 4-tuple, then the cookie compared), so that its cost is
+// that of the sockets asked for, not of the namespace's hash tables, which
+// a dump walks bucket by bucket whatever they hold. ok[i] says whether
+// ids[i] is still there; a socket closed since, or its 4-tuple reused by
+// another (another cookie), is not. Without tcp_info: the queues and the
+// state are what a recheck needs.
+func (d *DiagConn) LookupTCP(ctx context.Context, ids []ID) (out []TCPSocket, ok []bool, err error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if err := ctx.Err(); err != nil {
+		return nil, nil, err
+	}
+	if d.c == nil {
+		if d.closed {
+			return nil, nil, ErrClosed
+		}
+		if err := d.dial(); err != nil {
+			return nil, nil, err
+		}
+	}
+	c := d.c
+	stop := context.AfterFunc(ctx, func() { _ = c.SetReadDeadline(time.Unix(1, 0)) })
+	out, ok = make([]TCPSocket, len(ids)), make([]bool, len(ids))
+	for i, id := range ids {
+		if err = d.lookup(id, &out[i], &ok[i]); err != nil {
+			break
+		}
+	}
+	if !stop() || err != nil {
+		_ = d.c.Close()
+		d.c = nil
+	}
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, nil, fmt.Errorf("sock_diag lookup: %w", ctx.Err())
+		}
+		return nil, nil, err
+	}
+	return out, ok, nil
+}
+
+func (d *DiagConn) lookup(id ID, s *TCPSocket, found *bool) error {
+	req, err := marshalInetDiagLookup(id)
+	if err != nil {
+		return err
+	}
+	msgs, err := d.c.Execute(netlink.Message{
+		Header: netlink.Header{Type: sockDiagByFamily, Flags: netlink.Request},
+		Data:   req,
+	})
+	if errors.Is(err, unix.ENOENT) || errors.Is(err, unix.ESTALE) {
+		// ENOENT: no socket has the 4-tuple; ESTALE: one has, with
+		// another cookie (sock_diag_check_cookie).
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("sock_diag lookup of %v -> %v: %w", id.Local, id.Remote, err)
+	}
+	if len(msgs) != 1 || msgs[0].Header.Type != sockDiagByFamily {
+		return fmt.Errorf("sock_diag lookup of %v -> %v: %d replies", id.Local, id.Remote, len(msgs))
+	}
+	if *s, err = decodeInetDiagMsg(msgs[0].Data); err != nil {
+		return err
+	}
+	*found = s.Cookie == id.Cookie
+	return nil
+}
+
+// marshalInetDiagLookup builds the struct inet_diag_req_v2 of an exact
+// lookup of id. The kernel looks an AF_INET6 request with two v4-mapped
+// addresses up among the IPv4 sockets, where a dual-stack socket talking
+// IPv4 is; an IPv4 id is asked as AF_INET.
+func marshalInetDiagLookup(id ID) ([]byte, error) {
+	l, r := id.Local.Addr(), id.Remote.Addr()
+	if !l.IsValid() || !r.IsValid() || l.Is4() != r.Is4() {
+		return nil, fmt.Errorf("sock_diag lookup: addresses %v and %v", id.Local, id.Remote)
+	}
+	b := make([]byte, sizeofInetDiagReqV2)
+	b[0] = unix.AF_INET6
+	if l.Is4() {
+		b[0] = unix.AF_INET
+	}
+	b[1] = unix.IPPROTO_TCP
+	binary.NativeEndian.PutUint32(b[4:], uint32(StatesAll))
+	// struct inet_diag_sockid starts at byte 8 of the request; its
+	// offsets within are those of inet_diag_msg's id less 4.
+	const sockid = 8 - offMsgSport
+	binary.BigEndian.PutUint16(b[sockid+offMsgSport:], id.Local.Port())
+	binary.BigEndian.PutUint16(b[sockid+offMsgDport:], id.Remote.Port())
+	if l.Is4() {
+		a, c := l.As4(), r.As4()
+		copy(b[sockid+offMsgSrc:], a[:])
+		copy(b[sockid+offMsgDst:], c[:])
+	} else {
+		a, c := l.As16(), r.As16()
+		copy(b[sockid+offMsgSrc:], a[:])
+		copy(b[sockid+offMsgDst:], c[:])
+	}
+	binary.NativeEndian.PutUint32(b[sockid+offMsgCookie:], uint32(id.Cookie))
+	binary.NativeEndian.PutUint32(b[sockid+offMsgCookie+4:], uint32(id.Cookie>>32))
+	return b, nil
+}

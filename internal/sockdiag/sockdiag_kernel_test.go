@@ -7,12 +7,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -630,4 +632,109 @@ func BenchmarkDumpTCP10k(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestLookupTCPAsDumped: an exact lookup of each of a namespace's
+// connections reports what a dump does (state, 4-tuple, cookie, both
+// queues), over generated connections: IPv4, IPv6 and v4-mapped, each
+// direction written and partly read by seeded amounts; a closed socket, and
+// one asked with another cookie, is not found. MPIPAUSE_DIAG_SEED replays
+// one seed.
+func TestLookupTCPAsDumped(t *testing.T) {
+	testutil.RequirePrivileged(t)
+	seed := uint64(time.Now().UnixNano())
+	if s := os.Getenv("MPIPAUSE_DIAG_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("MPIPAUSE_DIAG_SEED=%q: %v", s, err)
+		}
+		seed = v
+	}
+	defer func() {
+		if t.Failed() {
+			t.Logf("rerun: MPIPAUSE_DIAG_SEED=%d go test -count=1 -run '^TestLookupTCPAsDumped$' ./internal/sockdiag/", seed)
+		}
+	}()
+	rng := rand.New(rand.NewPCG(seed, 3))
+	ns := testutil.NewNetns(t)
+	kinds := []struct{ network, addr string }{{"tcp4", "127.0.0.1:0"}, {"tcp6", "[::1]:0"}, {"tcp", "[::ffff:127.0.0.1]:0"}}
+	type pair struct{ client, server net.Conn }
+	var pairs []pair
+	var ids []ID
+	want := map[uint64][2]uint32{} // cookie: rqueue, wqueue once acked
+	for range 4 + rng.IntN(8) {
+		k := kinds[rng.IntN(len(kinds))]
+		_, client, server := diagPair(t, ns, k.network, k.addr)
+		pairs = append(pairs, pair{client, server})
+		for _, c := range []struct{ from, to net.Conn }{{client, server}, {server, client}} {
+			n := rng.IntN(60000)
+			m := 0
+			if n > 0 {
+				m = rng.IntN(n + 1)
+			}
+			if _, err := c.from.Write(bytes.Repeat([]byte{'x'}, n)); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := io.ReadFull(c.to, make([]byte, m)); err != nil {
+				t.Fatal(err)
+			}
+			ck, _ := sockIdentity(t, c.to)
+			w := want[ck]
+			w[0] = uint32(n - m)
+			want[ck] = w
+		}
+		for _, c := range []net.Conn{client, server} {
+			ck, _ := sockIdentity(t, c)
+			ids = append(ids, ID{Local: addrPort(c.LocalAddr()), Remote: addrPort(c.RemoteAddr()), Cookie: ck})
+		}
+	}
+	got := pollDump(t, ns, Filter{States: StatesConnected}, func(s []TCPSocket) error {
+		for ck, w := range want {
+			x, ok := byCookie(s, ck)
+			if !ok || x.RQueue != w[0] || x.WQueue != 0 {
+				return fmt.Errorf("cookie %d: found %v, rqueue %d wqueue %d, want %d and 0", ck, ok, x.RQueue, x.WQueue, w[0])
+			}
+		}
+		return nil
+	})
+	d, err := DialDiag(ns.FD())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx := context.Background()
+	look, ok, err := d.LookupTCP(ctx, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, id := range ids {
+		x, _ := byCookie(got, id.Cookie)
+		l := look[i]
+		if !ok[i] || l.State != x.State || l.Local != x.Local || l.Remote != x.Remote || l.Cookie != x.Cookie ||
+			l.RQueue != x.RQueue || l.WQueue != x.WQueue {
+			t.Errorf("%v -> %v: lookup found %v %+v, the dump %+v", id.Local, id.Remote, ok[i], l, x)
+		}
+	}
+	// Another cookie on a live 4-tuple, and a closed socket: not found.
+	stale := ids[0]
+	stale.Cookie++
+	p := pairs[len(pairs)-1]
+	closedID := ids[len(ids)-2] // the last pair's client
+	p.client.Close()
+	p.server.Close()
+	pollDump(t, ns, Filter{States: StatesConnected}, func(s []TCPSocket) error {
+		if _, there := byCookie(s, closedID.Cookie); there {
+			return errors.New("the closed client is still connected")
+		}
+		return nil
+	})
+	look, ok, err = d.LookupTCP(ctx, []ID{stale, closedID, ids[0]})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ok[0] || ok[1] && look[1].State == tcpEstablished || !ok[2] {
+		t.Errorf("found: another cookie %v, a closed socket %v (state %d), the live one %v; want false, false or not established, true",
+			ok[0], ok[1], look[1].State, ok[2])
+	}
+	t.Logf("seed %d: %d sockets looked up as dumped", seed, len(ids))
 }

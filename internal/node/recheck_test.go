@@ -1,0 +1,251 @@
+package node
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"strconv"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/loader"
+)
+
+// rechecking is fakeObserver with loader.Rechecker's Recheck: each
+// connection asked for as the test has it now, without byte counts.
+type rechecking struct {
+	*fakeObserver
+	snapshots, rechecks int
+}
+
+func (o *rechecking) Snapshot(ctx context.Context) ([]loader.Conn, error) {
+	o.snapshots++
+	return o.fakeObserver.Snapshot(ctx)
+}
+
+func (o *rechecking) Recheck(ctx context.Context, cs []loader.Conn) ([]loader.Conn, error) {
+	o.rechecks++
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	out := slices.Clone(cs)
+	for i := range out {
+		c := &out[i]
+		if c.State != loader.StateEstablished {
+			continue
+		}
+		*c = loader.Conn{Cookie: c.Cookie, Local: c.Local, Remote: c.Remote, Netns: c.Netns, State: loader.StateClose}
+		for _, now := range o.conns {
+			if now.Cookie == c.Cookie {
+				c.State, c.SendQueue, c.Unread = now.State, now.SendQueue, now.Unread
+			}
+		}
+	}
+	return out, nil
+}
+
+// TestRecheckedDrainAsWalked: a node whose drain checks recheck the last
+// read's connections (loader.Rechecker) answers a pause as one whose
+// checks all walk, over generated drains: connections that empty at
+// random, new ones, closed ones, bytes sent through the closed gates at
+// any point. Its clean answers are the walking node's; the check after
+// the freeze counts every byte sent through a gate since the last clean
+// answer, as the walking node's does (the count a FREEZE that checks in
+// its own round relies on); and it walks only at PREPARE, at each clean
+// answer after an unclean one, and after the freeze. MPIPAUSE_RECHECK_SEED
+// replays one drain.
+func TestRecheckedDrainAsWalked(t *testing.T) {
+	seeds := []uint64{}
+	if s := os.Getenv("MPIPAUSE_RECHECK_SEED"); s != "" {
+		v, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatalf("MPIPAUSE_RECHECK_SEED=%q: %v", s, err)
+		}
+		seeds = append(seeds, v)
+	} else {
+		base := uint64(time.Now().UnixNano())
+		for i := range 60 {
+			seeds = append(seeds, base+uint64(i))
+		}
+	}
+	ctx, s, job, lines := oneRank(t, "recheck", new(atomic.Pointer[string]))
+	go func() {
+		for range lines {
+		}
+	}()
+	for _, seed := range seeds {
+		if err := recheckedDrain(ctx, s, job, seed); err != nil {
+			t.Fatalf("seed %d: %v\nrerun: MPIPAUSE_RECHECK_SEED=%d go test -count=1 -run '^TestRecheckedDrainAsWalked$' ./internal/node/", seed, err, seed)
+		}
+	}
+}
+
+func recheckedDrain(ctx context.Context, s *ranks.Server, job string, seed uint64) error {
+	rng := rand.New(rand.NewPCG(seed, 11))
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	walkObs := &fakeObserver{}
+	reObs := &rechecking{fakeObserver: &fakeObserver{}}
+	walker := &Role{Name: "n1", Ranks: s, Jobs: observed{walkObs}, Log: log}
+	checker := &Role{Name: "n1", Ranks: s, Jobs: observed{reObs}, Log: log}
+	// The same connections in both observers, changed alike.
+	var conns []loader.Conn
+	next := uint64(0x10)
+	add := func(q uint32) {
+		next++
+		c := conn(next, fmt.Sprintf("10.0.0.1:%d", 5000+next), fmt.Sprintf("10.0.0.1:%d", 6000+next))
+		peer := conn(next+1000, c.Remote.String(), c.Local.String())
+		for _, x := range []*loader.Conn{&c, &peer} {
+			x.Counted, x.WriteSeq, x.BytesSent = true, uint32(rng.Uint64()), uint64(rng.IntN(1<<20))
+		}
+		c.SendQueue, peer.Unread = q, q
+		conns = append(conns, c, peer)
+	}
+	set := func() {
+		for _, o := range []*fakeObserver{walkObs, reObs.fakeObserver} {
+			o.mu.Lock()
+			o.conns = slices.Clone(conns)
+			o.mu.Unlock()
+		}
+	}
+	for range 1 + rng.IntN(4) {
+		add(uint32(rng.IntN(3)) * 4096)
+	}
+	set()
+	var trail []string
+	fail := func(f string, a ...any) error {
+		return fmt.Errorf("after %v: %s", trail, fmt.Sprintf(f, a...))
+	}
+	for _, l := range []*Role{walker, checker} {
+		if err := l.Prepare(ctx, job); err != nil {
+			return err
+		}
+	}
+	// Bytes through the gates on each connection since each one's last
+	// read that counted them (every walker check, the checker's walks),
+	// for the connections that read listed: one it did not list only
+	// gets its count recorded by the next (violations).
+	pendW, pendC := map[uint64]uint64{}, map[uint64]uint64{}
+	baseline := func(m map[uint64]uint64) {
+		clear(m)
+		for _, c := range conns {
+			m[c.Cookie] = 0
+		}
+	}
+	through := func(i int, n uint64) {
+		conns[i].BytesSent += n
+		conns[i].WriteSeq += uint32(n)
+		for _, m := range []map[uint64]uint64{pendW, pendC} {
+			if v, ok := m[conns[i].Cookie]; ok {
+				m[conns[i].Cookie] = v + n
+			}
+		}
+	}
+	pending := func(m map[uint64]uint64) (n uint64) {
+		for _, c := range conns {
+			n += m[c.Cookie]
+		}
+		return n
+	}
+	empty := func() bool {
+		for _, c := range conns {
+			if !c.Empty() {
+				return false
+			}
+		}
+		return true
+	}
+	lastClean := false
+	// confirmed: the checker's last answer was clean, and it or one
+	// before it walked with nothing unclean since (PREPARE's read is not
+	// a gated one).
+	confirmed := false
+	checks, fresh := 0, 0 // drain checks; those after an unclean answer (or the first)
+	prepWalks := reObs.snapshots
+	for step := range 2 + rng.IntN(12) {
+		switch k := rng.IntN(6); {
+		case k == 0 && len(conns) < 16:
+			add(uint32(rng.IntN(2)) * 1024)
+			trail = append(trail, "new")
+		case k == 1 && len(conns) > 2:
+			i := rng.IntN(len(conns)/2) * 2
+			conns = slices.Delete(conns, i, i+2)
+			trail = append(trail, "closed")
+		case k == 2:
+			i := rng.IntN(len(conns))
+			n := uint64(1 + rng.IntN(8192))
+			through(i, n)
+			trail = append(trail, fmt.Sprintf("sent %d through", n))
+		default:
+			for i := range conns {
+				if rng.IntN(2) == 0 {
+					conns[i].SendQueue, conns[i].Unread = 0, 0
+				}
+			}
+			trail = append(trail, "drained")
+		}
+		set()
+		if step > 0 && rng.IntN(3) == 0 {
+			continue // changes between two checks
+		}
+		before := reObs.snapshots
+		w, werr := walker.Drain(ctx, job)
+		c, cerr := checker.Drain(ctx, job)
+		if werr != nil || cerr != nil {
+			return fail("drain: walker %v, checker %v", werr, cerr)
+		}
+		trail = append(trail, "check")
+		checks++
+		if !confirmed {
+			fresh++
+		}
+		walked := reObs.snapshots > before
+		if w.Clean() != (empty() && pending(pendW) == 0) {
+			return fail("the walker answered clean %v: %+v", w.Clean(), w)
+		}
+		if c.Clean() && !confirmed && !(walked && empty() && pending(pendC) == 0) {
+			// The answer the coordinator freezes on is a walk's, which
+			// saw every connection and counted what went through.
+			return fail("the checker answered clean (walked %v) after an unclean answer: %+v", walked, c)
+		}
+		if walked && confirmed {
+			return fail("the checker walked for a check after a clean answer with nothing unclean since")
+		}
+		baseline(pendW)
+		if walked {
+			baseline(pendC)
+		}
+		confirmed, lastClean = c.Clean(), c.Clean()
+	}
+	if drainWalks := reObs.snapshots - prepWalks; drainWalks > fresh {
+		return fail("%d walks in %d drain checks, %d of them after an unclean answer", drainWalks, checks, fresh)
+	}
+	if !lastClean {
+		return nil // no FREEZE without a clean answer
+	}
+	if rng.IntN(2) == 0 {
+		n := uint64(1 + rng.IntN(100))
+		through(0, n)
+		set()
+		trail = append(trail, fmt.Sprintf("sent %d through before the freeze", n))
+	}
+	wv, werr := walker.Verify(ctx, job)
+	cv, cerr := checker.Verify(ctx, job)
+	if werr != nil || cerr != nil {
+		return fail("verify: walker %v, checker %v", werr, cerr)
+	}
+	if got, want := cv.Violations+cv.Late, pending(pendC); got != want {
+		return fail("after the freeze the checker counted %d bytes through the gates, %d were sent since its last walk", got, want)
+	}
+	if got, want := wv.Violations+wv.Late, pending(pendW); got != want {
+		return fail("after the freeze the walker counted %d bytes through the gates, %d were sent since its last check", got, want)
+	}
+	if cv.Empty != wv.Empty || len(cv.Conns) != len(wv.Conns) {
+		return fail("after the freeze: empty %v (%d held), the walker's %v (%d)", cv.Empty, len(cv.Conns), wv.Empty, len(wv.Conns))
+	}
+	return nil
+}

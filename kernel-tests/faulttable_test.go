@@ -949,6 +949,17 @@ type faultJob struct {
 	ranks         int // 6 unless set
 }
 
+// faultJobEnv keeps UCX (MPICH's transport here) from ending a job whose
+// node's link is cut for longer than its TCP keepalive allows: 10 s idle
+// and three probes 2 s apart by default, so a cut of about 16 s ends an
+// MPICH job with "Endpoint timeout" and exit 15, no pause involved
+// (measured on the rig, 22 s cut). A "stays cut" trial cuts node2 off
+// until its mpid has rolled back on its own, its step's deadline and the
+// lease's grace, about 15 s; the row tests that rollback, not how long an
+// MPI library tolerates a partition. Open MPI's TCP transport sets no
+// keepalive.
+var faultJobEnv = []string{"UCX_TCP_KEEPIDLE=300s"}
+
 // obs is the table's one observer: one per job would attach a program to
 // the rig's cgroup per job, and the kernel refuses the 65th (E2BIG, 64
 // programs a cgroup and attach type), which a long run's 65th job met.
@@ -956,7 +967,7 @@ func startFaultJob(ctx context.Context, t *testing.T, obs loader.Observer, lib m
 	t.Helper()
 	f := &faultJob{id: id, app: filepath.Join(binDir(t), "apps", "xchg."+lib.name), stop: t.TempDir()}
 	f.args = []string{"-m", "a2a", "-s", "128K", "-t", "2000"}
-	f.proc = runJob(ctx, t, lib, id, f.app, append(f.args, "-n", "1000000", "-E", f.stop)...)
+	f.proc = runJobEnv(ctx, t, lib, id, faultJobEnv, f.app, append(f.args, "-n", "1000000", "-E", f.stop)...)
 	// A job that ends before it runs fails the table with what it said:
 	// its launcher's exit and output are the only account of why.
 	since := sentBytes(ctx, obs)

@@ -261,6 +261,8 @@ bench: deps build ## the benchmark suite (not in make test, ~20 min when last ti
 		env $(BENCH_ENV) $(GO) test -run '^$$' -bench '^BenchmarkSnapshot$$' -benchtime 20x -timeout 20m ./loader/; \
 	step "the figures of those two, from scale.csv and snapshot.csv (the product module draws none)" \
 		$(GO) run ./kernel-tests/tools/bench/benchplot $(BENCH_DIR); \
+	step "a drain check with map iterators refused: a walk against a recheck (3 and 48 connections)" \
+		env $(BENCH_ENV) $(GO) test -run '^$$' -bench '^BenchmarkRecheck$$' -benchtime 20x -timeout 20m ./loader/; \
 	step "steady-state overhead of shim and BPF (ping-pong on the rig)" \
 		env $(BENCH_ENV) $(GO) test -run '^$$' -bench '^BenchmarkOverhead$$' -benchtime 1x -timeout 30m ./kernel-tests/; \
 	step "pause with ranks placed inside their launcher's scopes (inner) beside mpid's own cgroups (created), alternated" \

@@ -399,3 +399,64 @@ func features(o Observer) string {
 	}
 	return ""
 }
+
+// BenchmarkRecheck: a drain check where map iterators are refused, as a
+// walk (a Snapshot: an iter/tcp pass in each of the job's two namespaces)
+// and as a Recheck of the connections that walk listed (one sock_diag
+// lookup each), alternated in one run, for a job of 3 connections (6
+// sockets) and of 48. The walk's cost is the machine's hash table; the
+// recheck's is the job's sockets.
+func BenchmarkRecheck(b *testing.B) {
+	testutil.RequirePrivileged(b)
+	if !withRefused(b, []string{ProgConnIter, ProgConnIterSkc}) {
+		b.Skip("this kernel cannot run the observer with map iterators refused")
+	}
+	dir, err := benchrec.Dir()
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := context.Background()
+	var rows []benchrec.Row
+	for _, conns := range []int{3, 48} {
+		b.Run("connections="+strconv.Itoa(conns), func(b *testing.B) {
+			r, client, server := newPair(b)
+			o := openBPF(b, Config{Cgroup: r.cgroup, FollowJob: true})
+			for range conns {
+				connect(b, r, client, server)
+			}
+			cs, err := o.Snapshot(ctx)
+			if err != nil || len(cs) < 2*conns {
+				b.Fatalf("Snapshot: %d connections (%v), want %d", len(cs), err, 2*conns)
+			}
+			var walk, recheck []float64
+			for b.Loop() {
+				for range snapshotPairs {
+					t0 := time.Now()
+					if _, err := o.Snapshot(ctx); err != nil {
+						b.Fatal(err)
+					}
+					walk = append(walk, float64(time.Since(t0).Nanoseconds())/1e6)
+					t0 = time.Now()
+					got, err := o.Recheck(ctx, cs)
+					if err != nil || len(got) != len(cs) {
+						b.Fatalf("Recheck: %d of %d (%v)", len(got), len(cs), err)
+					}
+					recheck = append(recheck, float64(time.Since(t0).Nanoseconds())/1e6)
+				}
+			}
+			w, c := benchrec.Percentile(walk, 0.5), benchrec.Percentile(recheck, 0.5)
+			b.ReportMetric(w, "walk-p50-ms")
+			b.ReportMetric(c, "recheck-p50-ms")
+			b.ReportMetric(w/c, "walk/recheck")
+			name := fmt.Sprintf("%d job connections in 2 namespaces", conns)
+			rows = append(rows,
+				benchrec.Row{Section: "snapshot", Case: name, Metric: "walk p50", Value: w, Unit: "ms"},
+				benchrec.Row{Section: "snapshot", Case: name, Metric: "recheck p50", Value: c, Unit: "ms"},
+				benchrec.Row{Section: "snapshot", Case: name, Metric: "walk / recheck", Value: w / c, Unit: "x"})
+			fmt.Fprintf(os.Stderr, "bench: recheck %d connections: walk %.3f ms p50, recheck %.3f ms p50, %.1fx\n", conns, w, c, w/c)
+		})
+	}
+	if err := benchrec.Record(dir, rows...); err != nil {
+		b.Fatal(err)
+	}
+}

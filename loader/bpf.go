@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 
 	"github.com/cilium/ebpf"
 	"github.com/cilium/ebpf/link"
@@ -88,6 +89,10 @@ type BPFObserver struct {
 	tail   []byte                        // the seq_file output of the last conniter pass
 	lastNS []netns                       // the namespaces the last Snapshot looked in (Recheck)
 	diag   map[uint64]*sockdiag.DiagConn // Recheck's, by namespace inode
+	// walkCost is what the last Snapshot without conniter took, and
+	// lookupCost a socket's share of the last Recheck (0 before one):
+	// Recheck declines where the walk is the cheaper.
+	walkCost, lookupCost time.Duration
 }
 
 // record is one iterator record, struct tcp_record of bpf/include/mpipause.h.

@@ -1096,4 +1096,11 @@ func testRecheck(t *testing.T, rechecks bool) {
 	if _, ok := byCookie(got, cli2.cookie); ok {
 		t.Errorf("Recheck listed a connection made after the Snapshot it rechecked")
 	}
+	// Where the walk costs less than the lookups would, it declines.
+	o.mu.Lock()
+	o.walkCost = time.Nanosecond
+	o.mu.Unlock()
+	if _, err := o.Recheck(context.Background(), cs); !errors.Is(err, ErrNoRecheck) {
+		t.Errorf("Recheck with a walk cheaper than its lookups: %v, want ErrNoRecheck", err)
+	}
 }

@@ -33,7 +33,7 @@ var kernelModes = []struct {
 // the rest of what it needs (no iter/tcp on 5.10, and map iterators
 // refused by the test), it checks that Open says so in one line instead,
 // and the caller's test of the mode ends there.
-func withRefused(t *testing.T, progs []string) bool {
+func withRefused(t testing.TB, progs []string) bool {
 	t.Helper()
 	refuse := map[string]error{}
 	for _, p := range progs {

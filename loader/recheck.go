@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/mpipause/mpipause/internal/sockdiag"
 )
@@ -27,12 +28,23 @@ var ErrNoRecheck = errors.New("no recheck: take a snapshot")
 
 var _ Rechecker = (*BPFObserver)(nil)
 
+// lookupCostGuess is a lookup's cost until a Recheck of at least
+// lookupCostMin sockets has measured it (fewer are dominated by the
+// costs of the call itself): 3.9 µs a socket for 96 sockets on this
+// project's machine (BenchmarkRecheck).
+const (
+	lookupCostGuess = 4 * time.Microsecond
+	lookupCostMin   = 32
+)
+
 // Recheck is Rechecker's. Without conniter each Snapshot runs iter/tcp,
 // which walks the namespace's whole established hash table (262,144
 // buckets on a 24 GiB machine: about 2 ms whatever the job holds), so
 // there each connection is instead looked up by sock_diag (its 4-tuple and
-// cookie: a hash lookup), one netlink socket per namespace, kept open.
-// With conniter, Snapshot reads only the job's sockets already.
+// cookie: a hash lookup), one netlink socket per namespace, kept open, as
+// long as the lookups cost less than the last walk did (each costs its
+// reply's system call). With conniter, Snapshot reads only the job's
+// sockets already.
 func (o *BPFObserver) Recheck(ctx context.Context, cs []Conn) ([]Conn, error) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -42,6 +54,28 @@ func (o *BPFObserver) Recheck(ctx context.Context, cs []Conn) ([]Conn, error) {
 	if o.connIter != nil {
 		return nil, ErrNoRecheck
 	}
+	n := 0
+	for _, c := range cs {
+		if c.State == StateEstablished {
+			n++
+		}
+	}
+	per := o.lookupCost
+	if per == 0 {
+		per = lookupCostGuess
+	}
+	if o.walkCost > 0 && time.Duration(n)*per > o.walkCost {
+		// Each lookup costs a reply's system call (about 4 µs here),
+		// the walk a pass over the hash table whatever the job holds:
+		// past some hundreds of sockets the walk is the cheaper.
+		return nil, fmt.Errorf("%w: %d connections to look up, %v each, against a walk of %v", ErrNoRecheck, n, per, o.walkCost)
+	}
+	t0 := time.Now()
+	defer func() {
+		if n >= lookupCostMin {
+			o.lookupCost = time.Since(t0) / time.Duration(n)
+		}
+	}()
 	out := make([]Conn, len(cs))
 	copy(out, cs)
 	byNS := map[string][]int{}

@@ -33,7 +33,11 @@ func (o *BPFObserver) Snapshot(ctx context.Context) ([]Conn, error) {
 	if o.closed {
 		return nil, ErrClosed
 	}
+	t0 := time.Now()
 	cs, unknown, err := o.snapshot(ctx)
+	if err == nil && o.connIter == nil {
+		o.walkCost = time.Since(t0)
+	}
 	if err == nil && unknown && pacing(ctx) {
 		// A connection in a namespace the reused walk did not list (a
 		// rank that moved, a new one): walk again, as without Pacing.

@@ -480,8 +480,26 @@ func (a *Agent) local(ctx context.Context, js *jobState, req Message) NodeReport
 // the node's running ranks read them. Without this wait the freeze would
 // catch them and the pause roll back. VERIFY still checks every node.
 func (a *Agent) settle(ctx context.Context, req Message) {
+	ctx = WithSettling(ctx)
 	rep, err := a.node.Drain(ctx, req.Job)
 	a.drainUntil(ctx, req.Job, rep, err, time.Now().Add(req.Wait), func() bool { return false })
+}
+
+type settlingKey struct{}
+
+// WithSettling is ctx marked as a settle check's (Settling), for a node's
+// own tests.
+func WithSettling(ctx context.Context) context.Context {
+	return context.WithValue(ctx, settlingKey{}, true)
+}
+
+// Settling reports whether ctx is a FREEZE's settle check's (the node's
+// Drain called by the agent right before it freezes): the last look at
+// the node's queues, whose count of bytes sent through closed gates the
+// check after the freeze compares with.
+func Settling(ctx context.Context) bool {
+	v, _ := ctx.Value(settlingKey{}).(bool)
+	return v
 }
 
 // drainUntil checks the job's queues on this node every DrainPoll (or,

@@ -54,9 +54,15 @@ func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeRep
 // states, not the byte counts: it leaves the count of bytes sent through
 // closed gates to the reads that walk, and its clean answer is confirmed
 // by one (a clean answer is what the coordinator freezes on; the walk also
-// sees a connection made since the last, and takes the count the check
-// after the freeze compares with). Checks after that, clean too (settle's,
-// another node's rounds), need no walk: nothing was unclean since.
+// sees a connection made since the last, and takes the count of bytes
+// through closed gates). Drain checks after that, clean too (another
+// node's rounds), need no walk: nothing was unclean since. The settle
+// check before the freeze walks once clean, as every check did before
+// rechecks: the check after the freeze counts the bytes sent through the
+// gates since, and a send that read its gate open just before it closed
+// but reached the kernel after the node's clean answer (its thread
+// preempted) would otherwise count there, and on a socket with bytes
+// held fail the pause (late).
 func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.NodeReport, under check, walk bool) (quiesce.NodeReport, kernelRead, error) {
 	rep := rep0
 	all, rechecked, err := l.read(ctx, job, under, walk)
@@ -187,7 +193,7 @@ func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.Node
 	l.mu.Lock()
 	confirmed := l.confirmed[job]
 	l.mu.Unlock()
-	if rechecked && clean && !confirmed {
+	if rechecked && clean && (!confirmed || quiesce.Settling(ctx)) {
 		return l.kernelReportBy(ctx, job, rep0, under, true)
 	}
 	l.mu.Lock()

@@ -15,6 +15,7 @@ import (
 
 	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/loader"
+	"github.com/mpipause/mpipause/quiesce"
 )
 
 // rechecking is fakeObserver with loader.Rechecker's Recheck: each
@@ -226,6 +227,32 @@ func recheckedDrain(ctx context.Context, s *ranks.Server, job string, seed uint6
 	}
 	if !lastClean {
 		return nil // no FREEZE without a clean answer
+	}
+	if rng.IntN(2) == 0 {
+		n := uint64(1 + rng.IntN(100))
+		through(0, n)
+		set()
+		trail = append(trail, fmt.Sprintf("sent %d through before the settle check", n))
+	}
+	// FREEZE's settle check: a clean one walks, so that the check after
+	// the freeze counts from it, as the walker's does.
+	settle := quiesce.WithSettling(ctx)
+	before := reObs.snapshots
+	w, werr := walker.Drain(settle, job)
+	c, cerr := checker.Drain(settle, job)
+	if werr != nil || cerr != nil {
+		return fail("settle: walker %v, checker %v", werr, cerr)
+	}
+	trail = append(trail, "settle")
+	if w.Clean() != (empty() && pending(pendW) == 0) {
+		return fail("the walker's settle check clean %v: %+v", w.Clean(), w)
+	}
+	if c.Clean() && reObs.snapshots == before {
+		return fail("a clean settle check did not walk")
+	}
+	baseline(pendW)
+	if reObs.snapshots > before {
+		baseline(pendC)
 	}
 	if rng.IntN(2) == 0 {
 		n := uint64(1 + rng.IntN(100))

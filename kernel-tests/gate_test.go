@@ -184,17 +184,31 @@ func runGatedJob(ctx context.Context, t *testing.T, bin string, lib mpiLib, cg s
 			return err == nil && allEmpty(conns)
 		})
 		*drain = append(*drain, time.Since(start))
-		// mpid's view without asking the ranks: their state pages.
-		gatedSockets := 0
-		for _, r := range all {
-			for _, so := range r.Sockets() {
-				if so.Gated {
-					gatedSockets++
+		// mpid's view without asking the ranks: their state pages. A
+		// socket shows gated once a send to it is held: right after the
+		// drain the ranks may still be reading what it delivered, their
+		// next sends not made yet, so the pages are watched until one
+		// does (or the job ends).
+		gated := func() (n int) {
+			for _, r := range all {
+				for _, so := range r.Sockets() {
+					if so.Gated {
+						n++
+					}
 				}
 			}
+			return n
 		}
-		if gatedSockets == 0 {
-			t.Fatalf("pause %d: no rank's state page shows a gated socket", made+1)
+		for deadline := time.Now().Add(10 * time.Second); gated() == 0; {
+			select {
+			case <-done:
+				goto finished
+			default:
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("pause %d: no rank's state page showed a gated socket within 10 s of the drain", made+1)
+			}
+			time.Sleep(time.Millisecond)
 		}
 		// A second of nothing: still empty, and no byte moved on any job
 		// connection (the BPF counters of the gated sockets stand still).

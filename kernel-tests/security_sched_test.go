@@ -212,9 +212,13 @@ func secN7(ctx context.Context, t *testing.T, e *secEnv, row *secRow) {
 	// second; all of it before was 100%); the flood's own work runs at
 	// nice 0.
 	// The victim's pause may wait for a CPU at each of its rounds while
-	// the flood keeps one busy (a few milliseconds each, on 2 cores), not
-	// be stalled: twice its idle time and 20 ms.
-	row.refused = bad == "" && rt < wall/2 && ok <= bound && busy <= 2*idle+20*time.Millisecond
+	// the flood keeps the cores busy, not be stalled: three times its
+	// idle time and 20 ms. On the rig the stranger's own loop runs on the
+	// same cores as node0 (the project's machine has two), beside mpid's
+	// refusals: that alone made the pause 2.6 to 3.0 times slower on a
+	// slow day, with this build and the one before it alike; a stall
+	// (the handshakes run real-time, or unbounded) costs seconds.
+	row.refused = bad == "" && rt < wall/2 && ok <= bound && busy <= 3*idle+20*time.Millisecond
 	row.outcome = fmt.Sprintf("%d handshakes done, %d refused in %d ms (bound %d); node0's mpid: %v of CPU in %v, %v of it real-time; victim's pause p50 %v (x%.1f of idle) %s",
 		ok, refused, ms, bound, cpu.Round(time.Millisecond), wall.Round(time.Millisecond), rt.Round(time.Millisecond),
 		busy.Round(time.Millisecond), float64(busy)/float64(idle), bad)

@@ -160,6 +160,21 @@ func recheckedDrain(ctx context.Context, s *ranks.Server, job string, seed uint6
 		}
 		return true
 	}
+	// check runs one drain check on both nodes and holds the walker's
+	// answer to what it must be; walked says whether the checker walked.
+	check := func(ctx context.Context, what string) (quiesce.NodeReport, bool, error) {
+		before := reObs.snapshots
+		w, werr := walker.Drain(ctx, job)
+		c, cerr := checker.Drain(ctx, job)
+		if werr != nil || cerr != nil {
+			return c, false, fail("%s: walker %v, checker %v", what, werr, cerr)
+		}
+		trail = append(trail, what)
+		if w.Clean() != (empty() && pending(pendW) == 0) {
+			return c, false, fail("the walker's %s clean %v: %+v", what, w.Clean(), w)
+		}
+		return c, reObs.snapshots > before, nil
+	}
 	lastClean := false
 	// confirmed: the checker's last answer was clean, and it or one
 	// before it walked with nothing unclean since (PREPARE's read is not
@@ -193,20 +208,13 @@ func recheckedDrain(ctx context.Context, s *ranks.Server, job string, seed uint6
 		if step > 0 && rng.IntN(3) == 0 {
 			continue // changes between two checks
 		}
-		before := reObs.snapshots
-		w, werr := walker.Drain(ctx, job)
-		c, cerr := checker.Drain(ctx, job)
-		if werr != nil || cerr != nil {
-			return fail("drain: walker %v, checker %v", werr, cerr)
+		c, walked, err := check(ctx, "check")
+		if err != nil {
+			return err
 		}
-		trail = append(trail, "check")
 		checks++
 		if !confirmed {
 			fresh++
-		}
-		walked := reObs.snapshots > before
-		if w.Clean() != (empty() && pending(pendW) == 0) {
-			return fail("the walker answered clean %v: %+v", w.Clean(), w)
 		}
 		if c.Clean() && !confirmed && !(walked && empty() && pending(pendC) == 0) {
 			// The answer the coordinator freezes on is a walk's, which
@@ -236,22 +244,15 @@ func recheckedDrain(ctx context.Context, s *ranks.Server, job string, seed uint6
 	}
 	// FREEZE's settle check: a clean one walks, so that the check after
 	// the freeze counts from it, as the walker's does.
-	settle := quiesce.WithSettling(ctx)
-	before := reObs.snapshots
-	w, werr := walker.Drain(settle, job)
-	c, cerr := checker.Drain(settle, job)
-	if werr != nil || cerr != nil {
-		return fail("settle: walker %v, checker %v", werr, cerr)
+	c, walked, err := check(quiesce.WithSettling(ctx), "settle")
+	if err != nil {
+		return err
 	}
-	trail = append(trail, "settle")
-	if w.Clean() != (empty() && pending(pendW) == 0) {
-		return fail("the walker's settle check clean %v: %+v", w.Clean(), w)
-	}
-	if c.Clean() && reObs.snapshots == before {
+	if c.Clean() && !walked {
 		return fail("a clean settle check did not walk")
 	}
 	baseline(pendW)
-	if reObs.snapshots > before {
+	if walked {
 		baseline(pendC)
 	}
 	if rng.IntN(2) == 0 {

@@ -57,8 +57,9 @@ func (o *rechecking) Recheck(ctx context.Context, cs []loader.Conn) ([]loader.Co
 // any point. Its clean answers are the walking node's; the check after
 // the freeze counts every byte sent through a gate since the last clean
 // answer, as the walking node's does (the count a FREEZE that checks in
-// its own round relies on); and it walks only at PREPARE, at each clean
-// answer after an unclean one, and after the freeze. MPIPAUSE_RECHECK_SEED
+// its own round relies on); and it walks only at the first drain check
+// (whose read is PREPARE's: Prepare reads nothing), at each clean answer
+// after an unclean one, and after the freeze. MPIPAUSE_RECHECK_SEED
 // replays one drain.
 func TestRecheckedDrainAsWalked(t *testing.T) {
 	seeds := []uint64{}
@@ -126,6 +127,9 @@ func recheckedDrain(ctx context.Context, s *ranks.Server, job string, seed uint6
 			return err
 		}
 	}
+	if reObs.snapshots != 0 || reObs.rechecks != 0 {
+		return fail("Prepare read the kernel (%d walks, %d rechecks): its read is the first drain check's", reObs.snapshots, reObs.rechecks)
+	}
 	// Bytes through the gates on each connection since each one's last
 	// read that counted them (every walker check, the checker's walks),
 	// for the connections that read listed: one it did not list only
@@ -177,11 +181,9 @@ func recheckedDrain(ctx context.Context, s *ranks.Server, job string, seed uint6
 	}
 	lastClean := false
 	// confirmed: the checker's last answer was clean, and it or one
-	// before it walked with nothing unclean since (PREPARE's read is not
-	// a gated one).
+	// before it walked with nothing unclean since.
 	confirmed := false
 	checks, fresh := 0, 0 // drain checks; those after an unclean answer (or the first)
-	prepWalks := reObs.snapshots
 	for step := range 2 + rng.IntN(12) {
 		switch k := rng.IntN(6); {
 		case k == 0 && len(conns) < 16:
@@ -212,6 +214,9 @@ func recheckedDrain(ctx context.Context, s *ranks.Server, job string, seed uint6
 		if err != nil {
 			return err
 		}
+		if checks == 0 && !walked {
+			return fail("the first drain check after Prepare did not walk: its read is PREPARE's")
+		}
 		checks++
 		if !confirmed {
 			fresh++
@@ -230,7 +235,7 @@ func recheckedDrain(ctx context.Context, s *ranks.Server, job string, seed uint6
 		}
 		confirmed, lastClean = c.Clean(), c.Clean()
 	}
-	if drainWalks := reObs.snapshots - prepWalks; drainWalks > fresh {
+	if drainWalks := reObs.snapshots; drainWalks > fresh {
 		return fail("%d walks in %d drain checks, %d of them after an unclean answer", drainWalks, checks, fresh)
 	}
 	if !lastClean {

@@ -203,6 +203,15 @@ func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.Node
 		l.confirmed = map[string]bool{}
 	}
 	l.confirmed[job] = clean && (confirmed || !rechecked)
+	if first && !clean {
+		// PREPARE's read, moments after the gates closed, counts from
+		// nothing: a send that read its gate open just before it closed
+		// and reaches the kernel late (its thread preempted), as it may,
+		// would count at the next walk and cost the pause a round. The
+		// count starts at a clean answer, the one the coordinator may
+		// freeze on, or at the next walk.
+		delete(l.sentAt, job)
+	}
 	l.mu.Unlock()
 	l.remember(job, all)
 	return rep, kernelRead{conns: all, d: d, sides: sd}, nil

@@ -215,9 +215,8 @@ func secN7(ctx context.Context, t *testing.T, e *secEnv, row *secRow) {
 	// the flood keeps the cores busy, not be stalled: three times its
 	// idle time and 20 ms. On the rig the stranger's own loop runs on the
 	// same cores as node0 (the project's machine has two), beside mpid's
-	// refusals: that alone made the pause 2.6 to 3.0 times slower on a
-	// slow day, with this build and the one before it alike; a stall
-	// (the handshakes run real-time, or unbounded) costs seconds.
+	// refusals, which alone can make the pause 2.6 to 3.0 times slower;
+	// a stall (the handshakes run real-time, or unbounded) costs seconds.
 	row.refused = bad == "" && rt < wall/2 && ok <= bound && busy <= 3*idle+20*time.Millisecond
 	row.outcome = fmt.Sprintf("%d handshakes done, %d refused in %d ms (bound %d); node0's mpid: %v of CPU in %v, %v of it real-time; victim's pause p50 %v (x%.1f of idle) %s",
 		ok, refused, ms, bound, cpu.Round(time.Millisecond), wall.Round(time.Millisecond), rt.Round(time.Millisecond),

@@ -50,11 +50,34 @@ static int other_fd(struct sock *s, int except)
 // non-blocking, at most until deadline (CLOCK_MONOTONIC ms; 0: no limit).
 // The urgent byte of an MSG_OOB call is the last one of the call, so such a
 // chunk goes as its bytes and then its last byte alone with MSG_OOB. It
-// returns 0, or -1 with errno when the connection failed or time ran out.
-static int send_all(int fd, const char *b, size_t n, int oob, long long deadline)
+// returns 0, 1 if it stopped because the gate word is no longer word (a
+// newer close; word -1: never stops), or -1 with errno when the connection
+// failed or time ran out; *done (if not NULL) is the bytes the kernel took.
+//
+// The word is loaded before every send call, not once a chunk: a held
+// chunk can be MiBs, and one send call takes up to a whole send buffer, so
+// a flush that went on to the end of its chunk after mpid's close would
+// hand the kernel MiBs under a closed gate (mpid fails such a pause after
+// the freeze). A wait for room is cut into STOP_POLL_MS slices for the
+// same reason: mpid writes the word without waking this thread, and a
+// flush waiting on a peer that the pause's drain has yet to read would
+// otherwise keep the rank's answer (this thread's) from mpid until it
+// does.
+#define STOP_POLL_MS 2
+static int send_all(int fd, const char *b, size_t n, int oob, long long deadline, int word, size_t *done)
 {
+	size_t sent = 0;
+	int rc = 0;
+
 	while (n > 0) {
-		int fl = MSG_NOSIGNAL;
+		if (word != -1 && atomic_load(&mpp_gate) != word) {
+			rc = 1;
+			break;
+		}
+		// A stoppable flush never sleeps inside a send call: on a blocking
+		// socket one call would hand the kernel the whole chunk, whatever
+		// the word says meanwhile.
+		int fl = MSG_NOSIGNAL | (word != -1 ? MSG_DONTWAIT : 0);
 		size_t want = n;
 		if (oob && n > 1)
 			want = n - 1;
@@ -64,27 +87,33 @@ static int send_all(int fd, const char *b, size_t n, int oob, long long deadline
 		if (r > 0) {
 			b += r;
 			n -= r;
+			sent += r;
 			continue;
 		}
 		if (r < 0 && errno == EINTR)
 			continue;
 		if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
 			struct pollfd p = {.fd = fd, .events = POLLOUT};
-			int ms = -1;
+			int ms = word != -1 ? STOP_POLL_MS : -1;
 			if (deadline) {
 				long long left = deadline - mpp_now_ms();
 				if (left <= 0) {
 					errno = ETIMEDOUT;
-					return -1;
+					rc = -1;
+					break;
 				}
-				ms = left > INT_MAX ? INT_MAX : (int)left;
+				if (ms < 0 || left < ms)
+					ms = left > INT_MAX ? INT_MAX : (int)left;
 			}
 			REAL(poll)(&p, 1, ms);
 			continue;
 		}
-		return -1;
+		rc = -1;
+		break;
 	}
-	return 0;
+	if (done)
+		*done = sent;
+	return rc;
 }
 
 // mpp_send_all is send_all for a caller that took the bytes from their
@@ -92,7 +121,7 @@ static int send_all(int fd, const char *b, size_t n, int oob, long long deadline
 // n, or -1 with errno.
 ssize_t mpp_send_all(int fd, const void *b, size_t n)
 {
-	return send_all(fd, b, n, 0, 0) < 0 ? -1 : (ssize_t)n;
+	return send_all(fd, b, n, 0, 0, -1, NULL) < 0 ? -1 : (ssize_t)n;
 }
 
 long long mpp_now_ms(void)
@@ -104,13 +133,17 @@ long long mpp_now_ms(void)
 
 // mpp_flush_fd sends the socket's held bytes in order. New sends to it, by any
 // of its descriptors, are appended behind them meanwhile (s->flushing), so
-// order holds. It stops between
-// chunks once the gate word is no longer word (a newer close; word -1:
-// never): what is left stays held, the socket gated, for that pause's
-// resume. Bytes go only to the socket they were held for: if the number
-// names another one now, they are reported lost (mpp_gone), never sent there.
+// order holds. It stops before its next send call once the gate word is no
+// longer word (a newer close; word -1: never): what is left, to the byte,
+// stays held, the socket gated, for that pause's resume. While it runs it
+// is counted in the state page (mpp_flush_begin): until its last send call
+// has returned, mpid does not take the rank for quiet. Bytes go only to the
+// socket they were held for: if the number names another one now, they are
+// reported lost (mpp_gone), never sent there.
 void mpp_flush_fd(struct sock *s, struct mpp_gate_stats *st, int word, long long deadline)
 {
+	struct mpp_page *counted;
+
 	pthread_mutex_lock(&s->mu);
 	// One flusher a socket: another sending the same chunk would send it
 	// twice.
@@ -120,16 +153,14 @@ void mpp_flush_fd(struct sock *s, struct mpp_gate_stats *st, int word, long long
 		pthread_mutex_lock(&s->mu);
 	}
 	s->flushing = 1;
+	counted = mpp_flush_begin();
 	while (s->head) {
 		struct held *h = s->head;
-		int failed;
+		size_t done = 0;
+		int rc, err;
 
-		if (word != -1 && atomic_load_explicit(&mpp_gate, memory_order_acquire) != word) {
-			s->flushing = 0;
-			mpp_publish(s);
-			pthread_mutex_unlock(&s->mu);
-			return;
-		}
+		if (word != -1 && atomic_load(&mpp_gate) != word)
+			break;
 
 		int to = s->fd; // read under the lock: a close may move it
 		if (to < 0 || mpp_sock_cookie(to) != s->cookie) {
@@ -149,22 +180,37 @@ void mpp_flush_fd(struct sock *s, struct mpp_gate_stats *st, int word, long long
 			break;
 		}
 		pthread_mutex_unlock(&s->mu);
-		failed = send_all(to, h->data + h->off, h->len - h->off, h->oob, deadline) < 0;
+		rc = send_all(to, h->data + h->off, h->len - h->off, h->oob, deadline, word, &done);
+		err = errno;
 		pthread_mutex_lock(&s->mu);
-		if (failed) {
+		h->off += done;
+		s->held -= done;
+		st->flushed += done;
+		mpp_hold_release(done);
+		if (rc > 0) {
+			mpp_publish(s);
+			break;
+		}
+		if (rc < 0) {
 			st->flush_errors++;
-			st->flush_errno = errno;
-		} else
-			st->flushed += h->len;
+			st->flush_errno = err;
+			s->held -= h->len - h->off;
+			mpp_hold_release(h->len - h->off);
+		}
 		s->head = h->next;
 		if (!s->head)
 			s->tail = NULL;
-		s->held -= h->len;
 		mpp_publish(s);
-		mpp_hold_release(h->len);
 		free(h);
 	}
 	s->flushing = 0;
+	mpp_flush_end(counted);
+	if (s->head) {
+		// Stopped by a newer close: still gated, the rest held.
+		mpp_publish(s);
+		pthread_mutex_unlock(&s->mu);
+		return;
+	}
 	s->gated = 0;
 	if (s->shut) {
 		// The shutdown the application asked for, after its bytes.

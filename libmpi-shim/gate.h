@@ -14,6 +14,7 @@
 #include <sys/types.h>
 
 struct mpp_gate_stats;
+struct mpp_page;
 
 struct held {
 	struct held *next;
@@ -71,6 +72,8 @@ void mpp_publish(struct sock *s);
 void mpp_set_fd(struct sock *s, int fd);
 void mpp_page_clear(int fd);
 void mpp_publish_gate(int g);
+struct mpp_page *mpp_flush_begin(void);
+void mpp_flush_end(struct mpp_page *p);
 extern _Atomic int mpp_awaiting;
 void mpp_child_wait(struct sock *s);
 

@@ -135,6 +135,30 @@ void mpp_publish_gate(int g)
 		__atomic_store_n(&page->gate, g, __ATOMIC_RELEASE);
 }
 
+// mpp_flush_begin counts a flush in the page's header before it sends
+// anything, and returns the page it counted in, for mpp_flush_end (NULL:
+// none). A flush sends from a thread mpid cannot see in the per-fd flags:
+// a send call it started under the flushing word may still be handing
+// bytes to the kernel after mpid has closed the gate again. The count is
+// made before the flush's first load of the gate word, mpid's close
+// before its load of the count (both sequentially consistent): either mpid
+// sees the flush counted, or the flush sees the close and sends nothing.
+struct mpp_page *mpp_flush_begin(void)
+{
+	struct mpp_page *p = page;
+	if (p)
+		atomic_fetch_add(&p->flushing, 1);
+	return p;
+}
+
+// mpp_flush_end uncounts the flush mpp_flush_begin counted in p, once its
+// last send call has returned.
+void mpp_flush_end(struct mpp_page *p)
+{
+	if (p)
+		atomic_fetch_sub(&p->flushing, 1);
+}
+
 // mpp_gate_close closes the gate in a new generation (when mpid asks by
 // request; with the gate page, mpid writes the word itself).
 void mpp_gate_close(void)

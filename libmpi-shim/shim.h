@@ -112,7 +112,9 @@ struct mpp_page {
 	uint64_t size;
 	uint64_t held_offset;
 	int32_t gate; // GATE_*
-	uint32_t pad;
+	// Flushes sending held bytes now (mpp_flush_fd): a sender mpid cannot
+	// see in the per-fd flags, which keeps the rank from being quiet.
+	_Atomic uint32_t flushing;
 };
 int mpp_state_page(void);
 int mpp_gate_page(void);

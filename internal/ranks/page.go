@@ -24,7 +24,10 @@ import (
 const (
 	pageMagic   = "MPPSTATE"
 	pageVersion = 1
-	pageHeader  = 40 // magic 8, version 4, fds 4, size 8, held_offset 8, gate 4, pad 4
+	pageHeader  = 40 // magic 8, version 4, fds 4, size 8, held_offset 8, gate 4, flushing 4
+	// pageFlushing is the header's count of the shim's flushes sending
+	// held bytes now: senders the per-fd flags do not show.
+	pageFlushing = 36
 )
 
 // Socket is one socket's entry in a rank's state page.
@@ -434,8 +437,11 @@ func (r *Rank) HeldAt(fd int) (held uint64, ok bool) {
 	return held, ok
 }
 
-// Quiet reports, from the state page alone, that the rank's gate is closed
-// and no socket is mid-message: what a STATE request would say, without
+// Quiet reports, from the state page alone, that the rank's gate is closed,
+// no socket is mid-message and no flush of held bytes is running (a
+// resume's flush overtaken by this close sends until its thread sees the
+// word: its answer to STATE comes after it stopped): what a STATE request
+// would say, without
 // waking the rank's control thread (which, among busy-polling ranks, can take
 // milliseconds to be scheduled). It says false whenever the page cannot
 // vouch for that, including a short last send on some fd: the page does not
@@ -444,7 +450,8 @@ func (r *Rank) HeldAt(fd int) (held uint64, ok bool) {
 func (r *Rank) Quiet() bool {
 	quiet := false
 	r.withPage(func(p *statePage) {
-		if p.gateState() != gateClosed {
+		if p.gateState() != gateClosed ||
+			atomic.LoadUint32((*uint32)(unsafe.Pointer(&p.mem[pageFlushing]))) != 0 {
 			return
 		}
 		short, gated := p.flags()

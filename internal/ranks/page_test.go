@@ -283,6 +283,28 @@ func TestStatePageGate(t *testing.T) {
 	}
 }
 
+// TestQuietWhileFlushing: a rank whose shim counts a flush in its page's
+// header (libmpi-shim/gateword.c mpp_flush_begin) is not quiet, whatever
+// its gate and its sockets show: the flush's thread may be inside a send
+// call that hands the kernel a resume's held bytes after mpid's close.
+func TestQuietWhileFlushing(t *testing.T) {
+	for _, flushing := range []uint32{0, 1, 3} {
+		p, err := receivePage(makePage(t, 64, true, func(b []byte) {
+			b[pageHeader+5] = 0 // no socket mid-message
+			binary.LittleEndian.PutUint32(b[32:], uint32(gateWord(gateClosed, 2)))
+			binary.LittleEndian.PutUint32(b[pageFlushing:], flushing)
+		}))
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := &Rank{page: p}
+		if got, want := r.Quiet(), flushing == 0; got != want {
+			t.Errorf("%d flushes counted: Quiet() = %v, want %v", flushing, got, want)
+		}
+		p.close()
+	}
+}
+
 // TestDrainRequest: the set travels as "DRAIN <n>" and lines of at most
 // 12 cookies in hex, each line short enough for the shim's 256-byte buffer
 // (libmpi-shim/req.h), at most MaxDrainSet cookies.

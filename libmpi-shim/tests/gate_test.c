@@ -135,6 +135,143 @@ static void test_gate_page(void)
 	close(s[1]);
 }
 
+// handed is what the process has handed the kernel to send on fd (its
+// write_seq less the first): the bytes acknowledged (tcpi_bytes_acked, at
+// its offset in the kernel's struct tcp_info, linux/tcp.h; glibc's copy
+// ends before it) and those still queued (SIOCOUTQ), read until no ACK came
+// between the two.
+static uint64_t handed(int fd)
+{
+	for (;;) {
+		unsigned char ti[256];
+		uint64_t a1, a2;
+		int q = 0;
+		socklen_t l = sizeof(ti);
+		if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, ti, &l) < 0 || l < 128)
+			die("TCP_INFO");
+		memcpy(&a1, ti + 120, sizeof(a1));
+		if (ioctl(fd, SIOCOUTQ, &q) < 0)
+			die("SIOCOUTQ");
+		l = sizeof(ti);
+		if (getsockopt(fd, IPPROTO_TCP, TCP_INFO, ti, &l) < 0)
+			die("TCP_INFO");
+		memcpy(&a2, ti + 120, sizeof(a2));
+		if (a1 == a2)
+			return a1 + (uint64_t)q;
+	}
+}
+
+static long long now_ms(void)
+{
+	struct timespec ts;
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+struct flush_run {
+	int (*reopen)(long, struct mpp_gate_stats *);
+	long gen;
+	int rc;
+	struct mpp_gate_stats st;
+};
+
+static void *run_reopen(void *arg)
+{
+	struct flush_run *f = arg;
+	f->rc = f->reopen(f->gen, &f->st);
+	return NULL;
+}
+
+// drain_some reads what waits on fd into b (at *got, at most cap in all) and
+// waits up to 1 ms for more: the peer's side of a drain.
+static void drain_some(int fd, unsigned char *b, size_t cap, size_t *got)
+{
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	ssize_t r;
+	while (*got < cap && (r = recv(fd, b + *got, cap - *got, MSG_DONTWAIT)) > 0)
+		*got += (size_t)r;
+	poll(&p, 1, 1);
+}
+
+// A resume's flush overtaken by the next pause's close (mpid writes the
+// word while the shim's thread still sends what the last pause held, MiBs
+// in one held call): the state page counts the flush until its last send
+// call has returned, and from then on the kernel takes nothing more from
+// it. Otherwise mpid, reading the page, takes the rank for quiet while the
+// flush goes on sending the rest of its chunk through the closed gate, and
+// the pause fails after the freeze (bytes sent through closed gates on a
+// socket with bytes held). What the flush left stays held, in order, for
+// the next resume.
+static void test_flush_overtaken(void)
+{
+	int (*page_fd)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_gate_page");
+	int (*state_page)(void) = (int (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_state_page");
+	struct flush_run f = {0};
+	f.reopen = (int (*)(long, struct mpp_gate_stats *))dlsym(RTLD_DEFAULT, "mpipause_test_reopen");
+	CHECK(page_fd && state_page && f.reopen, "test entry points missing");
+	int gfd = page_fd(), pfd = state_page(), s[2];
+	CHECK(gfd >= 0 && pfd >= 0, "pages: %d %d", gfd, pfd);
+	_Atomic int *word = mmap(NULL, MPP_GATE_PAGE_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED, gfd, 0);
+	struct stat sb;
+	fstat(pfd, &sb);
+	struct mpp_page *pg = mmap(NULL, (size_t)sb.st_size, PROT_READ, MAP_SHARED, pfd, 0);
+	CHECK(word != MAP_FAILED && pg != MAP_FAILED, "map the pages");
+	const size_t n = 4 << 20;
+	unsigned char *b = malloc(n), *in = malloc(n);
+	size_t got = 0;
+	pthread_t t;
+	CHECK(b && in, "malloc");
+	fill(b, n, 6, 0);
+	tcp_pair(s, 65536);
+	const uint64_t syn = handed(s[0]); // the SYN's sequence number
+
+	atomic_store(word, GATE_WORD(GATE_CLOSED, 1)); // the first pause
+	CHECK(send(s[0], b, n, 0) == (ssize_t)n, "held send");
+	atomic_store(word, GATE_WORD(GATE_FLUSHING, 1)); // its resume
+	f.gen = 1;
+	CHECK(pthread_create(&t, NULL, run_reopen, &f) == 0, "thread");
+	// The flush fills the two socket buffers and waits for room: the peer
+	// reads nothing before the close.
+	while (handed(s[0]) == syn)
+		poll(NULL, 0, 1);
+	atomic_store(word, GATE_WORD(GATE_CLOSED, 2)); // the next pause
+	long long deadline = now_ms() + 10000;
+	while (atomic_load(&pg->flushing) != 0 && now_ms() < deadline)
+		drain_some(s[1], in, n, &got);
+	CHECK(atomic_load(&pg->flushing) == 0, "the page still counts a flush 10 s after the close");
+	uint64_t quiet = handed(s[0]) - syn;
+	while (pthread_tryjoin_np(t, NULL) != 0 && now_ms() < deadline)
+		drain_some(s[1], in, n, &got);
+	uint64_t after = handed(s[0]) - syn;
+	CHECK(after == quiet, "the flush handed the kernel %llu bytes after the page said no flush ran (%llu before)",
+	      (unsigned long long)(after - quiet), (unsigned long long)quiet);
+	CHECK(f.rc == 0 && f.st.flushed == quiet, "the overtaken flush: rc %d, %lu bytes flushed, the kernel took %llu", f.rc,
+	      f.st.flushed, (unsigned long long)quiet);
+	CHECK(quiet < n, "the whole %zu bytes went before the close: nothing was overtaken", n);
+	CHECK(atomic_load(word) == GATE_WORD(GATE_CLOSED, 2), "the overtaken flush changed the word to %#x",
+	      atomic_load(word));
+
+	atomic_store(word, GATE_WORD(GATE_FLUSHING, 2)); // the next resume
+	f.gen = 2;
+	CHECK(pthread_create(&t, NULL, run_reopen, &f) == 0, "thread");
+	while (got < n && now_ms() < deadline + 10000)
+		drain_some(s[1], in, n, &got);
+	pthread_join(t, NULL);
+	CHECK(f.rc == 0 && f.st.flushed == n - quiet, "the second flush: rc %d, %lu bytes, want %llu", f.rc, f.st.flushed,
+	      (unsigned long long)(n - quiet));
+	CHECK(got == n && memcmp(in, b, n) == 0, "the peer read %zu of %zu bytes, in order: %d", got, n,
+	      got == n && memcmp(in, b, n) == 0);
+	CHECK(atomic_load(word) == GATE_OPEN, "after the second flush the word is %#x, want open", atomic_load(word));
+	free(b);
+	free(in);
+	munmap((void *)word, MPP_GATE_PAGE_SIZE);
+	munmap(pg, (size_t)sb.st_size);
+	close(gfd);
+	close(pfd);
+	close(s[0]);
+	close(s[1]);
+}
+
 // Receiving under a closed gate: every read call returns what the kernel's
 // returns, bytes and errno (the shim only asks for a quick ACK after a
 // read that got bytes); a pipe reads as ever.
@@ -1500,6 +1637,7 @@ int main(int argc, char **argv)
 		{"stash_reused_number", test_stash_reused_number},
 		{"stash_dup2", test_stash_dup2},
 		{"stash_acks", test_stash_acks},
+		{"flush_overtaken", test_flush_overtaken},
 	};
 	return RUN_TESTS(tests);
 }

@@ -295,11 +295,14 @@ func benchPauseCase(b *testing.B, c *pauseCase, link linkProbe) {
 }
 
 // cpuHogs starts n processes that spin at nice 0, outside the job, and
-// returns what stops them.
+// returns what stops them. A benchmark killed before it can stop them
+// takes them along (Pdeathsig): left spinning, they would make every later
+// run on the machine a busy one.
 func cpuHogs(b *testing.B, n int) func() {
 	var hogs []*exec.Cmd
 	for range n {
 		h := exec.Command("sh", "-c", "while :; do :; done")
+		h.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 		if err := h.Start(); err != nil {
 			b.Fatal(err)
 		}

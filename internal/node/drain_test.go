@@ -172,8 +172,10 @@ func expectLines(t *testing.T, lines <-chan string, want ...string) {
 	}
 }
 
-// TestNodeRoleDrainSet: PREPARE tells the ranks to drain the job's own
-// connections on the node, by cookie, and nothing else of their processes;
+// TestNodeRoleDrainSet: the first drain check after PREPARE (whose read
+// is PREPARE's) tells the ranks to drain the job's own connections on the
+// node, by cookie, once they have answered for their gates, and nothing
+// else of their processes;
 // those to other hosts follow once the coordinator has sent the job's
 // ports, and only those whose far port is one; a job connection made
 // during the pause is named in a new DRAIN at the next round; a shim whose stash is full fails the pause at the next round,
@@ -195,7 +197,10 @@ func TestNodeRoleDrainSet(t *testing.T) {
 	if err := l.Prepare(ctx, job); err != nil {
 		t.Fatal(err)
 	}
-	expectLines(t, lines, "CLOSE", "DRAIN 2", "C 11 12")
+	if _, err := l.Drain(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	expectLines(t, lines, "CLOSE", "STATE", "DRAIN 2", "C 11 12")
 	l.Peers(job, quiesce.Ports{5000, 5001, 6000, 7000})
 	obs.add(conn(0x18, "10.0.0.1:5005", "10.0.0.3:5432")) // the program's own, on another host
 	if _, err := l.Drain(ctx, job); err != nil {
@@ -270,6 +275,11 @@ func TestNodeRoleCounted(t *testing.T) {
 		for range lines {
 		}
 	}()
+	// The first check, PREPARE's read, before the coordinator has the
+	// job's ports: the program's own connection counts as the job's.
+	if rep, err := l.Drain(ctx, job); err != nil || rep.Counted {
+		t.Fatalf("an uncounted connection not yet known as the program's own: Counted %v (%v), want false", rep.Counted, err)
+	}
 	l.Peers(job, quiesce.Ports{5000, 5001, 6000})
 	rep, err := l.Drain(ctx, job)
 	if err != nil || !rep.Counted {
@@ -298,7 +308,10 @@ func TestNodeRoleUnheld(t *testing.T) {
 	if err := l.Prepare(ctx, job); err != nil {
 		t.Fatal(err)
 	}
-	expectLines(t, lines, "CLOSE", "DRAIN 2", "C 11 12")
+	if _, err := l.Drain(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	expectLines(t, lines, "CLOSE", "STATE", "DRAIN 2", "C 11 12")
 	own := "EVENT unheld call=msg-zerocopy fd=5 cookie=14"
 	event.Store(&own)
 	for i := 0; i < 2; i++ { // the event arrives with the first round's STATE answer
@@ -391,9 +404,10 @@ func TestVerifyIgnoresProgramsOwn(t *testing.T) {
 }
 
 // TestOnlyDrainChecksPace: the drain's checks may reuse the observer's
-// walk of the job's namespaces (loader.Pacing); PREPARE's read, the
-// baseline of the counts of bytes sent through closed gates, and the check
-// after the freeze, which proves the pause, may not.
+// walk of the job's namespaces (loader.Pacing); PREPARE's read (the first
+// drain check's, Role.Prepare), the baseline of the counts of bytes sent
+// through closed gates, and the check after the freeze, which proves the
+// pause, may not.
 func TestOnlyDrainChecksPace(t *testing.T) {
 	var event atomic.Pointer[string]
 	ctx, s, job, _ := oneRank(t, "pace", &event)
@@ -412,14 +426,18 @@ func TestOnlyDrainChecksPace(t *testing.T) {
 	if err := l.Prepare(ctx, job); err != nil {
 		t.Fatal(err)
 	}
-	if last() {
-		t.Errorf("PREPARE's read was Pacing")
+	obs.mu.Lock()
+	if n := len(obs.paced); n != 0 {
+		t.Errorf("Prepare read the kernel %d times; its read is the first drain check's", n)
 	}
-	if _, err := l.Drain(ctx, job); err != nil {
-		t.Fatal(err)
-	}
-	if !last() {
-		t.Errorf("a drain check was not Pacing")
+	obs.mu.Unlock()
+	for i, want := range []bool{false, true} {
+		if _, err := l.Drain(ctx, job); err != nil {
+			t.Fatal(err)
+		}
+		if got := last(); got != want {
+			t.Errorf("drain check %d after Prepare: Pacing %v, want %v (the first is PREPARE's read)", i+1, got, want)
+		}
 	}
 	if _, err := l.Verify(ctx, job); err != nil {
 		t.Fatal(err)

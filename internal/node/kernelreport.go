@@ -44,7 +44,7 @@ const (
 // kernelReport reads the job's connections on this node, counting bytes
 // sent through closed gates as under says.
 func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeReport, under check) (quiesce.NodeReport, kernelRead, error) {
-	return l.kernelReportBy(ctx, job, rep, under, under == checkFrozen)
+	return l.kernelReportBy(ctx, job, rep, under, under == checkFrozen, false)
 }
 
 // kernelReportBy is kernelReport, its read a walk (a Snapshot) if walk,
@@ -62,14 +62,16 @@ func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeRep
 // gates since, and a send that read its gate open just before it closed
 // but reached the kernel after the node's clean answer (its thread
 // preempted) would otherwise count there, and on a socket with bytes
-// held fail the pause (late).
-func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.NodeReport, under check, walk bool) (quiesce.NodeReport, kernelRead, error) {
+// held fail the pause (late). With first, the read (a walk) is PREPARE's
+// too (Role.Prepare): the job's drain set and the connections the next
+// reads are compared with start from it.
+func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.NodeReport, under check, walk, first bool) (quiesce.NodeReport, kernelRead, error) {
 	rep := rep0
-	all, rechecked, err := l.read(ctx, job, under, walk)
+	all, rechecked, err := l.read(ctx, job, under, walk, first)
 	if err != nil {
 		return rep, kernelRead{}, err
 	}
-	d, sd := l.sidesOf(job, all, false)
+	d, sd := l.sidesOf(job, all, first)
 	mine, own := sd.checked(all)
 	rep.Own = own
 	rs := l.Ranks.Ranks(job)
@@ -79,7 +81,7 @@ func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.Node
 	// of the report counting fewer ranks (which the coordinator can only
 	// call missing) or its sockets' ends counting as bytes sent past the
 	// gates.
-	if err := l.gone(job, l.closing(job, all, false)); err != nil {
+	if err := l.gone(job, l.closing(job, all, first)); err != nil {
 		return quiesce.NodeReport{Node: l.Name}, kernelRead{}, err
 	}
 	var held []loader.Conn
@@ -194,13 +196,22 @@ func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.Node
 	confirmed := l.confirmed[job]
 	l.mu.Unlock()
 	if rechecked && clean && (!confirmed || quiesce.Settling(ctx)) {
-		return l.kernelReportBy(ctx, job, rep0, under, true)
+		return l.kernelReportBy(ctx, job, rep0, under, true, first)
 	}
 	l.mu.Lock()
 	if l.confirmed == nil {
 		l.confirmed = map[string]bool{}
 	}
 	l.confirmed[job] = clean && (confirmed || !rechecked)
+	if first && !clean {
+		// PREPARE's read, moments after the gates closed, counts from
+		// nothing: a send that read its gate open just before it closed
+		// and reaches the kernel late (its thread preempted), as it may,
+		// would count at the next walk and cost the pause a round. The
+		// count starts at a clean answer, the one the coordinator may
+		// freeze on, or at the next walk.
+		delete(l.sentAt, job)
+	}
 	l.mu.Unlock()
 	l.remember(job, all)
 	return rep, kernelRead{conns: all, d: d, sides: sd}, nil
@@ -209,11 +220,12 @@ func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.Node
 // read is a kernel read of the job's connections on this node: a recheck
 // of the last read's unless walk, or the observer cannot (or need not)
 // recheck; rechecked says which it was.
-func (l *Role) read(ctx context.Context, job string, under check, walk bool) (conns []loader.Conn, rechecked bool, err error) {
-	if under != checkFrozen {
+func (l *Role) read(ctx context.Context, job string, under check, walk, first bool) (conns []loader.Conn, rechecked bool, err error) {
+	if under != checkFrozen && !first {
 		// A drain check only says when the pause goes on: it may look in
-		// the namespaces PREPARE's read walked. The check after the freeze
-		// proves the pause and walks again (loader.Pacing).
+		// the namespaces PREPARE's read walked. PREPARE's read finds them,
+		// and the check after the freeze proves the pause: both walk the
+		// job's cgroups again (loader.Pacing).
 		ctx = loader.Pacing(ctx)
 	}
 	if !walk {

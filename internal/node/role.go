@@ -98,6 +98,10 @@ type Role struct {
 	confirmed map[string]bool
 	// counted is, per job, the Counted of the report that took sentAt.
 	counted map[string]bool
+	// unread is, per job, that Prepare closed its gates here and no drain
+	// check has read the kernel since: the next one's read is PREPARE's
+	// too (Prepare).
+	unread map[string]bool
 }
 
 // drainSet is what a pause's DRAIN requests named on this node, and what
@@ -340,7 +344,14 @@ func (l *Role) eachRank(job, what string, fn func(*ranks.Rank) error) error {
 	return errors.Join(errs...)
 }
 
-// Prepare closes the gate of every rank of the job on this node.
+// Prepare closes the gate of every rank of the job on this node. It leaves
+// its kernel read to the drain check that follows it (in PREPARE's round,
+// quiesce.Message.Check): that one read, taken once every rank has
+// answered for its gate, is both PREPARE's (the drain set the ranks are
+// told, this node's addresses, the connections later reads are compared
+// with) and the check's, where a read of its own a few milliseconds
+// before would cost a walk of the kernel's TCP table more a node a pause
+// (docs/guarantees.md, "PREPARE's read is its first drain check's").
 func (l *Role) Prepare(ctx context.Context, job string) error {
 	// Only closing waits for every rank: a rank not registered again
 	// could not be gated, while opening and thawing what is registered
@@ -363,10 +374,15 @@ func (l *Role) Prepare(ctx context.Context, job string) error {
 	if l.gated == nil {
 		l.gated = map[string]map[int]int{}
 	}
+	if l.unread == nil {
+		l.unread = map[string]bool{}
+	}
 	l.gated[job] = was
+	l.unread[job] = true
 	delete(l.sentAt, job)
 	delete(l.last, job)
 	delete(l.confirmed, job)
+	delete(l.drains, job) // the last pause's: what unheld would match
 	l.mu.Unlock()
 	err = l.eachRank(job, "close gate", func(r *ranks.Rank) error {
 		r.ClearStashFull()
@@ -381,17 +397,7 @@ func (l *Role) Prepare(ctx context.Context, job string) error {
 	}
 	// A rank killed just before its gate closed has SIGKILL pending at
 	// once; its channel's end and its sockets' may reach mpid much later.
-	if err := l.gone(job, true); err != nil {
-		return err
-	}
-	conns, err := l.conns(ctx, job)
-	if err != nil {
-		return err
-	}
-	l.closing(job, conns, true)
-	l.remember(job, conns)
-	d, sd := l.sidesOf(job, conns, true)
-	return l.startDrains(job, d, sd.jobConns(conns), true)
+	return l.gone(job, true)
 }
 
 // conns reads the job's connections on this node from the kernel.
@@ -416,7 +422,8 @@ func (l *Role) conns(ctx context.Context, job string) ([]loader.Conn, error) {
 }
 
 // Drain asks every rank for its gate (sockets still mid-message are
-// Ungated) and reads the job's connections on this node from the kernel.
+// Ungated) and reads the job's connections on this node from the kernel;
+// the first check after Prepare walks, and its read is PREPARE's too.
 func (l *Role) Drain(ctx context.Context, job string) (quiesce.NodeReport, error) {
 	rep := quiesce.NodeReport{Node: l.Name}
 	if err := l.gone(job, false); err != nil {
@@ -459,12 +466,20 @@ func (l *Role) Drain(ctx context.Context, job string) (quiesce.NodeReport, error
 	if rep.Ungated == 0 {
 		under = checkGated
 	}
-	rep, kr, err = l.kernelReport(ctx, job, rep, under)
+	l.mu.Lock()
+	first := l.unread[job]
+	l.mu.Unlock()
+	rep, kr, err = l.kernelReportBy(ctx, job, rep, under, first, first)
+	if err == nil && first {
+		l.mu.Lock()
+		delete(l.unread, job)
+		l.mu.Unlock()
+	}
 	if err == nil {
 		err = l.heldStill(job, rep, closing)
 	}
 	if err == nil {
-		err = l.startDrains(job, kr.d, kr.sides.jobConns(kr.conns), false)
+		err = l.startDrains(job, kr.d, kr.sides.jobConns(kr.conns), first)
 	}
 	// A drain round is a few milliseconds; one that is not delays every
 	// node's next round, so say where the time went.
@@ -646,6 +661,7 @@ func (l *Role) Open(ctx context.Context, job string) error {
 		delete(l.last, job)
 		delete(l.confirmed, job)
 		delete(l.counted, job)
+		delete(l.unread, job)
 		l.mu.Unlock()
 	}
 	return err

@@ -76,8 +76,11 @@ func framedAtFreeze(t *testing.T, another bool, want string) {
 	p := start(ctx, t, "", []string{"LD_PRELOAD=" + filepath.Join(bin, "libmpipause.so"), "MPIPAUSE_MPID_SOCKET=" + sock, "MPIPAUSE_JOBID=frame", fakeJobKey},
 		"sh", "-c", `"$@" & wait $!`, "sh", xchg, "-n", "3", "-s", "1K", "-w", hold)
 	atHold(t, hold, 1, p)
+	// The shim's thread sends the HELLO after MPI_Init, beside the rank
+	// going on to its hold point: either may come first.
+	waitFor(t, "the rank's HELLO", 2*time.Minute, p.done, func() bool { return hello.Load() != nil })
 	r := hello.Load()
-	if r == nil || r.Tstp == 0 {
+	if r.Tstp == 0 {
 		t.Fatalf("the rank's HELLO names no SIGTSTP handler: %+v", r)
 	}
 	pid := r.Pid

@@ -13,9 +13,10 @@
 // write the gate word itself (the shared gate page, gateword.c): closed in a
 // new generation, then flushing in that generation at resume, before it
 // asks for the flush ("REOPEN <gen>"). The shim never reopens a gate of
-// another generation than the one it was asked to, and a flush stops at a
-// chunk boundary when a newer close comes: a resume followed at once by a
-// pause must not see the old resume's flush open the new pause's gate.
+// another generation than the one it was asked to, and a flush stops before
+// its next send call when a newer close comes: a resume followed at once by a
+// pause must not see the old resume's flush open the new pause's gate, nor
+// send through it (send_all).
 #include "shim.h"
 #include "gate.h"
 
@@ -188,6 +189,8 @@ void mpp_flush_fd(struct sock *s, struct mpp_gate_stats *st, int word, long long
 		st->flushed += done;
 		mpp_hold_release(done);
 		if (rc > 0) {
+			// Published before mpp_flush_end uncounts the flush: a
+			// page that says no flush runs says what it left held.
 			mpp_publish(s);
 			break;
 		}

@@ -441,9 +441,8 @@ func (r *Rank) HeldAt(fd int) (held uint64, ok bool) {
 // no socket is mid-message and no flush of held bytes is running (a
 // resume's flush overtaken by this close sends until its thread sees the
 // word: its answer to STATE comes after it stopped): what a STATE request
-// would say, without
-// waking the rank's control thread (which, among busy-polling ranks, can take
-// milliseconds to be scheduled). It says false whenever the page cannot
+// would say, without waking the rank's control thread (which, among
+// busy-polling ranks, can take milliseconds to be scheduled). It says false whenever the page cannot
 // vouch for that, including a short last send on some fd: the page does not
 // know whether that fd is a TCP socket (the shim does), so the caller asks
 // the rank.

@@ -40,6 +40,12 @@ size_t mpp_stash_max(void)
 	return stash_max;
 }
 
+// mpipause_test_stash_set_max sets the cap, for the C tests.
+EXPORT void mpipause_test_stash_set_max(size_t max)
+{
+	stash_max = max;
+}
+
 int mpp_stash_full(int clear)
 {
 	return clear ? atomic_exchange(&stash_full, 0) : atomic_load(&stash_full);
@@ -233,14 +239,8 @@ ssize_t mpp_stash_fd(int fd, ino_t ino)
 				s->len -= s->off;
 				s->off = 0;
 			}
-			size_t want = s->len + (size_t)n, cap = s->cap ? s->cap : 64 << 10;
-			while (cap < want)
-				cap *= 2;
-			char *b = realloc(s->buf, cap);
-			if (!b)
+			if (mpp_stash_grow(s, s->len + (size_t)n) < 0)
 				break; // the bytes stay in the kernel; the pause will say so
-			s->buf = b;
-			s->cap = cap;
 		}
 		size_t take = s->cap - s->len < room ? s->cap - s->len : room;
 		ssize_t r = REAL(recv)(fd, s->buf + s->len, take, MSG_DONTWAIT);

@@ -48,6 +48,10 @@ int mpp_stash_attach(struct stash *s, int fd, int slow);
 void mpp_stash_set_slow(struct stash *s, int slow);
 void mpp_stash_detach_all(struct stash *s);
 int mpp_stash_names(int fd, ino_t ino);
+// A stash's buffer: grown to hold want bytes (0, or -1 if no memory), and
+// freed; either with s->mu held.
+int mpp_stash_grow(struct stash *s, size_t want);
+void mpp_stash_buf_free(struct stash *s);
 
 // drain.c: the cap, read at load; a forked child's drain starts afresh.
 void mpp_drain_init(void);

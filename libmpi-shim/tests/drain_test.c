@@ -20,6 +20,8 @@
 //   the reopen every byte reaches the program in order.
 // - read_first: the program reads a drained socket itself, often before
 //   the drain's thread does; once it stops, what arrives next is drained.
+// - huge: MiBs drained go into memory the kernel may back with transparent
+//   huge pages, and come back in order.
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -46,6 +48,8 @@
 
 static size_t (*stash_bytes)(void);
 static size_t (*stash_max)(void);
+static void (*set_max)(size_t);
+static void *(*stash_buf)(int, size_t *);
 
 // The fake mpid's end of the rank channel, and what it has read of it.
 static int chan = -1;
@@ -415,6 +419,100 @@ static void test_cap(void)
 	CHECK(stash_bytes() == 0, "%zu bytes left in the stashes", stash_bytes());
 }
 
+// thp_mode is the system's transparent huge page setting (the bracketed
+// word of /sys/kernel/mm/transparent_hugepage/enabled), or "none".
+static void thp_mode(char *out, size_t n)
+{
+	char b[128] = "";
+	snprintf(out, n, "none");
+	FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+	if (!f)
+		return;
+	if (fgets(b, sizeof(b), f)) {
+		char *l = strchr(b, '['), *r = l ? strchr(l, ']') : NULL;
+		if (l && r)
+			snprintf(out, n, "%.*s", (int)(r - l - 1), l + 1);
+	}
+	fclose(f);
+}
+
+// thp_eligible is the THPeligible line of the mapping that holds addr in
+// /proc/self/smaps: 1 or 0, -1 if no mapping holds it, -2 if the kernel
+// does not say.
+static int thp_eligible(const void *addr)
+{
+	FILE *f = fopen("/proc/self/smaps", "r");
+	char l[512];
+	int in = 0, v = -1;
+	if (!f)
+		return -1;
+	while (fgets(l, sizeof(l), f)) {
+		unsigned long lo, hi;
+		if (sscanf(l, "%lx-%lx ", &lo, &hi) == 2 && strchr(l, '-') < strchr(l, ' ')) {
+			if (in)
+				break;
+			in = (uintptr_t)addr >= lo && (uintptr_t)addr < hi;
+			if (in)
+				v = -2;
+		} else if (in && sscanf(l, "THPeligible: %d", &v) == 1) {
+			break;
+		}
+	}
+	fclose(f);
+	return v;
+}
+
+// huge: MiBs drained go into a buffer the kernel may back with transparent
+// huge pages (one fault per 2 MiB, not 512; faulting in 4 KiB pages cost
+// the drain more CPU than its copy), grown there from malloc's memory, and
+// read back in order.
+static void test_huge(void)
+{
+	int job[2];
+	char out[256], mode[32];
+	size_t n = 8 << 20, was = stash_max(), cap = 0;
+	set_max(64 << 20);
+	tcp_pair(job, 0);
+	CHECK(say("CLOSE\n") == 0 && line("CLOSED", out, sizeof(out)) == 0, "close: %s", out);
+	uint64_t ck = cookie(job[1]);
+	CHECK(drain(&ck, 1, out, sizeof(out)) == 0 && strcmp(out, "DRAINING sockets=1 stashed=0") == 0, "drain: %s",
+	      out);
+	struct sender sd = {.fd = job[0], .n = n};
+	pthread_t t;
+	CHECK(pthread_create(&t, NULL, send_all, &sd) == 0, "thread");
+	for (int i = 0; i < 5000 && stash_bytes() < n; i++)
+		usleep(1000);
+	size_t held = stash_bytes();
+	void *buf = stash_buf(job[1], &cap);
+	int elig = buf ? thp_eligible(buf) : -1;
+	thp_mode(mode, sizeof(mode));
+	say("OPEN\n");
+	line("OPENED", out, sizeof(out));
+	size_t at = 0;
+	int order = 1;
+	unsigned char b[65536];
+	while (at < n) {
+		ssize_t r = recv(job[1], b, sizeof(b), 0);
+		if (r <= 0)
+			break;
+		for (ssize_t i = 0; i < r; i++)
+			order &= b[i] == pat(at + (size_t)i);
+		at += (size_t)r;
+	}
+	pthread_join(t, NULL);
+	close(job[0]), close(job[1]);
+	set_max(was);
+	CHECK(held == n, "the stash held %zu of the %zu bytes sent within 5 s", held, n);
+	CHECK(buf != NULL && cap >= n, "the stash's buffer: %p, %zu bytes", buf, cap);
+	if (strcmp(mode, "always") == 0 || strcmp(mode, "madvise") == 0)
+		CHECK(elig == 1, "transparent huge pages are \"%s\" here, but the stash's buffer is not eligible (THPeligible %d)",
+		      mode, elig);
+	else
+		CHECK(elig != 1, "transparent huge pages are \"%s\", yet the stash's buffer is eligible", mode);
+	CHECK(at == n && order, "read back %zu of %zu bytes, in order: %d", at, n, order);
+	CHECK(stash_bytes() == 0, "%zu bytes left in the stashes", stash_bytes());
+}
+
 // A DRAIN whose set is cut short by another request drains nothing and
 // answers once; a malformed set is refused.
 static void test_bad_sets(void)
@@ -444,7 +542,9 @@ int main(void)
 	void (*stop)(void) = (void (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_rankch_stop");
 	stash_bytes = (size_t(*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_stash_bytes");
 	stash_max = (size_t(*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_stash_max");
-	if (!start || !stop || !stash_bytes || !stash_max) {
+	set_max = (void (*)(size_t))dlsym(RTLD_DEFAULT, "mpipause_test_stash_set_max");
+	stash_buf = (void *(*)(int, size_t *))dlsym(RTLD_DEFAULT, "mpipause_test_stash_buf");
+	if (!start || !stop || !stash_bytes || !stash_max || !set_max || !stash_buf) {
 		fprintf(stderr, "FAIL: libmpipause.so is not preloaded (run: make -C libmpi-shim test)\n");
 		return 1;
 	}
@@ -477,6 +577,7 @@ int main(void)
 		{"unheld", test_unheld},
 		{"cap", test_cap},
 		{"bad_sets", test_bad_sets},
+		{"huge", test_huge},
 	};
 	int rc = RUN_TESTS(tests);
 	stop();

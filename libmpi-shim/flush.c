@@ -204,7 +204,7 @@ void mpp_flush_fd(struct sock *s, struct mpp_gate_stats *st, int word, long long
 		if (!s->head)
 			s->tail = NULL;
 		mpp_publish(s);
-		free(h);
+		mpp_held_free(h);
 	}
 	s->flushing = 0;
 	mpp_flush_end(counted);

@@ -253,6 +253,25 @@ uint64_t mpp_sock_cookie(int fd)
 	return c;
 }
 
+// mpipause_test_held is the first chunk fd's socket holds (NULL if none),
+// for the C tests: the caller sends on it from no other thread meanwhile.
+EXPORT void *mpipause_test_held(int fd)
+{
+	struct sock *s = fd >= 0 && fd < mpp_tab_hi ? atomic_load(&mpp_fd_tab[fd]) : NULL;
+	void *h = NULL;
+	if (s) {
+		pthread_mutex_lock(&s->mu);
+		h = s->head;
+		pthread_mutex_unlock(&s->mu);
+	}
+	return h;
+}
+
+void mpp_held_free(struct held *h)
+{
+	mpp_big_free(h, sizeof(*h) + h->len);
+}
+
 // drop_held frees s's held queue unsent. Called with s->mu held.
 static size_t drop_held(struct sock *s)
 {
@@ -260,7 +279,7 @@ static size_t drop_held(struct sock *s)
 	while (s->head) {
 		struct held *h = s->head;
 		s->head = h->next;
-		free(h);
+		mpp_held_free(h);
 	}
 	s->tail = NULL;
 	s->held = 0;
@@ -287,7 +306,7 @@ size_t mpp_gone(struct sock *s)
 // held queue. Called with s->mu held.
 static int append(struct sock *s, int fd, const struct iovec *iov, int iovcnt, size_t total, int oob)
 {
-	struct held *h = malloc(sizeof(*h) + total);
+	struct held *h = mpp_big_alloc(sizeof(*h) + total);
 	size_t off = 0;
 
 	if (!h)

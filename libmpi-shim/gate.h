@@ -60,6 +60,7 @@ void mpp_hold_wake(void);
 size_t mpp_held_total(void);
 void mpp_hold_child(void);
 size_t mpp_gone(struct sock *s);
+void mpp_held_free(struct held *h);
 
 // flush.c: sending a socket's held bytes.
 void mpp_flush_fd(struct sock *s, struct mpp_gate_stats *st, int word, long long deadline);

@@ -92,6 +92,11 @@ int mpp_is_tcp(int fd);
 ssize_t mpp_send_all(int fd, const void *b, size_t n);
 void mpp_paths_init(void);
 long long mpp_now_ms(void);
+// bigbuf.c: memory for held and stashed bytes, from MPP_BIG in mappings
+// advised for transparent huge pages; freed with the size it was made with.
+#define MPP_BIG ((size_t)2 << 20)
+void *mpp_big_alloc(size_t n);
+void mpp_big_free(void *p, size_t n);
 #ifndef SO_COOKIE
 #define SO_COOKIE 57
 #endif

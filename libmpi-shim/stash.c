@@ -49,7 +49,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/ioctl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -226,42 +225,15 @@ static void emptied(struct stash *s)
 	mpp_stash_detach_all(s);
 }
 
-// A stash's buffer from HUGE_BUF up is a mapping of its own, aligned to and
-// advised for transparent huge pages (MADV_HUGEPAGE: taken where the system
-// enables them for such mappings, "madvise" or "always"); a smaller one is
-// malloc's. A drain moves MiBs into memory the process has never touched,
-// and faulting that in 4 KiB at a time cost more CPU than the copy itself
-// (on the rig's virtual machine: 8 MiB received into fresh pages, 28 ms of
-// CPU; into touched ones, 2 ms), which the drain's thread, sharing a core
-// with the job's busy ranks, pays several times over in wall time. In huge
-// pages it is a fault per 2 MiB. Every capacity is 64 KiB doubled, so
-// whether a buffer is mapped follows from its capacity alone.
-#define HUGE_BUF ((size_t)2 << 20)
-
-static char *huge_map(size_t cap)
-{
-	char *m = mmap(NULL, cap + HUGE_BUF, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (m == MAP_FAILED)
-		return NULL;
-	char *b = (char *)(((uintptr_t)m + HUGE_BUF - 1) & ~(uintptr_t)(HUGE_BUF - 1));
-	if (b > m)
-		munmap(m, (size_t)(b - m));
-	if (b + cap < m + cap + HUGE_BUF)
-		munmap(b + cap, (size_t)(m + cap + HUGE_BUF - (b + cap)));
-	madvise(b, cap, MADV_HUGEPAGE); // refused (no THP in the kernel): 4 KiB pages
-	return b;
-}
-
 void mpp_stash_buf_free(struct stash *s)
 {
-	if (s->cap >= HUGE_BUF)
-		munmap(s->buf, s->cap);
-	else
-		free(s->buf);
+	mpp_big_free(s->buf, s->cap);
 	s->buf = NULL;
 	s->cap = 0;
 }
 
+// Every capacity is 64 KiB doubled: a buffer outgrows malloc's memory
+// once, into a mapping (bigbuf.c), and is copied there.
 int mpp_stash_grow(struct stash *s, size_t want)
 {
 	size_t cap = s->cap ? s->cap : 64 << 10;
@@ -270,12 +242,12 @@ int mpp_stash_grow(struct stash *s, size_t want)
 		cap *= 2;
 	if (cap == s->cap)
 		return 0;
-	if (cap < HUGE_BUF) {
+	if (cap < MPP_BIG) {
 		b = realloc(s->buf, cap);
 		if (!b)
 			return -1;
 	} else {
-		b = huge_map(cap);
+		b = mpp_big_alloc(cap);
 		if (!b)
 			return -1;
 		if (s->len)

@@ -1,11 +1,12 @@
 // SPDX-License-Identifier: Apache-2.0
 //
 // What the shim's C tests share: the check that reports and ends a test,
-// and a loopback TCP pair.
+// a loopback TCP pair, and what the kernel says of a buffer's pages.
 #ifndef MPIPAUSE_TEST_CHECK_H
 #define MPIPAUSE_TEST_CHECK_H
 
 #include <netinet/in.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,5 +75,48 @@ static inline int run_tests(const struct test *t, size_t n)
 	return failures ? 1 : 0;
 }
 #define RUN_TESTS(tests) run_tests(tests, sizeof(tests) / sizeof(tests[0]))
+
+// thp_mode is the system's transparent huge page setting (the bracketed
+// word of /sys/kernel/mm/transparent_hugepage/enabled), or "none".
+static __attribute__((unused)) void thp_mode(char *out, size_t n)
+{
+	char b[128] = "";
+	snprintf(out, n, "none");
+	FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+	if (!f)
+		return;
+	if (fgets(b, sizeof(b), f)) {
+		char *l = strchr(b, '['), *r = l ? strchr(l, ']') : NULL;
+		if (l && r)
+			snprintf(out, n, "%.*s", (int)(r - l - 1), l + 1);
+	}
+	fclose(f);
+}
+
+// thp_eligible is the THPeligible line of the mapping that holds addr in
+// /proc/self/smaps: 1 or 0, -1 if no mapping holds it, -2 if the kernel
+// does not say.
+static __attribute__((unused)) int thp_eligible(const void *addr)
+{
+	FILE *f = fopen("/proc/self/smaps", "r");
+	char l[512];
+	int in = 0, v = -1;
+	if (!f)
+		return -1;
+	while (fgets(l, sizeof(l), f)) {
+		unsigned long lo, hi;
+		if (sscanf(l, "%lx-%lx ", &lo, &hi) == 2 && strchr(l, '-') < strchr(l, ' ')) {
+			if (in)
+				break;
+			in = (uintptr_t)addr >= lo && (uintptr_t)addr < hi;
+			if (in)
+				v = -2;
+		} else if (in && sscanf(l, "THPeligible: %d", &v) == 1) {
+			break;
+		}
+	}
+	fclose(f);
+	return v;
+}
 
 #endif

@@ -419,49 +419,6 @@ static void test_cap(void)
 	CHECK(stash_bytes() == 0, "%zu bytes left in the stashes", stash_bytes());
 }
 
-// thp_mode is the system's transparent huge page setting (the bracketed
-// word of /sys/kernel/mm/transparent_hugepage/enabled), or "none".
-static void thp_mode(char *out, size_t n)
-{
-	char b[128] = "";
-	snprintf(out, n, "none");
-	FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-	if (!f)
-		return;
-	if (fgets(b, sizeof(b), f)) {
-		char *l = strchr(b, '['), *r = l ? strchr(l, ']') : NULL;
-		if (l && r)
-			snprintf(out, n, "%.*s", (int)(r - l - 1), l + 1);
-	}
-	fclose(f);
-}
-
-// thp_eligible is the THPeligible line of the mapping that holds addr in
-// /proc/self/smaps: 1 or 0, -1 if no mapping holds it, -2 if the kernel
-// does not say.
-static int thp_eligible(const void *addr)
-{
-	FILE *f = fopen("/proc/self/smaps", "r");
-	char l[512];
-	int in = 0, v = -1;
-	if (!f)
-		return -1;
-	while (fgets(l, sizeof(l), f)) {
-		unsigned long lo, hi;
-		if (sscanf(l, "%lx-%lx ", &lo, &hi) == 2 && strchr(l, '-') < strchr(l, ' ')) {
-			if (in)
-				break;
-			in = (uintptr_t)addr >= lo && (uintptr_t)addr < hi;
-			if (in)
-				v = -2;
-		} else if (in && sscanf(l, "THPeligible: %d", &v) == 1) {
-			break;
-		}
-	}
-	fclose(f);
-	return v;
-}
-
 // huge: MiBs drained go into a buffer the kernel may back with transparent
 // huge pages (one fault per 2 MiB, not 512; faulting in 4 KiB pages cost
 // the drain more CPU than its copy), grown there from malloc's memory, and

@@ -3,6 +3,7 @@ package node
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/netip"
 	"time"
 
@@ -138,7 +139,11 @@ func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.Node
 	}
 	for _, v := range through {
 		l.Metrics.Violations(v.bytes)
-		if desc != nil && late(v, desc, heldAt) {
+		why := "a drain check does not sort them"
+		if desc != nil {
+			why = notLate(v, desc, heldAt)
+		}
+		if why == "" {
 			rep.Late += v.bytes
 			l.Log.Info("bytes sent through a closed gate on a socket with nothing held: drained again", "job", job, "node", l.Name,
 				"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes)
@@ -146,7 +151,7 @@ func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.Node
 		}
 		rep.Violations += v.bytes
 		l.Log.Warn("bytes sent through a closed gate", "job", job, "node", l.Name,
-			"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes)
+			"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes, "not_late", why)
 	}
 	now := make(map[[2]netip.AddrPort]heldConn, len(held))
 	lookup := false
@@ -285,16 +290,25 @@ type violation struct {
 // send past the shim may have gone ahead of bytes written before it, and
 // the pause must fail rather than claim G4.
 func late(v violation, desc map[[2]netip.AddrPort][]descriptor, heldAt func(descriptor) (uint64, bool)) bool {
+	return notLate(v, desc, heldAt) == ""
+}
+
+// notLate is why v's bytes are not late (late), for the log, or "".
+func notLate(v violation, desc map[[2]netip.AddrPort][]descriptor, heldAt func(descriptor) (uint64, bool)) string {
 	ds := desc[[2]netip.AddrPort{unmap(v.c.Local), unmap(v.c.Remote)}]
 	if len(ds) == 0 {
-		return false
+		return "no rank of the node has a descriptor of the socket"
 	}
 	for _, d := range ds {
-		if held, ok := heldAt(d); !ok || held > 0 {
-			return false
+		held, ok := heldAt(d)
+		if !ok {
+			return fmt.Sprintf("the state page of pid %d cannot say for fd %d", d.pid, d.fd)
+		}
+		if held > 0 {
+			return fmt.Sprintf("pid %d holds %d bytes for fd %d", d.pid, held, d.fd)
 		}
 	}
-	return true
+	return ""
 }
 
 // sentOf is what c's process has handed the kernel to send: the kernel's

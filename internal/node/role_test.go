@@ -1,6 +1,7 @@
 package node
 
 import (
+	"fmt"
 	"net"
 	"net/netip"
 	"os"
@@ -176,6 +177,9 @@ func TestLate(t *testing.T) {
 	}
 	if late(v, desc, held(8, true)) {
 		t.Error("8 bytes held on the socket: late")
+	}
+	if why, want := notLate(v, desc, held(8, true)), fmt.Sprintf("pid %d holds 8 bytes for fd %d", os.Getpid(), fd); why != want {
+		t.Errorf("why 8 bytes held are not late: %q, want %q (the log says it)", why, want)
 	}
 	if late(v, desc, held(0, false)) {
 		t.Error("a page that cannot say: late")

@@ -141,7 +141,7 @@ func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.Node
 		l.Metrics.Violations(v.bytes)
 		why := "a drain check does not sort them"
 		if desc != nil {
-			why = notLate(v, desc, heldAt)
+			why = late(v, desc, heldAt)
 		}
 		if why == "" {
 			rep.Late += v.bytes
@@ -272,9 +272,10 @@ type violation struct {
 	bytes uint64
 }
 
-// late reports whether v's bytes, sent through a closed gate, can only
-// have gone in order: every descriptor of its socket, in the processes
-// desc names, belongs to a rank whose shim holds nothing for it (heldAt).
+// late says whether v's bytes, sent through a closed gate, can only have
+// gone in order: "" when every descriptor of its socket, in the processes
+// desc names, belongs to a rank whose shim holds nothing for it (heldAt),
+// else why not (the log says it).
 //
 // A send call reads its gate once, before the system call. One that read
 // it open just before it closed, its thread preempted in between, reaches
@@ -289,12 +290,7 @@ type violation struct {
 // descriptor beyond it, a connection whose descriptors were not found), a
 // send past the shim may have gone ahead of bytes written before it, and
 // the pause must fail rather than claim G4.
-func late(v violation, desc map[[2]netip.AddrPort][]descriptor, heldAt func(descriptor) (uint64, bool)) bool {
-	return notLate(v, desc, heldAt) == ""
-}
-
-// notLate is why v's bytes are not late (late), for the log, or "".
-func notLate(v violation, desc map[[2]netip.AddrPort][]descriptor, heldAt func(descriptor) (uint64, bool)) string {
+func late(v violation, desc map[[2]netip.AddrPort][]descriptor, heldAt func(descriptor) (uint64, bool)) (whyNot string) {
 	ds := desc[[2]netip.AddrPort{unmap(v.c.Local), unmap(v.c.Remote)}]
 	if len(ds) == 0 {
 		return "no rank of the node has a descriptor of the socket"

@@ -172,20 +172,20 @@ func TestLate(t *testing.T) {
 			return n, ok
 		}
 	}
-	if !late(v, desc, held(0, true)) {
+	if late(v, desc, held(0, true)) != "" {
 		t.Error("nothing held: not late")
 	}
-	if late(v, desc, held(8, true)) {
+	if late(v, desc, held(8, true)) == "" {
 		t.Error("8 bytes held on the socket: late")
 	}
-	if why, want := notLate(v, desc, held(8, true)), fmt.Sprintf("pid %d holds 8 bytes for fd %d", os.Getpid(), fd); why != want {
+	if why, want := late(v, desc, held(8, true)), fmt.Sprintf("pid %d holds 8 bytes for fd %d", os.Getpid(), fd); why != want {
 		t.Errorf("why 8 bytes held are not late: %q, want %q (the log says it)", why, want)
 	}
-	if late(v, desc, held(0, false)) {
+	if late(v, desc, held(0, false)) == "" {
 		t.Error("a page that cannot say: late")
 	}
 	other := violation{c: loader.Conn{Local: remote, Remote: netip.MustParseAddrPort("127.0.0.1:1")}, bytes: 40}
-	if late(other, desc, held(0, true)) {
+	if late(other, desc, held(0, true)) == "" {
 		t.Error("a connection with no descriptor found: late")
 	}
 }

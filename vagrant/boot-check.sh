@@ -45,7 +45,9 @@
 # Its VMs are named mpipause-check-nodeK (MPIPAUSE_VM_PREFIX) and its
 # Vagrant state is a temporary directory, so a cluster of vagrant/ that is
 # up is not touched, but the private network's range (192.168.56.0/24) is
-# one for both. Fails, never skips; a guest panic that is the emulator's
+# one for both. One check runs at a time (a lock); a check killed before its
+# clean-up leaves its VMs defined, and the next one takes them away first
+# (reclaim). Fails, never skips; a guest panic that is the emulator's
 # (emulator_panic) runs the whole check once more on fresh VMs, saying so.
 # docs/vagrant.md, "The box".
 set -euo pipefail
@@ -127,6 +129,13 @@ fi
 
 prefix=mpipause-check-
 uri=qemu:///system
+# One check at a time: checks name their VMs alike and share the private
+# network. While a check's VMs may exist, the lock file names its work
+# directory; a name there with the lock free is a check that was killed
+# before its clean-up, and reclaim takes away what it left.
+lockfile=/var/tmp/mpipause-vagrant-boot.lock
+exec 9>>"$lockfile"
+flock -n 9 || fail "another check-vagrant-boot is running (it holds $lockfile); its VMs would have this one's names: wait for it to end"
 work=$(mktemp -d /var/tmp/mpipause-vagrant-boot.XXXXXX)
 export VAGRANT_DOTFILE_PATH=$work/dot VAGRANT_CHECKPOINT_DISABLE=1 MPIPAUSE_VM_NODES=$nodes MPIPAUSE_VM_PREFIX=$prefix
 # Slurm's daemons, slurmdbd and MariaDB on node0 need more than mpid's
@@ -170,6 +179,47 @@ consoles() {
 	done
 }
 
+# reclaim: what a killed check left, taken away before this one looks at
+# what is there: its domains (only a check names them $prefix*, and the
+# lock says none runs) with their disks, and, by its own lists of what
+# was there before it, the networks no domain uses, the box's volume it
+# uploaded and the storage pool it made.
+reclaim() {
+	local old d n v gone=()
+	old=$(cat "$lockfile")
+	for d in $(virsh_names list --all | grep "^$prefix" || true); do
+		virsh -c "$uri" destroy "$d" >/dev/null 2>&1 || true
+		virsh -c "$uri" undefine "$d" --remove-all-storage >/dev/null || fail "could not undefine $d, a killed check's domain: virsh -c $uri undefine $d --remove-all-storage"
+		gone+=("domain $d")
+	done
+	if [ -n "$old" ] && [ -s "$old/nets.before" ]; then
+		for n in $(comm -13 "$old/nets.before" <(virsh_names net-list --all)); do
+			for d in $(virsh_names list --all); do
+				virsh -c "$uri" domiflist "$d" 2>/dev/null | awk '{ print $3 }' | grep -qx "$n" && continue 2
+			done
+			virsh -c "$uri" net-destroy "$n" >/dev/null 2>&1 || true
+			virsh -c "$uri" net-undefine "$n" >/dev/null || fail "could not undefine network $n, a killed check's"
+			gone+=("network $n")
+		done
+		for v in $(comm -13 "$old/vols.before" <(pool_vols)); do
+			case $v in "$box_vol"*)
+				virsh -c "$uri" vol-delete "$v" --pool default >/dev/null || fail "could not delete volume $v, a killed check's"
+				gone+=("volume $v")
+				;;
+			esac
+		done
+		if ! grep -qx default "$old/pools.before" && [ -z "$(pool_vols)" ] &&
+			virsh_names pool-list --all | grep -qx default; then
+			virsh -c "$uri" pool-destroy default >/dev/null 2>&1 || true
+			virsh -c "$uri" pool-undefine default >/dev/null || fail "could not undefine storage pool default, a killed check's"
+			gone+=("pool default")
+		fi
+	fi
+	[ -z "$old" ] || rm -rf "$old"
+	: >"$lockfile"
+	[ ${#gone[@]} = 0 ] || say "a killed check left these, taken away: ${gone[*]}"
+}
+
 cleanup() {
 	local rc=$? left=() v p
 	[ $rc = 0 ] || consoles
@@ -201,6 +251,7 @@ cleanup() {
 			rc=1
 		else
 			say "nothing left: no domain, network, volume, pool or QEMU process of this check"
+			: >"$lockfile"
 		fi
 	fi
 	if [ $ours_libvirtd = 1 ]; then
@@ -238,13 +289,11 @@ if ! virsh -c "$uri" version >/dev/null 2>&1; then
 fi
 "$here/libvirt-host.sh" start
 driver=$(cat "$here/.libvirt-driver")
+reclaim
 virsh_names list --all >"$work/domains.before"
 virsh_names net-list --all >"$work/nets.before"
 virsh_names pool-list --all >"$work/pools.before"
 pool_vols >"$work/vols.before"
-if grep -q "^$prefix" "$work/domains.before"; then
-	fail "a domain named $prefix* exists already (an earlier check's?): $(grep "^$prefix" "$work/domains.before" | tr '\n' ' ')"
-fi
 
 # preload_box: the box's volume in the storage pool before `vagrant up`.
 # vagrant-libvirt uploads a box it does not find there through libvirt's
@@ -279,6 +328,7 @@ preload_box() {
 
 all=()
 for ((k = 0; k < nodes; k++)); do all+=("node$k"); done
+echo "$work" >"$lockfile"
 up=1
 preload_box
 say "vagrant up ${all[*]} (driver $driver$([ $provision = 1 ] || echo ', no provisioning'))"

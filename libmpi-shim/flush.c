@@ -186,6 +186,8 @@ void mpp_flush_fd(struct sock *s, struct mpp_gate_stats *st, int word, long long
 		pthread_mutex_lock(&s->mu);
 		h->off += done;
 		s->held -= done;
+		if (s->held_from != MPP_SENT_UNKNOWN)
+			s->held_from += done;
 		st->flushed += done;
 		mpp_hold_release(done);
 		if (rc > 0) {

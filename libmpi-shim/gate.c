@@ -326,6 +326,8 @@ static int append(struct sock *s, int fd, const struct iovec *iov, int iovcnt, s
 	else
 		s->head = h;
 	s->tail = h;
+	if (s->held == 0)
+		s->held_from = mpp_tcp_sent(fd);
 	s->held += total;
 	mpp_publish(s);
 	return 0;

@@ -42,6 +42,10 @@ struct sock {
 	int await;    // in a forked child: the parent's entry to wait for, or -1
 	struct held *head, *tail;
 	size_t held;
+	// While it holds bytes: the kernel's count of the bytes the socket took
+	// before them (the state page's "held from"), so mpid can tell a send
+	// that reached the kernel late from one that overtook them.
+	uint64_t held_from;
 };
 
 // Each descriptor's socket, made on the slow path (gate.c): mpp_nfds

@@ -69,6 +69,7 @@ void mpp_shared_init(void)
 static struct mpp_page *page;
 static unsigned char *page_gated;
 static uint64_t *page_held;
+static uint64_t *page_from;
 
 // share mirrors s's held bytes into the shared table, taking an entry
 // when it starts to hold and giving it back when it stops. Called with
@@ -103,7 +104,8 @@ void mpp_publish(struct sock *s)
 	share(s);
 	if (page && (unsigned)s->fd < (unsigned)mpp_nfds) {
 		__atomic_store_n(&page_gated[s->fd], (unsigned char)s->gated, __ATOMIC_RELAXED);
-		__atomic_store_n(&page_held[s->fd], (uint64_t)s->held, __ATOMIC_RELAXED);
+		__atomic_store_n(&page_from[s->fd], s->held_from, __ATOMIC_RELAXED);
+		__atomic_store_n(&page_held[s->fd], (uint64_t)s->held, __ATOMIC_RELEASE);
 	}
 }
 
@@ -300,7 +302,7 @@ int mpp_state_page(void)
 {
 	size_t size = sizeof(struct mpp_page) + (size_t)mpp_nfds * (1 + 1) + 7;
 	size = (size + 7) & ~(size_t)7;
-	size += (size_t)mpp_nfds * sizeof(uint64_t);
+	size += (size_t)mpp_nfds * sizeof(uint64_t) * 2;
 	int fd = memfd_create("mpipause-state", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
 		return -1;
@@ -322,6 +324,8 @@ int mpp_state_page(void)
 	page_gated = shorts + mpp_nfds;
 	page_held = (uint64_t *)(((uintptr_t)(page_gated + mpp_nfds) + 7) & ~(uintptr_t)7);
 	p->held_offset = (uint64_t)((char *)page_held - (char *)p);
+	page_from = page_held + mpp_nfds;
+	p->from_offset = (uint64_t)((char *)page_from - (char *)p);
 	if (mpp_fd_short)
 		memcpy(shorts, mpp_fd_short, mpp_nfds);
 	// The fast path now notes short calls straight into the page. A call

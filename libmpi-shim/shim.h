@@ -106,10 +106,14 @@ void mpp_big_free(void *p, size_t n);
 #define MPP_CONSUMED ((int)0x80000000u)
 
 // The state page's layout (internal/ranks reads it; keep them in step):
-// this header, then nfds "last call short" bytes, nfds "gated" bytes, and,
-// at held_offset (8-aligned), nfds uint64 "bytes held".
+// this header, then nfds "last call short" bytes, nfds "gated" bytes, at
+// held_offset (8-aligned) nfds uint64 "bytes held", and at from_offset
+// nfds uint64 "held from": where in the socket's stream the held bytes go,
+// as the kernel's count of the bytes it took before them (mpp_tcp_sent
+// when the socket began to hold, plus what a flush sent since), or
+// MPP_SENT_UNKNOWN. Written before "bytes held" leaves 0.
 #define MPP_PAGE_MAGIC "MPPSTATE"
-#define MPP_PAGE_VERSION 1
+#define MPP_PAGE_VERSION 2
 struct mpp_page {
 	char magic[8];
 	uint32_t version;
@@ -120,7 +124,11 @@ struct mpp_page {
 	// Flushes sending held bytes now (mpp_flush_fd): a sender mpid cannot
 	// see in the per-fd flags, which keeps the rank from being quiet.
 	_Atomic uint32_t flushing;
+	uint64_t from_offset;
 };
+// tcpsent.c
+#define MPP_SENT_UNKNOWN UINT64_MAX
+uint64_t mpp_tcp_sent(int fd);
 int mpp_state_page(void);
 int mpp_gate_page(void);
 void mpp_gate_init(void);

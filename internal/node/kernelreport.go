@@ -131,11 +131,11 @@ func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.Node
 		}
 		desc = descriptors(pids)
 	}
-	heldAt := func(d descriptor) (uint64, bool) {
+	heldAt := func(d descriptor) (held, from uint64, ok bool) {
 		if r, ok := byPid[d.pid]; ok {
 			return r.HeldAt(d.fd)
 		}
-		return 0, false
+		return 0, ranks.FromUnknown, false
 	}
 	for _, v := range through {
 		l.Metrics.Violations(v.bytes)
@@ -274,8 +274,9 @@ type violation struct {
 
 // late says whether v's bytes, sent through a closed gate, can only have
 // gone in order: "" when every descriptor of its socket, in the processes
-// desc names, belongs to a rank whose shim holds nothing for it (heldAt),
-// else why not (the log says it).
+// desc names, belongs to a rank whose shim holds nothing for it, or holds
+// bytes that go after everything the kernel has taken (heldAt), else why
+// not (the log says it).
 //
 // A send call reads its gate once, before the system call. One that read
 // it open just before it closed, its thread preempted in between, reaches
@@ -285,23 +286,35 @@ type violation struct {
 // the kernel took it (G4), and the bytes are in flight like any others,
 // for another drain (G1). Held bytes only grow while the gates stay
 // closed and the page says so before the holding call returns, so nothing
-// held at this check means nothing held when they were sent. Where a
-// socket holds bytes, or the page cannot say (a process without one, a
-// descriptor beyond it, a connection whose descriptors were not found), a
-// send past the shim may have gone ahead of bytes written before it, and
-// the pause must fail rather than claim G4.
-func late(v violation, desc map[[2]netip.AddrPort][]descriptor, heldAt func(descriptor) (uint64, bool)) (whyNot string) {
+// held at this check means nothing held when they were sent. Where bytes
+// are held, the page says where they go in the stream: the kernel's count
+// of the bytes the socket took before the shim began to hold (libmpi-shim/
+// tcpsent.c, the quantity sentOf reads). A count that has not passed it
+// means every byte the kernel took came before the held ones, as the
+// rank's calls did: a late call, then the held one after it (the same
+// thread's next message). A count past it is a byte that went ahead of
+// held bytes written before it. Where the page cannot say (a process
+// without one, a descriptor beyond it, a shim too old to record where,
+// a connection whose descriptors were not found or whose count is not
+// the kernel's), the pause fails rather than claim G4.
+func late(v violation, desc map[[2]netip.AddrPort][]descriptor, heldAt func(descriptor) (held, from uint64, ok bool)) (whyNot string) {
 	ds := desc[[2]netip.AddrPort{unmap(v.c.Local), unmap(v.c.Remote)}]
 	if len(ds) == 0 {
 		return "no rank of the node has a descriptor of the socket"
 	}
 	for _, d := range ds {
-		held, ok := heldAt(d)
+		held, from, ok := heldAt(d)
 		if !ok {
 			return fmt.Sprintf("the state page of pid %d cannot say for fd %d", d.pid, d.fd)
 		}
-		if held > 0 {
-			return fmt.Sprintf("pid %d holds %d bytes for fd %d", d.pid, held, d.fd)
+		if held == 0 {
+			continue
+		}
+		if from == ranks.FromUnknown || !v.c.Counted {
+			return fmt.Sprintf("pid %d holds %d bytes for fd %d, and its page cannot say where they go in the stream", d.pid, held, d.fd)
+		}
+		if sent := sentOf(v.c); sent > from {
+			return fmt.Sprintf("pid %d holds %d bytes for fd %d that go after byte %d of the stream, and the kernel has taken %d", d.pid, held, d.fd, from, sent)
 		}
 	}
 	return ""

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/mpipause/mpipause/internal/ranks"
 	"github.com/mpipause/mpipause/loader"
 	"golang.org/x/sys/unix"
 )
@@ -154,38 +155,50 @@ func TestHeldByKernel(t *testing.T) {
 
 // TestLate: bytes sent through a closed gate count as late (drained again)
 // only where every descriptor of their socket, found by copying the
-// process's descriptors (descriptors), is a
-// rank's whose page says it holds nothing; anything the page cannot vouch
-// for stays a violation.
+// process's descriptors (descriptors), is a rank's whose page says it
+// holds nothing, or holds bytes that go after all the kernel has taken;
+// anything the page cannot vouch for stays a violation.
 func TestLate(t *testing.T) {
 	local, remote, fd := loopbackConn(t)
 	desc := descriptors([]int{os.Getpid()})
 	if ds := desc[[2]netip.AddrPort{local, remote}]; len(ds) != 1 || ds[0] != (descriptor{os.Getpid(), fd}) {
 		t.Fatalf("descriptors of %s->%s: %v, want [{%d %d}]", local, remote, ds, os.Getpid(), fd)
 	}
-	v := violation{c: loader.Conn{Local: local, Remote: remote}, bytes: 40}
-	held := func(n uint64, ok bool) func(descriptor) (uint64, bool) {
-		return func(d descriptor) (uint64, bool) {
+	// The kernel has taken 5,000 bytes of the socket, 40 of them through
+	// the closed gate.
+	v := violation{c: loader.Conn{Local: local, Remote: remote, Counted: true, BytesSent: 5000}, bytes: 40}
+	held := func(n, from uint64, ok bool) func(descriptor) (uint64, uint64, bool) {
+		return func(d descriptor) (uint64, uint64, bool) {
 			if d.fd != fd {
 				t.Errorf("asked about fd %d, want %d", d.fd, fd)
 			}
-			return n, ok
+			return n, from, ok
 		}
 	}
-	if late(v, desc, held(0, true)) != "" {
-		t.Error("nothing held: not late")
+	if why := late(v, desc, held(0, ranks.FromUnknown, true)); why != "" {
+		t.Errorf("nothing held: not late (%s)", why)
 	}
-	if late(v, desc, held(8, true)) == "" {
-		t.Error("8 bytes held on the socket: late")
+	// A late send call, then the same thread's next message held: the held
+	// bytes go after byte 5,000, everything the kernel took.
+	if why := late(v, desc, held(8, 5000, true)); why != "" {
+		t.Errorf("8 bytes held from byte 5000, the kernel's count 5000: not late (%s)", why)
 	}
-	if why, want := late(v, desc, held(8, true)), fmt.Sprintf("pid %d holds 8 bytes for fd %d", os.Getpid(), fd); why != want {
-		t.Errorf("why 8 bytes held are not late: %q, want %q (the log says it)", why, want)
+	if why, want := late(v, desc, held(8, 4999, true)), fmt.Sprintf("pid %d holds 8 bytes for fd %d that go after byte 4999 of the stream, and the kernel has taken 5000", os.Getpid(), fd); why != want {
+		t.Errorf("a byte past the held bytes' place: %q, want %q (the log says it)", why, want)
 	}
-	if late(v, desc, held(0, false)) == "" {
+	if why, want := late(v, desc, held(8, ranks.FromUnknown, true)), fmt.Sprintf("pid %d holds 8 bytes for fd %d, and its page cannot say where they go in the stream", os.Getpid(), fd); why != want {
+		t.Errorf("8 bytes held, no place: %q, want %q", why, want)
+	}
+	uncounted := v
+	uncounted.c.Counted = false
+	if late(uncounted, desc, held(8, 1<<40, true)) == "" {
+		t.Error("8 bytes held on a socket whose count is not the kernel's bytes sent: late")
+	}
+	if late(v, desc, held(0, ranks.FromUnknown, false)) == "" {
 		t.Error("a page that cannot say: late")
 	}
 	other := violation{c: loader.Conn{Local: remote, Remote: netip.MustParseAddrPort("127.0.0.1:1")}, bytes: 40}
-	if late(other, desc, held(0, true)) == "" {
+	if late(other, desc, held(0, ranks.FromUnknown, true)) == "" {
 		t.Error("a connection with no descriptor found: late")
 	}
 }

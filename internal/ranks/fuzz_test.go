@@ -92,20 +92,25 @@ func FuzzParseReply(f *testing.F) {
 // FuzzStatePage: a state page's header is the rank's to write; whatever it
 // says, mpid's reads of the page stay inside it.
 func FuzzStatePage(f *testing.F) {
-	page := func(fds, size, held uint64) []byte {
+	page := func(version uint32, fds, size, held, from uint64) []byte {
 		b := make([]byte, size)
 		copy(b, pageMagic)
 		le := binary.LittleEndian
-		le.PutUint32(b[8:], pageVersion)
+		le.PutUint32(b[8:], version)
 		le.PutUint32(b[12:], uint32(fds))
 		le.PutUint64(b[16:], size)
 		le.PutUint64(b[24:], held)
+		if size >= pageHeader2 {
+			le.PutUint64(b[40:], from)
+		}
 		return b
 	}
-	f.Add(page(4, 80, 48))
-	f.Add(page(64, 688, 176))
-	f.Add(page(1<<31, 64, 48))
-	f.Add(page(3, 64, 1<<63))
+	f.Add(page(1, 4, 80, 48, 0))
+	f.Add(page(1, 64, 688, 176, 0))
+	f.Add(page(2, 4, 120, 56, 88))
+	f.Add(page(2, 64, 1200, 176, 688))
+	f.Add(page(2, 1<<31, 64, 48, 56))
+	f.Add(page(2, 3, 64, 1<<63, 1<<62))
 	f.Fuzz(func(t *testing.T, mem []byte) {
 		p, err := checkPage(mem)
 		if err != nil {

@@ -19,12 +19,15 @@ import (
 
 // The state page a shim shares with mpid (libmpi-shim/gateword.c, struct
 // mpp_page in shim.h): a header, then per fd a "last call short" byte, a
-// "gated" byte and, at heldOffset, a uint64 of bytes held. mpid reads it
-// without asking the rank anything.
+// "gated" byte, at heldOffset a uint64 of bytes held and, from version 2,
+// at fromOffset a uint64 "held from" (HeldAt). mpid reads it without
+// asking the rank anything. A version 1 page (a shim older than this mpid,
+// one that restarted under a running job) says no "held from".
 const (
 	pageMagic   = "MPPSTATE"
-	pageVersion = 1
-	pageHeader  = 40 // magic 8, version 4, fds 4, size 8, held_offset 8, gate 4, flushing 4
+	pageVersion = 2
+	pageHeader  = 40 // magic 8, version 4, fds 4, size 8, held_offset 8, gate 4, flushing 4; from_offset 8 from version 2
+	pageHeader2 = 48
 	// pageFlushing is the header's count of the shim's flushes sending
 	// held bytes now: senders the per-fd flags do not show.
 	pageFlushing = 36
@@ -42,7 +45,9 @@ type statePage struct {
 	mu         sync.RWMutex // Sockets reads under RLock; close unmaps under Lock
 	mem        []byte       // nil once closed
 	fds        int
+	arrays     int // where the per-fd flags start: the header's length
 	heldOffset int
+	fromOffset int // 0: the page says no "held from"
 	// gate is the shim's gate word's page (union mpp_gate_page), mapped
 	// read-write: mpid closes and reopens the gate by writing the word.
 	// nil if the shim shared none.
@@ -111,13 +116,26 @@ func checkPage(mem []byte) (*statePage, error) {
 	size := le.Uint64(mem[16:])
 	fds := uint64(le.Uint32(mem[12:]))
 	held := le.Uint64(mem[24:])
+	version := le.Uint32(mem[8:])
+	header := uint64(pageHeader)
+	if version == pageVersion {
+		header = pageHeader2
+	}
 	// In uint64, and each bound before it is used in the next, so that no
 	// header can overflow the arithmetic into a small number.
-	if string(mem[:8]) != pageMagic || le.Uint32(mem[8:]) != pageVersion || size != uint64(len(mem)) ||
-		held%8 != 0 || held > size || pageHeader+2*fds > held || 8*fds > size-held {
+	if string(mem[:8]) != pageMagic || (version != 1 && version != pageVersion) || size != uint64(len(mem)) ||
+		uint64(len(mem)) < header || held%8 != 0 || held > size || header+2*fds > held || 8*fds > size-held {
 		return nil, errors.New("bad header")
 	}
-	return &statePage{mem: mem, fds: int(fds), heldOffset: int(held)}, nil
+	p := &statePage{mem: mem, fds: int(fds), arrays: int(header), heldOffset: int(held)}
+	if version == pageVersion {
+		from := le.Uint64(mem[40:])
+		if from%8 != 0 || from > size || from < held+8*fds || 8*fds > size-from {
+			return nil, errors.New("bad header")
+		}
+		p.fromOffset = int(from)
+	}
+	return p, nil
 }
 
 // mapSealed maps a memfd sealed against resizing whose size is within
@@ -402,7 +420,7 @@ func (r *Rank) ClearStashFull() {
 // flags are the page's per-fd "last call short" and "gated" bytes. Called
 // under p.mu with p.mem mapped.
 func (p *statePage) flags() (short, gated []byte) {
-	return p.mem[pageHeader : pageHeader+p.fds], p.mem[pageHeader+p.fds : pageHeader+2*p.fds]
+	return p.mem[p.arrays : p.arrays+p.fds], p.mem[p.arrays+p.fds : p.arrays+2*p.fds]
 }
 
 // Sockets returns the sockets the rank's state page shows as mid-message,
@@ -422,19 +440,31 @@ func (r *Rank) Sockets() []Socket {
 	return out
 }
 
+// FromUnknown is HeldAt's from where the page cannot say where in the
+// stream the held bytes go.
+const FromUnknown = ^uint64(0)
+
 // HeldAt returns the bytes the rank's shim holds for the socket whose
 // bytes go to descriptor fd (the page keeps a socket's count at one of
-// its descriptors, zero at the others); ok is false where the page cannot
-// say: no page, or fd beyond it.
-func (r *Rank) HeldAt(fd int) (held uint64, ok bool) {
+// its descriptors, zero at the others), and, while it holds any, where
+// they go in the socket's stream: from is the kernel's count of the bytes
+// the socket took before them (what loader.Conn.BytesSent counts), or
+// FromUnknown. ok is false where the page cannot say: no page, or fd
+// beyond it. The shim writes from before held leaves 0, and held is read
+// first.
+func (r *Rank) HeldAt(fd int) (held, from uint64, ok bool) {
+	from = FromUnknown
 	r.withPage(func(p *statePage) {
 		if fd < 0 || fd >= p.fds {
 			return
 		}
 		held = atomic.LoadUint64((*uint64)(unsafe.Pointer(&p.mem[p.heldOffset+8*fd])))
+		if p.fromOffset != 0 {
+			from = atomic.LoadUint64((*uint64)(unsafe.Pointer(&p.mem[p.fromOffset+8*fd])))
+		}
 		ok = true
 	})
-	return held, ok
+	return held, from, ok
 }
 
 // Quiet reports, from the state page alone, that the rank's gate is closed,

@@ -17,25 +17,43 @@ import (
 )
 
 // makePage builds a state page as the shim does, with fds entries; fd 3 is
-// gated and holds 77 bytes, fd 5 was short.
+// gated and holds 77 bytes from byte 1234 of its stream, fd 5 was short.
 func makePage(t *testing.T, fds int, seal bool, mutate func([]byte)) []byte {
+	return makePageVersion(t, fds, pageVersion, seal, mutate)
+}
+
+// makePageVersion is makePage in a layout of the given version: 1 has no
+// "held from".
+func makePageVersion(t *testing.T, fds int, version uint32, seal bool, mutate func([]byte)) []byte {
 	t.Helper()
 	fd, err := unix.MemfdCreate("test-page", unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		t.Fatal(err)
 	}
-	held := (pageHeader + 2*fds + 7) &^ 7
+	header := pageHeader2
+	if version == 1 {
+		header = pageHeader
+	}
+	held := (header + 2*fds + 7) &^ 7
 	size := held + 8*fds
+	if version != 1 {
+		size += 8 * fds
+	}
 	b := make([]byte, size)
 	copy(b, pageMagic)
 	le := binary.LittleEndian
-	le.PutUint32(b[8:], pageVersion)
+	le.PutUint32(b[8:], version)
 	le.PutUint32(b[12:], uint32(fds))
 	le.PutUint64(b[16:], uint64(size))
 	le.PutUint64(b[24:], uint64(held))
-	b[pageHeader+5] = 1     // fd 5 short
-	b[pageHeader+fds+3] = 1 // fd 3 gated
+	b[header+5] = 1     // fd 5 short
+	b[header+fds+3] = 1 // fd 3 gated
 	le.PutUint64(b[held+8*3:], 77)
+	if version != 1 {
+		from := held + 8*fds
+		le.PutUint64(b[40:], uint64(from))
+		le.PutUint64(b[from+8*3:], 1234)
+	}
 	if mutate != nil {
 		mutate(b)
 	}
@@ -61,22 +79,22 @@ func TestReceivePage(t *testing.T) {
 		t.Errorf("Sockets() = %+v", got)
 	}
 	for _, tc := range []struct {
-		fd   int
-		held uint64
-		ok   bool
-	}{{3, 77, true}, {5, 0, true}, {63, 0, true}, {64, 0, false}, {-1, 0, false}} {
-		if held, ok := r.HeldAt(tc.fd); held != tc.held || ok != tc.ok {
-			t.Errorf("HeldAt(%d) = %d, %v; want %d, %v", tc.fd, held, ok, tc.held, tc.ok)
+		fd         int
+		held, from uint64
+		ok         bool
+	}{{3, 77, 1234, true}, {5, 0, 0, true}, {63, 0, 0, true}, {64, 0, FromUnknown, false}, {-1, 0, FromUnknown, false}} {
+		if held, from, ok := r.HeldAt(tc.fd); held != tc.held || from != tc.from || ok != tc.ok {
+			t.Errorf("HeldAt(%d) = %d, %d, %v; want %d, %d, %v", tc.fd, held, from, ok, tc.held, tc.from, tc.ok)
 		}
 	}
 	p.close()
 	if s := r.Sockets(); s != nil {
 		t.Errorf("Sockets() after close = %+v", s)
 	}
-	if _, ok := r.HeldAt(3); ok {
+	if _, _, ok := r.HeldAt(3); ok {
 		t.Error("HeldAt after close says it knows")
 	}
-	if _, ok := (&Rank{}).HeldAt(3); ok {
+	if _, _, ok := (&Rank{}).HeldAt(3); ok {
 		t.Error("HeldAt of a rank without a page says it knows")
 	}
 
@@ -87,6 +105,8 @@ func TestReceivePage(t *testing.T) {
 		"too many fds":  makePage(t, 64, true, func(b []byte) { binary.LittleEndian.PutUint32(b[12:], 1<<20) }),
 		"size mismatch": makePage(t, 64, true, func(b []byte) { binary.LittleEndian.PutUint64(b[16:], 1) }),
 		"held offset":   makePage(t, 64, true, func(b []byte) { binary.LittleEndian.PutUint64(b[24:], 1<<40) }),
+		"from offset":   makePage(t, 64, true, func(b []byte) { binary.LittleEndian.PutUint64(b[40:], 1<<40) }),
+		"from overlaps": makePage(t, 64, true, func(b []byte) { binary.LittleEndian.PutUint64(b[40:], binary.LittleEndian.Uint64(b[24:])) }),
 	} {
 		if p, err := receivePage(oob); err == nil {
 			p.close()
@@ -95,6 +115,23 @@ func TestReceivePage(t *testing.T) {
 	}
 	if p, err := receivePage(nil); p != nil || err != nil {
 		t.Errorf("no fd: %v, %v; want nil, nil", p, err)
+	}
+}
+
+// A version 1 page (a shim older than mpid, under a job that outlived
+// mpid's restart) still reads, and says no "held from".
+func TestReceivePageVersion1(t *testing.T) {
+	p, err := receivePage(makePageVersion(t, 64, 1, true, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.close()
+	r := &Rank{page: p}
+	if got := r.Sockets(); len(got) != 2 || got[0] != (Socket{FD: 3, Gated: true, Held: 77}) || got[1] != (Socket{FD: 5, Short: true}) {
+		t.Errorf("Sockets() = %+v", got)
+	}
+	if held, from, ok := r.HeldAt(3); held != 77 || from != FromUnknown || !ok {
+		t.Errorf("HeldAt(3) = %d, %d, %v; want 77, FromUnknown, true", held, from, ok)
 	}
 }
 
@@ -149,7 +186,7 @@ func TestGatePage(t *testing.T) {
 	}
 	defer c.Close()
 	gfd, word := makeGatePage(t, gatePageSize, true)
-	quiet := func(b []byte) { b[pageHeader+5] = 0 } // no socket mid-message
+	quiet := func(b []byte) { b[pageHeader2+5] = 0 } // no socket mid-message
 	hello := fmt.Sprintf("HELLO 2 job=gp rank=0 size=1 pid=%d host=h key=k\n", os.Getpid())
 	if _, _, err := c.WriteMsgUnix([]byte(hello), pageFds(t, makePage(t, 64, true, quiet), gfd), nil); err != nil {
 		t.Fatal(err)
@@ -265,7 +302,7 @@ func TestStatePageGate(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			p, err := receivePage(makePage(t, 64, true, func(b []byte) {
-				b[pageHeader+5] = 0 // no socket mid-message
+				b[pageHeader2+5] = 0 // no socket mid-message
 				binary.LittleEndian.PutUint32(b[32:], uint32(tc.word))
 			}))
 			if err != nil {
@@ -290,7 +327,7 @@ func TestStatePageGate(t *testing.T) {
 func TestQuietWhileFlushing(t *testing.T) {
 	for _, flushing := range []uint32{0, 1, 3} {
 		p, err := receivePage(makePage(t, 64, true, func(b []byte) {
-			b[pageHeader+5] = 0 // no socket mid-message
+			b[pageHeader2+5] = 0 // no socket mid-message
 			binary.LittleEndian.PutUint32(b[32:], uint32(gateWord(gateClosed, 2)))
 			binary.LittleEndian.PutUint32(b[pageFlushing:], flushing)
 		}))

@@ -223,10 +223,21 @@ static void test_flush_overtaken(void)
 	CHECK(b && in, "malloc");
 	fill(b, n, 6, 0);
 	tcp_pair(s, 65536);
-	const uint64_t syn = handed(s[0]); // the SYN's sequence number
+	// Bytes before the pause, so that where the held bytes go in the
+	// stream ("held from") is not 0.
+	const uint64_t first = handed(s[0]); // the SYN's sequence number
+	const size_t pre = 1000;
+	CHECK(send(s[0], b, pre, 0) == (ssize_t)pre, "send before the pause");
+	CHECK(recv(s[1], in, pre, MSG_WAITALL) == (ssize_t)pre, "read before the pause");
+	const uint64_t syn = handed(s[0]);
+	const uint64_t *held = (const uint64_t *)((const char *)pg + pg->held_offset);
+	const uint64_t *from = (const uint64_t *)((const char *)pg + pg->from_offset);
 
 	atomic_store(word, GATE_WORD(GATE_CLOSED, 1)); // the first pause
 	CHECK(send(s[0], b, n, 0) == (ssize_t)n, "held send");
+	CHECK(held[s[0]] == n && from[s[0]] == syn - first,
+	      "the page says %llu bytes held from %llu, want %zu from %llu (the kernel's count)",
+	      (unsigned long long)held[s[0]], (unsigned long long)from[s[0]], n, (unsigned long long)(syn - first));
 	atomic_store(word, GATE_WORD(GATE_FLUSHING, 1)); // its resume
 	f.gen = 1;
 	CHECK(pthread_create(&t, NULL, run_reopen, &f) == 0, "thread");
@@ -248,6 +259,10 @@ static void test_flush_overtaken(void)
 	CHECK(f.rc == 0 && f.st.flushed == quiet, "the overtaken flush: rc %d, %lu bytes flushed, the kernel took %llu", f.rc,
 	      f.st.flushed, (unsigned long long)quiet);
 	CHECK(quiet < n, "the whole %zu bytes went before the close: nothing was overtaken", n);
+	CHECK(held[s[0]] == n - quiet && from[s[0]] == handed(s[0]) - first,
+	      "after the overtaken flush the page says %llu bytes held from %llu, want %llu from %llu (the kernel's count)",
+	      (unsigned long long)held[s[0]], (unsigned long long)from[s[0]], (unsigned long long)(n - quiet),
+	      (unsigned long long)(handed(s[0]) - first));
 	CHECK(atomic_load(word) == GATE_WORD(GATE_CLOSED, 2), "the overtaken flush changed the word to %#x",
 	      atomic_load(word));
 

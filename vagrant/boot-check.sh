@@ -287,7 +287,9 @@ box_vol=mpipause-VAGRANTSLASH-${box_file#mpipause-}_vagrant_box_image_
 if ! virsh -c "$uri" version >/dev/null 2>&1; then
 	ours_libvirtd=1
 fi
-"$here/libvirt-host.sh" start
+# Not the lock: daemons it starts may outlive a killed check, and would
+# hold it for good.
+"$here/libvirt-host.sh" start 9>&-
 driver=$(cat "$here/.libvirt-driver")
 reclaim
 virsh_names list --all >"$work/domains.before"

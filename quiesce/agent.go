@@ -478,7 +478,10 @@ func (a *Agent) local(ctx context.Context, js *jobState, req Message) NodeReport
 // node answered empty before FREEZE was sent, with its gates closed, so
 // nothing new is sent to anyone: bytes like these can only be unread, and
 // the node's running ranks read them. Without this wait the freeze would
-// catch them and the pause roll back. VERIFY still checks every node.
+// catch them and the pause roll back. VERIFY still checks every node. The
+// answer goes nowhere: the settle check takes no count (Settling), so the
+// check after the freeze counts every byte sent through a closed gate
+// since the node's last drain answer.
 func (a *Agent) settle(ctx context.Context, req Message) {
 	ctx = WithSettling(ctx)
 	rep, err := a.node.Drain(ctx, req.Job)
@@ -494,9 +497,11 @@ func WithSettling(ctx context.Context) context.Context {
 }
 
 // Settling reports whether ctx is a FREEZE's settle check's (the node's
-// Drain called by the agent right before it freezes): the last look at
-// the node's queues, whose count of bytes sent through closed gates the
-// check after the freeze compares with.
+// Drain called by the agent right before it freezes), which only waits for
+// the node's queues: its count of bytes sent through closed gates must
+// move nothing, since the check after the freeze counts from the node's
+// last drain answer (late bytes sent between the two may be on a node
+// that froze and checked already).
 func Settling(ctx context.Context) bool {
 	v, _ := ctx.Value(settlingKey{}).(bool)
 	return v
@@ -507,7 +512,7 @@ func Settling(ctx context.Context) bool {
 // check rep (or its error), until they are empty, until has passed,
 // ctx ends or stop says to give way; it returns the last check. A check
 // that saw bytes sent through closed gates ends the wait at once: a node
-// counts those per check, and the next, clean, check would hide them.
+// counts late ones per check, and the next, clean, check would hide them.
 func (a *Agent) drainUntil(ctx context.Context, job string, rep NodeReport, err error, until time.Time, stop func() bool) (NodeReport, error) {
 	var cost time.Duration
 	for err == nil && !rep.Clean() && rep.Violations == 0 && rep.Late == 0 {

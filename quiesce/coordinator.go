@@ -309,7 +309,8 @@ func (r *run) once(kind Kind, last *Report) func(ctx context.Context, st *PhaseS
 // and VERIFY again, at most Rethaws times and within the drain deadline;
 // so are bytes sent through closed gates on sockets with nothing held
 // (NodeReport.Late), but not other bytes sent through closed gates
-// (Violations), which the user must hear of. Any other failure, timeout, or a non-empty report after the last
+// (Violations), which fail the pause at the first DRAIN or VERIFY round
+// that counts them and which the user must hear of. Any other failure, timeout, or a non-empty report after the last
 // attempt rolls the job back on every node (ABORT: thaw, then reopen gates)
 // and returns an *AbortError carrying the report. The Result is filled in
 // either way.
@@ -379,6 +380,13 @@ func (c *Coordinator) Pause(ctx context.Context, job string, nodes []string) (Re
 			r.progress(ctx, Progress{Phase: KindDrain, Round: st.Rounds, Report: last})
 			if failed, _, _ := rep.split(); failed > 0 {
 				return &NodeError{Failed: failed, First: rep.Failed()[0]}
+			}
+			// Bytes sent through closed gates that may have overtaken held
+			// bytes fail the pause whenever a check counts them, as after
+			// the freeze: the node keeps saying them, so no later round
+			// could be clean.
+			if rep.violations() > 0 {
+				return fmt.Errorf("%w: %s", ErrThroughGates, rep.String())
 			}
 			// A connection a node left out as a program's own while it
 			// held bytes, whose far port this round says is the job's,

@@ -31,6 +31,10 @@ type fakeNode struct {
 	thawFails  int           // the first thawFails Thaws fail
 	slow       time.Duration // each Drain takes this long (a busy node)
 	counts     bool          // Drain says it counts bytes sent through closed gates
+	// violateDrain: every drain check after the first counts bytes sent
+	// through closed gates that no page vouches for (a send past the
+	// shim), and says them from then on.
+	violateDrain bool
 	// late bytes arrive right after the node's first empty DRAIN answer
 	// (another node's last bytes, crossing): its next late checks find
 	// them, and a freeze before they are read leaves them for VERIFY.
@@ -107,6 +111,9 @@ func (f *fakeNode) Drain(ctx context.Context, job string) (NodeReport, error) {
 	}
 	r := f.report()
 	r.Counted = f.counts
+	if f.violateDrain && f.calls["drain"] > 1 {
+		r.Violations = 7
+	}
 	if f.left > 0 {
 		f.left--
 	}

@@ -162,15 +162,16 @@ type NodeReport struct {
 	// Ungated counts sockets whose gate has not closed yet (a short send
 	// still owes the rest of its frame).
 	Ungated int `json:"ungated,omitempty"`
-	// Violations counts bytes the kernel saw sent through a closed gate:
-	// in a DRAIN answer all of them; in a check after the freeze those on
-	// a socket for which the shim held bytes (or could not say), which
-	// may have gone ahead of bytes written before them and fail the pause.
+	// Violations counts bytes the kernel saw sent through a closed gate
+	// on a socket for which the shim held bytes (or could not say), which
+	// may have gone ahead of bytes written before them: every one a check
+	// of this pause counted on the node, in each of its answers from then
+	// on. They fail the pause.
 	Violations uint64 `json:"violations,omitempty"`
-	// Late counts, in a check after the freeze, bytes sent through a
-	// closed gate on sockets for which nothing was held (a send call that
-	// read its gate open just before it closed, reaching the kernel late):
-	// in order, and drained again like any bytes in flight.
+	// Late counts bytes this check saw sent through a closed gate on
+	// sockets for which nothing was held (a send call that read its gate
+	// open just before it closed, reaching the kernel late): in order, and
+	// drained again like any bytes in flight.
 	Late uint64 `json:"late,omitempty"`
 	// Err is set when the node failed the step or could not be reached.
 	Err string `json:"err,omitempty"`
@@ -440,6 +441,9 @@ var (
 	// ErrNotEmpty: a node still holds bytes (after the drain deadline, or in
 	// the kernel check after the freeze).
 	ErrNotEmpty = errors.New("quiesce: job not empty")
+	// ErrThroughGates: a drain check counted bytes sent through closed
+	// gates that may have gone ahead of held bytes (NodeReport.Violations).
+	ErrThroughGates = errors.New("quiesce: bytes sent through closed gates")
 	// ErrNodeFailed: a node failed a step or could not be reached.
 	ErrNodeFailed = errors.New("quiesce: node failed")
 	// ErrNotPrepared: a later step of a pause reached a node that did not

@@ -192,6 +192,31 @@ func TestVerifyRethaws(t *testing.T) {
 	}
 }
 
+// TestDrainViolationAborts: a DRAIN answer that counts bytes sent through
+// closed gates that may have overtaken held bytes fails the pause in that
+// round, as a VERIFY's does: the node says them in every later answer, so
+// more rounds could only spend the drain deadline.
+func TestDrainViolationAborts(t *testing.T) {
+	c := newCluster(5, 1, Faults{}, fastOpts().Retry)
+	defer c.net.Close()
+	c.fakes[2].left = 3
+	c.fakes[2].violateDrain = true
+	_, err := NewCoordinator(c.net, fastOpts()).Pause(context.Background(), "j", c.names)
+	var ae *AbortError
+	if !errors.As(err, &ae) || ae.Phase != KindDrain || !errors.Is(err, ErrThroughGates) {
+		t.Fatalf("want abort in DRAIN on bytes through the gates, got %v", err)
+	}
+	if !strings.Contains(err.Error(), "violations 7") {
+		t.Errorf("error %q does not say the bytes through the gates", err)
+	}
+	st := c.fakes[2].state()
+	if st.calls["drain"] != 2 || st.calls["freeze"] != 0 || len(st.breaches) > 0 {
+		t.Errorf("%d drain checks (PREPARE's and one DRAIN round's), %d freezes, breaches %v; want 2, 0, none",
+			st.calls["drain"], st.calls["freeze"], st.breaches)
+	}
+	checkRolledBack(t, c)
+}
+
 func TestNodeFailureAborts(t *testing.T) {
 	for _, k := range []Kind{KindPrepare, KindDrain, KindFreeze, KindVerify, KindCommit} {
 		c := newCluster(6, 1, Faults{}, fastOpts().Retry)

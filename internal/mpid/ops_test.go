@@ -59,6 +59,14 @@ func TestFailureReportViolations(t *testing.T) {
 		!strings.Contains(f.Reason, "12 bytes sent through closed gates on n2") {
 		t.Errorf("late bytes at the last check: %+v; want 12 violations on n2, said", f)
 	}
+	// A drain check that counted them stops the drain at once; late bytes
+	// of the same round elsewhere are not the violation's.
+	stop := quiesce.Report{Nodes: 3, Pending: []quiesce.NodeReport{{Node: "n1", Violations: 40}, {Node: "n2", Late: 8}}}
+	serr := &quiesce.AbortError{Job: "j", Phase: quiesce.KindDrain, Cause: fmt.Errorf("%w: %s", quiesce.ErrThroughGates, stop), Report: stop}
+	if f := failure(serr, quiesce.Result{Report: stop}, nil); f.Phase != "DRAIN" || f.Node != "n1" || f.Violations != 40 ||
+		!strings.HasPrefix(f.Reason, "the drain stopped: 40 bytes sent through closed gates on n1") {
+		t.Errorf("a drain stopped by a violation: %+v; want DRAIN, n1, 40 violations, said first", f)
+	}
 	// A report without its node's name still names a place.
 	rep.Pending[0].Node = ""
 	f = failure(err, quiesce.Result{Report: rep}, nil)

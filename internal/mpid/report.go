@@ -87,6 +87,7 @@ func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
 	notReading := map[int]bool{}
 	nodes := 0
 	violNode := ""
+	stopped := errors.Is(err, quiesce.ErrThroughGates)
 	for _, n := range res.Report.Pending {
 		if f.Node == "" {
 			f.Node = n.Node
@@ -94,10 +95,16 @@ func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
 		if len(n.Conns) > 0 {
 			nodes++
 		}
-		// Late bytes too: a pause that ends on them saw them again after
-		// every rethaw, which a late call (one per thread) cannot explain.
-		f.Violations += n.Violations + n.Late
-		if n.Violations+n.Late > 0 && violNode == "" {
+		// Late bytes too where the pause ended on them: it saw them again
+		// after every rethaw, which a late call (one per thread) cannot
+		// explain. A drain stopped by a violation may count late bytes of
+		// its round beside it, which are no one's fault.
+		through := n.Violations
+		if !stopped {
+			through += n.Late
+		}
+		f.Violations += through
+		if through > 0 && violNode == "" {
 			violNode = cmp.Or(n.Node, "a node that did not give its name")
 		}
 		for _, c := range n.Conns {
@@ -130,12 +137,15 @@ func failure(err error, res quiesce.Result, cause error) *ctl.Failure {
 			f.Reason += fmt.Sprintf("; ranks not reading what was sent to them: %s (busy outside MPI?)", ctl.RankList(f.NotReading))
 		}
 	}
+	if !own && stopped {
+		f.Reason = "the drain stopped"
+	}
 	if !own && f.Violations > 0 {
 		// Bytes that keep moving while every gate is closed are not the
 		// library's: something sends past the shim (raw system calls,
 		// io_uring, a helper process), and no pause can be consistent.
 		sep := "; "
-		if f.Reason == "the drain timed out" {
+		if f.Reason == "the drain timed out" || f.Reason == "the drain stopped" {
 			sep = ": "
 		}
 		if len(f.Conns) == 0 {

@@ -32,13 +32,13 @@ const (
 	// mid-message, when it was asked: nothing sent is counted.
 	checkOpen check = iota
 	// checkGated: every gate closed: bytes sent since the previous gated
-	// report are counted, all as Violations. The round is unclean either
-	// way, and telling late bytes from the others walks /proc (20-30 ms),
-	// which a sender past the shim could otherwise make every drain round
-	// cost.
+	// report are counted, and told apart (late): late ones are drained
+	// again, the others fail the pause at this round. Telling them apart
+	// walks /proc (20-30 ms), only in a check that counted bytes: a late
+	// call lands once, and a sender past the shim ends the pause.
 	checkGated
-	// checkFrozen: after the freeze, where the kind decides between
-	// another drain and a failed pause: late bytes are told apart (late).
+	// checkFrozen: after the freeze: the same count, from the node's last
+	// drain answer.
 	checkFrozen
 )
 
@@ -57,13 +57,13 @@ func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeRep
 // by one (a clean answer is what the coordinator freezes on; the walk also
 // sees a connection made since the last, and takes the count of bytes
 // through closed gates). Drain checks after that, clean too (another
-// node's rounds), need no walk: nothing was unclean since. The settle
-// check before the freeze walks once clean, as every check did before
-// rechecks: the check after the freeze counts the bytes sent through the
-// gates since, and a send that read its gate open just before it closed
-// but reached the kernel after the node's clean answer (its thread
-// preempted) would otherwise count there, and on a socket with bytes
-// held fail the pause (late). With first, the read (a walk) is PREPARE's
+// node's rounds), need no walk: nothing was unclean since. FREEZE's
+// settle check (quiesce.Settling) only waits for the node's queues to
+// empty: it never walks to confirm, and its counts move nothing, so the
+// check after the freeze counts every byte sent through the gates since
+// the node's last drain answer (docs/guarantees.md, "FREEZE and VERIFY in
+// one round"): late bytes the settle check absorbed could have reached a
+// node that had already frozen and checked. With first, the read (a walk) is PREPARE's
 // too (Role.Prepare): the job's drain set and the connections the next
 // reads are compared with start from it.
 func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.NodeReport, under check, walk, first bool) (quiesce.NodeReport, kernelRead, error) {
@@ -98,6 +98,9 @@ func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.Node
 			held = append(held, c)
 		}
 	}
+	// The settle check takes no count of its own: the check after the
+	// freeze counts from the node's last drain answer.
+	settling := quiesce.Settling(ctx)
 	l.mu.Lock()
 	if l.sentAt == nil {
 		l.sentAt = map[string]map[uint64]uint64{}
@@ -112,18 +115,24 @@ func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.Node
 		rep.Counted = l.sentAt[job] != nil && l.counted[job]
 	default:
 		sent, through = violations(l.sentAt[job], mine)
-		l.sentAt[job] = sent
-		if l.counted == nil {
-			l.counted = map[string]bool{}
+		if !settling {
+			l.sentAt[job] = sent
+			if l.counted == nil {
+				l.counted = map[string]bool{}
+			}
+			l.counted[job] = rep.Counted
 		}
-		l.counted[job] = rep.Counted
 	}
 	l.mu.Unlock()
-	// After the freeze the kind decides between another drain and a
-	// failed pause (late); in a drain round both are unclean alike.
+	// Every check that counts sorts what it counted: late bytes are in
+	// order and drained again; the others may have overtaken held bytes,
+	// and fail the pause whichever check counted them. The next count
+	// starts from this one, so a violation is kept until the pause ends
+	// (violated): a drain check's answer would otherwise be the only one
+	// to say it.
 	var desc map[[2]netip.AddrPort][]descriptor
 	byPid := make(map[int]*ranks.Rank, len(rs))
-	if len(through) > 0 && under == checkFrozen {
+	if len(through) > 0 {
 		pids := make([]int, 0, len(rs))
 		for _, r := range rs {
 			pids = append(pids, r.Pid)
@@ -137,22 +146,29 @@ func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.Node
 		}
 		return 0, ranks.FromUnknown, false
 	}
+	var violated uint64
 	for _, v := range through {
 		l.Metrics.Violations(v.bytes)
-		why := "a drain check does not sort them"
-		if desc != nil {
-			why = late(v, desc, heldAt)
-		}
+		why := late(v, desc, heldAt)
 		if why == "" {
 			rep.Late += v.bytes
 			l.Log.Info("bytes sent through a closed gate on a socket with nothing held: drained again", "job", job, "node", l.Name,
 				"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes)
 			continue
 		}
-		rep.Violations += v.bytes
+		violated += v.bytes
 		l.Log.Warn("bytes sent through a closed gate", "job", job, "node", l.Name,
-			"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes, "not_late", why)
+			"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes, "not_late", why, "settle", settling)
 	}
+	l.mu.Lock()
+	rep.Violations = l.violated[job] + violated
+	if violated > 0 && !settling {
+		if l.violated == nil {
+			l.violated = map[string]uint64{}
+		}
+		l.violated[job] += violated
+	}
+	l.mu.Unlock()
 	now := make(map[[2]netip.AddrPort]heldConn, len(held))
 	lookup := false
 	t := time.Now()
@@ -200,7 +216,7 @@ func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.Node
 	l.mu.Lock()
 	confirmed := l.confirmed[job]
 	l.mu.Unlock()
-	if rechecked && clean && (!confirmed || quiesce.Settling(ctx)) {
+	if rechecked && clean && !confirmed && !settling {
 		return l.kernelReportBy(ctx, job, rep0, under, true, first)
 	}
 	l.mu.Lock()
@@ -338,17 +354,19 @@ func sentOf(c loader.Conn) uint64 {
 // with. A connection not in sent (new, or the first gated report) only
 // gets its value recorded.
 //
-// The count is per check, never cumulative. A send call that read the
-// gate open just before it closed can reach the kernel much later (a
+// Each check counts from the last one that counted. A send call that read
+// the gate open just before it closed can reach the kernel much later (a
 // thread preempted between the shim's load and the system call; most
 // likely what a count since the first check once saw: 16 KiB from an Open
-// MPI job with its progress thread, on the loaded rig), legitimately; per check that costs one more round, and if the call was
-// short its socket shows as not gated until the rest is sent, so no
-// message is left half-sent. Only one landing between the last check and
-// the freeze fails the pause (a rollback, never a wrong commit). A path
-// that keeps sending past the shim (a call it does not wrap) is caught
-// whenever it runs between two checks, and the report names the node and
-// the bytes.
+// MPI job with its progress thread, on the loaded rig), legitimately: on a
+// socket for which nothing is held its bytes are late, in order, and cost
+// one more round; if the call was short its socket shows as not gated
+// until the rest is sent, so no message is left half-sent. Bytes on a
+// socket with bytes held, or one no page vouches for, may have gone ahead
+// of held bytes (a path past the shim: a call it does not wrap): whichever
+// check counts them, the node says them until the pause ends
+// (Role.violated) and the pause fails, a rollback that names the node and
+// the bytes, never a wrong commit.
 func violations(sent map[uint64]uint64, conns []loader.Conn) (map[uint64]uint64, []violation) {
 	next := make(map[uint64]uint64, len(conns))
 	var out []violation

@@ -55,9 +55,10 @@ func (o *rechecking) Recheck(ctx context.Context, cs []loader.Conn) ([]loader.Co
 // checks all walk, over generated drains: connections that empty at
 // random, new ones, closed ones, bytes sent through the closed gates at
 // any point. Its clean answers are the walking node's; the check after
-// the freeze counts every byte sent through a gate since the last clean
-// answer, as the walking node's does (the count a FREEZE that checks in
-// its own round relies on); and it walks only at the first drain check
+// the freeze says every byte sent through a gate since its first count,
+// as the walking node's does: those its walks counted, the settle check's
+// among them, and those sent since (the count a FREEZE that checks in its
+// own round relies on); and it walks only at the first drain check
 // (whose read is PREPARE's: Prepare reads nothing), at each clean answer
 // after an unclean one, and after the freeze. MPIPAUSE_RECHECK_SEED
 // replays one drain.
@@ -135,7 +136,19 @@ func recheckedDrain(ctx context.Context, s *ranks.Server, job string, seed uint6
 	// for the connections that read listed: one it did not list only
 	// gets its count recorded by the next (violations).
 	pendW, pendC := map[uint64]uint64{}, map[uint64]uint64{}
-	baseline := func(m map[uint64]uint64) {
+	// What each node's checks counted: bytes through the gates on
+	// connections no rank's page vouches for (these fakes are no rank's
+	// sockets) are violations, and every later answer of the pause says
+	// them, the check after the freeze's too.
+	var stickyW, stickyC uint64
+	pending := func(m map[uint64]uint64) (n uint64) {
+		for _, c := range conns {
+			n += m[c.Cookie]
+		}
+		return n
+	}
+	baseline := func(m map[uint64]uint64, sticky *uint64) {
+		*sticky += pending(m)
 		clear(m)
 		for _, c := range conns {
 			m[c.Cookie] = 0
@@ -149,12 +162,6 @@ func recheckedDrain(ctx context.Context, s *ranks.Server, job string, seed uint6
 				m[conns[i].Cookie] = v + n
 			}
 		}
-	}
-	pending := func(m map[uint64]uint64) (n uint64) {
-		for _, c := range conns {
-			n += m[c.Cookie]
-		}
-		return n
 	}
 	empty := func() bool {
 		for _, c := range conns {
@@ -177,16 +184,16 @@ func recheckedDrain(ctx context.Context, s *ranks.Server, job string, seed uint6
 			return c, false, nil, fail("%s: walker %v, checker %v", what, werr, cerr)
 		}
 		trail = append(trail, what)
-		if w.Clean() != (empty() && pending(pendW) == 0) {
+		if w.Clean() != (empty() && pending(pendW) == 0 && stickyW == 0) {
 			return c, false, nil, fail("the walker's %s clean %v: %+v", what, w.Clean(), w)
 		}
 		walked = reObs.snapshots > before
 		return c, walked, func() {
 			if !first || w.Clean() {
-				baseline(pendW)
+				baseline(pendW, &stickyW)
 			}
 			if walked && (!first || c.Clean()) {
-				baseline(pendC)
+				baseline(pendC, &stickyC)
 			}
 		}, nil
 	}
@@ -237,6 +244,9 @@ func recheckedDrain(ctx context.Context, s *ranks.Server, job string, seed uint6
 			// saw every connection and counted what went through.
 			return fail("the checker answered clean (walked %v) after an unclean answer: %+v", walked, c)
 		}
+		if c.Clean() && stickyC > 0 {
+			return fail("the checker answered clean with %d bytes counted through the gates before", stickyC)
+		}
 		if walked && confirmed {
 			return fail("the checker walked for a check after a clean answer with nothing unclean since")
 		}
@@ -255,16 +265,16 @@ func recheckedDrain(ctx context.Context, s *ranks.Server, job string, seed uint6
 		set()
 		trail = append(trail, fmt.Sprintf("sent %d through before the settle check", n))
 	}
-	// FREEZE's settle check: a clean one walks, so that the check after
-	// the freeze counts from it, as the walker's does.
-	c, walked, rebase, err := check(quiesce.WithSettling(ctx), "settle", false)
+	// FREEZE's settle check only waits for the queues: it takes no count
+	// (the check after the freeze counts from the last drain answer's),
+	// and the checker rechecks for it.
+	_, walked, _, err := check(quiesce.WithSettling(ctx), "settle", false)
 	if err != nil {
 		return err
 	}
-	if c.Clean() && !walked {
-		return fail("a clean settle check did not walk")
+	if walked {
+		return fail("the checker's settle check walked")
 	}
-	rebase()
 	if rng.IntN(2) == 0 {
 		n := uint64(1 + rng.IntN(100))
 		through(0, n)
@@ -276,16 +286,36 @@ func recheckedDrain(ctx context.Context, s *ranks.Server, job string, seed uint6
 	if werr != nil || cerr != nil {
 		return fail("verify: walker %v, checker %v", werr, cerr)
 	}
-	if got, want := cv.Violations+cv.Late, pending(pendC); got != want {
-		return fail("after the freeze the checker counted %d bytes through the gates, %d were sent since its last walk", got, want)
+	if got, want := cv.Violations+cv.Late, stickyC+pending(pendC); got != want {
+		return fail("after the freeze the checker said %d bytes through the gates; %d were counted by its walks, %d sent since", got, stickyC, pending(pendC))
 	}
-	if got, want := wv.Violations+wv.Late, pending(pendW); got != want {
-		return fail("after the freeze the walker counted %d bytes through the gates, %d were sent since its last check", got, want)
+	if got, want := wv.Violations+wv.Late, stickyW+pending(pendW); got != want {
+		return fail("after the freeze the walker said %d bytes through the gates; %d were counted by its checks, %d sent since", got, stickyW, pending(pendW))
 	}
 	if cv.Empty != wv.Empty || len(cv.Conns) != len(wv.Conns) {
 		return fail("after the freeze: empty %v (%d held), the walker's %v (%d)", cv.Empty, len(cv.Conns), wv.Empty, len(wv.Conns))
 	}
 	return nil
+}
+
+// counting is a node role over one connection between two of the job's
+// sockets, both with byte counts (1,000 bytes sent from the first), whose
+// checks walk or, with rechecks, recheck; set changes the first end as
+// the kernel has it.
+func counting(s *ranks.Server, rechecks bool, log *slog.Logger) (*Role, func(func(*loader.Conn))) {
+	base := &fakeObserver{}
+	var obs loader.Observer = base
+	if rechecks {
+		obs = &rechecking{fakeObserver: base}
+	}
+	c, peer := conn(0x11, "10.0.0.1:5000", "10.0.0.1:6000"), conn(0x12, "10.0.0.1:6000", "10.0.0.1:5000")
+	c.Counted, c.BytesSent, peer.Counted = true, 1000, true
+	return &Role{Name: "n1", Ranks: s, Jobs: observed{obs}, Log: log}, func(f func(*loader.Conn)) {
+		f(&c)
+		base.mu.Lock()
+		base.conns = []loader.Conn{c, peer}
+		base.mu.Unlock()
+	}
 }
 
 // TestLateSendAfterPrepareRead: bytes that reach the kernel after
@@ -305,23 +335,8 @@ func TestLateSendAfterPrepareRead(t *testing.T) {
 	}()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, rechecks := range []bool{false, true} {
-		base := &fakeObserver{}
-		var obs loader.Observer = base
-		if rechecks {
-			obs = &rechecking{fakeObserver: base}
-		}
-		l := &Role{Name: "n1", Ranks: s, Jobs: observed{obs}, Log: log}
-		// Both ends of a connection between two of the job's sockets.
-		c, peer := conn(0x11, "10.0.0.1:5000", "10.0.0.1:6000"), conn(0x12, "10.0.0.1:6000", "10.0.0.1:5000")
-		c.Counted, c.BytesSent, c.SendQueue = true, 1000, 8
-		peer.Counted = true
-		set := func(f func(*loader.Conn)) {
-			f(&c)
-			base.mu.Lock()
-			base.conns = []loader.Conn{c, peer}
-			base.mu.Unlock()
-		}
-		set(func(*loader.Conn) {})
+		l, set := counting(s, rechecks, log)
+		set(func(c *loader.Conn) { c.SendQueue = 8 })
 		if err := l.Prepare(ctx, job); err != nil {
 			t.Fatal(err)
 		}
@@ -334,8 +349,69 @@ func TestLateSendAfterPrepareRead(t *testing.T) {
 			t.Fatalf("rechecks %v: a late send after PREPARE's read, then the queues empty: clean %v, %d bytes through the gates (%v); want clean, none", rechecks, rep.Clean(), rep.Violations, err)
 		}
 		set(func(c *loader.Conn) { c.BytesSent += 100 })
-		if rep, err = l.Drain(quiesce.WithSettling(ctx), job); err != nil || rep.Violations != 100 {
-			t.Fatalf("rechecks %v: 100 bytes sent after the clean answer: %d counted (%v), want 100", rechecks, rep.Violations, err)
+		if _, err = l.Drain(quiesce.WithSettling(ctx), job); err != nil {
+			t.Fatal(err)
+		}
+		if rep, err = l.Verify(ctx, job); err != nil || rep.Violations != 100 {
+			t.Fatalf("rechecks %v: 100 bytes sent after the clean answer: %d counted after the freeze (%v), want 100", rechecks, rep.Violations, err)
+		}
+	}
+}
+
+// TestViolationKept: bytes sent through a closed gate on a socket no page
+// vouches for, counted by a drain check, are said by every later report of
+// the pause, the check after the freeze's included; sent after the node's
+// last drain answer, they are counted by the check after the freeze,
+// whatever FREEZE's settle check saw before it (the agent drops its
+// answer). Both by a node whose checks walk and by one that rechecks; the
+// next pause starts without them.
+func TestViolationKept(t *testing.T) {
+	ctx, s, job, lines := oneRank(t, "kept", new(atomic.Pointer[string]))
+	go func() {
+		for range lines {
+		}
+	}()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	for _, rechecks := range []bool{false, true} {
+		for _, at := range []string{"drain", "settle"} {
+			name := fmt.Sprintf("rechecks %v, sent before the %s check", rechecks, at)
+			l, set := counting(s, rechecks, log)
+			set(func(*loader.Conn) {})
+			if err := l.Prepare(ctx, job); err != nil {
+				t.Fatal(err)
+			}
+			if rep, err := l.Drain(ctx, job); err != nil || !rep.Clean() {
+				t.Fatalf("%s: PREPARE's check: clean %v (%v), want clean", name, rep.Clean(), err)
+			}
+			if at == "drain" {
+				// Queued, so that a node that rechecks walks to confirm the
+				// clean answer after, and counts there.
+				set(func(c *loader.Conn) { c.BytesSent += 100; c.SendQueue = 100 })
+				if rep, err := l.Drain(ctx, job); err != nil || rep.Clean() {
+					t.Fatalf("%s: 100 bytes queued: clean %v (%v), want unclean", name, rep.Clean(), err)
+				}
+				set(func(c *loader.Conn) { c.SendQueue = 0 })
+				for i := range 2 {
+					if rep, err := l.Drain(ctx, job); err != nil || rep.Clean() || rep.Violations != 100 {
+						t.Fatalf("%s: drain check %d after the queue emptied: clean %v, %d violations (%v); want unclean, 100", name, i+1, rep.Clean(), rep.Violations, err)
+					}
+				}
+			} else {
+				set(func(c *loader.Conn) { c.BytesSent += 100 })
+				if _, err := l.Drain(quiesce.WithSettling(ctx), job); err != nil {
+					t.Fatal(err)
+				}
+			}
+			rep, err := l.Verify(ctx, job)
+			if err != nil || rep.Violations != 100 || rep.Clean() {
+				t.Fatalf("%s: the check after the freeze: %d violations, clean %v (%v); want 100, unclean", name, rep.Violations, rep.Clean(), err)
+			}
+			if err := l.Prepare(ctx, job); err != nil {
+				t.Fatal(err)
+			}
+			if rep, err := l.Drain(ctx, job); err != nil || !rep.Clean() {
+				t.Fatalf("%s: the next pause's first check: clean %v, %d violations (%v); want clean", name, rep.Clean(), rep.Violations, err)
+			}
 		}
 	}
 }

@@ -98,6 +98,11 @@ type Role struct {
 	confirmed map[string]bool
 	// counted is, per job, the Counted of the report that took sentAt.
 	counted map[string]bool
+	// violated is, per job with a pause under way, the bytes its checks
+	// counted as sent through closed gates that may have overtaken held
+	// bytes (not late): every later report says them, up to the check
+	// after the freeze, and the pause fails.
+	violated map[string]uint64
 	// unread is, per job, that Prepare closed its gates here and no drain
 	// check has read the kernel since: the next one's read is PREPARE's
 	// too (Prepare).
@@ -380,6 +385,7 @@ func (l *Role) Prepare(ctx context.Context, job string) error {
 	l.gated[job] = was
 	l.unread[job] = true
 	delete(l.sentAt, job)
+	delete(l.violated, job)
 	delete(l.last, job)
 	delete(l.confirmed, job)
 	delete(l.drains, job) // the last pause's: what unheld would match
@@ -661,6 +667,7 @@ func (l *Role) Open(ctx context.Context, job string) error {
 		delete(l.last, job)
 		delete(l.confirmed, job)
 		delete(l.counted, job)
+		delete(l.violated, job)
 		delete(l.unread, job)
 		l.mu.Unlock()
 	}

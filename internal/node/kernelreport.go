@@ -152,7 +152,7 @@ func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.Node
 		why := late(v, desc, heldAt)
 		if why == "" {
 			rep.Late += v.bytes
-			l.Log.Info("bytes sent through a closed gate on a socket with nothing held: drained again", "job", job, "node", l.Name,
+			l.Log.Info("bytes sent through a closed gate, in order (late): drained again", "job", job, "node", l.Name,
 				"local", v.c.Local.String(), "remote", v.c.Remote.String(), "bytes", v.bytes)
 			continue
 		}

@@ -57,6 +57,18 @@ func oneRank(t *testing.T, name string, event *atomic.Pointer[string]) (context.
 	return oneRankHolding(t, name, event, nil)
 }
 
+// quietRank is oneRank for a test that reads nothing of the rank's channel:
+// its lines are read and dropped.
+func quietRank(t *testing.T, name string) (context.Context, *ranks.Server, string) {
+	t.Helper()
+	ctx, s, job, lines := oneRank(t, name, new(atomic.Pointer[string]))
+	go func() {
+		for range lines {
+		}
+	}()
+	return ctx, s, job
+}
+
 // oneRankHolding is oneRank whose shim runs beforeState (if set) before
 // each STATE answer: a shim slow to answer, or one that never does.
 func oneRankHolding(t *testing.T, name string, event *atomic.Pointer[string], beforeState func()) (context.Context, *ranks.Server, string, <-chan string) {

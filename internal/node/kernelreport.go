@@ -359,8 +359,8 @@ func sentOf(c loader.Conn) uint64 {
 // thread preempted between the shim's load and the system call; most
 // likely what a count since the first check once saw: 16 KiB from an Open
 // MPI job with its progress thread, on the loaded rig), legitimately: on a
-// socket for which nothing is held its bytes are late, in order, and cost
-// one more round; if the call was short its socket shows as not gated
+// socket for which nothing is held, or whose held bytes go after them,
+// its bytes are late, in order, and cost one more round; if the call was short its socket shows as not gated
 // until the rest is sent, so no message is left half-sent. Bytes on a
 // socket with bytes held, or one no page vouches for, may have gone ahead
 // of held bytes (a path past the shim: a call it does not wrap): whichever

@@ -9,7 +9,6 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -76,11 +75,7 @@ func TestRecheckedDrainAsWalked(t *testing.T) {
 			seeds = append(seeds, base+uint64(i))
 		}
 	}
-	ctx, s, job, lines := oneRank(t, "recheck", new(atomic.Pointer[string]))
-	go func() {
-		for range lines {
-		}
-	}()
+	ctx, s, job := quietRank(t, "recheck")
 	for _, seed := range seeds {
 		if err := recheckedDrain(ctx, s, job, seed); err != nil {
 			t.Fatalf("seed %d: %v\nrerun: MPIPAUSE_RECHECK_SEED=%d go test -count=1 -run '^TestRecheckedDrainAsWalked$' ./internal/node/", seed, err, seed)
@@ -328,11 +323,7 @@ func counting(s *ranks.Server, rechecks bool, log *slog.Logger) (*Role, func(fun
 // first check's read took the count). Bytes after the clean answer are
 // counted, by a node whose checks walk and by one that rechecks.
 func TestLateSendAfterPrepareRead(t *testing.T) {
-	ctx, s, job, lines := oneRank(t, "latesend", new(atomic.Pointer[string]))
-	go func() {
-		for range lines {
-		}
-	}()
+	ctx, s, job := quietRank(t, "latesend")
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, rechecks := range []bool{false, true} {
 		l, set := counting(s, rechecks, log)
@@ -366,11 +357,7 @@ func TestLateSendAfterPrepareRead(t *testing.T) {
 // answer). Both by a node whose checks walk and by one that rechecks; the
 // next pause starts without them.
 func TestViolationKept(t *testing.T) {
-	ctx, s, job, lines := oneRank(t, "kept", new(atomic.Pointer[string]))
-	go func() {
-		for range lines {
-		}
-	}()
+	ctx, s, job := quietRank(t, "kept")
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	for _, rechecks := range []bool{false, true} {
 		for _, at := range []string{"drain", "settle"} {

@@ -181,6 +181,23 @@ type TCPInfo struct {
 	NotsentBytes uint32
 }
 
+// Taken is how many bytes the socket has taken from its process to send:
+// BytesSent counts retransmissions too and NotsentBytes what is written
+// but never sent (write_seq - snd_nxt), so the sum is write_seq less the
+// sequence number the data starts at, the count the BPF observer reads as
+// a connection's bytes sent (loader.Conn.BytesSent) and the shim as where
+// held bytes go (libmpi-shim/tcpsent.c). tcp_get_info reads the three under
+// the socket's lock, so they agree with each other. ok is false where the
+// kernel's tcp_info ends before tcpi_bytes_retrans (before 4.19). A FIN
+// queued but not yet sent counts as a byte here and not there: only an
+// ESTABLISHED socket's count is the observer's.
+func (i *TCPInfo) Taken() (n uint64, ok bool) {
+	if i == nil || i.Len < offTIBytesRetrans+8 {
+		return 0, false
+	}
+	return i.BytesSent - i.BytesRetrans + uint64(i.NotsentBytes), true
+}
+
 // Filter selects the sockets [DiagConn.DumpTCP] returns.
 type Filter struct {
 	// States selects by TCP state; 0 means StatesAll.
@@ -225,6 +242,7 @@ type DiagConn struct {
 	c      *netlink.Conn // nil after a broken dump: redialed by the next one
 	closed bool
 	seq    uint32 // of LookupTCP's requests, whose replies it reads itself
+	batch  int    // lookups LookupTCP sends at once: see lookupBatch
 }
 
 // DialDiag opens a sock_diag socket in the network namespace netnsFD (an
@@ -261,6 +279,14 @@ func (d *DiagConn) dial() error {
 		return fmt.Errorf("open sock_diag socket: %w", err)
 	}
 	d.c = c
+	d.batch = 1
+	if rc, err := c.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) {
+			if n, err := unix.GetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUF); err == nil {
+				d.batch = min(max(n/lookupReplyCharge, 1), lookupBatch)
+			}
+		})
+	}
 	return nil
 }
 
@@ -597,8 +623,9 @@ type ID struct {
 // that of the sockets asked for, not of the namespace's hash tables, which
 // a dump walks bucket by bucket whatever they hold. ok[i] says whether
 // ids[i] is still there; a socket closed since, or its 4-tuple reused by
-// another (another cookie), is not. Without tcp_info: the queues and the
-// state are what a recheck needs.
+// another (another cookie), is not. Each with its tcp_info: a recheck
+// counts the bytes a socket took (TCPInfo.Taken) as well as reading its
+// queues and state.
 func (d *DiagConn) LookupTCP(ctx context.Context, ids []ID) (out []TCPSocket, ok []bool, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -616,8 +643,8 @@ func (d *DiagConn) LookupTCP(ctx context.Context, ids []ID) (out []TCPSocket, ok
 	c := d.c
 	stop := context.AfterFunc(ctx, func() { _ = c.SetReadDeadline(time.Unix(1, 0)) })
 	out, ok = make([]TCPSocket, len(ids)), make([]bool, len(ids))
-	for i := 0; i < len(ids) && err == nil; i += lookupBatch {
-		j := min(i+lookupBatch, len(ids))
+	for i := 0; i < len(ids) && err == nil; i += d.batch {
+		j := min(i+d.batch, len(ids))
 		err = d.lookupBatch(ids[i:j], out[i:j], ok[i:j])
 	}
 	if !stop() || err != nil {
@@ -633,11 +660,18 @@ func (d *DiagConn) LookupTCP(ctx context.Context, ids []ID) (out []TCPSocket, ok
 	return out, ok, nil
 }
 
-// lookupBatch bounds the requests LookupTCP sends at once, so that their
-// replies (under 200 bytes each) fit the socket's receive buffer (about
-// 208 KiB by default): a reply that does not fit is dropped, and its
-// lookup would wait forever.
-const lookupBatch = 256
+// The requests LookupTCP sends at once have their replies queued on the
+// socket before it reads one, so they must fit its receive buffer
+// (SO_RCVBUF, about 208 KiB by default, as the kernel counts it): a reply
+// that does not fit is dropped and the read fails with ENOBUFS. The kernel
+// charges each reply its skb's whole allocation, about 1.2 KiB for the 400
+// bytes of a socket with its tcp_info here (192 at once overflowed the
+// default buffer, 128 did not); lookupReplyCharge leaves room for a larger
+// tcp_info. lookupBatch bounds a batch where the buffer is large.
+const (
+	lookupReplyCharge = 2 << 10
+	lookupBatch       = 256
+)
 
 // lookupBatch sends the lookups of ids in one sendmsg, then reads one reply
 // each (the kernel answers the requests of the datagram in turn: a
@@ -739,6 +773,7 @@ func marshalInetDiagLookup(id ID) ([]byte, error) {
 		b[0] = unix.AF_INET
 	}
 	b[1] = unix.IPPROTO_TCP
+	b[2] = 1 << (inetDiagInfo - 1) // idiag_ext: INET_DIAG_INFO
 	binary.NativeEndian.PutUint32(b[4:], uint32(StatesAll))
 	// struct inet_diag_sockid starts at byte 8 of the request; its
 	// offsets within are those of inet_diag_msg's id less 4.

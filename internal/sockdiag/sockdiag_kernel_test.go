@@ -662,6 +662,7 @@ func TestLookupTCPAsDumped(t *testing.T) {
 	var pairs []pair
 	var ids []ID
 	want := map[uint64][2]uint32{} // cookie: rqueue, wqueue once acked
+	wrote := map[uint64]uint64{}   // cookie: bytes its process wrote
 	for range 4 + rng.IntN(8) {
 		k := kinds[rng.IntN(len(kinds))]
 		_, client, server := diagPair(t, ns, k.network, k.addr)
@@ -678,6 +679,8 @@ func TestLookupTCPAsDumped(t *testing.T) {
 			if _, err := io.ReadFull(c.to, make([]byte, m)); err != nil {
 				t.Fatal(err)
 			}
+			from, _ := sockIdentity(t, c.from)
+			wrote[from] += uint64(n)
 			ck, _ := sockIdentity(t, c.to)
 			w := want[ck]
 			w[0] = uint32(n - m)
@@ -714,6 +717,13 @@ func TestLookupTCPAsDumped(t *testing.T) {
 			l.RQueue != x.RQueue || l.WQueue != x.WQueue {
 			t.Errorf("%v -> %v: lookup found %v %+v, the dump %+v", id.Local, id.Remote, ok[i], l, x)
 		}
+		// What the socket took, as a recheck counts it: the dump's count
+		// and the bytes written.
+		lt, lok := l.Info.Taken()
+		xt, xok := x.Info.Taken()
+		if !lok || !xok || lt != xt || lt != wrote[id.Cookie] {
+			t.Errorf("%v -> %v: the lookup says %d bytes taken (%v), the dump %d (%v); %d were written", id.Local, id.Remote, lt, lok, xt, xok, wrote[id.Cookie])
+		}
 	}
 	// Another cookie on a live 4-tuple, and a closed socket: not found.
 	stale := ids[0]
@@ -737,4 +747,37 @@ func TestLookupTCPAsDumped(t *testing.T) {
 			ok[0], ok[1], look[1].State, ok[2])
 	}
 	t.Logf("seed %d: %d sockets looked up as dumped", seed, len(ids))
+}
+
+// TestLookupTCPBatches: a lookup of more sockets than one batch (two
+// batches and part of a third, each reply with its tcp_info) finds every
+// one: a batch whose replies overflowed the netlink socket's receive
+// buffer would lose some, and its lookup fail or wait.
+func TestLookupTCPBatches(t *testing.T) {
+	testutil.RequirePrivileged(t)
+	ns := testutil.NewNetns(t)
+	var ids []ID
+	for len(ids) < 2*lookupBatch+10 {
+		_, client, server := diagPair(t, ns, "tcp4", "127.0.0.1:0")
+		for _, c := range []net.Conn{client, server} {
+			ck, _ := sockIdentity(t, c)
+			ids = append(ids, ID{Local: addrPort(c.LocalAddr()), Remote: addrPort(c.RemoteAddr()), Cookie: ck})
+		}
+	}
+	d, err := DialDiag(ns.FD())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	look, ok, err := d.LookupTCP(ctx, ids)
+	if err != nil {
+		t.Fatalf("LookupTCP of %d sockets: %v", len(ids), err)
+	}
+	for i, id := range ids {
+		if _, counted := look[i].Info.Taken(); !ok[i] || look[i].Cookie != id.Cookie || !counted {
+			t.Fatalf("socket %d of %d (%v -> %v): found %v, cookie %d, tcp_info %v", i, len(ids), id.Local, id.Remote, ok[i], look[i].Cookie, counted)
+		}
+	}
 }

@@ -501,3 +501,25 @@ func FuzzDecodeTCPInfo(f *testing.F) {
 		}
 	})
 }
+
+// TestTaken: what a socket took is bytes sent, less those resent, plus
+// those never sent; a tcp_info that ends before tcpi_bytes_retrans (a
+// kernel before 4.19), or none, cannot say.
+func TestTaken(t *testing.T) {
+	b := make([]byte, offTIBytesRetrans+8)
+	binary.NativeEndian.PutUint64(b[offTIBytesSent:], 5000)
+	binary.NativeEndian.PutUint64(b[offTIBytesRetrans:], 1200)
+	binary.NativeEndian.PutUint32(b[offTINotsent:], 300)
+	full := decodeTCPInfo(b)
+	if n, ok := full.Taken(); !ok || n != 4100 {
+		t.Errorf("Taken: %d, %v; want 4100, true", n, ok)
+	}
+	short := decodeTCPInfo(b[:offTIBytesRetrans+4])
+	if n, ok := short.Taken(); ok {
+		t.Errorf("Taken of a %d-byte tcp_info: %d, true; want false", short.Len, n)
+	}
+	var none *TCPInfo
+	if _, ok := none.Taken(); ok {
+		t.Errorf("Taken of no tcp_info: true; want false")
+	}
+}

@@ -106,8 +106,19 @@ func binDir(t testing.TB) string {
 }
 
 // rigCommand runs `rig ARGS...` on the rig called name and returns its
-// combined output.
+// combined output. Before an up, this process holds the rig for the rest
+// of its life (rig.Rig.Hold): another test binary, or a person's rig
+// command, on the same rig would restart mpids under this one's jobs.
 func rigCommand(ctx context.Context, name string, args ...string) (string, error) {
+	if len(args) > 0 && args[0] == "up" {
+		r, err := rig.New(rig.Config{Name: name})
+		if err == nil {
+			err = r.Hold()
+		}
+		if err != nil {
+			return err.Error() + "\n", err
+		}
+	}
 	cmd := exec.CommandContext(ctx, filepath.Join(os.Getenv("MPIPAUSE_BIN"), "rig"), args...)
 	cmd.Env = append(os.Environ(), "MPIPAUSE_RIG="+name)
 	var out bytes.Buffer

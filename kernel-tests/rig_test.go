@@ -297,3 +297,38 @@ func threadPolicies(pid int) []string {
 	}
 	return out
 }
+
+// TestRigOneUser: while a test binary holds a rig, `rig up` and `rig
+// down` by anyone else (a person's shell, another test binary) fail at
+// once with one line naming it, and change nothing; the rig commands the
+// holder starts act for it.
+func TestRigOneUser(t *testing.T) {
+	bin := binDir(t)
+	name := "kt-user"
+	r, err := rig.New(rig.Config{Name: name})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Hold(); err != nil {
+		t.Fatal(err)
+	}
+	var stranger []string
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, rig.HolderEnv+"=") {
+			stranger = append(stranger, kv)
+		}
+	}
+	for _, args := range [][]string{{"up", "2"}, {"down"}} {
+		cmd := exec.Command(filepath.Join(bin, "rig"), append([]string{"--name", name}, args...)...)
+		cmd.Env = stranger
+		out, err := cmd.CombinedOutput()
+		want := fmt.Sprintf("rig %s is in use by pid %d (", name, os.Getpid())
+		if lines := strings.Split(strings.TrimSpace(string(out)), "\n"); err == nil || len(lines) != 1 || !strings.Contains(lines[0], want) {
+			t.Errorf("rig %s by another process while this one holds it: %v, %q; want a failure, one line with %q", args[0], err, out, want)
+		}
+		if _, err := os.Stat(rigDir(name)); !os.IsNotExist(err) {
+			t.Errorf("a refused rig %s made %s: %v", args[0], rigDir(name), err)
+		}
+	}
+	mustRig(t, name, "down") // the holder's own: acts for it
+}

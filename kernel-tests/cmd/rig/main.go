@@ -55,6 +55,8 @@ const usage = `usage: rig [--name NAME] COMMAND
   down                    stop the mpids and remove everything the rig made (idempotent)
   ssh [opts] HOST CMD...  launcher agent: ssh's arguments, runs CMD in HOST
 The rig is "default" unless --name or $MPIPAUSE_RIG names another.
+up and down fail while another process holds the rig (a test binary using
+it holds it until it exits; the processes it starts act for it).
 $MPIPAUSE_RIG_MPID_WRAP, if set, is a command (words split at spaces) that up puts
 before each mpid's, and that must exec mpid in place: setpriv --bounding-set=...
 -- starts mpid with the capabilities of its systemd unit.
@@ -137,6 +139,9 @@ func runUp(ctx context.Context, r *rig.Rig, args []string, e env, stdout io.Writ
 	if err != nil {
 		return fmt.Errorf("up: %q is not a number of nodes", pos[0])
 	}
+	if err := r.CheckUser(); err != nil {
+		return fmt.Errorf("up: %w", err)
+	}
 	if noMPID {
 		cfg := r.Config()
 		cfg.NoMPID = true
@@ -168,6 +173,9 @@ func runUp(ctx context.Context, r *rig.Rig, args []string, e env, stdout io.Writ
 func runDown(ctx context.Context, r *rig.Rig, args []string, _ env, stdout io.Writer) error {
 	if len(args) != 0 {
 		return fmt.Errorf("down takes no arguments")
+	}
+	if err := r.CheckUser(); err != nil {
+		return fmt.Errorf("down: %w", err)
 	}
 	if err := r.Down(ctx); err != nil {
 		return fmt.Errorf("down: %w", err)

@@ -24,6 +24,9 @@ import (
 // TestMain lets the test binary stand in for the rig binary: Up runs
 // Config.Exe with InitNodeCommand in every new node.
 func TestMain(m *testing.M) {
+	if root := os.Getenv(holdHelperEnv); root != "" {
+		os.Exit(holdHelper(root))
+	}
 	if len(os.Args) == 3 && os.Args[1] == InitNodeCommand {
 		if err := RunInitNode(os.Args[2]); err != nil {
 			fmt.Fprintln(os.Stderr, err)

@@ -623,9 +623,8 @@ type ID struct {
 // that of the sockets asked for, not of the namespace's hash tables, which
 // a dump walks bucket by bucket whatever they hold. ok[i] says whether
 // ids[i] is still there; a socket closed since, or its 4-tuple reused by
-// another (another cookie), is not. Each with its tcp_info: a recheck
-// counts the bytes a socket took (TCPInfo.Taken) as well as reading its
-// queues and state.
+// another (another cookie), is not. Each comes with its tcp_info, whose
+// TCPInfo.Taken is the count of bytes the socket took that a walk reads.
 func (d *DiagConn) LookupTCP(ctx context.Context, ids []ID) (out []TCPSocket, ok []bool, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()

@@ -130,26 +130,18 @@ func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.Node
 	// starts from this one, so a violation is kept until the pause ends
 	// (violated): a drain check's answer would otherwise be the only one
 	// to say it.
-	var desc map[[2]netip.AddrPort][]descriptor
-	byPid := make(map[int]*ranks.Rank, len(rs))
+	var hs holdings
 	if len(through) > 0 {
-		pids := make([]int, 0, len(rs))
+		prs := make([]pageRank, 0, len(rs))
 		for _, r := range rs {
-			pids = append(pids, r.Pid)
-			byPid[r.Pid] = r
+			prs = append(prs, pageRank{r.Pid, r})
 		}
-		desc = descriptors(pids)
-	}
-	heldAt := func(d descriptor) (held, from uint64, ok bool) {
-		if r, ok := byPid[d.pid]; ok {
-			return r.HeldAt(d.fd)
-		}
-		return 0, ranks.FromUnknown, false
+		hs = heldSockets(prs, socketEnds)
 	}
 	var violated uint64
 	for _, v := range through {
 		l.Metrics.Violations(v.bytes)
-		why := late(v, desc, heldAt)
+		why := late(v, hs)
 		if why == "" {
 			rep.Late += v.bytes
 			l.Log.Info("bytes sent through a closed gate, in order (late): drained again", "job", job, "node", l.Name,
@@ -289,48 +281,40 @@ type violation struct {
 }
 
 // late says whether v's bytes, sent through a closed gate, can only have
-// gone in order: "" when every descriptor of its socket, in the processes
-// desc names, belongs to a rank whose shim holds nothing for it, or holds
-// bytes that go after everything the kernel has taken (heldAt), else why
-// not (the log says it).
+// gone in order: "" when no rank's page shows bytes held for its socket,
+// or every rank that holds some holds bytes that go after everything the
+// kernel has taken (hs, heldSockets), else why not (the log says it).
 //
 // A send call reads its gate once, before the system call. One that read
 // it open just before it closed, its thread preempted in between, reaches
-// the kernel late, legitimately; a path past the shim (a raw system call)
-// reaches it at any time. Either way, bytes that reach a socket for which
-// nothing is held cannot overtake held bytes: the stream is in the order
-// the kernel took it (G4), and the bytes are in flight like any others,
-// for another drain (G1). Held bytes only grow while the gates stay
-// closed and the page says so before the holding call returns, so nothing
-// held at this check means nothing held when they were sent. Where bytes
-// are held, the page says where they go in the stream: the kernel's count
-// of the bytes the socket took before the shim began to hold (libmpi-shim/
-// tcpsent.c, the quantity sentOf reads). A count that has not passed it
-// means every byte the kernel took came before the held ones, as the
-// rank's calls did: a late call, then the held one after it (the same
-// thread's next message). A count past it is a byte that went ahead of
-// held bytes written before it. Where the page cannot say (a process
-// without one, a descriptor beyond it, a shim too old to record where,
-// a connection whose descriptors were not found or whose count is not
-// the kernel's), the pause fails rather than claim G4.
-func late(v violation, desc map[[2]netip.AddrPort][]descriptor, heldAt func(descriptor) (held, from uint64, ok bool)) (whyNot string) {
-	ds := desc[[2]netip.AddrPort{unmap(v.c.Local), unmap(v.c.Remote)}]
-	if len(ds) == 0 {
-		return "no rank of the node has a descriptor of the socket"
+// the kernel late, legitimately; a process that is not a rank (a rank's
+// forked child, with a gate of its own) or a path past the shim (a raw
+// system call) reaches it at any time. Either way, bytes that reach a
+// socket for which nothing is held cannot overtake held bytes: the stream
+// is in the order the kernel took it (G4), and the bytes are in flight
+// like any others, for another drain (G1). Held bytes only grow while the
+// gates stay closed and the page says so before the holding call returns,
+// so nothing held at this check means nothing held when they were sent.
+// Where bytes are held, the page says where they go in the stream: the
+// kernel's count of the bytes the socket took before the shim began to
+// hold (libmpi-shim/tcpsent.c, the quantity sentOf reads). A count that
+// has not passed it means every byte the kernel took came before the held
+// ones, as the rank's calls did: a late call, then the held one after it
+// (the same thread's next message). A count past it is a byte that went
+// ahead of held bytes written before it. Where the pages cannot say (a
+// rank without one, a held descriptor that could not be named, a shim too
+// old to record where, a connection whose count is not the kernel's), the
+// pause fails rather than claim G4.
+func late(v violation, hs holdings) (whyNot string) {
+	if hs.cannot != "" {
+		return hs.cannot
 	}
-	for _, d := range ds {
-		held, from, ok := heldAt(d)
-		if !ok {
-			return fmt.Sprintf("the state page of pid %d cannot say for fd %d", d.pid, d.fd)
+	for _, h := range hs.by[[2]netip.AddrPort{unmap(v.c.Local), unmap(v.c.Remote)}] {
+		if h.from == ranks.FromUnknown || !v.c.Counted {
+			return fmt.Sprintf("pid %d holds %d bytes for fd %d, and its page cannot say where they go in the stream", h.pid, h.held, h.fd)
 		}
-		if held == 0 {
-			continue
-		}
-		if from == ranks.FromUnknown || !v.c.Counted {
-			return fmt.Sprintf("pid %d holds %d bytes for fd %d, and its page cannot say where they go in the stream", d.pid, held, d.fd)
-		}
-		if sent := sentOf(v.c); sent > from {
-			return fmt.Sprintf("pid %d holds %d bytes for fd %d that go after byte %d of the stream, and the kernel has taken %d", d.pid, held, d.fd, from, sent)
+		if sent := sentOf(v.c); sent > h.from {
+			return fmt.Sprintf("pid %d holds %d bytes for fd %d that go after byte %d of the stream, and the kernel has taken %d", h.pid, h.held, h.fd, h.from, sent)
 		}
 	}
 	return ""

@@ -10,6 +10,8 @@ import (
 	"strings"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/mpipause/mpipause/internal/ranks"
 )
 
 // owners maps the connections (local→remote) of pids to the pid's rank.
@@ -123,4 +125,109 @@ func addrPort(sa unix.Sockaddr) (netip.AddrPort, bool) {
 		return netip.AddrPortFrom(netip.AddrFrom16(a.Addr).Unmap(), uint16(a.Port)), true
 	}
 	return netip.AddrPort{}, false
+}
+
+// holder is a descriptor of a rank's at which its state page shows bytes
+// held, and where they go in the stream (ranks.Rank.HeldAt).
+type holder struct {
+	pid, fd    int
+	held, from uint64
+}
+
+// holdings are the sockets a node's ranks hold bytes for (heldSockets).
+type holdings struct {
+	by map[[2]netip.AddrPort][]holder
+	// cannot says why the ranks' holdings are not all known; "" if they
+	// are.
+	cannot string
+}
+
+// pageRank is what heldSockets needs of a rank: *ranks.Rank's page, and
+// its pid.
+type pageRank struct {
+	pid int
+	r   interface {
+		Holding() ([]ranks.Held, bool)
+	}
+}
+
+// maxHeldLooks bounds the scans of the ranks' pages heldSockets makes
+// while held bytes move between a socket's descriptors under it.
+const maxHeldLooks = 3
+
+// heldSockets names the socket of every descriptor at which a rank's page
+// shows bytes held, by copying the descriptor (ends: socketEnds). Only a
+// rank holds bytes: mpid closes no other gate, a forked child of a rank
+// gets an open gate of its own and none of its parent's held bytes
+// (libmpi-shim/gateword.c, mpp_gate_child), and a program without the shim
+// holds nothing. So a socket that no rank's page shows held, whoever else
+// has a descriptor of it and whether anyone still has one, has nothing
+// held for it.
+//
+// A page is read one descriptor after another while the rank runs, and
+// the shim moves a socket's held bytes to another of its descriptors when
+// the one they were at is closed: a scan that read the new place before
+// the move and the old after it would miss the socket. So the pages are
+// scanned again after the copies, even after a scan that found nothing,
+// and every descriptor that shows held bytes and was not named is named,
+// until a scan after the first finds none new: a move that overlapped one
+// scan shows in the next. A holding that begins after
+// the first scan goes after everything the kernel had taken by then, so
+// naming it too changes nothing. A rank without a page, a descriptor that
+// cannot be copied (gone, not mpid's to see) or is not a connected TCP
+// socket, more descriptors than maxOwnerFds, or scans that keep finding
+// new ones: the holdings are not all known, and cannot says why.
+func heldSockets(rs []pageRank, ends func(pid, fd int) ([2]netip.AddrPort, error)) holdings {
+	hs := holdings{by: map[[2]netip.AddrPort][]holder{}}
+	named := map[holder]bool{} // by pid and fd only
+	for look := 0; ; look++ {
+		found := false
+		for _, pr := range rs {
+			held, ok := pr.r.Holding()
+			if !ok {
+				return holdings{cannot: fmt.Sprintf("pid %d shares no state page to say what it holds", pr.pid)}
+			}
+			if len(held) > maxOwnerFds {
+				return holdings{cannot: fmt.Sprintf("pid %d holds bytes for %d descriptors, more than the %d looked at", pr.pid, len(held), maxOwnerFds)}
+			}
+			for _, h := range held {
+				if named[holder{pid: pr.pid, fd: h.Fd}] {
+					continue
+				}
+				if look == maxHeldLooks {
+					return holdings{cannot: fmt.Sprintf("the held bytes of pid %d kept moving between descriptors while %d scans of its page named them", pr.pid, maxHeldLooks)}
+				}
+				found = true
+				named[holder{pid: pr.pid, fd: h.Fd}] = true
+				k, err := ends(pr.pid, h.Fd)
+				if err != nil {
+					return holdings{cannot: fmt.Sprintf("pid %d holds %d bytes for fd %d, whose socket cannot be named: %v", pr.pid, h.Held, h.Fd, err)}
+				}
+				hs.by[k] = append(hs.by[k], holder{pr.pid, h.Fd, h.Held, h.From})
+			}
+		}
+		if !found && look > 0 {
+			return hs
+		}
+	}
+}
+
+// socketEnds is the local and remote address of process pid's descriptor
+// fd, copied into mpid (pidfd_getfd) and closed at once.
+func socketEnds(pid, fd int) ([2]netip.AddrPort, error) {
+	pidfd, err := unix.PidfdOpen(pid, 0)
+	if err != nil {
+		return [2]netip.AddrPort{}, fmt.Errorf("pidfd_open: %w", err)
+	}
+	defer unix.Close(pidfd)
+	cp, err := unix.PidfdGetfd(pidfd, fd, 0)
+	if err != nil {
+		return [2]netip.AddrPort{}, fmt.Errorf("pidfd_getfd: %w", err)
+	}
+	defer unix.Close(cp)
+	k, ok := tcpEnds(cp)
+	if !ok {
+		return [2]netip.AddrPort{}, errors.New("not a connected TCP socket")
+	}
+	return k, nil
 }

@@ -154,53 +154,110 @@ func TestHeldByKernel(t *testing.T) {
 }
 
 // TestLate: bytes sent through a closed gate count as late (drained again)
-// only where every descriptor of their socket, found by copying the
-// process's descriptors (descriptors), is a rank's whose page says it
-// holds nothing, or holds bytes that go after all the kernel has taken;
-// anything the page cannot vouch for stays a violation.
+// only where no rank's page shows bytes held for their socket, or the
+// bytes held go after all the kernel has taken; anything the pages cannot
+// vouch for stays a violation. A socket no rank holds bytes for is late
+// whoever sent on it: a rank's forked child on a connection of its own,
+// alive or exited (its bytes counted by a drain check while the job's
+// ports were not known yet once failed the pause, no rank having a
+// descriptor of the socket).
 func TestLate(t *testing.T) {
 	local, remote, fd := loopbackConn(t)
-	desc := descriptors([]int{os.Getpid()})
-	if ds := desc[[2]netip.AddrPort{local, remote}]; len(ds) != 1 || ds[0] != (descriptor{os.Getpid(), fd}) {
-		t.Fatalf("descriptors of %s->%s: %v, want [{%d %d}]", local, remote, ds, os.Getpid(), fd)
-	}
+	pid := os.Getpid()
+	rank := func(hs ...ranks.Held) []pageRank { return []pageRank{{pid, &fakeHolding{scans: [][]ranks.Held{hs}}}} }
 	// The kernel has taken 5,000 bytes of the socket, 40 of them through
 	// the closed gate.
 	v := violation{c: loader.Conn{Local: local, Remote: remote, Counted: true, BytesSent: 5000}, bytes: 40}
-	held := func(n, from uint64, ok bool) func(descriptor) (uint64, uint64, bool) {
-		return func(d descriptor) (uint64, uint64, bool) {
-			if d.fd != fd {
-				t.Errorf("asked about fd %d, want %d", d.fd, fd)
-			}
-			return n, from, ok
-		}
-	}
-	if why := late(v, desc, held(0, ranks.FromUnknown, true)); why != "" {
+	if why := late(v, heldSockets(rank(), socketEnds)); why != "" {
 		t.Errorf("nothing held: not late (%s)", why)
 	}
 	// A late send call, then the same thread's next message held: the held
 	// bytes go after byte 5,000, everything the kernel took.
-	if why := late(v, desc, held(8, 5000, true)); why != "" {
+	hs := heldSockets(rank(ranks.Held{Fd: fd, Held: 8, From: 5000}), socketEnds)
+	if got := hs.by[[2]netip.AddrPort{local, remote}]; hs.cannot != "" || len(got) != 1 || got[0] != (holder{pid, fd, 8, 5000}) {
+		t.Fatalf("held sockets: %+v, want %s->%s held at fd %d", hs, local, remote, fd)
+	}
+	if why := late(v, hs); why != "" {
 		t.Errorf("8 bytes held from byte 5000, the kernel's count 5000: not late (%s)", why)
 	}
-	if why, want := late(v, desc, held(8, 4999, true)), fmt.Sprintf("pid %d holds 8 bytes for fd %d that go after byte 4999 of the stream, and the kernel has taken 5000", os.Getpid(), fd); why != want {
+	if why, want := late(v, heldSockets(rank(ranks.Held{Fd: fd, Held: 8, From: 4999}), socketEnds)), fmt.Sprintf("pid %d holds 8 bytes for fd %d that go after byte 4999 of the stream, and the kernel has taken 5000", pid, fd); why != want {
 		t.Errorf("a byte past the held bytes' place: %q, want %q (the log says it)", why, want)
 	}
-	if why, want := late(v, desc, held(8, ranks.FromUnknown, true)), fmt.Sprintf("pid %d holds 8 bytes for fd %d, and its page cannot say where they go in the stream", os.Getpid(), fd); why != want {
+	unknown := heldSockets(rank(ranks.Held{Fd: fd, Held: 8, From: ranks.FromUnknown}), socketEnds)
+	if why, want := late(v, unknown), fmt.Sprintf("pid %d holds 8 bytes for fd %d, and its page cannot say where they go in the stream", pid, fd); why != want {
 		t.Errorf("8 bytes held, no place: %q, want %q", why, want)
 	}
 	uncounted := v
 	uncounted.c.Counted = false
-	if late(uncounted, desc, held(8, 1<<40, true)) == "" {
+	if late(uncounted, heldSockets(rank(ranks.Held{Fd: fd, Held: 8, From: 1 << 40}), socketEnds)) == "" {
 		t.Error("8 bytes held on a socket whose count is not the kernel's bytes sent: late")
 	}
-	if late(v, desc, held(0, ranks.FromUnknown, false)) == "" {
-		t.Error("a page that cannot say: late")
+	// Bytes on a socket no rank holds anything for: late, though the rank
+	// holds bytes for another socket and no descriptor of this one is found
+	// anywhere.
+	other := violation{c: loader.Conn{Local: remote, Remote: netip.MustParseAddrPort("127.0.0.1:1"), Counted: true, BytesSent: 40}, bytes: 40}
+	if why := late(other, hs); why != "" {
+		t.Errorf("a connection no rank holds bytes for: not late (%s)", why)
 	}
-	other := violation{c: loader.Conn{Local: remote, Remote: netip.MustParseAddrPort("127.0.0.1:1")}, bytes: 40}
-	if late(other, desc, held(0, ranks.FromUnknown, true)) == "" {
-		t.Error("a connection with no descriptor found: late")
+	noPage := []pageRank{{pid, &fakeHolding{noPage: true}}}
+	if why := late(other, heldSockets(noPage, socketEnds)); !strings.Contains(why, "no state page") {
+		t.Errorf("a rank without a page: %q, want not late, no state page", why)
 	}
+	defer func(m int) { maxOwnerFds = m }(maxOwnerFds)
+	maxOwnerFds = 1
+	if why := late(other, heldSockets(rank(ranks.Held{Fd: fd, Held: 8, From: 5000}, ranks.Held{Fd: fd + 1, Held: 8, From: 0}), socketEnds)); !strings.Contains(why, "more than the 1 looked at") {
+		t.Errorf("bytes held at more descriptors than are looked at: %q, want not late, more than the 1 looked at", why)
+	}
+	maxOwnerFds = 1 << 16
+	unix.Close(fd)
+	if why := late(other, heldSockets(rank(ranks.Held{Fd: fd, Held: 8, From: 5000}), socketEnds)); !strings.Contains(why, "cannot be named") {
+		t.Errorf("bytes held at a descriptor that cannot be copied: %q, want not late, cannot be named", why)
+	}
+}
+
+// TestHeldSocketsMoving: held bytes that move from one descriptor of their
+// socket to another while the page is scanned are found at one of them:
+// the scan that read the new place before the move and the old after it
+// is followed by one that reads the new. Bytes that keep moving at every
+// scan leave the holdings unknown.
+func TestHeldSocketsMoving(t *testing.T) {
+	local, remote, fd := loopbackConn(t)
+	moved, err := unix.Dup(fd)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(moved)
+	pid := os.Getpid()
+	k := [2]netip.AddrPort{local, remote}
+	f := &fakeHolding{scans: [][]ranks.Held{nil, {{Fd: moved, Held: 8, From: 100}}}}
+	hs := heldSockets([]pageRank{{pid, f}}, socketEnds)
+	if got := hs.by[k]; hs.cannot != "" || len(got) != 1 || got[0].fd != moved {
+		t.Fatalf("bytes that moved to fd %d during the first scan: %+v, want them found there", moved, hs)
+	}
+	if f.n != 3 {
+		t.Errorf("%d scans, want 3 (the one that missed, the one that found, one that found nothing new)", f.n)
+	}
+	restless := &fakeHolding{scans: [][]ranks.Held{{{Fd: fd, Held: 8, From: 100}}, {{Fd: moved, Held: 8, From: 100}}, {{Fd: fd + 1000, Held: 8, From: 100}}, {{Fd: fd + 1001, Held: 8, From: 100}}}}
+	if hs := heldSockets([]pageRank{{pid, restless}}, func(int, int) ([2]netip.AddrPort, error) { return k, nil }); !strings.Contains(hs.cannot, "kept moving") {
+		t.Errorf("bytes at a new descriptor every scan: %+v, want the holdings unknown", hs)
+	}
+}
+
+// fakeHolding is a rank's page that shows scans[i] at its i-th scan (the
+// last one after that).
+type fakeHolding struct {
+	scans  [][]ranks.Held
+	noPage bool
+	n      int
+}
+
+func (f *fakeHolding) Holding() ([]ranks.Held, bool) {
+	if f.noPage {
+		return nil, false
+	}
+	s := f.scans[min(f.n, len(f.scans)-1)]
+	f.n++
+	return s, true
 }
 
 // TestDescriptorsBounded: the owner lookup looks at no descriptor number

@@ -467,6 +467,35 @@ func (r *Rank) HeldAt(fd int) (held, from uint64, ok bool) {
 	return held, from, ok
 }
 
+// Held is one descriptor at which a rank's state page shows bytes held
+// (HeldAt's answer for it).
+type Held struct {
+	Fd         int
+	Held, From uint64
+}
+
+// Holding returns every descriptor at which the rank's state page shows
+// bytes held, in descriptor order; ok is false if the rank shared no page
+// or is gone. The page covers every descriptor the shim can hold bytes
+// for (one beyond its tables is never gated), so a socket that is at none
+// of them has nothing held by this rank when the page was read.
+func (r *Rank) Holding() (out []Held, ok bool) {
+	ok = r.withPage(func(p *statePage) {
+		for fd := 0; fd < p.fds; fd++ {
+			held := atomic.LoadUint64((*uint64)(unsafe.Pointer(&p.mem[p.heldOffset+8*fd])))
+			if held == 0 {
+				continue
+			}
+			from := FromUnknown
+			if p.fromOffset != 0 {
+				from = atomic.LoadUint64((*uint64)(unsafe.Pointer(&p.mem[p.fromOffset+8*fd])))
+			}
+			out = append(out, Held{Fd: fd, Held: held, From: from})
+		}
+	})
+	return out, ok
+}
+
 // Quiet reports, from the state page alone, that the rank's gate is closed,
 // no socket is mid-message and no flush of held bytes is running (a
 // resume's flush overtaken by this close sends until its thread sees the

@@ -87,9 +87,18 @@ func TestReceivePage(t *testing.T) {
 			t.Errorf("HeldAt(%d) = %d, %d, %v; want %d, %d, %v", tc.fd, held, from, ok, tc.held, tc.from, tc.ok)
 		}
 	}
+	if hs, ok := r.Holding(); !ok || len(hs) != 1 || hs[0] != (Held{Fd: 3, Held: 77, From: 1234}) {
+		t.Errorf("Holding() = %+v, %v; want [{3 77 1234}], true", hs, ok)
+	}
 	p.close()
 	if s := r.Sockets(); s != nil {
 		t.Errorf("Sockets() after close = %+v", s)
+	}
+	if hs, ok := r.Holding(); ok || hs != nil {
+		t.Errorf("Holding() after close = %+v, %v; want nothing, false", hs, ok)
+	}
+	if _, ok := (&Rank{}).Holding(); ok {
+		t.Error("Holding of a rank without a page says it knows")
 	}
 	if _, _, ok := r.HeldAt(3); ok {
 		t.Error("HeldAt after close says it knows")
@@ -132,6 +141,9 @@ func TestReceivePageVersion1(t *testing.T) {
 	}
 	if held, from, ok := r.HeldAt(3); held != 77 || from != FromUnknown || !ok {
 		t.Errorf("HeldAt(3) = %d, %d, %v; want 77, FromUnknown, true", held, from, ok)
+	}
+	if hs, ok := r.Holding(); !ok || len(hs) != 1 || hs[0] != (Held{Fd: 3, Held: 77, From: FromUnknown}) {
+		t.Errorf("Holding() = %+v, %v; want [{3 77 FromUnknown}], true", hs, ok)
 	}
 }
 

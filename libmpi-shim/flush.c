@@ -340,8 +340,8 @@ int mpp_keep_held(int fd)
 	mpp_bind_fd(keep, s);
 	mpp_bind_fd(fd, NULL);
 	pthread_mutex_unlock(&mpp_tab_mu);
-	mpp_page_clear(fd);
 	mpp_set_fd(s, keep);
+	mpp_page_clear(fd);
 	s->orphan = 1;
 	mpp_fd_short[keep] = 0;
 	pthread_mutex_unlock(&s->mu);

@@ -110,15 +110,20 @@ void mpp_publish(struct sock *s)
 }
 
 // mpp_set_fd makes fd (-1: none) the descriptor s's bytes go to, and moves
-// its place in the page. Called with s->mu held.
+// its place in the page: shown at the new place before it is gone from
+// the old, so that mpid, reading the page while the rank runs, never
+// finds held bytes at neither (internal/node/owners.go, heldSockets).
+// Called with s->mu held.
 void mpp_set_fd(struct sock *s, int fd)
 {
-	if (page && (unsigned)s->fd < (unsigned)mpp_nfds && s->fd != fd) {
-		__atomic_store_n(&page_gated[s->fd], 0, __ATOMIC_RELAXED);
-		__atomic_store_n(&page_held[s->fd], 0, __ATOMIC_RELAXED);
-	}
+	int old = s->fd;
+
 	s->fd = fd;
 	mpp_publish(s);
+	if (page && (unsigned)old < (unsigned)mpp_nfds && old != fd) {
+		__atomic_store_n(&page_gated[old], 0, __ATOMIC_RELAXED);
+		__atomic_store_n(&page_held[old], 0, __ATOMIC_RELEASE);
+	}
 }
 
 // mpp_page_clear shows fd in the state page as holding nothing: its

@@ -1022,11 +1022,9 @@ func testPacing(t *testing.T, reuses bool) {
 // TestRecheck: where each Snapshot walks the hash tables (conniter
 // refused, by the kernel or the test), Recheck reads the connections a
 // Snapshot listed again by exact lookups, in each of their namespaces:
-// state, queues and byte counts as a Snapshot then reads them (bytes
-// written since counted by both alike), the sequence numbers left out; a
-// connection closed since comes back out of ESTABLISHED and uncounted,
-// one made since not at all. Where conniter loads, Recheck declines
-// (ErrNoRecheck).
+// state and queues as a Snapshot then reads them, the counters left out;
+// a connection closed since comes back out of ESTABLISHED, one made since
+// not at all. Where conniter loads, Recheck declines (ErrNoRecheck).
 func TestRecheck(t *testing.T) {
 	testutil.RequirePrivileged(t)
 	t.Run("iter-tcp-passes", func(t *testing.T) {
@@ -1068,39 +1066,15 @@ func testRecheck(t *testing.T, rechecks bool) {
 	if len(got) != len(cs) {
 		t.Fatalf("Recheck returned %d connections for %d:\n%s", len(got), len(cs), dump(got))
 	}
-	same := func(got, cs []Conn) {
-		t.Helper()
-		for _, g := range got {
-			c := mustConn(t, cs, g.Cookie)
-			// Both ends were registered by sockops: their counts are
-			// exact in both reads.
-			counted := c.State == StateEstablished
-			if g.Cookie != c.Cookie || g.Local != c.Local || g.Remote != c.Remote || g.Netns != c.Netns || g.State != c.State ||
-				g.SendQueue != c.SendQueue || g.Unread != c.Unread || g.Counted != counted || counted && !c.Counted ||
-				counted && (g.BytesSent != c.BytesSent || g.BytesRecv != c.BytesRecv || g.Retransmits != c.Retransmits) ||
-				g.WriteSeq != 0 {
-				t.Errorf("rechecked %+v\nsnapshot  %+v", g, c)
-			}
+	for i, c := range cs {
+		g := got[i]
+		if g.Cookie != c.Cookie || g.Local != c.Local || g.Remote != c.Remote || g.Netns != c.Netns || g.State != c.State ||
+			g.SendQueue != c.SendQueue || g.Unread != c.Unread || g.Counted || g.BytesSent != 0 {
+			t.Errorf("rechecked %+v\nsnapshot  %+v", g, c)
 		}
 	}
-	same(got, cs)
 	if s := mustConn(t, got, srv.cookie); s.Netns != r.nsB || s.Unread != n {
 		t.Errorf("the server end in %q with %d unread, want %q and %d", s.Netns, s.Unread, r.nsB, n)
-	}
-	// Bytes written since: the recheck counts them as the next walk does.
-	const m = 12345
-	client.do("write %s %d", cli.id, m)
-	cs2 := waitFor(t, o, "the second write delivered and acknowledged", func(cs []Conn) bool {
-		c, ok1 := byCookie(cs, cli.cookie)
-		s, ok2 := byCookie(cs, srv.cookie)
-		return ok1 && ok2 && c.SendQueue == 0 && s.Unread == n+m
-	})
-	if got, err = o.Recheck(context.Background(), cs); err != nil {
-		t.Fatalf("Recheck: %v", err)
-	}
-	same(got, cs2)
-	if c, c0 := mustConn(t, got, cli.cookie), mustConn(t, cs, cli.cookie); c.BytesSent != c0.BytesSent+m {
-		t.Errorf("rechecked after %d more bytes: %d sent, %d before", m, c.BytesSent, c0.BytesSent)
 	}
 	// Closed since, and made since.
 	cli2, _ := connect(t, r, client, server)
@@ -1112,9 +1086,6 @@ func testRecheck(t *testing.T, rechecks bool) {
 			t.Fatalf("Recheck: %v", err)
 		}
 		if c := mustConn(t, got, cli.cookie); c.State != StateEstablished {
-			if c.Counted {
-				t.Errorf("the closed client rechecked counted: %+v", c)
-			}
 			break
 		}
 		if time.Now().After(deadline) {

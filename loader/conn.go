@@ -65,9 +65,9 @@ type Conn struct {
 	Unread    uint32 // bytes received but not yet read by the application (rcv_nxt - copied_seq)
 
 	// Counted: the BPF observer read the counters below from the kernel's
-	// tcp_sock (a Recheck from its tcp_info), so they cover the socket's
-	// whole life, from before the observer attached too. False from the
-	// sock_diag observer, which leaves them zero.
+	// tcp_sock, so they cover the socket's whole life, from before the
+	// observer attached too. False from the sock_diag observer, which
+	// leaves them zero.
 	Counted bool
 	// BytesSent: bytes the application handed to the kernel (send, write,
 	// ...), acknowledged or not; SYN and FIN not included.

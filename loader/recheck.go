@@ -15,16 +15,9 @@ type Rechecker interface {
 	// Recheck returns cs (a Snapshot's, or an earlier Recheck's) with
 	// each established connection's State, SendQueue and Unread read
 	// again from the kernel; a connection no longer there comes back in
-	// StateClose. The byte counters are read again, Counted, where they
-	// are the same count as cs's: a connection still ESTABLISHED that
-	// cs counted and sockops registered (its counts' base is exact; one
-	// adopted after the fact may be a byte off), on a kernel whose
-	// tcp_info has them (4.19). The sequence numbers are zero. A
-	// connection made since cs was read is not in the answer: only a
-	// Snapshot lists it.
-	//
-	// A recheck that counts lets a drain check count the bytes sent
-	// through closed gates without a walk (internal/node/kernelreport.go).
+	// StateClose. Nothing else is read: the sequence numbers and byte
+	// counters are zero and Counted false. A connection made since cs
+	// was read is not in the answer: only a Snapshot lists it.
 	// errors.Is(err, ErrNoRecheck) says a Snapshot is the way here.
 	Recheck(ctx context.Context, cs []Conn) ([]Conn, error)
 }
@@ -107,21 +100,11 @@ func (o *BPFObserver) Recheck(ctx context.Context, cs []Conn) ([]Conn, error) {
 		}
 		for k, i := range idx {
 			c := &out[i]
-			counted := c.Counted && !c.Established.IsZero()
 			*c = Conn{Cookie: c.Cookie, Local: c.Local, Remote: c.Remote, Netns: c.Netns, Cgroup: c.Cgroup,
 				Established: c.Established, State: StateClose}
-			if !ok[k] {
-				continue
-			}
-			g := &got[k]
-			c.State = TCPState(g.State)
-			c.SendQueue, c.Unread = g.WQueue, g.RQueue
-			// Past ESTABLISHED a FIN may be queued: tcp_info counts it
-			// until it is sent, the observer never.
-			if n, can := g.Info.Taken(); can && counted && c.State == StateEstablished {
-				c.Counted, c.BytesSent = true, n
-				c.BytesRecv = g.Info.BytesReceived - uint64(g.RQueue)
-				c.Retransmits = uint64(g.Info.TotalRetrans)
+			if ok[k] {
+				c.State = TCPState(got[k].State)
+				c.SendQueue, c.Unread = got[k].WQueue, got[k].RQueue
 			}
 		}
 	}

@@ -15,7 +15,9 @@
 // retransmissions too, notsent_bytes is what is written but never sent
 // (write_seq - snd_nxt), so the sum is write_seq less the sequence number
 // the data starts at: the count mpid's observer calls a connection's bytes
-// sent (loader.Conn.BytesSent). A kernel whose tcp_info is shorter, or a
+// sent (loader.Conn.BytesSent), until the local device refuses a transmit,
+// whose bytes bytes_sent then counts once more (internal/sockdiag, Taken;
+// docs/guarantees.md, G4). A kernel whose tcp_info is shorter, or a
 // socket that is not TCP: MPP_SENT_UNKNOWN.
 uint64_t mpp_tcp_sent(int fd)
 {

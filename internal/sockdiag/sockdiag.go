@@ -181,16 +181,21 @@ type TCPInfo struct {
 	NotsentBytes uint32
 }
 
-// Taken is how many bytes the socket has taken from its process to send:
-// BytesSent counts retransmissions too and NotsentBytes what is written
-// but never sent (write_seq - snd_nxt), so the sum is write_seq less the
-// sequence number the data starts at, the count the BPF observer reads as
-// a connection's bytes sent (loader.Conn.BytesSent) and the shim as where
-// held bytes go (libmpi-shim/tcpsent.c). tcp_get_info reads the three under
-// the socket's lock, so they agree with each other. ok is false where the
-// kernel's tcp_info ends before tcpi_bytes_retrans (before 4.19). A FIN
-// queued but not yet sent counts as a byte here and not there: only an
-// ESTABLISHED socket's count is the observer's.
+// Taken is how many bytes the socket has taken from its process to send,
+// as tcp_info says it: BytesSent counts retransmissions too and
+// NotsentBytes what is written but never sent (write_seq - snd_nxt), so
+// the sum is write_seq less the sequence number the data starts at (the
+// count the BPF observer reads as a connection's bytes sent,
+// loader.Conn.BytesSent, and the shim as where held bytes go,
+// libmpi-shim/tcpsent.c) as long as every transmit went out. A transmit
+// the local device refused (a link down, a full queue discipline) counts
+// in BytesSent and leaves its bytes in NotsentBytes, so from then on the
+// sum is ahead of the observer's count by those bytes
+// (loader.TestTakenAheadOfWalk): never behind, and growing with each
+// refusal. tcp_get_info reads the three under the socket's lock, so they
+// agree with each other. ok is false where the kernel's tcp_info ends
+// before tcpi_bytes_retrans (before 4.19). A FIN queued but not yet sent
+// counts as a byte here and not there.
 func (i *TCPInfo) Taken() (n uint64, ok bool) {
 	if i == nil || i.Len < offTIBytesRetrans+8 {
 		return 0, false

@@ -16,9 +16,10 @@
 // (write_seq - snd_nxt), so the sum is write_seq less the sequence number
 // the data starts at: the count mpid's observer calls a connection's bytes
 // sent (loader.Conn.BytesSent), until the local device refuses a transmit,
-// whose bytes bytes_sent then counts once more (internal/sockdiag, Taken;
-// docs/guarantees.md, G4). A kernel whose tcp_info is shorter, or a
-// socket that is not TCP: MPP_SENT_UNKNOWN.
+// whose bytes bytes_sent then counts once more (internal/sockdiag, Taken):
+// mpid compares this count with its own TCP_INFO read, never with the
+// observer's (docs/guarantees.md, G4). A kernel whose tcp_info is
+// shorter, or a socket that is not TCP: MPP_SENT_UNKNOWN.
 uint64_t mpp_tcp_sent(int fd)
 {
 	struct tcp_info ti;

@@ -17,8 +17,9 @@ import (
 // walk's count (write_seq less where the data starts) does not. With the
 // peer's link down, 3,000 bytes written read as more than 3,000 by
 // tcp_info and exactly 3,000 by the walk, and stay ahead once
-// acknowledged. docs/guarantees.md names what this leaves open; a count
-// that compares the two must not assume they agree.
+// acknowledged. So the two are never compared with each other: a place
+// in the stream read from tcp_info is compared with tcp_info's count
+// (internal/node, late; docs/guarantees.md, G4).
 func TestTakenAheadOfWalk(t *testing.T) {
 	testutil.RequirePrivileged(t)
 	r, client, server := newPair(t)

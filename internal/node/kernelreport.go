@@ -136,7 +136,7 @@ func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.Node
 		for _, r := range rs {
 			prs = append(prs, pageRank{r.Pid, r})
 		}
-		hs = heldSockets(prs, socketEnds)
+		hs = heldSockets(prs, socketOf)
 	}
 	var violated uint64
 	for _, v := range through {
@@ -297,24 +297,30 @@ type violation struct {
 // so nothing held at this check means nothing held when they were sent.
 // Where bytes are held, the page says where they go in the stream: the
 // kernel's count of the bytes the socket took before the shim began to
-// hold (libmpi-shim/tcpsent.c, the quantity sentOf reads). A count that
-// has not passed it means every byte the kernel took came before the held
-// ones, as the rank's calls did: a late call, then the held one after it
-// (the same thread's next message). A count past it is a byte that went
-// ahead of held bytes written before it. Where the pages cannot say (a
-// rank without one, a held descriptor that could not be named, a shim too
-// old to record where, a connection whose count is not the kernel's), the
-// pause fails rather than claim G4.
+// hold, as tcp_info gives it (libmpi-shim/tcpsent.c). It is compared with
+// the same count read now through the holder's descriptor, never with the
+// observer's: tcp_info's count runs ahead of the observer's by every byte
+// of a transmit the local device refused (sockdiag.TCPInfo.Taken), so the
+// two would hide that many bytes, and it only grows, by every byte the
+// socket takes. A count that has not passed the place means every byte
+// the kernel took came before the held ones, as the rank's calls did: a
+// late call, then the held one after it (the same thread's next message).
+// A count past it is a byte that went ahead of held bytes written before
+// it, or a refused transmit since (then the pause fails needlessly, never
+// wrongly). Where the pages cannot say (a rank without one, a held
+// descriptor that could not be named, a shim too old to record where, a
+// kernel whose tcp_info does not count), the pause fails rather than
+// claim G4.
 func late(v violation, hs holdings) (whyNot string) {
 	if hs.cannot != "" {
 		return hs.cannot
 	}
 	for _, h := range hs.by[[2]netip.AddrPort{unmap(v.c.Local), unmap(v.c.Remote)}] {
-		if h.from == ranks.FromUnknown || !v.c.Counted {
-			return fmt.Sprintf("pid %d holds %d bytes for fd %d, and its page cannot say where they go in the stream", h.pid, h.held, h.fd)
+		if h.from == ranks.FromUnknown || !h.sock.counted {
+			return fmt.Sprintf("pid %d holds %d bytes for fd %d, and its page or the kernel cannot say where they go in the stream", h.pid, h.held, h.fd)
 		}
-		if sent := sentOf(v.c); sent > h.from {
-			return fmt.Sprintf("pid %d holds %d bytes for fd %d that go after byte %d of the stream, and the kernel has taken %d", h.pid, h.held, h.fd, h.from, sent)
+		if h.sock.taken > h.from {
+			return fmt.Sprintf("pid %d holds %d bytes for fd %d that go after byte %d of the stream, and the kernel has taken %d", h.pid, h.held, h.fd, h.from, h.sock.taken)
 		}
 	}
 	return ""

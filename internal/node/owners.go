@@ -12,6 +12,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/internal/sockdiag"
 )
 
 // owners maps the connections (local→remote) of pids to the pid's rank.
@@ -128,10 +129,22 @@ func addrPort(sa unix.Sockaddr) (netip.AddrPort, bool) {
 }
 
 // holder is a descriptor of a rank's at which its state page shows bytes
-// held, and where they go in the stream (ranks.Rank.HeldAt).
+// held, and where they go in the stream (ranks.Rank.HeldAt), with the
+// kernel's count of the bytes its socket had taken when mpid looked.
 type holder struct {
 	pid, fd    int
 	held, from uint64
+	sock       socketFacts
+}
+
+// socketFacts is what mpid reads of a socket through a copy of its
+// descriptor: its ends, and tcp_info's count of the bytes it has taken
+// (sockdiag.TCPInfo.Taken; counted false where the kernel's tcp_info has
+// none), the count the shim's "held from" is (libmpi-shim/tcpsent.c).
+type socketFacts struct {
+	ends    [2]netip.AddrPort
+	taken   uint64
+	counted bool
 }
 
 // holdings are the sockets a node's ranks hold bytes for (heldSockets).
@@ -177,7 +190,7 @@ const maxHeldLooks = 3
 // cannot be copied (gone, not mpid's to see) or is not a connected TCP
 // socket, more descriptors than maxOwnerFds, or scans that keep finding
 // new ones: the holdings are not all known, and cannot says why.
-func heldSockets(rs []pageRank, ends func(pid, fd int) ([2]netip.AddrPort, error)) holdings {
+func heldSockets(rs []pageRank, socket func(pid, fd int) (socketFacts, error)) holdings {
 	hs := holdings{by: map[[2]netip.AddrPort][]holder{}}
 	named := map[holder]bool{} // by pid and fd only
 	for look := 0; ; look++ {
@@ -199,11 +212,11 @@ func heldSockets(rs []pageRank, ends func(pid, fd int) ([2]netip.AddrPort, error
 				}
 				found = true
 				named[holder{pid: pr.pid, fd: h.Fd}] = true
-				k, err := ends(pr.pid, h.Fd)
+				f, err := socket(pr.pid, h.Fd)
 				if err != nil {
 					return holdings{cannot: fmt.Sprintf("pid %d holds %d bytes for fd %d, whose socket cannot be named: %v", pr.pid, h.Held, h.Fd, err)}
 				}
-				hs.by[k] = append(hs.by[k], holder{pr.pid, h.Fd, h.Held, h.From})
+				hs.by[f.ends] = append(hs.by[f.ends], holder{pr.pid, h.Fd, h.Held, h.From, f})
 			}
 		}
 		if !found && look > 0 {
@@ -212,22 +225,27 @@ func heldSockets(rs []pageRank, ends func(pid, fd int) ([2]netip.AddrPort, error
 	}
 }
 
-// socketEnds is the local and remote address of process pid's descriptor
-// fd, copied into mpid (pidfd_getfd) and closed at once.
-func socketEnds(pid, fd int) ([2]netip.AddrPort, error) {
+// socketOf reads process pid's descriptor fd through a copy made with
+// pidfd_getfd and closed at once: the ends of its connection, and its
+// tcp_info's count of the bytes it took.
+func socketOf(pid, fd int) (socketFacts, error) {
 	pidfd, err := unix.PidfdOpen(pid, 0)
 	if err != nil {
-		return [2]netip.AddrPort{}, fmt.Errorf("pidfd_open: %w", err)
+		return socketFacts{}, fmt.Errorf("pidfd_open: %w", err)
 	}
 	defer unix.Close(pidfd)
 	cp, err := unix.PidfdGetfd(pidfd, fd, 0)
 	if err != nil {
-		return [2]netip.AddrPort{}, fmt.Errorf("pidfd_getfd: %w", err)
+		return socketFacts{}, fmt.Errorf("pidfd_getfd: %w", err)
 	}
 	defer unix.Close(cp)
 	k, ok := tcpEnds(cp)
 	if !ok {
-		return [2]netip.AddrPort{}, errors.New("not a connected TCP socket")
+		return socketFacts{}, errors.New("not a connected TCP socket")
 	}
-	return k, nil
+	f := socketFacts{ends: k}
+	if info, err := sockdiag.InfoOf(cp); err == nil {
+		f.taken, f.counted = info.Taken()
+	}
+	return f, nil
 }

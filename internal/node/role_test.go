@@ -160,37 +160,47 @@ func TestHeldByKernel(t *testing.T) {
 // whoever sent on it: a rank's forked child on a connection of its own,
 // alive or exited (its bytes counted by a drain check while the job's
 // ports were not known yet once failed the pause, no rank having a
-// descriptor of the socket).
+// descriptor of the socket). Where bytes are held, the kernel's count is
+// tcp_info's, read through the holder's descriptor, as the page's place
+// is: the observer's count of the violation's connection (here far
+// behind) is not what the place is compared with.
 func TestLate(t *testing.T) {
 	local, remote, fd := loopbackConn(t)
 	pid := os.Getpid()
-	rank := func(hs ...ranks.Held) []pageRank { return []pageRank{{pid, &fakeHolding{scans: [][]ranks.Held{hs}}}} }
 	// The kernel has taken 5,000 bytes of the socket, 40 of them through
 	// the closed gate.
-	v := violation{c: loader.Conn{Local: local, Remote: remote, Counted: true, BytesSent: 5000}, bytes: 40}
-	if why := late(v, heldSockets(rank(), socketEnds)); why != "" {
+	if _, err := unix.Write(fd, make([]byte, 5000)); err != nil {
+		t.Fatal(err)
+	}
+	rank := func(hs ...ranks.Held) []pageRank { return []pageRank{{pid, &fakeHolding{scans: [][]ranks.Held{hs}}}} }
+	v := violation{c: loader.Conn{Local: local, Remote: remote, Counted: true, BytesSent: 3}, bytes: 40}
+	if why := late(v, heldSockets(rank(), socketOf)); why != "" {
 		t.Errorf("nothing held: not late (%s)", why)
 	}
 	// A late send call, then the same thread's next message held: the held
 	// bytes go after byte 5,000, everything the kernel took.
-	hs := heldSockets(rank(ranks.Held{Fd: fd, Held: 8, From: 5000}), socketEnds)
-	if got := hs.by[[2]netip.AddrPort{local, remote}]; hs.cannot != "" || len(got) != 1 || got[0] != (holder{pid, fd, 8, 5000}) {
-		t.Fatalf("held sockets: %+v, want %s->%s held at fd %d", hs, local, remote, fd)
+	hs := heldSockets(rank(ranks.Held{Fd: fd, Held: 8, From: 5000}), socketOf)
+	want := holder{pid, fd, 8, 5000, socketFacts{[2]netip.AddrPort{local, remote}, 5000, true}}
+	if got := hs.by[[2]netip.AddrPort{local, remote}]; hs.cannot != "" || len(got) != 1 || got[0] != want {
+		t.Fatalf("held sockets: %+v, want %s->%s held at fd %d, 5000 taken", hs, local, remote, fd)
 	}
 	if why := late(v, hs); why != "" {
 		t.Errorf("8 bytes held from byte 5000, the kernel's count 5000: not late (%s)", why)
 	}
-	if why, want := late(v, heldSockets(rank(ranks.Held{Fd: fd, Held: 8, From: 4999}), socketEnds)), fmt.Sprintf("pid %d holds 8 bytes for fd %d that go after byte 4999 of the stream, and the kernel has taken 5000", pid, fd); why != want {
+	if why, want := late(v, heldSockets(rank(ranks.Held{Fd: fd, Held: 8, From: 4999}), socketOf)), fmt.Sprintf("pid %d holds 8 bytes for fd %d that go after byte 4999 of the stream, and the kernel has taken 5000", pid, fd); why != want {
 		t.Errorf("a byte past the held bytes' place: %q, want %q (the log says it)", why, want)
 	}
-	unknown := heldSockets(rank(ranks.Held{Fd: fd, Held: 8, From: ranks.FromUnknown}), socketEnds)
-	if why, want := late(v, unknown), fmt.Sprintf("pid %d holds 8 bytes for fd %d, and its page cannot say where they go in the stream", pid, fd); why != want {
-		t.Errorf("8 bytes held, no place: %q, want %q", why, want)
+	cannot := fmt.Sprintf("pid %d holds 8 bytes for fd %d, and its page or the kernel cannot say where they go in the stream", pid, fd)
+	if why := late(v, heldSockets(rank(ranks.Held{Fd: fd, Held: 8, From: ranks.FromUnknown}), socketOf)); why != cannot {
+		t.Errorf("8 bytes held, no place: %q, want %q", why, cannot)
 	}
-	uncounted := v
-	uncounted.c.Counted = false
-	if late(uncounted, heldSockets(rank(ranks.Held{Fd: fd, Held: 8, From: 1 << 40}), socketEnds)) == "" {
-		t.Error("8 bytes held on a socket whose count is not the kernel's bytes sent: late")
+	uncounted := func(pid, fd int) (socketFacts, error) {
+		f, err := socketOf(pid, fd)
+		f.counted = false
+		return f, err
+	}
+	if why := late(v, heldSockets(rank(ranks.Held{Fd: fd, Held: 8, From: 1 << 40}), uncounted)); why != cannot {
+		t.Errorf("8 bytes held on a socket whose tcp_info does not count: %q, want %q", why, cannot)
 	}
 	// Bytes on a socket no rank holds anything for: late, though the rank
 	// holds bytes for another socket and no descriptor of this one is found
@@ -200,17 +210,17 @@ func TestLate(t *testing.T) {
 		t.Errorf("a connection no rank holds bytes for: not late (%s)", why)
 	}
 	noPage := []pageRank{{pid, &fakeHolding{noPage: true}}}
-	if why := late(other, heldSockets(noPage, socketEnds)); !strings.Contains(why, "no state page") {
+	if why := late(other, heldSockets(noPage, socketOf)); !strings.Contains(why, "no state page") {
 		t.Errorf("a rank without a page: %q, want not late, no state page", why)
 	}
 	defer func(m int) { maxOwnerFds = m }(maxOwnerFds)
 	maxOwnerFds = 1
-	if why := late(other, heldSockets(rank(ranks.Held{Fd: fd, Held: 8, From: 5000}, ranks.Held{Fd: fd + 1, Held: 8, From: 0}), socketEnds)); !strings.Contains(why, "more than the 1 looked at") {
+	if why := late(other, heldSockets(rank(ranks.Held{Fd: fd, Held: 8, From: 5000}, ranks.Held{Fd: fd + 1, Held: 8, From: 0}), socketOf)); !strings.Contains(why, "more than the 1 looked at") {
 		t.Errorf("bytes held at more descriptors than are looked at: %q, want not late, more than the 1 looked at", why)
 	}
 	maxOwnerFds = 1 << 16
 	unix.Close(fd)
-	if why := late(other, heldSockets(rank(ranks.Held{Fd: fd, Held: 8, From: 5000}), socketEnds)); !strings.Contains(why, "cannot be named") {
+	if why := late(other, heldSockets(rank(ranks.Held{Fd: fd, Held: 8, From: 5000}), socketOf)); !strings.Contains(why, "cannot be named") {
 		t.Errorf("bytes held at a descriptor that cannot be copied: %q, want not late, cannot be named", why)
 	}
 }
@@ -230,7 +240,7 @@ func TestHeldSocketsMoving(t *testing.T) {
 	pid := os.Getpid()
 	k := [2]netip.AddrPort{local, remote}
 	f := &fakeHolding{scans: [][]ranks.Held{nil, {{Fd: moved, Held: 8, From: 100}}}}
-	hs := heldSockets([]pageRank{{pid, f}}, socketEnds)
+	hs := heldSockets([]pageRank{{pid, f}}, socketOf)
 	if got := hs.by[k]; hs.cannot != "" || len(got) != 1 || got[0].fd != moved {
 		t.Fatalf("bytes that moved to fd %d during the first scan: %+v, want them found there", moved, hs)
 	}
@@ -238,7 +248,7 @@ func TestHeldSocketsMoving(t *testing.T) {
 		t.Errorf("%d scans, want 3 (the one that missed, the one that found, one that found nothing new)", f.n)
 	}
 	restless := &fakeHolding{scans: [][]ranks.Held{{{Fd: fd, Held: 8, From: 100}}, {{Fd: moved, Held: 8, From: 100}}, {{Fd: fd + 1000, Held: 8, From: 100}}, {{Fd: fd + 1001, Held: 8, From: 100}}}}
-	if hs := heldSockets([]pageRank{{pid, restless}}, func(int, int) ([2]netip.AddrPort, error) { return k, nil }); !strings.Contains(hs.cannot, "kept moving") {
+	if hs := heldSockets([]pageRank{{pid, restless}}, func(int, int) (socketFacts, error) { return socketFacts{ends: k}, nil }); !strings.Contains(hs.cannot, "kept moving") {
 		t.Errorf("bytes at a new descriptor every scan: %+v, want the holdings unknown", hs)
 	}
 }

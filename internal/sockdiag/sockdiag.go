@@ -14,6 +14,7 @@ import (
 	"sync"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
@@ -192,7 +193,8 @@ type TCPInfo struct {
 // in BytesSent and leaves its bytes in NotsentBytes, so from then on the
 // sum is ahead of the observer's count by those bytes
 // (loader.TestTakenAheadOfWalk): never behind, and growing with each
-// refusal. tcp_get_info reads the three under the socket's lock, so they
+// refusal. So a place in the stream read from tcp_info is compared with
+// tcp_info's count, never with the observer's (internal/node, late). tcp_get_info reads the three under the socket's lock, so they
 // agree with each other. ok is false where the kernel's tcp_info ends
 // before tcpi_bytes_retrans (before 4.19). A FIN queued but not yet sent
 // counts as a byte here and not there.
@@ -569,6 +571,19 @@ func decodeInetDiagMsg(b []byte) (TCPSocket, error) {
 }
 
 func nlaAlign(n int) int { return (n + 3) &^ 3 }
+
+// InfoOf reads the tcp_info of TCP socket fd (getsockopt TCP_INFO), as
+// much of it as the kernel has: the same struct a lookup's reply carries,
+// and the one the shim reads (libmpi-shim/tcpsent.c).
+func InfoOf(fd int) (TCPInfo, error) {
+	b := make([]byte, 512)
+	n := uint32(len(b))
+	if _, _, e := unix.Syscall6(unix.SYS_GETSOCKOPT, uintptr(fd), unix.IPPROTO_TCP, unix.TCP_INFO,
+		uintptr(unsafe.Pointer(&b[0])), uintptr(unsafe.Pointer(&n)), 0); e != 0 {
+		return TCPInfo{}, fmt.Errorf("getsockopt TCP_INFO: %w", e)
+	}
+	return decodeTCPInfo(b[:min(int(n), len(b))]), nil
+}
 
 // decodeTCPInfo decodes the fields of TCPInfo from a struct tcp_info of any
 // length: a field past the end of b stays zero.

@@ -80,3 +80,61 @@ func pauseLateSend(t *testing.T, lib mpiLib) {
 	waitFor(t, "rank 0 reading its 40 bytes back", time.Minute, job.done, func() bool { return exists("late-read") })
 	job.stopAndCheck(ctx, t, "the job with a late send", stop, app, 6, args...)
 }
+
+// TestPauseOvertake: a send past the shim that overtakes bytes the shim
+// holds fails the pause (G4: the stream would no longer be in the order
+// of the rank's calls, and mpipause must not claim it is). On the same cue
+// as TestPauseLateSend, rank 0 writes 40 bytes through the shim, held
+// behind the closed gate, then 40 bytes with a raw write(2) (xchg -O),
+// which the kernel takes first. The pause must roll back naming the bytes
+// sent through closed gates, the job run on, and its checksum be the
+// unpaused run's; the loopback reader sees the raw bytes first (the
+// program's own doing, which no pause can undo).
+func TestPauseOvertake(t *testing.T) {
+	for _, lib := range mpiLibs {
+		t.Run(lib.name, func(t *testing.T) { pauseOvertake(t, lib) })
+	}
+}
+
+func pauseOvertake(t *testing.T, lib mpiLib) {
+	bin := binDir(t)
+	sharedRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	id := fmt.Sprintf("overtake-%s-%d-%d", lib.name, os.Getpid(), lateRuns.Add(1))
+	app := filepath.Join(bin, "apps", "xchg."+lib.name)
+	args, stop, cue := []string{"-m", "a2a", "-s", "64K"}, t.TempDir(), t.TempDir()
+	job := runJob(ctx, t, lib, id, app, append(slices.Clone(args), "-n", "100000000", "-E", stop, "-O", cue)...)
+	defer cli(context.Background(), t, "node0", nil, "resume", id)
+	exists := func(name string) bool {
+		_, err := os.Stat(filepath.Join(cue, name))
+		return err == nil
+	}
+	waitFor(t, "rank 0's overtaking sender", time.Minute, job.done, func() bool { return exists("late-ready") })
+
+	fp := armFailpoint(t, "node0", "FREEZE", "before")
+	defer os.Remove(fp)
+	pause := pauseToFailpoint(ctx, t, id, fp, "node0's mpid before its freeze")
+	if err := os.WriteFile(filepath.Join(cue, "late-send"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "rank 0's held and raw sends", time.Minute, job.done, func() bool { return exists("late-sent") })
+	os.Remove(fp)
+	select {
+	case <-pause.done:
+	case <-ctx.Done():
+		t.Fatal("the pause did not end")
+	}
+	j, err := pauseResult(pause)
+	if err != nil || j.State != ctl.StateRunning || j.Failure == nil || j.Failure.Violations == 0 ||
+		!strings.Contains(j.Failure.Reason, "sent through closed gates") {
+		t.Fatalf("pause with held bytes overtaken: %s; want it rolled back for bytes sent through closed gates\n%s", pauseSummary(pause, j, err), pause.out.String())
+	}
+	t.Logf("pause: %s (violations %d)", pauseSummary(pause, j, err), j.Failure.Violations)
+	waitFor(t, "rank 0 reading its 80 bytes back", time.Minute, job.done, func() bool { return exists("late-read") })
+	order, err := os.ReadFile(filepath.Join(cue, "late-read"))
+	if err != nil || string(order) != "LH" {
+		t.Errorf("the loopback reader got the runs in order %q (%v), want the raw bytes first, LH", order, err)
+	}
+	job.stopAndCheck(ctx, t, "the job with an overtaking send", stop, app, 6, args...)
+}

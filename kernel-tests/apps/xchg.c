@@ -13,7 +13,7 @@
 // process (-x) prints the checksum a correct run must print, whatever the MPI
 // library, the placement or the number of pauses.
 //
-// Usage: xchg [-m a2a|ring|pair] [-f] [-n iters] [-s bytes[K|M]] [-w dir] [-t usec] [-z usec] [-S usec] [-B dir] [-R dir] [-E dir] [-U dir] [-L dir] [-x ranks]
+// Usage: xchg [-m a2a|ring|pair] [-f] [-n iters] [-s bytes[K|M]] [-w dir] [-t usec] [-z usec] [-S usec] [-B dir] [-R dir] [-E dir] [-U dir] [-L dir] [-O dir] [-x ranks]
 //   -m pair  ranks 2k and 2k+1 exchange one message each way per iteration:
 //            with a small -s, a latency-bound ping-pong.
 //   -f       every message is exactly -s bytes (not irregular).
@@ -67,6 +67,11 @@
 //            with a wrapped read (which serves what a drain stashed),
 //            checks them and creates dir/late-read. The exchange and its
 //            checksum are untouched.
+//   -O dir   -L's thread, but on the cue it first writes 40 bytes 'H' with
+//            a wrapped write(2) (held while the gate is closed), then the
+//            40 bytes 'L' with syscall(SYS_write), which overtake them; it
+//            reads back 80 bytes and writes to dir/late-read the order
+//            they came in ("LH" when the raw ones went first).
 //   -x ranks print the expected checksum for that many ranks, without MPI.
 #include <errno.h>
 #include <fcntl.h>
@@ -105,6 +110,7 @@ struct opts {
 	const char *stop_dir;
 	const char *leak_dir;
 	const char *late_dir;
+	const char *overtake_dir;
 	long slow_usec;
 	int expect_ranks;
 };
@@ -236,13 +242,21 @@ static void loopback(const char *opt, int *w, int *r)
 	}
 }
 
-// late_send is -L's thread. The write is a raw system call on purpose: it is
-// the send a preempted thread's call makes after the gate closed.
+// late is what -L's and -O's thread is told.
+struct late {
+	const char *dir;
+	int overtake; // -O: a held write first
+};
+
+// late_send is -L's and -O's thread. The write is a raw system call on
+// purpose: it is the send a preempted thread's call makes after the gate
+// closed, or (-O) a send path past the shim.
 static void *late_send(void *arg)
 {
-	const char *dir = arg;
+	const struct late *l = arg;
+	const char *dir = l->dir;
 	int w, r;
-	loopback("-L", &w, &r);
+	loopback(l->overtake ? "-O" : "-L", &w, &r);
 	char path[4096];
 	snprintf(path, sizeof(path), "%s/late-ready", dir);
 	if (touch(path) < 0) {
@@ -252,8 +266,13 @@ static void *late_send(void *arg)
 	snprintf(path, sizeof(path), "%s/late-send", dir);
 	for (struct timespec z = {.tv_nsec = 1000000}; access(path, F_OK) != 0;)
 		nanosleep(&z, NULL);
-	char msg[40], got[40];
+	char msg[40], held[40], got[80];
 	memset(msg, 'L', sizeof(msg));
+	memset(held, 'H', sizeof(held));
+	if (l->overtake && write(w, held, sizeof(held)) != (ssize_t)sizeof(held)) {
+		perror("xchg: -O write");
+		exit(1);
+	}
 	if (syscall(SYS_write, w, msg, sizeof(msg)) != (long)sizeof(msg)) {
 		perror("xchg: -L write");
 		exit(1);
@@ -263,20 +282,35 @@ static void *late_send(void *arg)
 		perror(path);
 		exit(1);
 	}
-	for (size_t n = 0; n < sizeof(got);) {
-		ssize_t k = read(r, got + n, sizeof(got) - n);
+	size_t want = l->overtake ? sizeof(got) : sizeof(msg);
+	for (size_t n = 0; n < want;) {
+		ssize_t k = read(r, got + n, want - n);
 		if (k <= 0) {
 			fprintf(stderr, "xchg: -L read: %s\n", k < 0 ? strerror(errno) : "end of stream");
 			exit(1);
 		}
 		n += (size_t)k;
 	}
-	if (memcmp(got, msg, sizeof(msg)) != 0) {
+	char order[3] = {0};
+	if (l->overtake) {
+		// Each run of 40 whole, in one order or the other.
+		for (int i = 0; i < 2; i++) {
+			order[i] = got[40 * i];
+			for (int k = 1; k < 40; k++)
+				if (got[40 * i + k] != order[i])
+					order[i] = '?';
+		}
+		if (strcmp(order, "LH") != 0 && strcmp(order, "HL") != 0) {
+			fprintf(stderr, "xchg: -O read back other bytes than it wrote (%s)\n", order);
+			exit(1);
+		}
+	} else if (memcmp(got, msg, sizeof(msg)) != 0) {
 		fprintf(stderr, "xchg: -L read back other bytes than it wrote\n");
 		exit(1);
 	}
 	snprintf(path, sizeof(path), "%s/late-read", dir);
-	if (touch(path) < 0) {
+	FILE *f = fopen(path, "w");
+	if (!f || fputs(order, f) < 0 || fclose(f) != 0) {
 		perror(path);
 		exit(1);
 	}
@@ -479,9 +513,12 @@ static int run(const struct opts *o)
 				state = fold(state, rbuf[src], msg_len(o->bytes, src, rank, it));
 		if (it == 0 && o->hold_dir)
 			hold(o->hold_dir, rank);
-		if (it == 0 && o->late_dir && rank == 0) {
+		if (it == 0 && (o->late_dir || o->overtake_dir) && rank == 0) {
+			static struct late l;
 			pthread_t t;
-			if (pthread_create(&t, NULL, late_send, (void *)o->late_dir) != 0) {
+			l.dir = o->late_dir ? o->late_dir : o->overtake_dir;
+			l.overtake = o->late_dir == NULL;
+			if (pthread_create(&t, NULL, late_send, &l) != 0) {
 				fprintf(stderr, "xchg: -L: no thread\n");
 				MPI_Abort(MPI_COMM_WORLD, 1);
 			}
@@ -513,14 +550,14 @@ static int run(const struct opts *o)
 
 static void usage(FILE *f)
 {
-	fprintf(f, "usage: xchg [-m a2a|ring|pair] [-f] [-n iters] [-s bytes[K|M]] [-w holddir] [-t usec] [-z usec] [-S usec] [-B dir] [-R dir] [-E dir] [-U dir] [-L dir] [-x ranks]\n");
+	fprintf(f, "usage: xchg [-m a2a|ring|pair] [-f] [-n iters] [-s bytes[K|M]] [-w holddir] [-t usec] [-z usec] [-S usec] [-B dir] [-R dir] [-E dir] [-U dir] [-L dir] [-O dir] [-x ranks]\n");
 }
 
 int main(int argc, char **argv)
 {
 	struct opts o = {.mode = MODE_A2A, .iters = 10, .bytes = 1 << 20};
 	int c;
-	while ((c = getopt(argc, argv, "hfm:n:s:w:t:z:S:B:R:E:U:L:x:")) != -1) {
+	while ((c = getopt(argc, argv, "hfm:n:s:w:t:z:S:B:R:E:U:L:O:x:")) != -1) {
 		switch (c) {
 		case 'f':
 			fixed_len = 1;
@@ -566,6 +603,9 @@ int main(int argc, char **argv)
 			break;
 		case 'U':
 			o.leak_dir = optarg;
+			break;
+		case 'O':
+			o.overtake_dir = optarg;
 			break;
 		case 'L':
 			o.late_dir = optarg;

@@ -31,39 +31,58 @@ func TestPauseLateSend(t *testing.T) {
 
 var lateRuns atomic.Int32
 
-func pauseLateSend(t *testing.T, lib mpiLib) {
+// lateCue is a pause held at node0's FREEZE step while rank 0's thread of
+// xchg -L or -O (flag) makes its sends on the test's cue.
+type lateCue struct {
+	ctx        context.Context
+	job, pause *proc
+	id, app    string
+	args       []string
+	stop, cue  string
+}
+
+func (c *lateCue) exists(name string) bool {
+	_, err := os.Stat(filepath.Join(c.cue, name))
+	return err == nil
+}
+
+// pauseAtLateCue starts the job, pauses it up to node0's freeze, gives
+// rank 0 its cue, and returns once the sends are made and the pause has
+// ended. The job is resumed when the test ends.
+func pauseAtLateCue(t *testing.T, lib mpiLib, name, flag string) *lateCue {
 	bin := binDir(t)
 	sharedRig(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	t.Cleanup(cancel)
+	c := &lateCue{ctx: ctx, args: []string{"-m", "a2a", "-s", "64K"}, stop: t.TempDir(), cue: t.TempDir()}
 	// Unique per run, so that -count repeats it.
-	id := fmt.Sprintf("late-%s-%d-%d", lib.name, os.Getpid(), lateRuns.Add(1))
-	app := filepath.Join(bin, "apps", "xchg."+lib.name)
-	args, stop, cue := []string{"-m", "a2a", "-s", "64K"}, t.TempDir(), t.TempDir()
-	job := runJob(ctx, t, lib, id, app, append(slices.Clone(args), "-n", "100000000", "-E", stop, "-L", cue)...)
-	defer cli(context.Background(), t, "node0", nil, "resume", id)
-	exists := func(name string) bool {
-		_, err := os.Stat(filepath.Join(cue, name))
-		return err == nil
-	}
-	waitFor(t, "rank 0's late sender", time.Minute, job.done, func() bool { return exists("late-ready") })
+	c.id = fmt.Sprintf("%s-%s-%d-%d", name, lib.name, os.Getpid(), lateRuns.Add(1))
+	c.app = filepath.Join(bin, "apps", "xchg."+lib.name)
+	c.job = runJob(ctx, t, lib, c.id, c.app, append(slices.Clone(c.args), "-n", "100000000", "-E", c.stop, flag, c.cue)...)
+	t.Cleanup(func() { cli(context.Background(), t, "node0", nil, "resume", c.id) })
+	waitFor(t, "rank 0's sender", time.Minute, c.job.done, func() bool { return c.exists("late-ready") })
 
 	fp := armFailpoint(t, "node0", "FREEZE", "before")
 	defer os.Remove(fp)
-	pause := pauseToFailpoint(ctx, t, id, fp, "node0's mpid before its freeze")
-	if err := os.WriteFile(filepath.Join(cue, "late-send"), nil, 0o644); err != nil {
+	c.pause = pauseToFailpoint(ctx, t, c.id, fp, "node0's mpid before its freeze")
+	if err := os.WriteFile(filepath.Join(c.cue, "late-send"), nil, 0o644); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, "rank 0's late send", time.Minute, job.done, func() bool { return exists("late-sent") })
+	waitFor(t, "rank 0's sends", time.Minute, c.job.done, func() bool { return c.exists("late-sent") })
 	os.Remove(fp)
 	select {
-	case <-pause.done:
+	case <-c.pause.done:
 	case <-ctx.Done():
 		t.Fatal("the pause did not end")
 	}
-	j, err := pauseResult(pause)
+	return c
+}
+
+func pauseLateSend(t *testing.T, lib mpiLib) {
+	c := pauseAtLateCue(t, lib, "late", "-L")
+	j, err := pauseResult(c.pause)
 	if err != nil || j.State != ctl.StatePaused {
-		t.Fatalf("pause after a late send: state %q, error %v\n%s", j.State, err, pause.out.String())
+		t.Fatalf("pause after a late send: state %q, error %v\n%s", j.State, err, c.pause.out.String())
 	}
 	var names []string
 	for _, p := range j.Phases {
@@ -74,11 +93,11 @@ func pauseLateSend(t *testing.T, lib mpiLib) {
 	if got := strings.Join(names, " "); !strings.Contains(got, "THAW") {
 		t.Errorf("phases %s: want a THAW and a second drain after the late bytes", got)
 	}
-	if j, r := jobJSON(ctx, t, "resume", id); r.code != 0 || j.State != ctl.StateRunning {
+	if j, r := jobJSON(c.ctx, t, "resume", c.id); r.code != 0 || j.State != ctl.StateRunning {
 		t.Fatalf("resume: exit %d, state %q: %s", r.code, j.State, r.stderr)
 	}
-	waitFor(t, "rank 0 reading its 40 bytes back", time.Minute, job.done, func() bool { return exists("late-read") })
-	job.stopAndCheck(ctx, t, "the job with a late send", stop, app, 6, args...)
+	waitFor(t, "rank 0 reading its 40 bytes back", time.Minute, c.job.done, func() bool { return c.exists("late-read") })
+	c.job.stopAndCheck(c.ctx, t, "the job with a late send", c.stop, c.app, 6, c.args...)
 }
 
 // TestPauseOvertake: a send past the shim that overtakes bytes the shim
@@ -97,44 +116,17 @@ func TestPauseOvertake(t *testing.T) {
 }
 
 func pauseOvertake(t *testing.T, lib mpiLib) {
-	bin := binDir(t)
-	sharedRig(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	id := fmt.Sprintf("overtake-%s-%d-%d", lib.name, os.Getpid(), lateRuns.Add(1))
-	app := filepath.Join(bin, "apps", "xchg."+lib.name)
-	args, stop, cue := []string{"-m", "a2a", "-s", "64K"}, t.TempDir(), t.TempDir()
-	job := runJob(ctx, t, lib, id, app, append(slices.Clone(args), "-n", "100000000", "-E", stop, "-O", cue)...)
-	defer cli(context.Background(), t, "node0", nil, "resume", id)
-	exists := func(name string) bool {
-		_, err := os.Stat(filepath.Join(cue, name))
-		return err == nil
-	}
-	waitFor(t, "rank 0's overtaking sender", time.Minute, job.done, func() bool { return exists("late-ready") })
-
-	fp := armFailpoint(t, "node0", "FREEZE", "before")
-	defer os.Remove(fp)
-	pause := pauseToFailpoint(ctx, t, id, fp, "node0's mpid before its freeze")
-	if err := os.WriteFile(filepath.Join(cue, "late-send"), nil, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	waitFor(t, "rank 0's held and raw sends", time.Minute, job.done, func() bool { return exists("late-sent") })
-	os.Remove(fp)
-	select {
-	case <-pause.done:
-	case <-ctx.Done():
-		t.Fatal("the pause did not end")
-	}
-	j, err := pauseResult(pause)
+	c := pauseAtLateCue(t, lib, "overtake", "-O")
+	j, err := pauseResult(c.pause)
 	if err != nil || j.State != ctl.StateRunning || j.Failure == nil || j.Failure.Violations == 0 ||
 		!strings.Contains(j.Failure.Reason, "sent through closed gates") {
-		t.Fatalf("pause with held bytes overtaken: %s; want it rolled back for bytes sent through closed gates\n%s", pauseSummary(pause, j, err), pause.out.String())
+		t.Fatalf("pause with held bytes overtaken: %s; want it rolled back for bytes sent through closed gates\n%s", pauseSummary(c.pause, j, err), c.pause.out.String())
 	}
-	t.Logf("pause: %s (violations %d)", pauseSummary(pause, j, err), j.Failure.Violations)
-	waitFor(t, "rank 0 reading its 80 bytes back", time.Minute, job.done, func() bool { return exists("late-read") })
-	order, err := os.ReadFile(filepath.Join(cue, "late-read"))
+	t.Logf("pause: %s (violations %d)", pauseSummary(c.pause, j, err), j.Failure.Violations)
+	waitFor(t, "rank 0 reading its 80 bytes back", time.Minute, c.job.done, func() bool { return c.exists("late-read") })
+	order, err := os.ReadFile(filepath.Join(c.cue, "late-read"))
 	if err != nil || string(order) != "LH" {
 		t.Errorf("the loopback reader got the runs in order %q (%v), want the raw bytes first, LH", order, err)
 	}
-	job.stopAndCheck(ctx, t, "the job with an overtaking send", stop, app, 6, args...)
+	c.job.stopAndCheck(c.ctx, t, "the job with an overtaking send", c.stop, c.app, 6, c.args...)
 }

@@ -129,7 +129,7 @@ func addrPort(sa unix.Sockaddr) (netip.AddrPort, bool) {
 }
 
 // holder is a descriptor of a rank's at which its state page shows bytes
-// held, and where they go in the stream (ranks.Rank.HeldAt), with the
+// held, and where they go in the stream (ranks.Held), with the
 // kernel's count of the bytes its socket had taken when mpid looked.
 type holder struct {
 	pid, fd    int
@@ -192,7 +192,7 @@ const maxHeldLooks = 3
 // new ones: the holdings are not all known, and cannot says why.
 func heldSockets(rs []pageRank, socket func(pid, fd int) (socketFacts, error)) holdings {
 	hs := holdings{by: map[[2]netip.AddrPort][]holder{}}
-	named := map[holder]bool{} // by pid and fd only
+	named := map[descriptor]bool{}
 	for look := 0; ; look++ {
 		found := false
 		for _, pr := range rs {
@@ -204,14 +204,14 @@ func heldSockets(rs []pageRank, socket func(pid, fd int) (socketFacts, error)) h
 				return holdings{cannot: fmt.Sprintf("pid %d holds bytes for %d descriptors, more than the %d looked at", pr.pid, len(held), maxOwnerFds)}
 			}
 			for _, h := range held {
-				if named[holder{pid: pr.pid, fd: h.Fd}] {
+				if named[descriptor{pr.pid, h.Fd}] {
 					continue
 				}
 				if look == maxHeldLooks {
 					return holdings{cannot: fmt.Sprintf("the held bytes of pid %d kept moving between descriptors while %d scans of its page named them", pr.pid, maxHeldLooks)}
 				}
 				found = true
-				named[holder{pid: pr.pid, fd: h.Fd}] = true
+				named[descriptor{pr.pid, h.Fd}] = true
 				f, err := socket(pr.pid, h.Fd)
 				if err != nil {
 					return holdings{cannot: fmt.Sprintf("pid %d holds %d bytes for fd %d, whose socket cannot be named: %v", pr.pid, h.Held, h.Fd, err)}

@@ -123,8 +123,11 @@ func FuzzStatePage(f *testing.F) {
 			}
 		}
 		r.Quiet()
-		for _, fd := range []int{-1, 0, p.fds - 1, p.fds} {
-			r.HeldAt(fd)
+		hs, _ := r.Holding()
+		for _, h := range hs {
+			if h.Fd < 0 || h.Fd >= p.fds || h.Held == 0 {
+				t.Fatalf("holding %+v outside %d fds or empty", h, p.fds)
+			}
 		}
 	})
 }

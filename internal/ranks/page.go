@@ -20,7 +20,7 @@ import (
 // The state page a shim shares with mpid (libmpi-shim/gateword.c, struct
 // mpp_page in shim.h): a header, then per fd a "last call short" byte, a
 // "gated" byte, at heldOffset a uint64 of bytes held and, from version 2,
-// at fromOffset a uint64 "held from" (HeldAt). mpid reads it without
+// at fromOffset a uint64 "held from" (Holding). mpid reads it without
 // asking the rank anything. A version 1 page (a shim older than this mpid,
 // one that restarted under a running job) says no "held from".
 const (
@@ -440,35 +440,15 @@ func (r *Rank) Sockets() []Socket {
 	return out
 }
 
-// FromUnknown is HeldAt's from where the page cannot say where in the
+// FromUnknown is Holding's From where the page cannot say where in the
 // stream the held bytes go.
 const FromUnknown = ^uint64(0)
 
-// HeldAt returns the bytes the rank's shim holds for the socket whose
-// bytes go to descriptor fd (the page keeps a socket's count at one of
-// its descriptors, zero at the others), and, while it holds any, where
-// they go in the socket's stream: from is the kernel's count of the bytes
-// the socket took before them (what loader.Conn.BytesSent counts), or
-// FromUnknown. ok is false where the page cannot say: no page, or fd
-// beyond it. The shim writes from before held leaves 0, and held is read
-// first.
-func (r *Rank) HeldAt(fd int) (held, from uint64, ok bool) {
-	from = FromUnknown
-	r.withPage(func(p *statePage) {
-		if fd < 0 || fd >= p.fds {
-			return
-		}
-		held = atomic.LoadUint64((*uint64)(unsafe.Pointer(&p.mem[p.heldOffset+8*fd])))
-		if p.fromOffset != 0 {
-			from = atomic.LoadUint64((*uint64)(unsafe.Pointer(&p.mem[p.fromOffset+8*fd])))
-		}
-		ok = true
-	})
-	return held, from, ok
-}
-
 // Held is one descriptor at which a rank's state page shows bytes held
-// (HeldAt's answer for it).
+// (the page keeps a socket's count at one of its descriptors, zero at the
+// others), and where they go in the socket's stream: From is tcp_info's
+// count of the bytes the socket took before them
+// (libmpi-shim/tcpsent.c), or FromUnknown.
 type Held struct {
 	Fd         int
 	Held, From uint64
@@ -478,7 +458,8 @@ type Held struct {
 // bytes held, in descriptor order; ok is false if the rank shared no page
 // or is gone. The page covers every descriptor the shim can hold bytes
 // for (one beyond its tables is never gated), so a socket that is at none
-// of them has nothing held by this rank when the page was read.
+// of them has nothing held by this rank when the page was read. The shim
+// writes From before Held, and Held is read first.
 func (r *Rank) Holding() (out []Held, ok bool) {
 	ok = r.withPage(func(p *statePage) {
 		for fd := 0; fd < p.fds; fd++ {

@@ -78,15 +78,6 @@ func TestReceivePage(t *testing.T) {
 	if len(got) != 2 || got[0] != (Socket{FD: 3, Gated: true, Held: 77}) || got[1] != (Socket{FD: 5, Short: true}) {
 		t.Errorf("Sockets() = %+v", got)
 	}
-	for _, tc := range []struct {
-		fd         int
-		held, from uint64
-		ok         bool
-	}{{3, 77, 1234, true}, {5, 0, 0, true}, {63, 0, 0, true}, {64, 0, FromUnknown, false}, {-1, 0, FromUnknown, false}} {
-		if held, from, ok := r.HeldAt(tc.fd); held != tc.held || from != tc.from || ok != tc.ok {
-			t.Errorf("HeldAt(%d) = %d, %d, %v; want %d, %d, %v", tc.fd, held, from, ok, tc.held, tc.from, tc.ok)
-		}
-	}
 	if hs, ok := r.Holding(); !ok || len(hs) != 1 || hs[0] != (Held{Fd: 3, Held: 77, From: 1234}) {
 		t.Errorf("Holding() = %+v, %v; want [{3 77 1234}], true", hs, ok)
 	}
@@ -99,12 +90,6 @@ func TestReceivePage(t *testing.T) {
 	}
 	if _, ok := (&Rank{}).Holding(); ok {
 		t.Error("Holding of a rank without a page says it knows")
-	}
-	if _, _, ok := r.HeldAt(3); ok {
-		t.Error("HeldAt after close says it knows")
-	}
-	if _, _, ok := (&Rank{}).HeldAt(3); ok {
-		t.Error("HeldAt of a rank without a page says it knows")
 	}
 
 	for name, oob := range map[string][]byte{
@@ -138,9 +123,6 @@ func TestReceivePageVersion1(t *testing.T) {
 	r := &Rank{page: p}
 	if got := r.Sockets(); len(got) != 2 || got[0] != (Socket{FD: 3, Gated: true, Held: 77}) || got[1] != (Socket{FD: 5, Short: true}) {
 		t.Errorf("Sockets() = %+v", got)
-	}
-	if held, from, ok := r.HeldAt(3); held != 77 || from != FromUnknown || !ok {
-		t.Errorf("HeldAt(3) = %d, %d, %v; want 77, FromUnknown, true", held, from, ok)
 	}
 	if hs, ok := r.Holding(); !ok || len(hs) != 1 || hs[0] != (Held{Fd: 3, Held: 77, From: FromUnknown}) {
 		t.Errorf("Holding() = %+v, %v; want [{3 77 FromUnknown}], true", hs, ok)

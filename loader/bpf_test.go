@@ -1022,9 +1022,11 @@ func testPacing(t *testing.T, reuses bool) {
 // TestRecheck: where each Snapshot walks the hash tables (conniter
 // refused, by the kernel or the test), Recheck reads the connections a
 // Snapshot listed again by exact lookups, in each of their namespaces:
-// state and queues as a Snapshot then reads them, the counters left out;
-// a connection closed since comes back out of ESTABLISHED, one made since
-// not at all. Where conniter loads, Recheck declines (ErrNoRecheck).
+// state, queues and byte counts as a Snapshot then reads them (bytes
+// written since counted by both alike), the sequence numbers left out; a
+// connection closed since comes back out of ESTABLISHED and uncounted,
+// one made since not at all. Where conniter loads, Recheck declines
+// (ErrNoRecheck).
 func TestRecheck(t *testing.T) {
 	testutil.RequirePrivileged(t)
 	t.Run("iter-tcp-passes", func(t *testing.T) {
@@ -1066,15 +1068,53 @@ func testRecheck(t *testing.T, rechecks bool) {
 	if len(got) != len(cs) {
 		t.Fatalf("Recheck returned %d connections for %d:\n%s", len(got), len(cs), dump(got))
 	}
-	for i, c := range cs {
-		g := got[i]
-		if g.Cookie != c.Cookie || g.Local != c.Local || g.Remote != c.Remote || g.Netns != c.Netns || g.State != c.State ||
-			g.SendQueue != c.SendQueue || g.Unread != c.Unread || g.Counted || g.BytesSent != 0 {
-			t.Errorf("rechecked %+v\nsnapshot  %+v", g, c)
+	same := func(got, cs []Conn) {
+		t.Helper()
+		for _, g := range got {
+			c := mustConn(t, cs, g.Cookie)
+			// Both ends were registered by sockops: their counts are
+			// exact in both reads, where nothing is queued to send.
+			counted := c.State == StateEstablished && c.SendQueue == 0
+			if g.Cookie != c.Cookie || g.Local != c.Local || g.Remote != c.Remote || g.Netns != c.Netns || g.State != c.State ||
+				g.SendQueue != c.SendQueue || g.Unread != c.Unread || g.Counted != counted || counted && !c.Counted ||
+				counted && g.BytesSent != c.BytesSent || g.BytesRecv != 0 || g.Retransmits != 0 ||
+				g.Active != c.Active || g.WriteSeq != 0 {
+				t.Errorf("rechecked %+v\nsnapshot  %+v", g, c)
+			}
 		}
 	}
+	same(got, cs)
 	if s := mustConn(t, got, srv.cookie); s.Netns != r.nsB || s.Unread != n {
 		t.Errorf("the server end in %q with %d unread, want %q and %d", s.Netns, s.Unread, r.nsB, n)
+	}
+	if c, s := mustConn(t, cs, cli.cookie), mustConn(t, cs, srv.cookie); !c.Active || s.Active {
+		t.Errorf("the client Active %v, the server %v: want true, false", c.Active, s.Active)
+	}
+	// Bytes written since, their first transmit refused (the sender's
+	// link down): while queued the recheck cannot count them, once
+	// acknowledged it counts them as the next walk does, once, where
+	// tcp_info's bytes_sent has them twice (TestTakenAheadOfWalk).
+	const m = 12345
+	ip(t, "-n", r.nsA, "link", "set", "eth0", "down")
+	client.do("write %s %d", cli.id, m)
+	queued := waitFor(t, o, "the second write queued", has(cli.cookie, func(c Conn) bool { return c.SendQueue == m }))
+	if got, err = o.Recheck(context.Background(), cs); err != nil {
+		t.Fatalf("Recheck: %v", err)
+	}
+	same(got, queued)
+	ip(t, "-n", r.nsA, "link", "set", "eth0", "up")
+	cs2 := waitFor(t, o, "the second write delivered and acknowledged", func(cs []Conn) bool {
+		c, ok1 := byCookie(cs, cli.cookie)
+		s, ok2 := byCookie(cs, srv.cookie)
+		return ok1 && ok2 && c.SendQueue == 0 && s.Unread == n+m
+	})
+	// From the recheck that could not count: it counts again.
+	if got, err = o.Recheck(context.Background(), got); err != nil {
+		t.Fatalf("Recheck: %v", err)
+	}
+	same(got, cs2)
+	if c, c0 := mustConn(t, got, cli.cookie), mustConn(t, cs, cli.cookie); c.BytesSent != c0.BytesSent+m {
+		t.Errorf("rechecked after %d more bytes: %d sent, %d before", m, c.BytesSent, c0.BytesSent)
 	}
 	// Closed since, and made since.
 	cli2, _ := connect(t, r, client, server)
@@ -1086,6 +1126,9 @@ func testRecheck(t *testing.T, rechecks bool) {
 			t.Fatalf("Recheck: %v", err)
 		}
 		if c := mustConn(t, got, cli.cookie); c.State != StateEstablished {
+			if c.Counted {
+				t.Errorf("the closed client rechecked counted: %+v", c)
+			}
 			break
 		}
 		if time.Now().After(deadline) {

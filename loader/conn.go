@@ -65,9 +65,9 @@ type Conn struct {
 	Unread    uint32 // bytes received but not yet read by the application (rcv_nxt - copied_seq)
 
 	// Counted: the BPF observer read the counters below from the kernel's
-	// tcp_sock, so they cover the socket's whole life, from before the
-	// observer attached too. False from the sock_diag observer, which
-	// leaves them zero.
+	// tcp_sock (a Recheck from its tcp_info), so they cover the socket's
+	// whole life, from before the observer attached too. False from the
+	// sock_diag observer, which leaves them zero.
 	Counted bool
 	// BytesSent: bytes the application handed to the kernel (send, write,
 	// ...), acknowledged or not; SYN and FIN not included.
@@ -82,6 +82,12 @@ type Conn struct {
 	// Established: when sockops registered the connection; zero for one
 	// adopted after the fact.
 	Established time.Time
+	// Active: this end sent the SYN, as the counts' base takes it (sockops
+	// is told; a connection adopted after the fact is judged by its
+	// listener's backlog, bpf/README.md). The kernel's bytes_acked counts
+	// that SYN, so a Recheck, which counts from tcp_info's bytes_acked,
+	// takes one off where the Snapshot did.
+	Active bool
 }
 
 // Empty reports whether nothing is in flight on the connection in either

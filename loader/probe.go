@@ -99,7 +99,7 @@ func (f Features) Weaker() []string {
 		w = append(w, "a SIGTSTP whose handler a freeze that is not mpid's held (a resource manager's, its handler's frame built as it froze) can pause the job again after its resume: `mpipause resume JOBID` recovers")
 	}
 	if f.ConnIter == "" {
-		w = append(w, "PREPARE's kernel read, a clean drain answer after an unclean one and the check after the freeze each walk the whole TCP table of every namespace the job uses, whatever the job holds (slower on a busy node); the drain checks between and the last one before the freeze look the job's connections up one by one")
+		w = append(w, "PREPARE's kernel read and the check after the freeze each walk the whole TCP table of every namespace the job uses, whatever the job holds (slower on a busy node); the drain checks between look the job's connections up one by one (where a lookup cannot count bytes, for a connection made before mpid started, a clean drain answer after an unclean one walks too)")
 	}
 	return w
 }

@@ -15,9 +15,16 @@ type Rechecker interface {
 	// Recheck returns cs (a Snapshot's, or an earlier Recheck's) with
 	// each established connection's State, SendQueue and Unread read
 	// again from the kernel; a connection no longer there comes back in
-	// StateClose. Nothing else is read: the sequence numbers and byte
-	// counters are zero and Counted false. A connection made since cs
-	// was read is not in the answer: only a Snapshot lists it.
+	// StateClose. BytesSent is read again, Counted, where it is the same
+	// count as cs's and exact: a connection still ESTABLISHED, with
+	// nothing in its send queue, that sockops registered.
+	// Then it is the count a Snapshot would have read at some instant of
+	// the lookup (countFromInfo). BytesRecv, Retransmits and the sequence
+	// numbers are zero. A connection made since cs was read is not in
+	// the answer: only a Snapshot lists it.
+	//
+	// A recheck that counts lets a drain check count the bytes sent
+	// through closed gates without a walk (internal/node/kernelreport.go).
 	// errors.Is(err, ErrNoRecheck) says a Snapshot is the way here.
 	Recheck(ctx context.Context, cs []Conn) ([]Conn, error)
 }
@@ -100,15 +107,50 @@ func (o *BPFObserver) Recheck(ctx context.Context, cs []Conn) ([]Conn, error) {
 		}
 		for k, i := range idx {
 			c := &out[i]
+			// Registered by sockops: the counts' base and Active are
+			// exact (one adopted after the fact may be a byte off), and
+			// stay known through a Recheck that could not count.
+			counted := !c.Established.IsZero()
 			*c = Conn{Cookie: c.Cookie, Local: c.Local, Remote: c.Remote, Netns: c.Netns, Cgroup: c.Cgroup,
-				Established: c.Established, State: StateClose}
-			if ok[k] {
-				c.State = TCPState(got[k].State)
-				c.SendQueue, c.Unread = got[k].WQueue, got[k].RQueue
+				Established: c.Established, Active: c.Active, State: StateClose}
+			if !ok[k] {
+				continue
+			}
+			g := &got[k]
+			c.State = TCPState(g.State)
+			c.SendQueue, c.Unread = g.WQueue, g.RQueue
+			if n, can := countFromInfo(g, c.Active); can && counted && c.State == StateEstablished {
+				c.Counted, c.BytesSent = true, n
 			}
 		}
 	}
 	return out, nil
+}
+
+// countFromInfo returns the bytes an ESTABLISHED socket's process handed
+// to the kernel, as a Snapshot counts them (write_seq less where the data
+// starts, bpf/include/mpipause.h), from a sock_diag lookup: the send queue
+// (write_seq - snd_una) plus the bytes acknowledged, less the SYN on the
+// end that sent it (active), which bytes_acked counts. It can only where
+// the send queue is empty: the kernel reads the queue without the socket
+// lock and tcp_info's counters after taking it, so an ACK arriving between
+// the two would be counted in both, a count ahead of any the socket had.
+// With nothing queued no ACK can advance snd_una past where the queue was
+// read, and the sum is the count at some instant between the two reads.
+// Not tcp_info's bytes_sent: it counts again every byte of a transmit the
+// device refused (TestTakenAheadOfWalk).
+func countFromInfo(g *sockdiag.TCPSocket, active bool) (uint64, bool) {
+	if g.Info == nil || g.WQueue != 0 || !g.Info.HasBytesAcked() {
+		return 0, false
+	}
+	n := g.Info.BytesAcked
+	if active {
+		if n == 0 {
+			return 0, false
+		}
+		n--
+	}
+	return n, true
 }
 
 // diagIn returns the observer's sock_diag socket in the namespace the last

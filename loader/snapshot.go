@@ -336,6 +336,10 @@ const (
 	afInet6 = 10
 )
 
+// connFActive is CONN_F_ACTIVE of a record's flags (bpf/include/mpipause.h):
+// bpf2go generates no constants for the enum.
+const connFActive = 1 << 4
+
 // conn turns a record into a Conn; the netns label and the boot offset
 // come from the caller.
 func (r *record) conn(netns string, boot time.Duration) Conn {
@@ -362,6 +366,7 @@ func (r *record) fill(c *Conn, netns string, boot time.Duration) {
 	c.SendQueue = r.WriteSeq - r.SndUna // uint32: wraps like the kernel's
 	c.Unread = r.RcvNxt - r.CopiedSeq
 	c.Counted = r.Flags != 0
+	c.Active = r.Flags&connFActive != 0
 	c.BytesSent = r.BytesSent
 	c.BytesRecv = r.BytesRecv
 	c.Retransmits = r.Retransmits

@@ -46,6 +46,13 @@ enum {
 	CONN_F_FIN_SENT = 1 << 2,
 	/* The peer's FIN is in rcv_nxt; conn_info.peer_fin_seq is valid. */
 	CONN_F_FIN_RCVD = 1 << 3,
+	/*
+	 * This end sent the SYN, as conn_counts_init took it: its bytes_acked
+	 * counts the SYN, so snd_una - bytes_acked is one less than where its
+	 * data starts. A reader of tcp_info (loader, Recheck) takes the same
+	 * base from it.
+	 */
+	CONN_F_ACTIVE = 1 << 4,
 };
 
 /* A connection's addresses; ports in host byte order. */
@@ -269,9 +276,11 @@ static __always_inline void conn_counts_init(struct conn_info *c, const struct t
 					     bool active)
 {
 	int state = tp->inet_conn.icsk_inet.sk.__sk_common.skc_state;
-	__u32 flags = c->flags & ~(CONN_F_FIN_SENT | CONN_F_FIN_RCVD);
+	__u32 flags = c->flags & ~(CONN_F_FIN_SENT | CONN_F_FIN_RCVD | CONN_F_ACTIVE);
 
 	c->snd_base = tp->snd_una - (__u32)tp->bytes_acked + (active ? 1 : 0);
+	if (active)
+		flags |= CONN_F_ACTIVE;
 	c->rcv_base = tp->rcv_nxt - (__u32)tp->bytes_received;
 	/* No data after a FIN: it is the last sequence number of its side. */
 	if (fin_sent_state(state)) {

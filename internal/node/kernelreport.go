@@ -51,13 +51,17 @@ func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeRep
 // kernelReportBy is kernelReport, its read a walk (a Snapshot) if walk,
 // else a recheck of the last read's connections where the observer has
 // one (loader.Rechecker: where a Snapshot walks the kernel's hash tables,
-// a drain check then costs what the job holds). A recheck reads queues and
-// states, not the byte counts: it leaves the count of bytes sent through
-// closed gates to the reads that walk, and its clean answer is confirmed
-// by one (a clean answer is what the coordinator freezes on; the walk also
-// sees a connection made since the last, and takes the count of bytes
-// through closed gates). Drain checks after that, clean too (another
-// node's rounds), need no walk: nothing was unclean since. FREEZE's
+// a drain check then costs what the job holds). A recheck that counts
+// (every connection it read still established, with the same count as
+// the walk's: recounted) takes the count of bytes sent through closed
+// gates as a walk does. One that cannot count leaves the count to the
+// reads that walk, and its clean answer (what the coordinator freezes on)
+// is confirmed by one, which takes the count. Either way a connection made
+// since the last walk is the next walk's, at the latest the check after
+// the freeze's, which counts every byte such a connection took when it
+// was made after the count began (violations). Drain checks after a
+// confirmed clean answer, clean too (another node's rounds), need no walk:
+// nothing was unclean since. FREEZE's
 // settle check (quiesce.Settling) only waits for the node's queues to
 // empty: it never walks to confirm, and its counts move nothing, so the
 // check after the freeze counts every byte sent through the gates since
@@ -68,6 +72,7 @@ func (l *Role) kernelReport(ctx context.Context, job string, rep quiesce.NodeRep
 // reads are compared with start from it.
 func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.NodeReport, under check, walk, first bool) (quiesce.NodeReport, kernelRead, error) {
 	rep := rep0
+	began := time.Now()
 	all, rechecked, err := l.read(ctx, job, under, walk, first)
 	if err != nil {
 		return rep, kernelRead{}, err
@@ -82,14 +87,18 @@ func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.Node
 	// of the report counting fewer ranks (which the coordinator can only
 	// call missing) or its sockets' ends counting as bytes sent past the
 	// gates.
-	if err := l.gone(job, l.closing(job, all, first)); err != nil {
+	if err := l.gone(job, l.closing(job, all, first, !rechecked)); err != nil {
 		return quiesce.NodeReport{Node: l.Name}, kernelRead{}, err
 	}
 	var held []loader.Conn
 	rep.Counted = true
+	recounted := rechecked
 	for _, c := range mine {
 		// A listening socket sends nothing: it needs no count.
 		rep.Counted = rep.Counted && (c.Counted || c.State == loader.StateListen)
+		// A recheck passes on what it did not read again (a connection
+		// the last read found closing) as that read had it.
+		recounted = recounted && (c.State == loader.StateListen || c.State == loader.StateEstablished && c.Counted)
 		if c.State != loader.StateEstablished {
 			continue
 		}
@@ -110,11 +119,20 @@ func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.Node
 	switch {
 	case under == checkOpen:
 		delete(l.sentAt, job)
-	case rechecked:
-		// The count since the walk that took sentAt is the next walk's.
+		delete(l.countFrom, job)
+	case rechecked && !recounted:
+		// The count since the read that took sentAt is the next walk's.
 		rep.Counted = l.sentAt[job] != nil && l.counted[job]
 	default:
-		sent, through = violations(l.sentAt[job], mine)
+		from := l.countFrom[job]
+		if from.IsZero() && !settling {
+			from = began
+			if l.countFrom == nil {
+				l.countFrom = map[string]time.Time{}
+			}
+			l.countFrom[job] = from
+		}
+		sent, through = violations(l.sentAt[job], mine, from)
 		if !settling {
 			l.sentAt[job] = sent
 			if l.counted == nil {
@@ -208,14 +226,14 @@ func (l *Role) kernelReportBy(ctx context.Context, job string, rep0 quiesce.Node
 	l.mu.Lock()
 	confirmed := l.confirmed[job]
 	l.mu.Unlock()
-	if rechecked && clean && !confirmed && !settling {
+	if rechecked && !recounted && clean && !confirmed && !settling {
 		return l.kernelReportBy(ctx, job, rep0, under, true, first)
 	}
 	l.mu.Lock()
 	if l.confirmed == nil {
 		l.confirmed = map[string]bool{}
 	}
-	l.confirmed[job] = clean && (confirmed || !rechecked)
+	l.confirmed[job] = clean && (confirmed || !rechecked || recounted)
 	if first && !clean {
 		// PREPARE's read, moments after the gates closed, counts from
 		// nothing: a send that read its gate open just before it closed
@@ -341,8 +359,17 @@ func sentOf(c loader.Conn) uint64 {
 // violations compares what each connection's process has handed to the
 // kernel (sentOf) with sent, the values of the previous report taken with
 // every gate closed, and returns the values to compare the next report
-// with. A connection not in sent (new, or the first gated report) only
-// gets its value recorded.
+// with. A connection not in sent (new, or the first gated report) gets its
+// value recorded; one established after from, the time the first read
+// that counted began (after every gate had closed), took every byte it
+// has through closed gates, and they count. from is a read's start and
+// Established the kernel's time of the handshake, both wall clock: a
+// connection established just before from and not listed by that read
+// (made during a walk), counted from nothing, costs a round, not a
+// violation unless bytes are held on it. Where the observer cannot say
+// when a connection was made (one adopted after the fact, the sock_diag
+// observer), its value is only recorded, and bytes it took before its
+// first read are not counted.
 //
 // Each check counts from the last one that counted. A send call that read
 // the gate open just before it closed can reach the kernel much later (a
@@ -357,13 +384,16 @@ func sentOf(c loader.Conn) uint64 {
 // check counts them, the node says them until the pause ends
 // (Role.violated) and the pause fails, a rollback that names the node and
 // the bytes, never a wrong commit.
-func violations(sent map[uint64]uint64, conns []loader.Conn) (map[uint64]uint64, []violation) {
+func violations(sent map[uint64]uint64, conns []loader.Conn, from time.Time) (map[uint64]uint64, []violation) {
 	next := make(map[uint64]uint64, len(conns))
 	var out []violation
 	for _, c := range conns {
 		n := sentOf(c)
 		next[c.Cookie] = n
 		was, ok := sent[c.Cookie]
+		if !ok && c.Counted && !from.IsZero() && c.Established.After(from) {
+			was, ok = 0, true
+		}
 		switch {
 		case !ok || n == was:
 		case c.Counted:

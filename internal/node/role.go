@@ -98,6 +98,10 @@ type Role struct {
 	confirmed map[string]bool
 	// counted is, per job, the Counted of the report that took sentAt.
 	counted map[string]bool
+	// countFrom is, per job, when the first read that counted bytes sent
+	// through closed gates began: a connection established since took
+	// all its bytes through them (violations).
+	countFrom map[string]time.Time
 	// violated is, per job with a pause under way, the bytes its checks
 	// counted as sent through closed gates that may have overtaken held
 	// bytes (not late): every later report says them, up to the check
@@ -232,7 +236,7 @@ type seenConn struct {
 	state   loader.TCPState
 	seq     uint32
 	sent    uint64
-	counted bool // seq and sent were read (a recheck reads neither)
+	counted bool // seq and sent were read (a recheck reads no seq)
 }
 
 // closing records conns as the job's last kernel read on this node and
@@ -244,11 +248,11 @@ type seenConn struct {
 // costs the read that follows a look at /proc for each rank gated here,
 // which every drain poll cannot afford (tens of µs each on a loaded
 // node). first starts afresh (PREPARE).
-func (l *Role) closing(job string, conns []loader.Conn, first bool) bool {
+func (l *Role) closing(job string, conns []loader.Conn, first, seqs bool) bool {
 	now := make(map[uint64]seenConn, len(conns))
 	for _, c := range conns {
 		if c.State != loader.StateListen {
-			now[c.Cookie] = seenConn{state: c.State, seq: c.WriteSeq, sent: c.BytesSent, counted: c.Counted}
+			now[c.Cookie] = seenConn{state: c.State, seq: c.WriteSeq, sent: c.BytesSent, counted: c.Counted && seqs}
 		}
 	}
 	l.mu.Lock()
@@ -385,6 +389,7 @@ func (l *Role) Prepare(ctx context.Context, job string) error {
 	l.gated[job] = was
 	l.unread[job] = true
 	delete(l.sentAt, job)
+	delete(l.countFrom, job)
 	delete(l.violated, job)
 	delete(l.last, job)
 	delete(l.confirmed, job)
@@ -667,6 +672,7 @@ func (l *Role) Open(ctx context.Context, job string) error {
 		delete(l.last, job)
 		delete(l.confirmed, job)
 		delete(l.counted, job)
+		delete(l.countFrom, job)
 		delete(l.violated, job)
 		delete(l.unread, job)
 		l.mu.Unlock()

@@ -63,12 +63,12 @@ func TestDying(t *testing.T) {
 func TestViolations(t *testing.T) {
 	c := func(cookie uint64, seq uint32) loader.Conn { return loader.Conn{Cookie: cookie, WriteSeq: seq} }
 	// First gated report: values recorded, nothing counted.
-	sent, v := violations(nil, []loader.Conn{c(1, 100), c(2, 0xfffffff0)})
+	sent, v := violations(nil, []loader.Conn{c(1, 100), c(2, 0xfffffff0)}, time.Time{})
 	if len(v) != 0 || sent[1] != 100 || sent[2] != 0xfffffff0 {
 		t.Fatalf("first report: violations %v, recorded %v; want none, {1:100 2:0xfffffff0}", v, sent)
 	}
 	// Connection 1 unchanged, 2 sent 0x20 bytes across the wrap, 3 is new.
-	sent, v = violations(sent, []loader.Conn{c(1, 100), c(2, 0x10), c(3, 5)})
+	sent, v = violations(sent, []loader.Conn{c(1, 100), c(2, 0x10), c(3, 5)}, time.Time{})
 	if len(v) != 1 || v[0].c.Cookie != 2 || v[0].bytes != 0x20 {
 		t.Fatalf("second report: violations %+v; want connection 2, 32 bytes", v)
 	}
@@ -77,7 +77,7 @@ func TestViolations(t *testing.T) {
 	}
 	// The count is per report: nothing more sent, nothing counted; a
 	// connection gone is forgotten.
-	sent, v = violations(sent, []loader.Conn{c(2, 0x10)})
+	sent, v = violations(sent, []loader.Conn{c(2, 0x10)}, time.Time{})
 	if len(v) != 0 || len(sent) != 1 {
 		t.Fatalf("third report: violations %v, recorded %v; want none, one connection", v, sent)
 	}
@@ -87,12 +87,29 @@ func TestViolations(t *testing.T) {
 	counted := func(seq uint32, sent uint64) loader.Conn {
 		return loader.Conn{Cookie: 4, WriteSeq: seq, Counted: true, BytesSent: sent}
 	}
-	sent, _ = violations(nil, []loader.Conn{counted(0xffffffff, 1<<33)})
-	if sent, v = violations(sent, []loader.Conn{counted(0, 1<<33)}); len(v) != 0 {
+	sent, _ = violations(nil, []loader.Conn{counted(0xffffffff, 1<<33)}, time.Time{})
+	if sent, v = violations(sent, []loader.Conn{counted(0, 1<<33)}, time.Time{}); len(v) != 0 {
 		t.Fatalf("a FIN: violations %+v; want none", v)
 	}
-	if _, v = violations(sent, []loader.Conn{counted(10, 1<<33+10)}); len(v) != 1 || v[0].bytes != 10 {
+	if _, v = violations(sent, []loader.Conn{counted(10, 1<<33+10)}, time.Time{}); len(v) != 1 || v[0].bytes != 10 {
 		t.Fatalf("10 bytes sent: violations %+v; want 10 bytes", v)
+	}
+	// A connection first listed after the count began: established
+	// since, every byte it took went through closed gates; established
+	// before (made during a walk, or adopted: no time), only recorded.
+	from := time.Now()
+	made := func(cookie, sent uint64, at time.Time) loader.Conn {
+		return loader.Conn{Cookie: cookie, Counted: true, BytesSent: sent, Established: at}
+	}
+	sent, v = violations(map[uint64]uint64{}, []loader.Conn{
+		made(5, 700, from.Add(time.Millisecond)), made(6, 800, from.Add(-time.Millisecond)), made(7, 900, time.Time{}),
+		made(8, 0, from.Add(time.Millisecond)),
+	}, from)
+	if len(v) != 1 || v[0].c.Cookie != 5 || v[0].bytes != 700 || sent[5] != 700 || sent[6] != 800 || sent[7] != 900 {
+		t.Fatalf("connections new to the count: violations %+v, recorded %v; want connection 5's 700 bytes", v, sent)
+	}
+	if _, v = violations(map[uint64]uint64{}, []loader.Conn{made(5, 700, from.Add(time.Millisecond))}, time.Time{}); len(v) != 0 {
+		t.Fatalf("no count begun: violations %+v; want none", v)
 	}
 }
 

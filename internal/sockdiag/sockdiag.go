@@ -205,6 +205,12 @@ func (i *TCPInfo) Taken() (n uint64, ok bool) {
 	return i.BytesSent - i.BytesRetrans + uint64(i.NotsentBytes), true
 }
 
+// HasBytesAcked reports whether the kernel's tcp_info reaches
+// tcpi_bytes_acked (4.1 and later).
+func (i *TCPInfo) HasBytesAcked() bool {
+	return i != nil && i.Len >= offTIBytesAcked+8
+}
+
 // Filter selects the sockets [DiagConn.DumpTCP] returns.
 type Filter struct {
 	// States selects by TCP state; 0 means StatesAll.

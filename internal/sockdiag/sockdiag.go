@@ -194,8 +194,10 @@ type TCPInfo struct {
 // sum is ahead of the observer's count by those bytes
 // (loader.TestTakenAheadOfWalk): never behind, and growing with each
 // refusal. So a place in the stream read from tcp_info is compared with
-// tcp_info's count, never with the observer's (internal/node, late). tcp_get_info reads the three under the socket's lock, so they
-// agree with each other. ok is false where the kernel's tcp_info ends
+// tcp_info's count, never with the observer's (internal/node, late); a
+// lookup that counts as the observer does goes by BytesAcked instead
+// (loader, countFromInfo). tcp_get_info reads the three under the
+// socket's lock, so they agree with each other. ok is false where the kernel's tcp_info ends
 // before tcpi_bytes_retrans (before 4.19). A FIN queued but not yet sent
 // counts as a byte here and not there.
 func (i *TCPInfo) Taken() (n uint64, ok bool) {
@@ -649,8 +651,8 @@ type ID struct {
 // that of the sockets asked for, not of the namespace's hash tables, which
 // a dump walks bucket by bucket whatever they hold. ok[i] says whether
 // ids[i] is still there; a socket closed since, or its 4-tuple reused by
-// another (another cookie), is not. Each comes with its tcp_info, whose
-// TCPInfo.Taken is the count of bytes the socket took that a walk reads.
+// another (another cookie), is not. Each comes with its tcp_info (read
+// under the socket's lock, after the queues, which are read without it).
 func (d *DiagConn) LookupTCP(ctx context.Context, ids []ID) (out []TCPSocket, ok []bool, err error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()

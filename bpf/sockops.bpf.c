@@ -37,8 +37,10 @@ static __always_inline void record(struct bpf_sock_ops *ctx, bool active)
 	 * may exist already (tcpiter adopted the socket in SYN_SENT): claim it.
 	 */
 	c = bpf_sk_storage_get(&conns, bsk, &init, BPF_SK_STORAGE_GET_F_CREATE);
-	if (c)
-		*c = init;
+	if (!c)
+		return;
+	*c = init;
+	conn_list(&tp->inet_conn.icsk_inet.sk.__sk_common, &init);
 }
 
 #ifndef SOL_TCP
@@ -110,9 +112,10 @@ int mpipause_sockops(struct bpf_sock_ops *ctx)
 		bsk = ctx->sk;
 		if (!bsk)
 			break;
-		if (ctx->args[1] == BPF_TCP_CLOSE)
+		if (ctx->args[1] == BPF_TCP_CLOSE) {
+			conn_unlist(bpf_get_socket_cookie(ctx));
 			bpf_sk_storage_delete(&conns, bsk);
-		else
+		} else
 			note_fin(bsk, ctx->args[1]);
 		break;
 	}

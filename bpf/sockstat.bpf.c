@@ -18,8 +18,8 @@
 char LICENSE[] SEC("license") = "Dual BSD/GPL";
 
 /*
- * At TCP_CLOSE the entry goes. sockops does the same for what it
- * registered; this also covers the adopted entries, whose sockets sockops
+ * At TCP_CLOSE the entry goes, and its connlist entry with it. sockops
+ * does the same for what it registered; this also covers the adopted entries, whose sockets sockops
  * never asked state callbacks for. (The entry would also go when the
  * socket is freed, but a socket the application has not closed yet can
  * sit in TCP_CLOSE indefinitely.)
@@ -32,8 +32,13 @@ int BPF_PROG(mpipause_state, struct sock *sk, int oldstate, int newstate)
 
 	switch (newstate) {
 	case TCP_CLOSE:
-		if (is_inet_tcp(sk))
+		if (!is_inet_tcp(sk))
+			return 0;
+		c = bpf_sk_storage_get(&conns, sk, NULL, 0);
+		if (c) {
+			conn_unlist(c->cookie);
 			bpf_sk_storage_delete(&conns, sk);
+		}
 		return 0;
 	case TCP_FIN_WAIT1:
 	case TCP_LAST_ACK:

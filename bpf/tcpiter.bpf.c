@@ -75,8 +75,10 @@ int mpipause_tcpiter(struct bpf_iter__tcp *ctx)
 	cgrp = sk_cgroup(sk);
 	c = bpf_sk_storage_get(&conns, sk, NULL, 0);
 	if (!in_watched(cgrp)) {
-		if (c)
+		if (c) {
+			conn_unlist(c->cookie);
 			bpf_sk_storage_delete(&conns, sk);
+		}
 		return 0;
 	}
 	if (!c) {
@@ -88,6 +90,8 @@ int mpipause_tcpiter(struct bpf_iter__tcp *ctx)
 		if (!c)
 			return 0;
 	}
+	/* Listed again at every pass: an entry lost to a full list comes back. */
+	conn_list(skc, c);
 	fill_record(&rec, tp, c);
 	bpf_seq_write(ctx->meta->seq, &rec, sizeof(rec));
 	return 0;

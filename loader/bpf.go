@@ -29,6 +29,8 @@ const (
 	pinConns    = "conns"
 	pinWatched  = "watched"
 	pinRecords  = "records"
+	pinList     = "connlist"
+	pinLost     = "connlist_lost"
 	pinState    = "link_state"
 	pinTCPIter  = "link_tcpiter"
 	pinConnIter = "link_conniter"
@@ -39,7 +41,7 @@ const (
 	pinSockopsOld = "link_sockops"
 )
 
-var mapPins = []string{pinConns, pinWatched, pinRecords}
+var mapPins = []string{pinConns, pinWatched, pinRecords, pinList, pinLost}
 
 // linkPins are the links of the whole job, beside the sockops link of each
 // watched cgroup; a kernel that refuses a program (Probe) has no link of
@@ -67,6 +69,8 @@ type BPFObserver struct {
 	conns    *ebpf.Map
 	watched  *ebpf.Map // ids of the watched cgroups, read by tcpiter
 	records  *ebpf.Map // conniter's output, mapped at recMem
+	list     *ebpf.Map // connlist: the job's connections by cookie (listed)
+	lost     *ebpf.Map // connlist_lost: entries connlist could not take
 	recMem   []byte
 	links    map[string]link.Link // the job's links, by pin name (linkPins)
 	sockops  *ebpf.Program        // what Watch attaches
@@ -78,9 +82,17 @@ type BPFObserver struct {
 	belongs  map[uint64]bool      // without adoption: cgroup ids of sockets, in a watched tree or not
 	ns       *netnsSet
 	adopted  map[uint64]bool // netns inodes tcpIter has run in since the last Watch or Unwatch
-	skipped  []string        // what the last Snapshot could not see (SockDiagObserver.Skipped)
-	madePins []string        // pins made by OpenBPF, removed if it fails
-	madeDir  bool            // OpenBPF made the pin directory
+	// listFrom is connlist_lost as the last walk of every namespace
+	// found it before it began (ok: there was one): a listed read
+	// stands for a walk only while the list has lost nothing since.
+	listFrom struct {
+		ok   bool
+		lost uint64
+	}
+	walks    int      // Snapshots that walked (tests)
+	skipped  []string // what the last Snapshot could not see (SockDiagObserver.Skipped)
+	madePins []string // pins made by OpenBPF, removed if it fails
+	madeDir  bool     // OpenBPF made the pin directory
 
 	mu     sync.Mutex // serializes Snapshot, Watch, Unwatch, Close and Detach
 	closed bool
@@ -199,6 +211,12 @@ func (o *BPFObserver) setUp(set []job) error {
 		if o.records, err = ebpf.NewMap(specs.conniter.Maps[pinRecords]); err != nil {
 			return fmt.Errorf("%w: create map records: %w", ErrBPFUnavailable, err)
 		}
+		if o.list, err = ebpf.NewMap(specs.sockops.Maps[pinList]); err != nil {
+			return fmt.Errorf("%w: create map connlist: %w", ErrBPFUnavailable, err)
+		}
+		if o.lost, err = ebpf.NewMap(specs.sockops.Maps[pinLost]); err != nil {
+			return fmt.Errorf("%w: create map connlist_lost: %w", ErrBPFUnavailable, err)
+		}
 	}
 	if err := o.mapRecords(); err != nil {
 		return err
@@ -225,13 +243,19 @@ func (o *BPFObserver) setUp(set []job) error {
 	}
 	if o.pinDir != "" && !pinnedMaps {
 		// Last: a directory without its maps is debris to the next Open.
-		for name, m := range map[string]*ebpf.Map{pinConns: o.conns, pinWatched: o.watched, pinRecords: o.records} {
+		for name, m := range o.maps() {
 			if err := o.pin(m, name); err != nil {
 				return fmt.Errorf("pin map %s: %w", name, err)
 			}
 		}
 	}
 	return nil
+}
+
+// maps are the observer's maps by pin name, which is also their name in
+// every object.
+func (o *BPFObserver) maps() map[string]*ebpf.Map {
+	return map[string]*ebpf.Map{pinConns: o.conns, pinWatched: o.watched, pinRecords: o.records, pinList: o.list, pinLost: o.lost}
 }
 
 type collectionSpecs struct {
@@ -265,7 +289,7 @@ func loadSpecs() (collectionSpecs, error) {
 // attach loads the programs of the whole job that this kernel allows
 // (Probe) over o's maps, attaches them and, when pinning, pins their links.
 func (o *BPFObserver) attach(specs collectionSpecs) error {
-	maps := map[string]*ebpf.Map{pinConns: o.conns, pinWatched: o.watched, pinRecords: o.records}
+	maps := o.maps()
 	// The state program before any sockops: a connection sockops
 	// registers must not reach FIN_WAIT1 or CLOSE_WAIT unseen, or its
 	// byte counts would include the FIN.
@@ -338,7 +362,7 @@ func (o *BPFObserver) connIterProg() string {
 // same maps.
 func (o *BPFObserver) loadSockops(specs collectionSpecs) error {
 	var so sockopsObjects
-	opts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{pinConns: o.conns, pinWatched: o.watched}}
+	opts := &ebpf.CollectionOptions{MapReplacements: map[string]*ebpf.Map{pinConns: o.conns, pinWatched: o.watched, pinList: o.list, pinLost: o.lost}}
 	if err := specs.sockops.LoadAndAssign(&so, opts); err != nil {
 		return loadError("sockops", err)
 	}
@@ -402,7 +426,7 @@ func (o *BPFObserver) release() {
 		unix.Munmap(o.recMem)
 		o.recMem = nil
 	}
-	for _, m := range []**ebpf.Map{&o.conns, &o.watched, &o.records} {
+	for _, m := range []**ebpf.Map{&o.conns, &o.watched, &o.records, &o.list, &o.lost} {
 		if *m != nil {
 			(*m).Close()
 			*m = nil

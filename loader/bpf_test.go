@@ -573,7 +573,10 @@ func TestBPFCountersMonotonic(t *testing.T) {
 	if c, s := mustConn(t, cs, cli.cookie), mustConn(t, cs, srv.cookie); c.BytesSent != n || s.BytesRecv != n {
 		t.Errorf("after %d snapshots: client sent %d, server read %d; want %d", snaps, c.BytesSent, s.BytesRecv, n)
 	}
-	t.Logf("%d snapshots during the transfer", snaps)
+	o.mu.Lock()
+	walks, lists := o.walks, o.connIter == nil && o.list != nil
+	o.mu.Unlock()
+	t.Logf("%d snapshots during the transfer, %d of them walks (a listed read can stand for them: %v)", snaps, walks, lists)
 }
 
 // TestBPFRetransmits cuts the link under a connection with data in flight

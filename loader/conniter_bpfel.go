@@ -26,6 +26,25 @@ type conniterConnInfo struct {
 	Pad           uint32
 }
 
+type conniterConnKey struct {
+	_     structs.HostLayout
+	Tuple struct {
+		_      structs.HostLayout
+		Saddr  [16]uint8
+		Daddr  [16]uint8
+		Sport  uint16
+		Dport  uint16
+		Family uint16
+		Pad    uint16
+	}
+	CgroupId      uint64
+	EstablishedNs uint64
+	SndBase       uint32
+	Flags         uint32
+	Netns         uint32
+	Pad           uint32
+}
+
 type conniterTcpRecord struct {
 	_             structs.HostLayout
 	Cookie        uint64
@@ -58,6 +77,8 @@ type conniterTcpRecord struct {
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	conniterMapConnlist             = "connlist"
+	conniterMapConnlistLost         = "connlist_lost"
 	conniterMapConns                = "conns"
 	conniterMapRecords              = "records"
 	conniterMapWatched              = "watched"
@@ -115,9 +136,11 @@ type conniterProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type conniterMapSpecs struct {
-	Conns   *ebpf.MapSpec `ebpf:"conns"`
-	Records *ebpf.MapSpec `ebpf:"records"`
-	Watched *ebpf.MapSpec `ebpf:"watched"`
+	Connlist     *ebpf.MapSpec `ebpf:"connlist"`
+	ConnlistLost *ebpf.MapSpec `ebpf:"connlist_lost"`
+	Conns        *ebpf.MapSpec `ebpf:"conns"`
+	Records      *ebpf.MapSpec `ebpf:"records"`
+	Watched      *ebpf.MapSpec `ebpf:"watched"`
 }
 
 // conniterVariableSpecs contains global variables before they are loaded into the kernel.
@@ -146,13 +169,17 @@ func (o *conniterObjects) Close() error {
 //
 // It can be passed to loadConniterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type conniterMaps struct {
-	Conns   *ebpf.Map `ebpf:"conns"`
-	Records *ebpf.Map `ebpf:"records"`
-	Watched *ebpf.Map `ebpf:"watched"`
+	Connlist     *ebpf.Map `ebpf:"connlist"`
+	ConnlistLost *ebpf.Map `ebpf:"connlist_lost"`
+	Conns        *ebpf.Map `ebpf:"conns"`
+	Records      *ebpf.Map `ebpf:"records"`
+	Watched      *ebpf.Map `ebpf:"watched"`
 }
 
 func (m *conniterMaps) Close() error {
 	return _ConniterClose(
+		m.Connlist,
+		m.ConnlistLost,
 		m.Conns,
 		m.Records,
 		m.Watched,

@@ -39,8 +39,9 @@ func (o *BPFObserver) pin(obj interface{ Pin(string) error }, name string) error
 // build's specs; it leaves o.conns nil if any is missing.
 func (o *BPFObserver) loadPinnedMaps(specs collectionSpecs) error {
 	names := mapPins
-	mapSpecs := []*ebpf.MapSpec{specs.sockops.Maps[pinConns], specs.sockops.Maps[pinWatched], specs.conniter.Maps[pinRecords]}
-	var maps [3]*ebpf.Map
+	mapSpecs := []*ebpf.MapSpec{specs.sockops.Maps[pinConns], specs.sockops.Maps[pinWatched], specs.conniter.Maps[pinRecords],
+		specs.sockops.Maps[pinList], specs.sockops.Maps[pinLost]}
+	var maps [5]*ebpf.Map
 	for i, name := range names {
 		m, err := ebpf.LoadPinnedMap(filepath.Join(o.pinDir, name), nil)
 		if errors.Is(err, fs.ErrNotExist) {
@@ -57,7 +58,7 @@ func (o *BPFObserver) loadPinnedMaps(specs collectionSpecs) error {
 			return fmt.Errorf("%w: map %s: %v; remove it with loader.Unpin and open again", ErrStalePin, filepath.Join(o.pinDir, name), err)
 		}
 	}
-	o.conns, o.watched, o.records = maps[0], maps[1], maps[2]
+	o.conns, o.watched, o.records, o.list, o.lost = maps[0], maps[1], maps[2], maps[3], maps[4]
 	return nil
 }
 

@@ -99,7 +99,7 @@ func (f Features) Weaker() []string {
 		w = append(w, "a SIGTSTP whose handler a freeze that is not mpid's held (a resource manager's, its handler's frame built as it froze) can pause the job again after its resume: `mpipause resume JOBID` recovers")
 	}
 	if f.ConnIter == "" {
-		w = append(w, "PREPARE's kernel read and the check after the freeze each walk the whole TCP table of every namespace the job uses, whatever the job holds (slower on a busy node); the drain checks between look the job's connections up one by one (where a lookup cannot count bytes, for a connection made before mpid started, a clean drain answer after an unclean one walks too)")
+		w = append(w, "PREPARE's kernel read and the check after the freeze each read the job's connection list and look each connection up, and walk the whole TCP table of every namespace the job uses, whatever the job holds (slower on a busy node), where the list cannot stand for a walk (the first read of a namespace, a connection made before mpid started or closing, counters that move at every lookup, a list that overflowed); the drain checks between look the job's connections up one by one (where a lookup cannot count bytes, for a connection made before mpid started, a clean drain answer after an unclean one walks too)")
 	}
 	return w
 }
@@ -263,7 +263,7 @@ func probe(refuse map[string]error) (Features, error) {
 			m.Close()
 		}
 	}()
-	for name, spec := range map[string]*ebpf.MapSpec{pinConns: specs.sockops.Maps[pinConns], pinWatched: specs.sockops.Maps[pinWatched], pinRecords: specs.conniter.Maps[pinRecords]} {
+	for name, spec := range map[string]*ebpf.MapSpec{pinConns: specs.sockops.Maps[pinConns], pinWatched: specs.sockops.Maps[pinWatched], pinRecords: specs.conniter.Maps[pinRecords], pinList: specs.sockops.Maps[pinList], pinLost: specs.sockops.Maps[pinLost]} {
 		m, err := ebpf.NewMap(spec)
 		if err != nil {
 			return Features{}, fmt.Errorf("%w: create map %s: %w", ErrBPFUnavailable, name, err)

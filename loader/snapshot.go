@@ -61,9 +61,24 @@ func (o *BPFObserver) snapshot(ctx context.Context) ([]Conn, bool, error) {
 	}
 	o.skipped = o.ns.deniedSkipped(o.skipped[:0])
 	labels := make(map[uint32]string, len(nss))
-	var scanned []record // scanTCP: every namespace's pass
 	for _, ns := range nss {
 		labels[uint32(ns.ino)] = ns.label
+	}
+	if o.canList(nss) {
+		o.keepDiag(nss)
+		cs, unknown, err := o.listed(ctx, labels)
+		if !errors.Is(err, errNoList) {
+			return cs, unknown, err
+		}
+	}
+	var lost uint64
+	if o.connIter == nil && o.list != nil {
+		if lost, err = o.lostCount(); err != nil {
+			return nil, false, err
+		}
+	}
+	var scanned []record // scanTCP: every namespace's pass
+	for _, ns := range nss {
 		if (o.adopted[ns.ino] || o.tcpIter == nil) && o.connIter != nil {
 			continue // adopted already, or no adoption on this kernel
 		}
@@ -87,6 +102,10 @@ func (o *BPFObserver) snapshot(ctx context.Context) ([]Conn, bool, error) {
 		return nil, false, err
 	}
 	if o.connIter == nil {
+		o.walks++
+		if o.list != nil && o.tcpIter != nil {
+			o.listFrom.ok, o.listFrom.lost = true, lost
+		}
 		cs, unknown := conns(scanned, labels, bootOffset())
 		return cs, unknown, nil
 	}

@@ -26,10 +26,31 @@ type sockstatConnInfo struct {
 	Pad           uint32
 }
 
+type sockstatConnKey struct {
+	_     structs.HostLayout
+	Tuple struct {
+		_      structs.HostLayout
+		Saddr  [16]uint8
+		Daddr  [16]uint8
+		Sport  uint16
+		Dport  uint16
+		Family uint16
+		Pad    uint16
+	}
+	CgroupId      uint64
+	EstablishedNs uint64
+	SndBase       uint32
+	Flags         uint32
+	Netns         uint32
+	Pad           uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	sockstatMapConnlist       = "connlist"
+	sockstatMapConnlistLost   = "connlist_lost"
 	sockstatMapConns          = "conns"
 	sockstatMapWatched        = "watched"
 	sockstatProgMpipauseState = "mpipause_state"
@@ -84,8 +105,10 @@ type sockstatProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type sockstatMapSpecs struct {
-	Conns   *ebpf.MapSpec `ebpf:"conns"`
-	Watched *ebpf.MapSpec `ebpf:"watched"`
+	Connlist     *ebpf.MapSpec `ebpf:"connlist"`
+	ConnlistLost *ebpf.MapSpec `ebpf:"connlist_lost"`
+	Conns        *ebpf.MapSpec `ebpf:"conns"`
+	Watched      *ebpf.MapSpec `ebpf:"watched"`
 }
 
 // sockstatVariableSpecs contains global variables before they are loaded into the kernel.
@@ -114,12 +137,16 @@ func (o *sockstatObjects) Close() error {
 //
 // It can be passed to loadSockstatObjects or ebpf.CollectionSpec.LoadAndAssign.
 type sockstatMaps struct {
-	Conns   *ebpf.Map `ebpf:"conns"`
-	Watched *ebpf.Map `ebpf:"watched"`
+	Connlist     *ebpf.Map `ebpf:"connlist"`
+	ConnlistLost *ebpf.Map `ebpf:"connlist_lost"`
+	Conns        *ebpf.Map `ebpf:"conns"`
+	Watched      *ebpf.Map `ebpf:"watched"`
 }
 
 func (m *sockstatMaps) Close() error {
 	return _SockstatClose(
+		m.Connlist,
+		m.ConnlistLost,
 		m.Conns,
 		m.Watched,
 	)

@@ -26,10 +26,31 @@ type tcpiterConnInfo struct {
 	Pad           uint32
 }
 
+type tcpiterConnKey struct {
+	_     structs.HostLayout
+	Tuple struct {
+		_      structs.HostLayout
+		Saddr  [16]uint8
+		Daddr  [16]uint8
+		Sport  uint16
+		Dport  uint16
+		Family uint16
+		Pad    uint16
+	}
+	CgroupId      uint64
+	EstablishedNs uint64
+	SndBase       uint32
+	Flags         uint32
+	Netns         uint32
+	Pad           uint32
+}
+
 // Names of all BPF objects in the ELF.
 //
 // Used for safe lookups in a Collection or CollectionSpec.
 const (
+	tcpiterMapConnlist         = "connlist"
+	tcpiterMapConnlistLost     = "connlist_lost"
 	tcpiterMapConns            = "conns"
 	tcpiterMapWatched          = "watched"
 	tcpiterProgMpipauseTcpiter = "mpipause_tcpiter"
@@ -84,8 +105,10 @@ type tcpiterProgramSpecs struct {
 //
 // It can be passed ebpf.CollectionSpec.Assign.
 type tcpiterMapSpecs struct {
-	Conns   *ebpf.MapSpec `ebpf:"conns"`
-	Watched *ebpf.MapSpec `ebpf:"watched"`
+	Connlist     *ebpf.MapSpec `ebpf:"connlist"`
+	ConnlistLost *ebpf.MapSpec `ebpf:"connlist_lost"`
+	Conns        *ebpf.MapSpec `ebpf:"conns"`
+	Watched      *ebpf.MapSpec `ebpf:"watched"`
 }
 
 // tcpiterVariableSpecs contains global variables before they are loaded into the kernel.
@@ -114,12 +137,16 @@ func (o *tcpiterObjects) Close() error {
 //
 // It can be passed to loadTcpiterObjects or ebpf.CollectionSpec.LoadAndAssign.
 type tcpiterMaps struct {
-	Conns   *ebpf.Map `ebpf:"conns"`
-	Watched *ebpf.Map `ebpf:"watched"`
+	Connlist     *ebpf.Map `ebpf:"connlist"`
+	ConnlistLost *ebpf.Map `ebpf:"connlist_lost"`
+	Conns        *ebpf.Map `ebpf:"conns"`
+	Watched      *ebpf.Map `ebpf:"watched"`
 }
 
 func (m *tcpiterMaps) Close() error {
 	return _TcpiterClose(
+		m.Connlist,
+		m.ConnlistLost,
 		m.Conns,
 		m.Watched,
 	)

@@ -120,6 +120,43 @@ struct {
 	__type(value, struct conn_info);
 } conns SEC(".maps");
 
+/*
+ * The job's connections again, as a list the loader can read where the
+ * kernel refuses iterators over maps (conniter does not load): socket
+ * cookie -> where sock_diag finds the socket. An entry is made wherever a
+ * conns entry is (sockops, tcpiter) and goes wherever one is deleted
+ * (sockops, sockstat, tcpiter); every tcpiter pass makes again the entries
+ * of the sockets it sees. A socket freed without passing TCP_CLOSE here
+ * (the programs detached meanwhile) leaves its entry, which the loader's
+ * lookup misses and removes. An entry that could not be made (the list
+ * full) is counted in connlist_lost, and the loader walks again.
+ */
+#define MAX_LISTED 16384
+struct conn_key {
+	struct conn_tuple tuple;
+	__u64 cgroup_id;      /* conn_info's */
+	__u64 established_ns; /* conn_info's */
+	__u32 snd_base;	      /* conn_info's: write_seq is snd_base + what tcp_info says was taken */
+	__u32 flags;	      /* conn_info's */
+	__u32 netns;	      /* inode of the socket's network namespace */
+	__u32 pad;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, MAX_LISTED);
+	__type(key, __u64);
+	__type(value, struct conn_key);
+} connlist SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} connlist_lost SEC(".maps");
+
 /* Watched cgroup ids: a socket in one of them or below belongs to a job. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -233,6 +270,37 @@ static __always_inline void fill_tuple(const struct sock_common *skc, struct con
 		((__u32 *)t->saddr)[i] = skc->skc_v6_rcv_saddr.in6_u.u6_addr32[i];
 		((__u32 *)t->daddr)[i] = skc->skc_v6_daddr.in6_u.u6_addr32[i];
 	}
+}
+
+/*
+ * conn_list lists the connection whose conns entry is c (connlist): its
+ * tuple and namespace, and what a read of it by sock_diag needs of c,
+ * keyed by its cookie. Called again wherever c changes in what it copies.
+ */
+static __always_inline void conn_list(const struct sock_common *skc, const struct conn_info *c)
+{
+	struct conn_key k = {};
+	__u64 cookie = c->cookie;
+	__u32 zero = 0;
+	__u64 *lost;
+
+	fill_tuple(skc, &k.tuple);
+	k.cgroup_id = c->cgroup_id;
+	k.established_ns = c->established_ns;
+	k.snd_base = c->snd_base;
+	k.flags = c->flags;
+	k.netns = BPF_CORE_READ(skc, skc_net.net, ns.inum);
+	if (bpf_map_update_elem(&connlist, &cookie, &k, BPF_ANY) == 0)
+		return;
+	lost = bpf_map_lookup_elem(&connlist_lost, &zero);
+	if (lost)
+		__sync_fetch_and_add(lost, 1);
+}
+
+/* conn_unlist takes the connection off connlist. */
+static __always_inline void conn_unlist(__u64 cookie)
+{
+	bpf_map_delete_elem(&connlist, &cookie);
 }
 
 /* is_inet_tcp reports whether sk is an IPv4 or IPv6 TCP socket. */

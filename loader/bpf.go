@@ -89,7 +89,7 @@ type BPFObserver struct {
 		ok   bool
 		lost uint64
 	}
-	walks    int      // Snapshots that walked (tests)
+	walks    int      // Snapshots that walked (walkCost; the tests)
 	skipped  []string // what the last Snapshot could not see (SockDiagObserver.Skipped)
 	madePins []string // pins made by OpenBPF, removed if it fails
 	madeDir  bool     // OpenBPF made the pin directory
@@ -101,9 +101,9 @@ type BPFObserver struct {
 	tail   []byte                        // the seq_file output of the last conniter pass
 	lastNS []netns                       // the namespaces the last Snapshot looked in (Recheck)
 	diag   map[uint64]*sockdiag.DiagConn // Recheck's, by namespace inode
-	// walkCost is what the last Snapshot without conniter took, and
-	// lookupCost a socket's share of the last Recheck (0 before one):
-	// Recheck declines where the walk is the cheaper.
+	// walkCost is what the last Snapshot that walked took, and
+	// lookupCost a socket's share of the last Recheck or listed read
+	// (0 before one): both decline where the walk is the cheaper.
 	walkCost, lookupCost time.Duration
 }
 

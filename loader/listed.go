@@ -92,6 +92,22 @@ func (o *BPFObserver) listed(ctx context.Context, labels map[uint32]string) ([]C
 	if err := it.Err(); err != nil {
 		return nil, false, fmt.Errorf("read map connlist: %w", err)
 	}
+	n := 0
+	for _, ls := range byNS {
+		n += len(ls)
+	}
+	per := o.lookupCost
+	if per == 0 {
+		per = lookupCostGuess
+	}
+	if o.walkCost > 0 && time.Duration(2*n)*per > o.walkCost {
+		// Two lookups a connection at least (exactLookups), each a
+		// system call of a few microseconds; a walk costs the hash
+		// table whatever the job holds: past some hundreds of
+		// connections the walk is the cheaper.
+		return nil, false, fmt.Errorf("%w: %d connections to look up twice, %v each, against a walk of %v", errNoList, n, per, o.walkCost)
+	}
+	t0 := time.Now()
 	boot := bootOffset()
 	var out []Conn
 	for ino, ls := range byNS {
@@ -153,6 +169,9 @@ func (o *BPFObserver) listed(ctx context.Context, labels map[uint32]string) ([]C
 			}
 			out = append(out, c)
 		}
+	}
+	if n >= lookupCostMin {
+		o.lookupCost = time.Since(t0) / time.Duration(2*n)
 	}
 	return out, unknown, nil
 }

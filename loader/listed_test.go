@@ -19,8 +19,8 @@ import (
 // refused counted once (tcp_info's bytes_sent has them twice). It walks
 // instead where the list cannot stand for a walk: a connection past
 // ESTABLISHED (the walk counts its FIN apart), an entry whose socket is
-// not there (taken off the list, so that the next read lists), entries the
-// list could not take, a connection established before the observer
+// not there (taken off the list, so that the next read lists), lookups
+// that would cost more than the last walk, entries the list could not take, a connection established before the observer
 // attached (adopted: its count's base is the walk's own). Each case fails where a listed read stands for a walk it must not
 // (the walks counter would not move) or misses what a walk sees.
 func TestListedRead(t *testing.T) {
@@ -150,6 +150,12 @@ func TestListedRead(t *testing.T) {
 	}
 	snap("a stale entry", true)
 	snap("after the walk that took the stale entry off", false)
+
+	// Where the lookups would cost more than a walk, it walks (and the
+	// walk's cost is measured again).
+	o.walkCost = time.Nanosecond
+	snap("lookups dearer than the last walk", true)
+	snap("after that walk", false)
 
 	// An entry the list could not take: the next Snapshot walks, and
 	// the one after lists again.

@@ -33,9 +33,9 @@ func (o *BPFObserver) Snapshot(ctx context.Context) ([]Conn, error) {
 	if o.closed {
 		return nil, ErrClosed
 	}
-	t0 := time.Now()
+	t0, walks := time.Now(), o.walks
 	cs, unknown, err := o.snapshot(ctx)
-	if err == nil && o.connIter == nil {
+	if err == nil && o.walks != walks {
 		o.walkCost = time.Since(t0)
 	}
 	if err == nil && unknown && pacing(ctx) {

@@ -224,14 +224,15 @@ void mpp_hold_child(void)
 }
 
 // mpp_quickack: while the gate is not open, a read that got bytes, the
-// drain that moved some, and a socket's first held send ask the kernel to
-// acknowledge at once (TCP_QUICKACK: the pending delayed ACK goes now, and
-// the socket leaves its ping-pong mode). The pause's drain waits for
-// "nothing unacknowledged" on the sender's side, and the receiver's delayed
-// ACK of the last segments read otherwise holds that queue for up to the
-// delayed-ACK timeout (8 ms under the sockops cap). On a socket that is not
-// TCP the call just fails. Out of line: the read wrappers' open-gate path
-// never calls it.
+// drain that moved some or was started on the socket (a DRAIN), and a
+// socket's first held send ask the kernel to acknowledge at once
+// (TCP_QUICKACK: the pending delayed ACK goes now, and the socket leaves
+// its ping-pong mode). The pause's drain waits for "nothing
+// unacknowledged" on the sender's side, and the receiver's delayed ACK of
+// the last segments read otherwise holds that queue for up to the
+// delayed-ACK timeout (8 ms under the sockops cap). On a socket that is
+// not TCP the call just fails. Out of line: the read wrappers' open-gate
+// path never calls it.
 __attribute__((noinline)) void mpp_quickack(int fd)
 {
 	int saved = errno, one = 1;

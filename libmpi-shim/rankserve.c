@@ -160,9 +160,23 @@ static int full_check(void)
 	return mpp_rankch_send_line(out);
 }
 
+// drain_ack acknowledges at once what the program read of every watched
+// socket before the DRAIN. On a connection carrying traffic both ways the
+// kernel holds the ACK of a small read for its delayed-ACK timer, hoping
+// to send it with the reader's next bytes; a rank whose gate closed sends
+// none, and the pause's drain, which waits for every sender's queue to
+// empty, would wait for the timer. What is read from now on, by the drain
+// or the program, is acknowledged as it is read (mpp_quickack).
+static void drain_ack(void)
+{
+	for (int i = 0; i < drain_n; i++)
+		if (drain_fds[i].fd >= 0)
+			mpp_quickack(drain_fds[i].fd);
+}
+
 // drain_start answers a DRAIN whose set is complete: unless the drain is
 // disabled or the gate is not closed, the sockets it names
-// are scanned and drained a first time.
+// are scanned, drained a first time and acknowledged.
 static void drain_start(char *out, size_t n)
 {
 	collecting = 0;
@@ -179,6 +193,7 @@ static void drain_start(char *out, size_t n)
 	full_told = 0;
 	drain_scan();
 	ssize_t stashed = drain_pass();
+	drain_ack();
 	snprintf(out, n, "DRAINING sockets=%d stashed=%zd\n", drain_socks, stashed);
 }
 

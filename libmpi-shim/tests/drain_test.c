@@ -20,6 +20,8 @@
 //   the reopen every byte reaches the program in order.
 // - read_first: the program reads a drained socket itself, often before
 //   the drain's thread does; once it stops, what arrives next is drained.
+// - acks: the ACK of bytes the program read before the gate closed, held
+//   by the kernel's delayed-ACK timer, goes with the DRAIN.
 // - huge: MiBs drained go into memory the kernel may back with transparent
 //   huge pages, and come back in order.
 #include <dlfcn.h>
@@ -419,6 +421,47 @@ static void test_cap(void)
 	CHECK(stash_bytes() == 0, "%zu bytes left in the stashes", stash_bytes());
 }
 
+// acks: a connection carrying traffic both ways is in delayed-ACK
+// "ping-pong" mode, where the ACK of a small read waits for the receiver's
+// next send or its delayed-ACK timer. A rank that read its last bytes
+// before its gate closed sends nothing more, so the sender's queue, which
+// the pause's drain waits to see empty, would hold them for the timer (up
+// to 40 ms; 8 ms under the sockops cap). The DRAIN acknowledges them at
+// once.
+static void test_acks(void)
+{
+	int s[2], ok = 0, outq = 0;
+	char b[100] = {0}, out[256];
+	tcp_pair(s, 0);
+	uint64_t ck = cookie(s[1]);
+	for (int i = 0; i < 200 && !ok; i++) {
+		// A request and an answer put s[1] in ping-pong mode; then a
+		// request the program reads with its gate open.
+		CHECK(send(s[0], b, 10, 0) == 10 && recv(s[1], b, 10, MSG_WAITALL) == 10, "request");
+		CHECK(send(s[1], b, 10, 0) == 10 && recv(s[0], b, 10, MSG_WAITALL) == 10, "answer");
+		CHECK(send(s[0], b, sizeof(b), 0) == (ssize_t)sizeof(b) &&
+			      recv(s[1], b, sizeof(b), MSG_WAITALL) == (ssize_t)sizeof(b),
+		      "read before the close");
+		CHECK(say("CLOSE\n") == 0 && line("CLOSED", out, sizeof(out)) == 0, "close: %s", out);
+		ioctl(s[0], SIOCOUTQ, &outq);
+		if (outq == 0) {
+			// Acknowledged already (not in ping-pong mode yet): again.
+			CHECK(say("OPEN\n") == 0 && line("OPENED", out, sizeof(out)) == 0, "open: %s", out);
+			continue;
+		}
+		CHECK(drain(&ck, 1, out, sizeof(out)) == 0, "no DRAINING answer");
+		ioctl(s[0], SIOCOUTQ, &outq);
+		CHECK(outq == 0,
+		      "after the DRAIN the sender still waits for the ACK of %d bytes the program read before its gate closed",
+		      outq);
+		CHECK(say("OPEN\n") == 0 && line("OPENED", out, sizeof(out)) == 0, "open: %s", out);
+		ok = 1;
+	}
+	CHECK(ok, "no delayed ACK in 200 tries: the test proved nothing");
+	close(s[0]);
+	close(s[1]);
+}
+
 // huge: MiBs drained go into a buffer the kernel may back with transparent
 // huge pages (one fault per 2 MiB, not 512; faulting in 4 KiB pages cost
 // the drain more CPU than its copy), grown there from malloc's memory, and
@@ -534,6 +577,7 @@ int main(void)
 		{"unheld", test_unheld},
 		{"cap", test_cap},
 		{"bad_sets", test_bad_sets},
+		{"acks", test_acks},
 		{"huge", test_huge},
 	};
 	int rc = RUN_TESTS(tests);

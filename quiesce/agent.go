@@ -1,6 +1,7 @@
 package quiesce
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -51,6 +52,9 @@ type Agent struct {
 	// is scarce (one emulated core, every core busy) checks back to back
 	// would take it from the very ranks whose reads the drain waits for.
 	CPUTime func() time.Duration
+
+	// poll, if set, replaces DrainPoll (tests).
+	poll time.Duration
 }
 
 type jobState struct {
@@ -508,17 +512,47 @@ func Settling(ctx context.Context) bool {
 }
 
 // drainUntil checks the job's queues on this node every DrainPoll (or,
-// with CPUTime, after as long as the last check cost in CPU), from the
-// check rep (or its error), until they are empty, until has passed,
-// ctx ends or stop says to give way; it returns the last check. A check
-// that saw bytes sent through closed gates ends the wait at once: a node
-// counts late ones per check, and the next, clean, check would hide them.
+// with CPUTime, after as long as the last check cost in CPU), and once
+// more as soon as the node says its drain has done what it started
+// (DrainWaker), from the check rep (or its error), until they are empty,
+// until has passed, ctx ends or stop says to give way; it returns the
+// last check. A check that saw bytes sent through closed gates ends the
+// wait at once: a node counts late ones per check, and the next, clean,
+// check would hide them.
 func (a *Agent) drainUntil(ctx context.Context, job string, rep NodeReport, err error, until time.Time, stop func() bool) (NodeReport, error) {
 	var cost time.Duration
+	var woke <-chan struct{} // the wake already checked after
+	waker, _ := a.node.(DrainWaker)
+	poll := cmp.Or(a.poll, DrainPoll)
 	for err == nil && !rep.Clean() && rep.Violations == 0 && rep.Late == 0 {
-		wait := max(DrainPoll, cost)
-		if !time.Now().Add(wait).Before(until) || stop() || sleep(ctx, wait) != nil {
-			break
+		var wake <-chan struct{}
+		if waker != nil {
+			if wake = waker.DrainWake(job); wake == woke {
+				wake = nil
+			}
+		}
+		wait := max(poll, cost)
+		if wake == nil {
+			if !time.Now().Add(wait).Before(until) || stop() || sleep(ctx, wait) != nil {
+				break
+			}
+		} else {
+			if !time.Now().Add(cost).Before(until) || stop() {
+				break
+			}
+			// The poll's own check would come after until: only the
+			// wake can still bring one.
+			late := !time.Now().Add(wait).Before(until)
+			if late {
+				wait = time.Until(until)
+			}
+			woken, werr := waitCheck(ctx, cost, wait, wake)
+			if werr != nil || !woken && late {
+				break
+			}
+			if woken {
+				woke = wake
+			}
 		}
 		var c0 time.Duration
 		if a.CPUTime != nil {
@@ -530,6 +564,26 @@ func (a *Agent) drainUntil(ctx context.Context, job string, rep NodeReport, err 
 		}
 	}
 	return rep, err
+}
+
+// waitCheck waits until a drain check is due: at least least, then until
+// wake closes or most has passed. woken says whether wake ended it.
+func waitCheck(ctx context.Context, least, most time.Duration, wake <-chan struct{}) (woken bool, err error) {
+	if least > 0 {
+		if err := sleep(ctx, least); err != nil {
+			return false, err
+		}
+	}
+	t := time.NewTimer(most - least)
+	defer t.Stop()
+	select {
+	case <-wake:
+		return true, nil
+	case <-t.C:
+		return false, nil
+	case <-ctx.Done():
+		return false, ctx.Err()
+	}
 }
 
 func (a *Agent) run(ctx context.Context, req Message) (NodeReport, error) {

@@ -50,6 +50,18 @@ type Rethawer interface {
 	Rethaw(ctx context.Context, job string) error
 }
 
+// DrainWaker is a Node that can say when its queues are worth checking
+// again before DrainPoll has passed: DrainWake returns a channel closed
+// once what the node started for the job's drain has been done (mpid:
+// every rank answered the last DRAIN, its shim having drained and
+// acknowledged what waited), or nil. A node waiting for its queues to
+// drain checks once when the channel closes; the same channel never wakes
+// it twice, and the wait between two checks is still at least the CPU
+// time the last one cost (Agent.CPUTime).
+type DrainWaker interface {
+	DrainWake(job string) <-chan struct{}
+}
+
 // Committer is a Node that must act on COMMIT (mpid records the pause, so
 // that a restart finds it): the COMMIT is acknowledged only once Commit has
 // returned nil, and a failed Commit rolls the pause back everywhere, like

@@ -73,6 +73,13 @@ func quietRank(t *testing.T, name string) (context.Context, *ranks.Server, strin
 // each STATE answer: a shim slow to answer, or one that never does.
 func oneRankHolding(t *testing.T, name string, event *atomic.Pointer[string], beforeState func()) (context.Context, *ranks.Server, string, <-chan string) {
 	t.Helper()
+	return oneRankWith(t, name, event, beforeState, nil)
+}
+
+// oneRankWith is oneRankHolding whose shim also runs beforeDrain (if set)
+// before each DRAIN answer.
+func oneRankWith(t *testing.T, name string, event *atomic.Pointer[string], beforeState, beforeDrain func()) (context.Context, *ranks.Server, string, <-chan string) {
+	t.Helper()
 	addr := fmt.Sprintf("@mpipause-mpid-%s-%d", name, os.Getpid())
 	s, err := ranks.Listen(addr)
 	if err != nil {
@@ -81,7 +88,7 @@ func oneRankHolding(t *testing.T, name string, event *atomic.Pointer[string], be
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
 	go s.Serve(ctx)
-	lines := fakeRank(t, addr, "j", 3, event, beforeState)
+	lines := fakeRank(t, addr, "j", 3, event, beforeState, beforeDrain)
 	if err := s.Wait(ctx, func(all []*ranks.Rank) bool { return len(all) == 1 }); err != nil {
 		t.Fatal(err)
 	}
@@ -129,11 +136,12 @@ func TestJobConns(t *testing.T) {
 	}
 }
 
-// fakeShim registers as a rank with pid, answers CLOSE and STATE, and
-// sends every line it is asked on lines; with event set, it sends that
-// line (an EVENT) before each STATE answer, and with beforeState set it
-// runs it first.
-func fakeRank(t *testing.T, addr, job string, rank int, event *atomic.Pointer[string], beforeState func()) <-chan string {
+// fakeRank registers as rank of job at addr, answers CLOSE, STATE and
+// DRAIN, and sends every line it is asked on the channel it returns; with
+// event set, it sends that line (an EVENT) before each STATE answer, with
+// beforeState set it runs it first, and with beforeDrain set it runs that
+// before each DRAIN answer.
+func fakeRank(t *testing.T, addr, job string, rank int, event *atomic.Pointer[string], beforeState, beforeDrain func()) <-chan string {
 	t.Helper()
 	c, err := net.Dial("unix", addr)
 	if err != nil {
@@ -163,6 +171,9 @@ func fakeRank(t *testing.T, addr, job string, rank int, event *atomic.Pointer[st
 				}
 				fmt.Fprint(c, "STATE gate=closed gated=0 closing=0 held=0\n")
 			case strings.HasPrefix(l, "DRAIN "):
+				if beforeDrain != nil {
+					beforeDrain()
+				}
 				fmt.Fprint(c, "DRAINING sockets=1 stashed=0\n")
 			}
 		}
@@ -563,5 +574,55 @@ func TestDrainGivesUpOnHeldShim(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q lacks %q", err, want)
 		}
+	}
+}
+
+// TestDrainWake: the node's drain wake (quiesce.DrainWaker) is closed
+// once the job's ranks on the node have answered the last DRAIN, and not
+// before; there is none before any DRAIN, nor once a check began after
+// the answers.
+func TestDrainWake(t *testing.T) {
+	release := make(chan struct{})
+	ctx, s, job, lines := oneRankWith(t, "wake", new(atomic.Pointer[string]), nil, func() { <-release })
+	obs := &fakeObserver{conns: []loader.Conn{
+		conn(0x11, "10.0.0.1:5000", "10.0.0.1:6000"),
+		conn(0x12, "10.0.0.1:6000", "10.0.0.1:5000"),
+	}}
+	l := &Role{Name: "n1", Ranks: s, Jobs: observed{obs},
+		Log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	if err := l.Prepare(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	if w := l.DrainWake(job); w != nil {
+		t.Fatal("a drain wake before any DRAIN went")
+	}
+	if _, err := l.Drain(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	// The shim holds its answer from the DRAIN line on (its cookies stay
+	// unread until it answers).
+	expectLines(t, lines, "CLOSE", "STATE", "DRAIN 2")
+	wake := l.DrainWake(job)
+	if wake == nil {
+		t.Fatal("no drain wake after a DRAIN")
+	}
+	select {
+	case <-wake:
+		t.Fatal("the drain wake closed before the rank answered its DRAIN")
+	default:
+	}
+	close(release)
+	expectLines(t, lines, "C 11 12")
+	select {
+	case <-wake:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the rank answered its DRAIN, and 5 s later the drain wake was still open")
+	}
+	// A check after the answers saw what they did: the wake is spent.
+	if _, err := l.Drain(ctx, job); err != nil {
+		t.Fatal(err)
+	}
+	if w := l.DrainWake(job); w != nil {
+		t.Error("the drain wake outlived the check after it")
 	}
 }

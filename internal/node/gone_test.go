@@ -258,7 +258,7 @@ func killedRank(t *testing.T, order []string, before int, killFirst bool) {
 	go s.Serve(ctx)
 	const job = "j"
 	key := jobid.Key(uint32(os.Getuid()), job)
-	survivor := fakeRank(t, addr, job, 0, new(atomic.Pointer[string]), nil)
+	survivor := fakeRank(t, addr, job, 0, new(atomic.Pointer[string]), nil, nil)
 	go func() {
 		for range survivor {
 		}

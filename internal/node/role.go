@@ -122,6 +122,10 @@ type drainSet struct {
 	// kernel read; peers every node's, as the coordinator last sent them
 	// (nil before the first DRAIN).
 	mine, peers quiesce.Ports
+	// answered is closed once every rank sent the last DRAIN has answered
+	// it or gone (DrainWake); nil before the first, and once a check began
+	// after it closed.
+	answered chan struct{}
 }
 
 // startDrains tells every rank of the job on this node which connections
@@ -149,7 +153,39 @@ func (l *Role) startDrains(job string, d *drainSet, set []uint64, first bool) er
 	if len(set) > ranks.MaxDrainSet {
 		l.Log.Warn("more job connections than a DRAIN names; the rest are not drained", "job", job, "node", l.Name, "connections", len(set), "named", ranks.MaxDrainSet)
 	}
-	return l.eachRank(job, "drain", func(r *ranks.Rank) error { return r.StartDrain(set) })
+	// left counts the answers still due, and one more until every DRAIN
+	// has gone: a rank answering fast cannot close answered early.
+	answered := make(chan struct{})
+	var left atomic.Int64
+	left.Store(1)
+	one := func() {
+		if left.Add(-1) == 0 {
+			close(answered)
+		}
+	}
+	l.mu.Lock()
+	d.answered = answered
+	l.mu.Unlock()
+	defer one()
+	return l.eachRank(job, "drain", func(r *ranks.Rank) error {
+		left.Add(1)
+		return r.StartDrain(set, one)
+	})
+}
+
+// DrainWake is closed once every rank of job on this node has answered the
+// last DRAIN sent to it (quiesce.DrainWaker): each shim has then drained
+// what waited on the job's connections and acknowledged what its rank had
+// read, so the next check need not wait for the agent's poll to find
+// that. nil if no DRAIN has gone in this pause, or a check began after
+// the last one's answers.
+func (l *Role) DrainWake(job string) <-chan struct{} {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if d := l.drains[job]; d != nil && d.answered != nil {
+		return d.answered
+	}
+	return nil
 }
 
 // stashFull names the ranks whose shims said their stash is full since
@@ -318,7 +354,10 @@ func statusDying(s string) bool {
 	return false
 }
 
-var _ quiesce.Node = (*Role)(nil)
+var (
+	_ quiesce.Node       = (*Role)(nil)
+	_ quiesce.DrainWaker = (*Steps)(nil)
+)
 
 func (l *Role) ranksOf(job string) ([]*ranks.Rank, error) {
 	rs := l.Ranks.Ranks(job)
@@ -437,6 +476,15 @@ func (l *Role) conns(ctx context.Context, job string) ([]loader.Conn, error) {
 // the first check after Prepare walks, and its read is PREPARE's too.
 func (l *Role) Drain(ctx context.Context, job string) (quiesce.NodeReport, error) {
 	rep := quiesce.NodeReport{Node: l.Name}
+	l.mu.Lock()
+	if d := l.drains[job]; d != nil && d.answered != nil {
+		select {
+		case <-d.answered:
+			d.answered = nil // this check sees what the answers did
+		default:
+		}
+	}
+	l.mu.Unlock()
 	if err := l.gone(job, false); err != nil {
 		return rep, err
 	}

@@ -275,7 +275,7 @@ func (r *Rank) reopenWord() (bool, error) {
 	if open {
 		return true, nil
 	}
-	return true, r.notify(fmt.Sprintf("REOPEN %d", gen))
+	return true, r.notify(fmt.Sprintf("REOPEN %d", gen), nil)
 }
 
 // StartDrain asks the rank's shim, whose gate is closed, to move what
@@ -286,10 +286,12 @@ func (r *Rank) reopenWord() (bool, error) {
 // node (the caller's choice, from the kernel); the shim drains only those of
 // them that are its sockets, never another socket of the process. Nobody
 // waits for the answer ("DRAINING ...", or an error line from a shim that
-// does not know DRAIN): the next request collects it. At most MaxDrainSet
-// cookies go.
-func (r *Rank) StartDrain(cookies []uint64) error {
-	return r.notify(DrainRequest(cookies))
+// does not know DRAIN): the next request collects it. answered, if not
+// nil, runs once the answer has come (the shim has drained and
+// acknowledged what waited), the rank has gone, or the DRAIN could not be
+// sent; it must not block. At most MaxDrainSet cookies go.
+func (r *Rank) StartDrain(cookies []uint64, answered func()) error {
+	return r.notify(DrainRequest(cookies), answered)
 }
 
 // MaxDrainSet is the most cookies one DRAIN names (MPP_DRAIN_MAX in

@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/mpipause/mpipause/internal/jobid"
@@ -224,9 +225,11 @@ func TestGatePage(t *testing.T) {
 	}
 	// DRAIN goes out without waiting, with its set; its answer, from a
 	// shim that drains or from one that does not know DRAIN, is not taken
-	// for the next.
+	// for the next. What waits for the answer runs once it is read, not
+	// at the answers still owed to the reopens before it.
 	for _, answer := range []string{"DRAINING sockets=2 stashed=4096\n", "ERROR unknown request\n"} {
-		if err := r.StartDrain([]uint64{0x1a, 0xffffffffffffffff}); err != nil {
+		answered := make(chan struct{})
+		if err := r.StartDrain([]uint64{0x1a, 0xffffffffffffffff}, func() { close(answered) }); err != nil {
 			t.Fatalf("StartDrain: %v", err)
 		}
 		for _, want := range []string{"DRAIN 2\n", "C 1a ffffffffffffffff\n"} {
@@ -234,7 +237,17 @@ func TestGatePage(t *testing.T) {
 				t.Fatalf("shim asked %q, %v; want %q", l, err, want)
 			}
 		}
+		select {
+		case <-answered:
+			t.Fatalf("the DRAIN counted as answered before the shim answered it")
+		default:
+		}
 		fmt.Fprint(c, answer)
+		select {
+		case <-answered:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the shim answered the DRAIN (%q), and 5 s later nothing that waited for it had run", answer)
+		}
 	}
 	go func() {
 		if l, err := br.ReadString('\n'); err == nil && l == "STATE\n" {
@@ -388,5 +401,53 @@ func TestParseStashFull(t *testing.T) {
 		if _, err := ParseStashFull(bad); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+}
+
+// TestDrainAnsweredWhenGone: what waits for a DRAIN's answer runs when the
+// rank goes without answering, and at once for a DRAIN that cannot be
+// sent: a node waiting for its ranks' answers never waits on a rank that
+// is gone.
+func TestDrainAnsweredWhenGone(t *testing.T) {
+	s, addr, ctx := serving(t)
+	c, err := net.DialUnix("unix", nil, &net.UnixAddr{Name: addr, Net: "unix"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	gfd, _ := makeGatePage(t, gatePageSize, true)
+	hello := fmt.Sprintf("HELLO 2 job=dg rank=0 size=1 pid=%d host=h key=k\n", os.Getpid())
+	if _, _, err := c.WriteMsgUnix([]byte(hello), pageFds(t, makePage(t, 64, true, nil), gfd), nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Wait(ctx, func(all []*Rank) bool { return len(all) == 1 }); err != nil {
+		t.Fatal(err)
+	}
+	r := s.Ranks(jobid.Key(uint32(os.Getuid()), "dg"))[0]
+	answered := make(chan struct{})
+	if err := r.StartDrain([]uint64{7}, func() { close(answered) }); err != nil {
+		t.Fatalf("StartDrain: %v", err)
+	}
+	br := bufio.NewReader(c)
+	for _, want := range []string{"DRAIN 1\n", "C 7\n"} {
+		if l, err := br.ReadString('\n'); err != nil || l != want {
+			t.Fatalf("shim asked %q, %v; want %q", l, err, want)
+		}
+	}
+	c.Close()
+	select {
+	case <-answered:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the rank hung up without answering its DRAIN, and 5 s later what waited for the answer still waited")
+	}
+	<-r.gone
+	again := make(chan struct{})
+	if err := r.StartDrain([]uint64{7}, func() { close(again) }); err == nil {
+		t.Error("StartDrain to a rank that has gone: no error")
+	}
+	select {
+	case <-again:
+	default:
+		t.Error("a DRAIN that could not be sent left what waits for its answer waiting")
 	}
 }

@@ -65,6 +65,22 @@ type Rank struct {
 	unheld   []Unheld
 	replies  chan string
 	gone     chan struct{}
+	// sent counts the requests written (under mu); the reader counts the
+	// answers (under ansMu): the shim answers every request once, in
+	// order, so answer n is request n's. answered holds what waits for
+	// one (StartDrain), at most maxOwed: notify refuses more unanswered.
+	sent     uint64
+	ansMu    sync.Mutex
+	answers  uint64
+	ended    bool // the channel ended: nothing more is answered
+	answered []answerWait
+}
+
+// answerWait is fn, to run once request n has been answered (or the rank
+// has gone).
+type answerWait struct {
+	n  uint64
+	fn func()
 }
 
 // Gate is a rank's send gate as its shim reports it.
@@ -463,6 +479,7 @@ func (s *Server) join(c *net.UnixConn, f firstLine) {
 // says why it cut the rank off, if it did (nil when the rank hung up). br
 // holds MaxRankLine bytes: what a rank sends never takes more.
 func (r *Rank) read(br *bufio.Reader, jobs Jobs) error {
+	defer r.answer(true)
 	defer close(r.gone)
 	defer r.conn.Close()
 	defer r.page.close()
@@ -489,6 +506,7 @@ func (r *Rank) read(br *bufio.Reader, jobs Jobs) error {
 			}
 			continue
 		}
+		r.answer(false)
 		select {
 		case r.replies <- strings.TrimSuffix(line, "\n"):
 		default:
@@ -579,6 +597,7 @@ func (r *Rank) request(ctx context.Context, req string) (string, error) {
 	if _, err := r.conn.Write([]byte(req + "\n")); err != nil {
 		return "", fmt.Errorf("rank %d (pid %d): %w", r.Rank, r.Pid, ErrGone)
 	}
+	r.sent++
 	select {
 	case line := <-r.replies:
 		return line, nil
@@ -623,8 +642,11 @@ func (r *Rank) Reopen(ctx context.Context) error {
 }
 
 // notify sends a request whose answer nobody waits for: it is owed, and the
-// next request consumes it first (see request).
-func (r *Rank) notify(req string) error {
+// next request consumes it first (see request). answered, if not nil, runs
+// once: when the answer has been read, when the rank has gone, or at once
+// if the request could not be sent. It runs from the channel's reader or
+// under mu, so it must not block.
+func (r *Rank) notify(req string, answered func()) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for collected := false; r.owed > 0 && !collected; {
@@ -636,13 +658,61 @@ func (r *Rank) notify(req string) error {
 		}
 	}
 	if r.owed >= maxOwed {
+		if answered != nil {
+			answered()
+		}
 		return fmt.Errorf("rank %d (pid %d): %d answers overdue", r.Rank, r.Pid, r.owed)
 	}
 	if _, err := r.conn.Write([]byte(req + "\n")); err != nil {
+		if answered != nil {
+			answered()
+		}
 		return fmt.Errorf("rank %d (pid %d): %w", r.Rank, r.Pid, ErrGone)
 	}
+	r.sent++
 	r.owed++
+	if answered != nil {
+		r.onAnswer(r.sent, answered)
+	}
 	return nil
+}
+
+// onAnswer has fn run when the answer to request n is read: at once if it
+// has been already, or if the channel has ended.
+func (r *Rank) onAnswer(n uint64, fn func()) {
+	r.ansMu.Lock()
+	if r.ended || r.answers >= n {
+		r.ansMu.Unlock()
+		fn()
+		return
+	}
+	r.answered = append(r.answered, answerWait{n: n, fn: fn})
+	r.ansMu.Unlock()
+}
+
+// answer counts one answer read from the shim, or, with end, the end of
+// the channel, and runs what waited for it.
+func (r *Rank) answer(end bool) {
+	r.ansMu.Lock()
+	if end {
+		r.ended = true
+	} else {
+		r.answers++
+	}
+	var due []func()
+	keep := r.answered[:0]
+	for _, w := range r.answered {
+		if r.ended || w.n <= r.answers {
+			due = append(due, w.fn)
+		} else {
+			keep = append(keep, w)
+		}
+	}
+	r.answered = keep
+	r.ansMu.Unlock()
+	for _, fn := range due {
+		fn()
+	}
 }
 
 func (r *Rank) gateRequest(ctx context.Context, req, verb string) (Gate, error) {

@@ -512,11 +512,12 @@ static int ep_wait(int epfd, struct epoll_event *ev, int max, const struct times
 EXPORT int epoll_wait(int epfd, struct epoll_event *ev, int max, int timeout)
 {
 	if (timeout == 0 && likely(LIVE() == 0))
-		return REAL(epoll_wait)(epfd, ev, max, 0);
+		return mpp_idle(REAL(epoll_wait)(epfd, ev, max, 0));
 	if (max <= 0)
 		return REAL(epoll_wait)(epfd, ev, max, timeout);
 	struct timespec t = {timeout / 1000, (timeout % 1000) * 1000000L};
-	return ep_wait(epfd, ev, max, timeout >= 0 ? &t : NULL, NULL, 1);
+	int r = ep_wait(epfd, ev, max, timeout >= 0 ? &t : NULL, NULL, 1);
+	return timeout == 0 ? mpp_idle(r) : r;
 }
 
 EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout, const sigset_t *mask)
@@ -525,12 +526,13 @@ EXPORT int epoll_pwait(int epfd, struct epoll_event *ev, int max, int timeout, c
 	if (timeout == 0) {
 		mask = mpp_with_wake_blocked(mask, &buf);
 		if (likely(LIVE() == 0))
-			return REAL(epoll_pwait)(epfd, ev, max, 0, mask);
+			return mpp_idle(REAL(epoll_pwait)(epfd, ev, max, 0, mask));
 	}
 	if (max <= 0)
 		return REAL(epoll_pwait)(epfd, ev, max, timeout, mask);
 	struct timespec t = {timeout / 1000, (timeout % 1000) * 1000000L};
-	return ep_wait(epfd, ev, max, timeout >= 0 ? &t : NULL, mask, 1);
+	int r = ep_wait(epfd, ev, max, timeout >= 0 ? &t : NULL, mask, 1);
+	return timeout == 0 ? mpp_idle(r) : r;
 }
 
 EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max, const struct timespec *tmo, const sigset_t *mask)
@@ -543,11 +545,12 @@ EXPORT int epoll_pwait2(int epfd, struct epoll_event *ev, int max, const struct 
 	if (ts_zero(tmo)) {
 		mask = mpp_with_wake_blocked(mask, &buf);
 		if (likely(LIVE() == 0))
-			return REAL(epoll_pwait2)(epfd, ev, max, tmo, mask);
+			return mpp_idle(REAL(epoll_pwait2)(epfd, ev, max, tmo, mask));
 	}
 	if (max <= 0 || (tmo && !ts_valid(tmo)))
 		return REAL(epoll_pwait2)(epfd, ev, max, tmo, mask);
-	return ep_wait(epfd, ev, max, tmo, mask, 0);
+	int r = ep_wait(epfd, ev, max, tmo, mask, 0);
+	return ts_zero(tmo) ? mpp_idle(r) : r;
 }
 
 // mpipause_test_wait_untracked counts epoll registrations beyond the

@@ -76,8 +76,8 @@ EXPORT int poll(struct pollfd *fds, nfds_t n, int timeout)
 {
 	if (timeout == 0) {
 		if (likely(LIVE() == 0))
-			return REAL(poll)(fds, n, 0);
-		return poll_now(fds, n, NULL);
+			return mpp_idle(REAL(poll)(fds, n, 0));
+		return mpp_idle(poll_now(fds, n, NULL));
 	}
 	struct poll_ctx p = {fds, n};
 	struct timespec t = {timeout / 1000, (timeout % 1000) * 1000000L};
@@ -90,8 +90,8 @@ EXPORT int ppoll(struct pollfd *fds, nfds_t n, const struct timespec *tmo, const
 	if (ts_zero(tmo)) {
 		mask = mpp_with_wake_blocked(mask, &buf);
 		if (likely(LIVE() == 0))
-			return REAL(ppoll)(fds, n, tmo, mask);
-		return poll_now(fds, n, mask);
+			return mpp_idle(REAL(ppoll)(fds, n, tmo, mask));
+		return mpp_idle(poll_now(fds, n, mask));
 	}
 	if ((tmo && !ts_valid(tmo)))
 		return REAL(ppoll)(fds, n, tmo, mask); // the kernel's EINVAL
@@ -228,8 +228,9 @@ static int sel_run(int nfds, fd_set *r, fd_set *w, fd_set *e, const struct times
 
 EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *e, struct timeval *tv)
 {
-	if (tv && tv->tv_sec == 0 && tv->tv_usec == 0 && likely(LIVE() == 0))
-		return REAL(select)(nfds, r, w, e, tv);
+	int zero = tv && tv->tv_sec == 0 && tv->tv_usec == 0;
+	if (zero && likely(LIVE() == 0))
+		return mpp_idle(REAL(select)(nfds, r, w, e, tv));
 	if (nfds < 0 || (tv && (tv->tv_sec < 0 || tv->tv_usec < 0 || tv->tv_usec >= 1000000)))
 		return REAL(select)(nfds, r, w, e, tv); // the kernel's EINVAL
 	struct timespec t, left;
@@ -243,7 +244,7 @@ EXPORT int select(int nfds, fd_set *r, fd_set *w, fd_set *e, struct timeval *tv)
 		tv->tv_sec = left.tv_sec;
 		tv->tv_usec = left.tv_nsec / 1000;
 	}
-	return ret;
+	return zero ? mpp_idle(ret) : ret;
 }
 
 EXPORT int pselect(int nfds, fd_set *r, fd_set *w, fd_set *e, const struct timespec *tmo, const sigset_t *mask)
@@ -252,9 +253,10 @@ EXPORT int pselect(int nfds, fd_set *r, fd_set *w, fd_set *e, const struct times
 	if (ts_zero(tmo)) {
 		mask = mpp_with_wake_blocked(mask, &buf);
 		if (likely(LIVE() == 0))
-			return REAL(pselect)(nfds, r, w, e, tmo, mask);
+			return mpp_idle(REAL(pselect)(nfds, r, w, e, tmo, mask));
 	}
 	if (nfds < 0 || (tmo && !ts_valid(tmo)))
 		return REAL(pselect)(nfds, r, w, e, tmo, mask);
-	return sel_run(nfds, r, w, e, tmo, mask, NULL);
+	int ret = sel_run(nfds, r, w, e, tmo, mask, NULL);
+	return ts_zero(tmo) ? mpp_idle(ret) : ret;
 }

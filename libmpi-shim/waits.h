@@ -26,6 +26,7 @@
 
 #include <limits.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/select.h>
@@ -33,6 +34,26 @@
 
 #define unlikely(x) __builtin_expect(!!(x), 0)
 #define LIVE() atomic_load_explicit(&mpp_stash_live, memory_order_relaxed)
+
+// mpp_idle is what a wait with a zero timeout returns: r, after the
+// calling thread gives up its CPU (sched_yield) if the wait found nothing
+// while the gate is closed. An MPI library's progress loop (UCX's
+// epoll_wait(.., 0), Open MPI's event loop) then spins waiting for bytes
+// its peers' closed gates hold, on a node where every core may be busy,
+// while the pause waits for the shim's thread (the DRAIN) and for mpid,
+// which need a CPU. The yield takes from the rank nothing it could use
+// and gives nobody a priority: the scheduler runs whoever else waits for
+// the CPU, or the rank again at once. mpp_idle_yields counts the yields,
+// for the C tests.
+extern _Atomic unsigned long mpp_idle_yields;
+static inline int mpp_idle(int r)
+{
+	if (r == 0 && unlikely(GATE_STATE(atomic_load_explicit(&mpp_gate, memory_order_relaxed)) == GATE_CLOSED)) {
+		atomic_fetch_add_explicit(&mpp_idle_yields, 1, memory_order_relaxed);
+		sched_yield();
+	}
+	return r;
+}
 
 static inline int ts_valid(const struct timespec *t)
 {

@@ -383,3 +383,11 @@ EXPORT int mpipause_test_wait_signal(void)
 {
 	return wake_sig;
 }
+
+_Atomic unsigned long mpp_idle_yields;
+
+// mpipause_test_idle_yields is how many waits gave up the CPU (mpp_idle).
+EXPORT unsigned long mpipause_test_idle_yields(void)
+{
+	return atomic_load(&mpp_idle_yields);
+}

@@ -45,6 +45,9 @@ __attribute__((weak)) int epoll_pwait2(int epfd, struct epoll_event *events, int
 
 static ssize_t (*stash)(int fd, unsigned long ino);
 static int (*wake_signal)(void);
+static unsigned long (*idle_yields)(void);
+static void (*gate_close)(void);
+static void (*gate_open)(void *);
 
 static void close_pair(int s[2])
 {
@@ -603,11 +606,80 @@ static void test_timeout(void)
 	close_pair(o);
 }
 
+// zero_waits makes each kind of wait with a zero timeout on fd (in epoll
+// set ep) and returns how many reported it ready, or -1 if one failed.
+static int zero_waits(int fd, int ep)
+{
+	struct pollfd p = {.fd = fd, .events = POLLIN};
+	struct epoll_event out[1];
+	struct timespec zero = {0, 0};
+	struct timeval tv = {0, 0};
+	fd_set rs;
+	int r[7], n = 0, k = 0;
+	r[k++] = poll(&p, 1, 0);
+	r[k++] = ppoll(&p, 1, &zero, NULL);
+	FD_ZERO(&rs);
+	FD_SET(fd, &rs);
+	r[k++] = select(fd + 1, &rs, NULL, NULL, &tv);
+	FD_ZERO(&rs);
+	FD_SET(fd, &rs);
+	r[k++] = pselect(fd + 1, &rs, NULL, NULL, &zero, NULL);
+	r[k++] = epoll_wait(ep, out, 1, 0);
+	r[k++] = epoll_pwait(ep, out, 1, 0, NULL);
+#if HAVE_PWAIT2
+	r[k++] = epoll_pwait2(ep, out, 1, &zero, NULL);
+#endif
+	for (int i = 0; i < k; i++) {
+		if (r[i] < 0)
+			return -1;
+		n += r[i];
+	}
+	return n;
+}
+
+// idle: under a closed gate, a wait with a zero timeout that finds nothing
+// gives up the CPU: a progress loop spinning on bytes its peers' gates
+// hold leaves the CPU to the shim's thread and mpid, which the pause waits
+// for. A wait that finds something does not, nor any with the gate open.
+static void test_idle(void)
+{
+	int s[2], waits = HAVE_PWAIT2 ? 7 : 6;
+	tcp_pair(s, 0);
+	int ep = epoll_create1(0);
+	struct epoll_event e = {.events = EPOLLIN, .data.fd = s[1]};
+	CHECK(ep >= 0 && epoll_ctl(ep, EPOLL_CTL_ADD, s[1], &e) == 0, "epoll: %s", strerror(errno));
+	unsigned long y = idle_yields();
+	CHECK(zero_waits(s[1], ep) == 0, "the waits found something on an idle socket");
+	CHECK(idle_yields() == y, "%lu waits gave up the CPU with the gate open", idle_yields() - y);
+	gate_close();
+	y = idle_yields();
+	int found = zero_waits(s[1], ep);
+	unsigned long idle = idle_yields() - y;
+	// A peer's bytes (its send is not this process's, so no gate holds it).
+	int sent = syscall(SYS_sendto, s[0], "x", 1, 0, NULL, 0) == 1;
+	for (int i = 0; i < 5000 && found == 0 && zero_waits(s[1], ep) == 0; i++)
+		usleep(1000);
+	y = idle_yields();
+	int ready = zero_waits(s[1], ep);
+	unsigned long busy = idle_yields() - y;
+	gate_open(NULL);
+	CHECK(found == 0 && idle == (unsigned long)waits, "under the closed gate %lu of %d idle waits gave up the CPU (found %d)",
+	      idle, waits, found);
+	CHECK(sent && ready == waits && busy == 0, "with a byte waiting, %d of %d waits found it and %lu gave up the CPU", ready,
+	      waits, busy);
+	CHECK(take(s[1], 1, 'x') == 1, "recv");
+	close(ep);
+	close_pair(s);
+}
+
 int main(void)
 {
 	stash = (ssize_t(*)(int, unsigned long))dlsym(RTLD_DEFAULT, "mpipause_test_stash");
 	wake_signal = (int (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_wait_signal");
-	if (!stash || !wake_signal) {
+	idle_yields = (unsigned long (*)(void))dlsym(RTLD_DEFAULT, "mpipause_test_idle_yields");
+	gate_close = (void (*)(void))dlsym(RTLD_DEFAULT, "mpipause_gate_close");
+	gate_open = (void (*)(void *))dlsym(RTLD_DEFAULT, "mpipause_gate_open");
+	if (!stash || !wake_signal || !idle_yields || !gate_close || !gate_open) {
 		fprintf(stderr, "FAIL: libmpipause.so (with stash.c and wake.c) is not preloaded "
 				"(run: make -C libmpi-shim test)\n");
 		return 1;
@@ -623,6 +695,7 @@ int main(void)
 		{"reuse_dup", test_reuse_dup},
 		{"wake", test_wake},
 		{"timeout", test_timeout},
+		{"idle", test_idle},
 	};
 	return RUN_TESTS(tests);
 }

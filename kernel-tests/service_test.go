@@ -526,6 +526,22 @@ func otherUserHeldRank(ctx context.Context, t *testing.T, bin string, obs loader
 		t.Fatalf("rank 1 (pid %d) runs as uid %v, want 65534", pid, uid)
 	}
 	kill(t, pid, syscall.SIGSTOP)
+	// Every thread of the rank stops only once it is scheduled: on a busy
+	// machine its shim's thread could otherwise still answer the pause's
+	// DRAIN and drain the bytes the test is about.
+	waitFor(t, "every thread of rank 1 stopped", time.Minute, job.done, func() bool {
+		tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+		if err != nil || len(tasks) == 0 {
+			t.Fatalf("rank 1 (pid %d): its threads: %v", pid, err)
+		}
+		for _, task := range tasks {
+			tid, _ := strconv.Atoi(task.Name())
+			if !strings.HasPrefix(procStatus(t, tid)["State"], "T") {
+				return false
+			}
+		}
+		return true
+	})
 	const timeout = 60 * time.Second
 	t0 := time.Now()
 	j, r := jobJSON(ctx, t, "pause", id, "--timeout", timeout.String())

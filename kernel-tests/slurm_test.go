@@ -228,12 +228,15 @@ func slurmJob(ctx context.Context, t *testing.T, slurm *slurmCluster, lib, mpi s
 	})
 	s.step = s.jobID + ".0"
 	killJobOnCleanup(t, s.step)
+	// A step that ends first says why in its own output (srun's, the
+	// ranks' MPI_Init errors): the failure shows it.
 	waitForWhy(t, "every rank of step "+s.step+" to register with mpid", time.Minute, s.job.done, func() (bool, string) {
 		j, r := jobJSON(ctx, t, "status", s.step)
 		if j.State != ctl.StateRunning || len(j.Nodes) != jobNodes {
-			return false, fmt.Sprintf("%+v %s", j, r.stderr)
+			return false, fmt.Sprintf("%+v %s; the step's output:\n%s", j, r.stderr, s.job.out.String())
 		}
-		return allRegistered(ctx, t, s.step)
+		ok, why := allRegistered(ctx, t, s.step)
+		return ok, why + "; the step's output:\n" + s.job.out.String()
 	})
 	// Each node's mpid says where it placed the step's ranks: inside the
 	// cgroup their slurmd started them in, never out of it.

@@ -50,7 +50,10 @@
 # at the root, as systemd does), bpffs at /sys/fs/bpf, debugfs, tracefs,
 # /run (with /run/netns) and /tmp on tmpfs, lo up, PATH with busybox.
 #
-# Prints the console as it comes (kernel messages: quiet), then one line
+# Prints the console as it comes (kernel messages of warning level and
+# worse, so that a lockup's stacks reach the log; a soft lockup or an RCU
+# stall panics the guest, which then fails at once rather than at the
+# timeout), then one line
 #   boot.sh: result suite=S kernel=UNAME btf=yes|no boot=SECONDS run=SECONDS
 #            passed=N failed=N skipped=N rc=N
 # (passed/failed/skipped count the top-level Go tests' "--- PASS" etc.
@@ -423,7 +426,7 @@ virtfs=()
 timeout -k 10 "$timeout" qemu-system-x86_64 -accel tcg -m 4G -smp 2 -nographic -no-reboot \
 	-nic none -device virtio-rng-pci "${virtfs[@]}" \
 	-kernel "$vmlinuz" -initrd "$work/initrd" \
-	-append "console=ttyS0 quiet panic=-1 rdinit=/init cgroup_no_v1=all" </dev/null 2>&1 |
+	-append "console=ttyS0 loglevel=5 softlockup_panic=1 softlockup_all_cpu_backtrace=1 sysctl.kernel.panic_on_rcu_stall=1 panic=-1 rdinit=/init cgroup_no_v1=all" </dev/null 2>&1 |
 	while IFS= read -r line || [ -n "$line" ]; do
 		line=${line%$'\r'}
 		printf '%s\n' "$line"

@@ -223,7 +223,14 @@ func runGatedJob(ctx context.Context, t *testing.T, bin string, lib mpiLib, cg s
 				t.Fatalf("pause %d: a connection filled again under closed gates: %v", made+1, nonEmpty(now))
 			}
 			if k, moved := counterMoved(before, counters(now)); moved {
-				t.Fatalf("pause %d: connection %v counted bytes under closed gates", made+1, k)
+				ended := "running"
+				select {
+				case <-done:
+					ended = "ended"
+				default:
+				}
+				t.Fatalf("pause %d: connection %v counted bytes under closed gates (job %s):\n  at the drain: %s\n  now:          %s",
+					made+1, k, ended, connLine(conns, k), connLine(now, k))
 			}
 		}
 		*pausedCPU = append(*pausedCPU, (ranksCPU(all)-cpu0).Seconds()/time.Since(t0).Seconds()/float64(len(all)))
@@ -277,6 +284,17 @@ func nonEmpty(cs []loader.Conn) []string {
 		}
 	}
 	return out
+}
+
+// connLine is what a failure says of cookie's connection in cs.
+func connLine(cs []loader.Conn, cookie uint64) string {
+	for _, c := range cs {
+		if c.Cookie == cookie {
+			return fmt.Sprintf("%v->%v %v sent %d recv %d send-q %d unread %d counted %v",
+				c.Local, c.Remote, c.State, c.BytesSent, c.BytesRecv, c.SendQueue, c.Unread, c.Counted)
+		}
+	}
+	return "absent"
 }
 
 func counters(cs []loader.Conn) map[uint64][2]uint64 {

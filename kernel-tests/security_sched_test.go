@@ -205,12 +205,10 @@ func secN7(ctx context.Context, t *testing.T, e *secEnv, row *secRow) {
 	fmt.Sscanf(res, "handshook ok=%d refused=%d ms=%d", &ok, &refused, &ms)
 	// The per-address rate and its burst, with a second to spare.
 	bound := int(quiesce.DefaultHandshakeRatePerAddr)*(secs+1) + 2*int(quiesce.DefaultHandshakeRatePerAddr)
-	// What stays real-time under the flood is the Go runtime's own: its
+	// The flood's own work runs at nice 0, and so does the Go runtime's
 	// system monitor thread (sysmon), which polls every 20 µs while the
 	// process is busy and so switches in and out tens of thousands of times
-	// a second (10 to 25% of a CPU on the rig under 7,000 connections a
-	// second; all of it before was 100%); the flood's own work runs at
-	// nice 0.
+	// a second; what stays real-time is the victim's pauses.
 	// The victim's pause may wait for a CPU at each of its rounds while
 	// the flood keeps the cores busy, not be stalled: three times its
 	// idle time and 20 ms. On the rig the stranger's own loop runs on the

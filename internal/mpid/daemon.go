@@ -208,7 +208,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 		}
 	}
 	if d.cfg.Nice != 0 || d.cfg.RTPriority != 0 {
-		rtErr, err := schedule(d.cfg.Nice, d.cfg.RTPriority)
+		rtErr, err := sched.start(d.cfg.Nice, d.cfg.RTPriority)
 		if err != nil {
 			return err
 		}
@@ -288,6 +288,9 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 		d.log.Info("serving metrics", "url", "http://"+ml.Addr().String()+metrics.Path)
 	}
 	g.Go(func() error { return d.reg.sweep(ctx) })
+	if d.cfg.Nice != 0 || d.cfg.RTPriority != 0 {
+		g.Go(func() error { return sched.keep(ctx) })
+	}
 	g.Go(func() error { return d.coord.keepWarm(ctx, d.reg.treeChanged) })
 	d.log.Info("serving", "node", d.cfg.Node, "ranks", d.cfg.RankSocket, "control", d.cfg.CtlSocket,
 		"peers", peers, "cgroups", d.cgroupParent(), "version", version.String())
@@ -381,46 +384,6 @@ func (d *Daemon) cgroupParent() string {
 
 func (d *Daemon) resolve(name string) (string, error) {
 	return fmt.Sprintf("%s:%d", name, d.cfg.PeerPort), nil
-}
-
-// schedule sets the niceness of every thread of the process and, if rt is
-// not 0, puts each under SCHED_RR at priority rt. Linux keeps both per
-// thread and a new thread inherits its creator's, so once every thread has
-// them (two passes, for threads made during the first), all later ones do
-// too. mpid wants to run before the ranks it pauses: on a node whose cores
-// are all busy polling, every wake-up of mpid otherwise waits for a rank's
-// time slice to end, and a pause and a resume take a few per node. The
-// resume suffers most: its replies travel while the thawed ranks are
-// already polling (measured on the rig with MPICH: resume p50 11.3 ms with
-// nice -10 alone, 2.0 ms under SCHED_RR). mpid sleeps but for short steps;
-// the kernel's real-time throttling (sched_rt_runtime_us) bounds it if it
-// ever did not. A kernel that refuses SCHED_RR (no CAP_SYS_NICE, or a
-// cgroup without real-time budget) is reported in rtErr, not fatal.
-func schedule(nice, rt int) (rtErr, err error) {
-	for range 2 {
-		tasks, err := os.ReadDir("/proc/self/task")
-		if err != nil {
-			return nil, err
-		}
-		for _, t := range tasks {
-			tid, err := strconv.Atoi(t.Name())
-			if err != nil {
-				continue
-			}
-			if nice != 0 {
-				if err := unix.Setpriority(unix.PRIO_PROCESS, tid, nice); err != nil && !errors.Is(err, unix.ESRCH) {
-					return nil, fmt.Errorf("--nice %d: %w", nice, err)
-				}
-			}
-			if rt != 0 && rtErr == nil {
-				attr := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_RR, Priority: uint32(rt)}
-				if err := unix.SchedSetAttr(tid, &attr, 0); err != nil && !errors.Is(err, unix.ESRCH) {
-					rtErr = fmt.Errorf("--rt-priority %d: %w", rt, err)
-				}
-			}
-		}
-	}
-	return rtErr, nil
 }
 
 // logFeatures says once, at start, what this node's kernel let the

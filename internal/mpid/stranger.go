@@ -2,8 +2,6 @@ package mpid
 
 import (
 	"runtime"
-
-	"golang.org/x/sys/unix"
 )
 
 // strangerNice is the niceness of the threads that do a stranger's work:
@@ -14,14 +12,15 @@ const strangerNice = 0
 // asStranger runs fn, work that anyone who reaches an endpoint can cause
 // before mpid knows who they are (a TLS handshake on the peer port), on an
 // OS thread of its own under SCHED_OTHER at strangerNice, not under mpid's
-// real-time policy and niceness (schedule), and returns when fn has.
+// real-time policy and niceness (sched.go), and returns when fn has.
 // Linux keeps a policy per thread, and the Go runtime runs any goroutine
 // on any thread: so the goroutine locks its thread, lowers it, and ends
 // without unlocking, which ends the thread too (the runtime never hands a
 // locked thread to another goroutine; the main thread, which it never
 // exits, it parks for good), and no other goroutine ever runs on a
 // lowered thread. Threads the runtime starts meanwhile come from its
-// template thread, not from the locked one, and so keep mpid's policy.
+// template thread, not from the locked one, and so keep mpid's policy;
+// mpid's later passes over its threads leave the lowered one alone.
 // What fn costs is bounded by the caller (the peer port's handshake rates
 // and caps); the thread is one more per handshake under way.
 // A kernel that refuses the change (lowering needs no privilege, so it
@@ -31,8 +30,7 @@ func asStranger(fn func()) {
 	go func() {
 		defer close(done)
 		runtime.LockOSThread()
-		a := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_NORMAL, Nice: strangerNice}
-		_ = unix.SchedSetAttr(0, &a, 0)
+		defer sched.lower()()
 		fn()
 	}()
 	<-done

@@ -289,7 +289,7 @@ func (d *Daemon) Run(ctx context.Context, ready func() error) error {
 	}
 	g.Go(func() error { return d.reg.sweep(ctx) })
 	if d.cfg.Nice != 0 || d.cfg.RTPriority != 0 {
-		g.Go(func() error { return sched.keep(ctx) })
+		g.Go(func() error { return sched.keep(ctx, d.log) })
 	}
 	g.Go(func() error { return d.coord.keepWarm(ctx, d.reg.treeChanged) })
 	d.log.Info("serving", "node", d.cfg.Node, "ranks", d.cfg.RankSocket, "control", d.cfg.CtlSocket,

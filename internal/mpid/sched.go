@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"strconv"
 	"strings"
@@ -126,8 +127,9 @@ func (s *threadSched) start(nice, rt int) (rtErr, err error) {
 }
 
 // raise puts every thread but the monitor and the lowered ones under
-// mpid's scheduling.
-func (s *threadSched) raise() error {
+// mpid's scheduling, as far as the kernel lets it; the first refusal of a
+// niceness is its error.
+func (s *threadSched) raise() (first error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	tids, err := taskIDs()
@@ -142,8 +144,8 @@ func (s *threadSched) raise() error {
 			continue // raised already
 		}
 		if s.nice != 0 {
-			if err := unix.Setpriority(unix.PRIO_PROCESS, tid, s.nice); err != nil && !errors.Is(err, unix.ESRCH) {
-				return fmt.Errorf("--nice %d: %w", s.nice, err)
+			if err := unix.Setpriority(unix.PRIO_PROCESS, tid, s.nice); err != nil && !errors.Is(err, unix.ESRCH) && first == nil {
+				first = fmt.Errorf("--nice %d: %w", s.nice, err)
 			}
 		}
 		if s.rt != 0 && s.rtErr == nil {
@@ -153,7 +155,7 @@ func (s *threadSched) raise() error {
 			}
 		}
 	}
-	return nil
+	return first
 }
 
 // niceOf is thread tid's niceness (sched_getattr reports none for a
@@ -167,17 +169,21 @@ func niceOf(tid int) int {
 }
 
 // keep raises, every resweep until ctx ends, the threads started since
-// the last pass.
-func (s *threadSched) keep(ctx context.Context) error {
+// the last pass. A pass the kernel refuses is logged once: such a thread
+// runs mpid's goroutines at the monitor's scheduling, slower on a busy
+// node but not wrong, which is no reason to stop mpid.
+func (s *threadSched) keep(ctx context.Context, log *slog.Logger) error {
 	t := time.NewTicker(resweep)
 	defer t.Stop()
+	warned := false
 	for {
 		select {
 		case <-ctx.Done():
 			return nil
 		case <-t.C:
-			if err := s.raise(); err != nil {
-				return fmt.Errorf("scheduling of mpid's threads: %w", err)
+			if err := s.raise(); err != nil && !warned {
+				warned = true
+				log.Warn("a thread of mpid's started since its start stays at nice 0 under SCHED_OTHER", "error", err)
 			}
 		}
 	}

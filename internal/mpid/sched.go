@@ -16,8 +16,7 @@ import (
 
 // mpid's own scheduling (docs/mpid.md, "Priority"; docs/security.md,
 // "Scheduling"): every thread under SCHED_RR and at --nice, but for two
-// kinds, which keep the policy and niceness the process started with
-// (SCHED_OTHER, nice 0):
+// kinds, which run under SCHED_OTHER at strangerNice (nice 0):
 //
 //   - the Go runtime's monitor thread (sysmon). While mpid works it wakes
 //     every 20 µs for as long as a goroutine sits in a system call (a drain
@@ -114,6 +113,14 @@ func (s *threadSched) start(nice, rt int) (rtErr, err error) {
 	s.mu.Lock()
 	s.nice, s.rt, s.monitor = nice, rt, m
 	s.mu.Unlock()
+	// The monitor is put at strangerNice, not left at what mpid was
+	// started with: a niced start would otherwise leave the thread that
+	// hands mpid's goroutines a processor waiting behind every rank. As
+	// far as the kernel lets it (raising a niceness takes CAP_SYS_NICE).
+	if m != 0 {
+		a := unix.SchedAttr{Size: unix.SizeofSchedAttr, Policy: unix.SCHED_NORMAL, Nice: strangerNice}
+		_ = unix.SchedSetAttr(m, &a, 0)
+	}
 	// Two passes, for threads started during the first from a raised
 	// one, which inherit its scheduling.
 	for range 2 {

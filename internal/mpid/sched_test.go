@@ -88,6 +88,13 @@ func TestRaiseLeavesMonitorAndStrangers(t *testing.T) {
 			unix.Setpriority(unix.PRIO_PROCESS, tid, 0)
 		}
 	})
+	// A monitor niced before start (mpid started niced) is put at
+	// strangerNice all the same.
+	if m, err := monitorThread(); err != nil || m == 0 {
+		t.Fatalf("no monitor thread: %d, %v", m, err)
+	} else if err := unix.Setpriority(unix.PRIO_PROCESS, m, 5); err != nil {
+		t.Fatal(err)
+	}
 	s := &threadSched{lowered: map[int]bool{}}
 	rtErr, err := s.start(-10, 1)
 	if err != nil || rtErr != nil {

@@ -190,30 +190,11 @@ func waitForWhy(t testing.TB, what string, timeout time.Duration, stop <-chan st
 	}
 }
 
-// lockedBuffer is a bytes.Buffer safe for a process writing and a test
-// reading.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // proc is a process a test started; done closes when it has exited, with
 // err its exit status.
 type proc struct {
 	cmd  *exec.Cmd
-	out  lockedBuffer
+	out  testutil.Buffer
 	done chan struct{}
 	err  error
 }

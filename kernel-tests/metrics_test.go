@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -28,11 +29,12 @@ import (
 // inside its node (each node has its own loopback).
 const rigMetricsAddr = "127.0.0.1:9717"
 
-// The shared rig's mpids serve metrics, whichever test brings the rig up
-// first (`rig up` reads this from its environment). Set before TestMain.
+// The shared rig's mpids serve metrics and log each operation's timeline,
+// whichever test brings the rig up first (`rig up` reads this from its
+// environment). Set before TestMain.
 func init() {
 	if os.Getenv(rig.MPIDArgsEnv) == "" {
-		os.Setenv(rig.MPIDArgsEnv, "--metrics-listen "+rigMetricsAddr)
+		os.Setenv(rig.MPIDArgsEnv, "--metrics-listen "+rigMetricsAddr+" --log-timeline")
 	}
 }
 
@@ -211,6 +213,10 @@ func TestMetricsScrape(t *testing.T) {
 					t.Errorf("node%d: no gate_violation_bytes_total", k)
 				}
 			}
+			// --log-timeline: each node logged the pause's steps, in order.
+			for _, k := range nodes {
+				checkTimeline(t, k, id, "PREPARE", "COMMIT")
+			}
 			t.Logf("paused: %.3f ms, drained %d bytes; gated sockets node0 %v node1 %v, held bytes node0 %v node1 %v",
 				j.TotalMs, j.DrainedBytes, paused[0]["mpipause_gated_sockets"], paused[1]["mpipause_gated_sockets"],
 				paused[0]["mpipause_held_bytes"], paused[1]["mpipause_held_bytes"])
@@ -246,6 +252,7 @@ func TestMetricsScrape(t *testing.T) {
 				if d := moved(paused[k], last, metrics.Series("mpipause_node_step_duration_seconds_count", "step", "open")); d != 1 {
 					t.Errorf("node%d: node_step_duration_seconds_count{step=\"open\"} moved by %v after a resume, want 1", k, d)
 				}
+				checkTimeline(t, k, id, "THAW", "OPEN")
 			}
 		}},
 		// The connections a pause's rounds take are kept warm for the
@@ -442,7 +449,7 @@ func TestMetricsOffByDefault(t *testing.T) {
 			args := append([]string{"-n", mpidBin, "--node", "solo", "--cgroup-parent", parent, "--cluster-key", key,
 				"--state-dir", filepath.Join(dir, "state"), "--ready-file", ready}, tc.extra...)
 			cmd := exec.Command("unshare", args...)
-			var log lockedBuffer
+			var log testutil.Buffer
 			cmd.Stdout, cmd.Stderr = &log, &log
 			if err := cmd.Start(); err != nil {
 				t.Fatal(err)
@@ -463,5 +470,33 @@ func TestMetricsOffByDefault(t *testing.T) {
 				t.Errorf("listening in mpid's netns: %v, want %v\n%s", got, tc.want, log.String())
 			}
 		})
+	}
+}
+
+// checkTimeline: node k's mpid logged, as its last step timeline of job id,
+// one that starts with step first and ends with step last, every event
+// WHAT@MS[+MS][ NOTE] (node.Timelines).
+func checkTimeline(t *testing.T, k int, id, first, last string) {
+	t.Helper()
+	var line string
+	for _, l := range strings.Split(lastRunLog(t, k), "\n") {
+		if strings.Contains(l, `msg="step timeline"`) && strings.Contains(l, ":"+id+" ") {
+			line = l
+		}
+	}
+	ev := regexp.MustCompile(`events="([^"]*)"`).FindStringSubmatch(line)
+	if ev == nil {
+		t.Errorf("node%d: no step timeline of job %s in mpid's log (does the rig's mpid run with %s=%q? `rig down` a rig left up without it)", k, id, rig.MPIDArgsEnv, os.Getenv(rig.MPIDArgsEnv))
+		return
+	}
+	events := strings.Split(ev[1], "; ")
+	step := regexp.MustCompile(`^([A-Z]+|answer)@[0-9.]+(\+[0-9.]+)?( .*)?$`)
+	for _, e := range events {
+		if !step.MatchString(e) {
+			t.Errorf("node%d: timeline event %q is not WHAT@MS[+MS][ NOTE]: %s", k, e, line)
+		}
+	}
+	if !strings.HasPrefix(events[0], first+"@") || !strings.HasPrefix(events[len(events)-1], last+"@") {
+		t.Errorf("node%d: the timeline of job %s runs from %q to %q, want %s to %s: %s", k, id, events[0], events[len(events)-1], first, last, line)
 	}
 }

@@ -27,6 +27,7 @@ import (
 	"time"
 
 	"github.com/mpipause/mpipause/internal/cgroupv2"
+	"github.com/mpipause/mpipause/internal/testutil"
 	"golang.org/x/sys/unix"
 )
 
@@ -250,7 +251,7 @@ func oneLineOf(s string) string { return strings.Join(strings.Fields(s), " ") }
 type standIn struct {
 	cmd   *exec.Cmd
 	in    io.WriteCloser
-	out   lockedBuffer
+	out   testutil.Buffer
 	done  chan struct{}
 	mode  string
 	extra []string

@@ -144,6 +144,7 @@ func parseCommand(name, help string, args []string, out io.Writer, extra func(*f
 	fs.StringVar(&cfg.readyFile, "ready-file", "", "write this `file` (with mpid's pid) once every socket listens; removed at exit")
 	fs.StringVar(&cfg.MetricsListen, "metrics-listen", "", "serve Prometheus metrics at http://`address`/metrics: host:port with an explicit host, 127.0.0.1:9717 for this node only, 0.0.0.0:9717 or [::]:9717 for every interface (default: off, nothing listens)")
 	fs.BoolVar(&cfg.Unpin, "unpin-on-exit", false, "detach and unpin the jobs' BPF state on exit (default: keep it for the next mpid)")
+	fs.BoolVar(&cfg.LogTimeline, "log-timeline", false, "log one line (\"step timeline\") per pause, resume or rollback this node takes part in: when each of its steps ran, how long it took, each drain check's outcome and when each rank answered the DRAIN, in milliseconds from the first step (for finding where a slow pause's time went)")
 	// flag prints the usage on every error; only -h gets it here, a mistake
 	// gets one line.
 	fs.Usage = func() {}

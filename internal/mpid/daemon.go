@@ -74,6 +74,9 @@ type Config struct {
 	// Unpin detaches the jobs' BPF state on exit (default: leave it for the
 	// next mpid).
 	Unpin bool
+	// LogTimeline logs each operation's steps on this node, one line each
+	// (node.Timelines).
+	LogTimeline bool
 	// Drain is the default drain timeout of a pause.
 	Drain time.Duration
 	// Nice is the scheduling niceness of every mpid thread (0: leave it).
@@ -315,8 +318,12 @@ func (d *Daemon) wire(rs *ranks.Server, tr quiesce.Transport, done <-chan struct
 	d.reg = &registry{node: d.cfg.Node, key: d.cfg.ClusterKey, parent: d.cgroupParent(), fixed: d.cfg.FixedCgroup,
 		cgroups: d.cfg.Cgroups, observers: d.cfg.Observers, ranks: rs, store: d.store, tr: tr, log: d.log,
 		refusals: newLogLimiter(refusalQuiet), jobs: map[string]*job{}, done: done, treeChanged: make(chan struct{}, 1)}
-	local := node.NewSteps(&node.Role{Name: d.cfg.Node, Ranks: rs, Jobs: d.reg, Freezer: d.cfg.Cgroups,
-		Metrics: d.metrics, Log: d.log}, d.log)
+	role := &node.Role{Name: d.cfg.Node, Ranks: rs, Jobs: d.reg, Freezer: d.cfg.Cgroups,
+		Metrics: d.metrics, Log: d.log}
+	if d.cfg.LogTimeline {
+		role.Timelines = &node.Timelines{}
+	}
+	local := node.NewSteps(role, d.log)
 	local.Records = commitRecords{d.store}
 	retry := quiesce.DefaultRetry
 	if _, ok := tr.(*quiesce.TCPTransport); ok {

@@ -2,7 +2,6 @@ package mpid
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -22,6 +21,7 @@ import (
 	"github.com/mpipause/mpipause/internal/ctl"
 	"github.com/mpipause/mpipause/internal/jobid"
 	"github.com/mpipause/mpipause/internal/ranks"
+	"github.com/mpipause/mpipause/internal/testutil"
 	"github.com/mpipause/mpipause/loader"
 	"github.com/mpipause/mpipause/quiesce"
 )
@@ -256,27 +256,9 @@ type testNode struct {
 	*Daemon
 	cgroups           *memCgroups
 	rankAddr, ctlAddr string
-	log               *syncBuffer
+	log               *testutil.Buffer
 	// stop ends this mpid and waits for it.
 	stop func()
-}
-
-// syncBuffer is a log destination that tests read while mpid writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // startNode runs a whole mpid named node on the in-process network net,
@@ -297,7 +279,7 @@ func restartNode(t *testing.T, node string, net *quiesce.MemNetwork, k *quiesce.
 // startNodeWith is restartNode with observers of the test's own.
 func startNodeWith(t *testing.T, node string, net *quiesce.MemNetwork, k *quiesce.Keyring, cgroups *memCgroups, state string, obs Observers) *testNode {
 	t.Helper()
-	n := &testNode{cgroups: cgroups, log: &syncBuffer{},
+	n := &testNode{cgroups: cgroups, log: &testutil.Buffer{},
 		rankAddr: fmt.Sprintf("@mpipause-test-%d-%s-%s-rank", os.Getpid(), t.Name(), node),
 		ctlAddr:  fmt.Sprintf("@mpipause-test-%d-%s-%s-ctl", os.Getpid(), t.Name(), node)}
 	d, err := New(Config{Node: node, ClusterKey: k, RankSocket: n.rankAddr, CtlSocket: n.ctlAddr, StateDir: state,

@@ -137,7 +137,7 @@ func waitLog(t *testing.T, n *testNode, line string) {
 // at (ENOBUFS, ENOMEM) or log each time (EMFILE) are waited out, and
 // scrapes go on.
 func TestMetricsSurviveExhaustion(t *testing.T) {
-	logs := &syncBuffer{}
+	logs := &testutil.Buffer{}
 	d, err := New(Config{Node: "node0", ClusterKey: testKeys(t), StateDir: t.TempDir(), Cgroups: newMemCgroups(), Observers: memObservers{},
 		MetricsListen: "127.0.0.1:9717", Log: slog.New(slog.NewTextHandler(logs, nil))})
 	if err != nil {

@@ -175,6 +175,8 @@ func fakeRank(t *testing.T, addr, job string, rank int, event *atomic.Pointer[st
 					beforeDrain()
 				}
 				fmt.Fprint(c, "DRAINING sockets=1 stashed=0\n")
+			case l == "REOPEN":
+				fmt.Fprint(c, "REOPENED\n")
 			}
 		}
 	}()

@@ -63,6 +63,9 @@ type Role struct {
 	// sent through closed gates.
 	Metrics *metrics.Metrics
 	Log     *slog.Logger
+	// Timelines, if set, keep and log each operation's steps here
+	// (Timelines; mpid --log-timeline).
+	Timelines *Timelines
 
 	mu sync.Mutex
 	// gated is, per job with a pause under way, the ranks Prepare closed
@@ -169,7 +172,10 @@ func (l *Role) startDrains(job string, d *drainSet, set []uint64, first bool) er
 	defer one()
 	return l.eachRank(job, "drain", func(r *ranks.Rank) error {
 		left.Add(1)
-		return r.StartDrain(set, one)
+		return r.StartDrain(set, func() {
+			l.Timelines.answer(job, r.Rank)
+			one()
+		})
 	})
 }
 

@@ -70,10 +70,26 @@ func NewSteps(role *Role, log *slog.Logger) *Steps {
 var _ quiesce.Committer = (*Steps)(nil)
 
 func (n *Steps) step(ctx context.Context, name, job string, fn func() error) error {
+	return n.stepNoted(ctx, name, job, func() (string, error) { return "", fn() })
+}
+
+// stepNoted is step for a step whose outcome says more than its error (a
+// drain check: clean or not), for the timeline.
+func (n *Steps) stepNoted(ctx context.Context, name, job string, fn func() (string, error)) error {
 	n.fp.hold(ctx, name, "before", job)
 	t := time.Now()
-	err := fn()
-	n.Metrics.Step(name, time.Since(t), err)
+	note, err := fn()
+	took := time.Since(t)
+	n.Metrics.Step(name, took, err)
+	if n.Timelines != nil {
+		if err != nil {
+			note = "failed"
+		}
+		n.Timelines.step(job, name, t, took, note)
+		if err == nil && (name == "COMMIT" || name == "OPEN") {
+			n.Timelines.end(job, n.Name, n.Log)
+		}
+	}
 	n.fp.hold(ctx, name, "after", job)
 	return err
 }
@@ -83,8 +99,19 @@ func (n *Steps) Prepare(ctx context.Context, job string) error {
 }
 
 func (n *Steps) Drain(ctx context.Context, job string) (rep quiesce.NodeReport, err error) {
-	err = n.step(ctx, "DRAIN", job, func() error { rep, err = n.Role.Drain(ctx, job); return err })
+	err = n.stepNoted(ctx, "DRAIN", job, func() (string, error) {
+		rep, err = n.Role.Drain(ctx, job)
+		return cleanNote(rep), err
+	})
 	return rep, err
+}
+
+// cleanNote is a drain check's outcome in a timeline.
+func cleanNote(rep quiesce.NodeReport) string {
+	if rep.Clean() {
+		return "clean"
+	}
+	return "unclean"
 }
 
 func (n *Steps) Freeze(ctx context.Context, job string) error {
@@ -92,7 +119,10 @@ func (n *Steps) Freeze(ctx context.Context, job string) error {
 }
 
 func (n *Steps) Verify(ctx context.Context, job string) (rep quiesce.NodeReport, err error) {
-	err = n.step(ctx, "VERIFY", job, func() error { rep, err = n.Role.Verify(ctx, job); return err })
+	err = n.stepNoted(ctx, "VERIFY", job, func() (string, error) {
+		rep, err = n.Role.Verify(ctx, job)
+		return cleanNote(rep), err
+	})
 	return rep, err
 }
 

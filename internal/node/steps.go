@@ -86,9 +86,6 @@ func (n *Steps) stepNoted(ctx context.Context, name, job string, fn func() (stri
 			note = "failed"
 		}
 		n.Timelines.step(job, name, t, took, note)
-		if err == nil && (name == "COMMIT" || name == "OPEN") {
-			n.Timelines.end(job, n.Name, n.Log)
-		}
 	}
 	n.fp.hold(ctx, name, "after", job)
 	return err
@@ -126,11 +123,15 @@ func (n *Steps) Verify(ctx context.Context, job string) (rep quiesce.NodeReport,
 	return rep, err
 }
 
+// Commit and Open end the operation on this node: its timeline is logged
+// once they have done so.
 func (n *Steps) Commit(ctx context.Context, job string) error {
-	return n.step(ctx, "COMMIT", job, func() error {
+	err := n.step(ctx, "COMMIT", job, func() error {
 		n.Jobs.Committed(job)
 		return n.recordCommit(job)
 	})
+	n.endTimeline(job, err)
+	return err
 }
 
 func (n *Steps) Thaw(ctx context.Context, job string) error {
@@ -152,7 +153,18 @@ func (n *Steps) Rethaw(ctx context.Context, job string) error {
 }
 
 func (n *Steps) Open(ctx context.Context, job string) error {
-	return n.step(ctx, "OPEN", job, func() error { return n.Role.Open(ctx, job) })
+	err := n.step(ctx, "OPEN", job, func() error { return n.Role.Open(ctx, job) })
+	n.endTimeline(job, err)
+	return err
+}
+
+// endTimeline logs job's timeline once its operation ended well here; a
+// failed COMMIT or OPEN leaves it open for the rollback or retry that
+// follows, as part of the same line.
+func (n *Steps) endTimeline(job string, err error) {
+	if err == nil {
+		n.Timelines.end(job, n.Name, n.Log)
+	}
 }
 
 // recordCommit records that a pause of job committed on this node.

@@ -35,10 +35,9 @@ type timeline struct {
 }
 
 type tlEvent struct {
-	what      string // a step, or "answer"
-	at, took  time.Duration
-	note      string // a step's outcome, the rank that answered
-	hasLength bool
+	what     string // a step, or "answer" (which has no length)
+	at, took time.Duration
+	note     string // a step's outcome, the rank that answered
 }
 
 // Bounds: a timeline keeps the first maxTimelineEvents events of an
@@ -89,7 +88,7 @@ func (t *Timelines) step(job, step string, start time.Time, took time.Duration, 
 		delete(t.jobs, job)
 	}
 	if tl := t.open(job, start); tl != nil {
-		tl.add(tlEvent{what: step, at: start.Sub(tl.start), took: took, note: note, hasLength: true})
+		tl.add(tlEvent{what: step, at: start.Sub(tl.start), took: took, note: note})
 	}
 }
 
@@ -137,7 +136,7 @@ func (tl *timeline) String() string {
 		b.WriteString(e.what)
 		b.WriteByte('@')
 		b.WriteString(ms(e.at))
-		if e.hasLength {
+		if e.what != "answer" {
 			b.WriteByte('+')
 			b.WriteString(ms(e.took))
 		}

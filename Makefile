@@ -142,7 +142,7 @@ check-unit: build ## systemd-analyze verify dist/systemd/mpid.service offline (n
 # MPIPAUSE_FAULT_TRIALS in the environment counts as FAULT_TRIALS, so that a
 # replay line the fault table prints runs one trial as it says.
 FAULT_TRIALS ?= $(or $(MPIPAUSE_FAULT_TRIALS),5)
-test-faults: build ## the fault table: each fault injected FAULT_TRIALS (5) times in each pause phase on the rig, outcomes counted (also in test-multinode, 3 times); MPIPAUSE_FAULT_ONLY, _SEED, _LIB replay one trial
+test-faults: build ## the fault table: each fault injected FAULT_TRIALS (5) times in each pause phase on the rig, outcomes counted (also in test-multinode, 2 times); MPIPAUSE_FAULT_ONLY, _SEED, _LIB replay one trial
 	$(PRIV) MPIPAUSE_BIN=$(BIN) MPIPAUSE_FAULT_TRIALS=$(FAULT_TRIALS) $(GO) test -count=1 -timeout 60m -v -run '^TestFaultTable$$' ./kernel-tests/ 2>&1 \
 		| tee /tmp/mpipause-faults.log | grep -E '^(--- |PASS|FAIL|ok|panic)|faults ?[:|]' | sed 's/^ *faulttable_test.go:[0-9]*: //'; exit $${PIPESTATUS[0]}
 

@@ -184,6 +184,29 @@ func TestRigLifecycle(t *testing.T) {
 			t.Errorf("node2 interfaces: %q, want eth0 and lo", links)
 		}
 	})
+	// The nodes share this machine's cores, so a launcher that binds each
+	// node's ranks as if the node had cores of its own piles the nodes'
+	// first ranks onto one core. Two ranks, one a node, as the benchmarks'
+	// 2 x 1 jobs run.
+	t.Run("a rank may run on every core its node may", func(t *testing.T) {
+		const allowed = "Cpus_allowed_list:"
+		own := strings.TrimSpace(mustRig(t, name, "exec", "node0", "--", "grep", allowed, "/proc/self/status"))
+		for lib, launch := range map[string][]string{
+			"openmpi": {"mpirun.openmpi", "-np", "2", "-H", "node0:1,node1:1"},
+			"mpich":   {"mpiexec.mpich", "-n", "2", "-hosts", "node0:1,node1:1"},
+		} {
+			out := mustRig(t, name, append(append([]string{"exec", "node0", "--"}, launch...), "grep", allowed, "/proc/self/status")...)
+			ranks := strings.Split(strings.TrimSpace(out), "\n")
+			if len(ranks) != 2 {
+				t.Errorf("%s: %d lines from 2 ranks: %q", lib, len(ranks), out)
+			}
+			for _, r := range ranks {
+				if strings.TrimSpace(r) != own {
+					t.Errorf("%s: a rank's %q, want its node's %q", lib, strings.TrimSpace(r), own)
+				}
+			}
+		}
+	})
 	t.Run("status shows the nodes up", func(t *testing.T) {
 		st := statusOf(t, name)
 		if !st.Up || len(st.Nodes) != 3 {

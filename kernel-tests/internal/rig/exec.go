@@ -187,6 +187,11 @@ func LauncherEnv(agent, iface string) []string {
 		"OMPI_MCA_btl_tcp_if_include=" + iface,
 		"OMPI_MCA_oob_tcp_if_include=" + iface,
 		"OMPI_MCA_rmaps_base_oversubscribe=1",
+		// mpirun maps each node as if it had cores of its own, and with
+		// two ranks or fewer binds each to its node's first core: on the
+		// rig every node's first core is this machine's core 0, so a
+		// 2 x 1 job's ranks took turns on one core, a tick a message.
+		"OMPI_MCA_hwloc_base_binding_policy=none",
 		"OMPI_ALLOW_RUN_AS_ROOT=1",
 		"OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1",
 		// MPICH 4.0 (Hydra, ch4:ucx): remote start through the agent, the
